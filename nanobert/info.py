@@ -1,0 +1,52 @@
+"""`nanobert info MODEL`: what a checkpoint is, and where its parameters are."""
+from __future__ import annotations
+
+import json
+
+
+def summary(model, tokenizer=None) -> dict:
+    """Config, parameter counts by part, vocabulary size, as a dict."""
+    c = model.config
+    parts = {"embeddings": model.bert.emb, "encoder blocks": model.bert.blocks,
+             "pooler": model.bert.pooler}
+    counts = {k: sum(p.numel() for p in m.parameters()) for k, m in parts.items()}
+    seen = {id(p) for m in parts.values() for p in m.parameters()}
+    counts["head"] = sum(p.numel() for p in model.parameters() if id(p) not in seen)
+    return {
+        "task": model.task or "encoder",
+        "layers": c.num_hidden_layers, "hidden": c.hidden_size,
+        "heads": c.num_attention_heads, "ffn": c.intermediate_size,
+        "max_positions": c.max_position_embeddings, "activation": c.hidden_act,
+        "attn_backend": c.attn_backend,
+        "vocab_size": c.vocab_size if tokenizer is None else tokenizer.vocab_size,
+        "labels": c.id2label if model.task in ("classify", "token") else None,
+        "parameters": dict(counts, total=model.num_parameters()),
+    }
+
+
+def info_args(p):
+    p.add_argument("model", help="model directory, 'minilm', or a hub name")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def info_cmd(args):
+    """Show a model's configuration, parameter count by part and vocabulary size."""
+    from . import load
+    model, tokenizer = load(args.model)
+    s = summary(model, tokenizer)
+    if args.json:
+        print(json.dumps(s))
+        return 0
+    print(f"model        {model.source_dir}")
+    print(f"task         {s['task']}")
+    print(f"shape        {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, "
+          f"FFN {s['ffn']}, {s['activation']}")
+    print(f"positions    {s['max_positions']}   attention backend: {s['attn_backend']}")
+    print(f"vocabulary   {s['vocab_size']} tokens "
+          f"({'lower-cased' if tokenizer.lowercase else 'cased'})")
+    if s["labels"]:
+        print(f"labels       {', '.join(s['labels'].values())}")
+    print("parameters")
+    for part, n in s["parameters"].items():
+        print(f"  {part:<15}{n:>14,}")
+    return 0

@@ -1,0 +1,471 @@
+"""The BERT encoder, top to bottom, in one file.
+
+    input ids ──► Embeddings (token + position + segment, LayerNorm, dropout)
+              ──► N × Block (bidirectional self-attention, FFN; post-LN as in BERT)
+              ──► Pooler (dense + tanh on [CLS])
+              ──► a task head (MLM, NSP/SOP, classification, tokens, QA)
+
+Shapes in comments: B batch, T longest sequence in the batch, N real (non-padding)
+tokens in the batch, H hidden size, nh heads, hd = H / nh head size, V vocabulary.
+
+Three attention backends, chosen by one config field, `attn_backend`:
+  "eager"    softmax(QK^T/sqrt(hd) + mask) V written out; the reference.
+  "sdpa"     torch.nn.functional.scaled_dot_product_attention on the padded batch.
+  "unpadded" padding is dropped once, right after the embedding lookup: every
+             token-wise operation (projections, FFN, LayerNorm, heads) runs on the
+             N real tokens only, and attention runs per sequence with no padding.
+The blocks do not know which one runs: they hand q, k, v to a `Layout`, which
+knows how the batch is laid out and how to attend over it.
+
+Checkpoint names follow our own short names; `nanobert.checkpoint` maps them to and
+from the Hugging Face names when loading and saving.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    # task heads
+    num_labels: int = 2
+    id2label: Optional[dict] = None
+    problem_type: Optional[str] = None  # "single_label_classification" | "regression"
+    classifier_dropout: Optional[float] = None
+    # nanobert only (saved under "nanobert_*" keys; transformers ignores them)
+    attn_backend: str = "sdpa"  # "eager" | "sdpa" | "unpadded"
+
+    # keys of config.json that BertConfig reads and writes
+    _HF_KEYS = (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "intermediate_size", "hidden_act", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+        "layer_norm_eps", "initializer_range", "pad_token_id",
+    )
+    _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size")
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
+                             f"num_attention_heads {self.num_attention_heads}")
+        if self.attn_backend not in ("eager", "sdpa", "unpadded"):
+            raise ValueError(f"unknown attn_backend {self.attn_backend!r}")
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            self.num_labels = len(self.id2label)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "BertConfig":
+        """Build from a Hugging Face config.json dict (unknown keys are ignored)."""
+        missing = [k for k in cls._REQUIRED if k not in d]
+        if missing:
+            raise KeyError(", ".join(missing))
+        kw = {k: d[k] for k in cls._HF_KEYS if k in d}
+        if d.get("id2label") is not None:
+            kw["id2label"] = d["id2label"]
+        elif "num_labels" in d:
+            kw["num_labels"] = d["num_labels"]
+        for k in ("problem_type", "classifier_dropout"):
+            if d.get(k) is not None:
+                kw[k] = d[k]
+        if d.get("nanobert_attn_backend"):
+            kw["attn_backend"] = d["nanobert_attn_backend"]
+        return cls(**kw)
+
+    def to_hf_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self._HF_KEYS}
+        d["model_type"] = "bert"
+        d["position_embedding_type"] = "absolute"
+        id2label = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
+        d["id2label"] = {str(i): lab for i, lab in id2label.items()}
+        d["label2id"] = {lab: i for i, lab in id2label.items()}
+        if self.problem_type:
+            d["problem_type"] = self.problem_type
+        if self.classifier_dropout is not None:
+            d["classifier_dropout"] = self.classifier_dropout
+        d["nanobert_attn_backend"] = self.attn_backend
+        return d
+
+
+# name: (layers, hidden, heads); FFN is 4 × hidden. tiny/mini/small/medium are the
+# sizes of Google's "well-read students" BERT miniatures; base and large are BERT's.
+PRESETS = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+def preset(name: str, **overrides) -> BertConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    layers, hidden, heads = PRESETS[name]
+    kw = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+              intermediate_size=4 * hidden)
+    kw.update(overrides)
+    return BertConfig(**kw)
+
+
+ACTIVATIONS = {
+    "gelu": F.gelu,  # the exact (erf) GELU, as BERT
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+# ----------------------------------------------------------------------------------
+# Batch layouts: how the tokens of a batch sit in memory, and how to attend over them
+
+
+class Layout:
+    """Padded layout: activations are (B, T, H); `mask` (B, T) is 1 on real tokens.
+    `backend` is "eager" or "sdpa"."""
+
+    def __init__(self, mask: torch.Tensor, backend: str = "sdpa"):
+        self.mask = mask.bool()                                   # (B, T)
+        self.B, self.T = mask.shape
+        self.backend = backend
+
+    def attend(self, q, k, v, dropout_p: float, want_probs: bool):
+        # q, k, v: (B, T, nh, hd) -> out (B, T, nh, hd), probs (B, nh, T, T) or None
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))          # (B, nh, T, hd)
+        keep = self.mask[:, None, None, :]                        # (B, 1, 1, T) keys
+        probs = None
+        if self.backend == "eager" or want_probs:
+            probs = _attention_probs(q, k, keep)
+        if self.backend == "eager":
+            out = F.dropout(probs, dropout_p) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+        return out.transpose(1, 2), probs
+
+    def pad(self, x):  # already padded
+        return x
+
+    def first_tokens(self, x):  # the [CLS] vector of each sequence: (B, H)
+        return x[:, 0]
+
+
+class UnpaddedLayout(Layout):
+    """Unpadded layout: activations are (N, H), the real tokens of all sequences end to
+    end. `cu_seqlens` (B + 1,) marks where each sequence starts; `index` (N,) says where
+    each real token sits in the flattened (B * T) padded batch."""
+
+    def __init__(self, mask: torch.Tensor):
+        super().__init__(mask, "unpadded")
+        self.lengths = self.mask.sum(1)                                     # (B,)
+        self.index = self.mask.flatten().nonzero().squeeze(1)               # (N,)
+        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0))             # (B + 1,)
+        self.split_sizes = self.lengths.tolist()
+
+    def unpad(self, x):  # (B, T, ...) -> (N, ...)
+        return x.flatten(0, 1)[self.index]
+
+    def pad(self, x):  # (N, ...) -> (B, T, ...), zeros on padding
+        out = x.new_zeros((self.B * self.T,) + x.shape[1:])
+        out[self.index] = x
+        return out.view((self.B, self.T) + x.shape[1:])
+
+    def first_tokens(self, x):  # (N, H) -> (B, H)
+        return x[self.cu_seqlens[:-1]]
+
+    def attend(self, q, k, v, dropout_p: float, want_probs: bool):
+        # q, k, v: (N, nh, hd). Each sequence attends only over its own tokens.
+        outs, probs = [], None
+        if want_probs:
+            probs = q.new_zeros(self.B, q.shape[1], self.T, self.T)
+        for b, (qs, ks, vs) in enumerate(zip(*(t.split(self.split_sizes) for t in (q, k, v)))):
+            qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (qs, ks, vs))  # (1, nh, L, hd)
+            outs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0])
+            if want_probs:
+                n = qs.shape[2]
+                probs[b, :, :n, :n] = _attention_probs(qs, ks, None)[0]
+        out = torch.cat(outs, dim=1).transpose(0, 1)                       # (N, nh, hd)
+        return out, probs
+
+
+def _attention_probs(q, k, keep):
+    # q, k: (B, nh, T, hd); keep: (B, 1, 1, T) bool or None -> (B, nh, T, T)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if keep is not None:
+        scores = scores + _additive_mask(keep, scores.dtype)
+    return scores.softmax(-1)
+
+
+def _additive_mask(keep, dtype):
+    # 0 where a key may be attended to, the most negative number where it is padding
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, torch.finfo(dtype).min)
+
+
+# ----------------------------------------------------------------------------------
+# The encoder
+
+
+class Embeddings(nn.Module):
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        self.tok = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
+        self.pos = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.seg = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, ids, pos, seg):  # any shape (...) -> (..., H)
+        return self.drop(self.norm(self.tok(ids) + self.pos(pos) + self.seg(seg)))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        self.nh, self.hd = c.num_attention_heads, c.head_dim
+        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size)  # fused Q, K, V
+        self.proj = nn.Linear(c.hidden_size, c.hidden_size)
+        self.dropout_p = c.attention_probs_dropout_prob
+
+    def forward(self, x, layout: Layout, want_probs=False):
+        # x: (..., H) where ... is (B, T) padded or (N,) unpadded
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.nh, self.hd)).unbind(-3)  # (..., nh, hd)
+        p = self.dropout_p if self.training else 0.0
+        out, probs = layout.attend(q, k, v, p, want_probs)
+        return self.proj(out.flatten(-2)), probs                               # (..., H)
+
+
+class Block(nn.Module):
+    """Post-LN transformer block, as in BERT: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        self.attn = SelfAttention(c)
+        self.norm1 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.up = nn.Linear(c.hidden_size, c.intermediate_size)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size)
+        self.norm2 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.act = ACTIVATIONS[c.hidden_act]
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, x, layout: Layout, want_probs=False):
+        a, probs = self.attn(x, layout, want_probs)
+        x = self.norm1(x + self.drop(a))
+        x = self.norm2(x + self.drop(self.down(self.act(self.up(x)))))
+        return x, probs
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: torch.Tensor          # (B, T, H), or (N, H) when kept unpadded
+    pooler_output: torch.Tensor              # (B, H)
+    attentions: Optional[list] = None        # per layer (B, nh, T, T), when asked for
+    layout: Optional[Layout] = None
+
+
+class BertModel(nn.Module):
+    """Embeddings, blocks and pooler: the `BertModel` of the checkpoint format."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        self.config = c
+        self.emb = Embeddings(c)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.num_hidden_layers))
+        self.pooler = nn.Linear(c.hidden_size, c.hidden_size)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
+                output_attentions=False, keep_unpadded=False) -> EncoderOutput:
+        # input_ids, attention_mask, token_type_ids: (B, T)
+        B, T = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        if self.config.attn_backend == "unpadded":
+            layout = UnpaddedLayout(attention_mask)
+            ids, pos, seg = (layout.unpad(t) for t in (input_ids, positions, token_type_ids))
+        else:
+            layout = Layout(attention_mask, self.config.attn_backend)
+            ids, pos, seg = input_ids, positions, token_type_ids
+        x = self.emb(ids, pos, seg)                          # (B, T, H) or (N, H)
+        attentions = [] if output_attentions else None
+        for block in self.blocks:
+            x, probs = block(x, layout, output_attentions)
+            if output_attentions:
+                attentions.append(probs)
+        pooled = torch.tanh(self.pooler(layout.first_tokens(x)))  # (B, H)
+        if not keep_unpadded:
+            x = layout.pad(x)
+        return EncoderOutput(x, pooled, attentions, layout)
+
+
+# ----------------------------------------------------------------------------------
+# Task heads
+
+
+class MLMHead(nn.Module):
+    """dense + act + LayerNorm, then the decoder, whose weight is the word embedding."""
+
+    def __init__(self, c: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.act = ACTIVATIONS[c.hidden_act]
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.word_embeddings = word_embeddings  # tied: shared, not copied
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size))
+
+    def forward(self, h):  # (..., H) -> (..., V)
+        h = self.norm(self.act(self.dense(h)))
+        return F.linear(h, self.word_embeddings.weight, self.bias)
+
+
+# task -> (HF architecture name, what the head reads)
+TASKS = {
+    None: "BertModel",
+    "mlm": "BertForMaskedLM",
+    "pretraining": "BertForPreTraining",     # MLM + NSP (or SOP, same head)
+    "classify": "BertForSequenceClassification",
+    "regression": "BertForSequenceClassification",
+    "token": "BertForTokenClassification",
+    "qa": "BertForQuestionAnswering",
+}
+
+
+@dataclass
+class Output:
+    loss: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None        # task logits (MLM: (M, V) or (B, T, V))
+    pair_logits: Optional[torch.Tensor] = None   # NSP/SOP (B, 2)
+    start_logits: Optional[torch.Tensor] = None  # QA (B, T)
+    end_logits: Optional[torch.Tensor] = None    # QA (B, T)
+    hidden: Optional[EncoderOutput] = None
+
+
+class Bert(nn.Module):
+    """An encoder plus one task head. `task` is one of TASKS."""
+
+    def __init__(self, config: BertConfig, task: Optional[str] = None):
+        super().__init__()
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose from {[t for t in TASKS if t]}")
+        if task == "regression":
+            config.num_labels, config.problem_type = 1, "regression"
+        self.config, self.task = config, task
+        c = config
+        self.bert = BertModel(c)
+        drop = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        self.drop = nn.Dropout(drop)
+        if task in ("mlm", "pretraining"):
+            self.mlm = MLMHead(c, self.bert.emb.tok)
+        if task == "pretraining":
+            self.pair = nn.Linear(c.hidden_size, 2)            # NSP / SOP
+        if task in ("classify", "regression", "token"):
+            self.classifier = nn.Linear(c.hidden_size, c.num_labels)
+        if task == "qa":
+            self.qa = nn.Linear(c.hidden_size, 2)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, m):
+        std = self.config.initializer_range
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+            if m.padding_idx is not None:
+                m.weight.data[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                pair_labels=None, start_positions=None, end_positions=None,
+                output_attentions=False, mlm_full=False) -> Output:
+        """labels: MLM (B, T) with -100 where no loss; classify (B,); regression (B,) float;
+        token (B, T) with -100 where no loss. pair_labels: NSP/SOP (B,).
+        For MLM the vocabulary projection runs only where labels != -100 (logits (M, V)),
+        unless `mlm_full` or no labels are given (logits (B, T, V))."""
+        task = self.task
+        unpadded = self.config.attn_backend == "unpadded"
+        enc = self.bert(input_ids, attention_mask, token_type_ids, output_attentions,
+                        keep_unpadded=unpadded and task in ("mlm", "pretraining", "token"))
+        out = Output(hidden=enc)
+        h, layout = enc.last_hidden_state, enc.layout  # h: (B, T, H) or (N, H)
+        if task in ("mlm", "pretraining"):
+            if labels is not None and not mlm_full:
+                flat = layout.unpad(labels) if unpadded else labels.flatten()   # (N,)/(B*T,)
+                sel = (flat != -100).nonzero().squeeze(1)                      # (M,)
+                hs = h.flatten(0, -2)[sel] if not unpadded else h[sel]         # (M, H)
+                out.logits = self.mlm(hs)                                      # (M, V)
+                out.loss = F.cross_entropy(out.logits, flat[sel])
+            else:
+                out.logits = layout.pad(self.mlm(h)) if unpadded else self.mlm(h)
+                if labels is not None:
+                    out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
+            if task == "pretraining":
+                out.pair_logits = self.pair(enc.pooler_output)                 # (B, 2)
+                if pair_labels is not None:
+                    pl = F.cross_entropy(out.pair_logits, pair_labels)
+                    out.loss = pl if out.loss is None else out.loss + pl
+        elif task in ("classify", "regression"):
+            out.logits = self.classifier(self.drop(enc.pooler_output))         # (B, C)
+            if labels is not None:
+                if self.config.problem_type == "regression":
+                    out.loss = F.mse_loss(out.logits.squeeze(-1), labels.float())
+                else:
+                    out.loss = F.cross_entropy(out.logits, labels)
+        elif task == "token":
+            logits = self.classifier(self.drop(h))                             # (..., C)
+            out.logits = layout.pad(logits) if unpadded else logits            # (B, T, C)
+            if labels is not None:
+                out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
+        elif task == "qa":
+            start, end = self.qa(h).unbind(-1)                                 # (B, T) each
+            out.start_logits, out.end_logits = start, end
+            if start_positions is not None:
+                out.loss = (F.cross_entropy(start, start_positions)
+                            + F.cross_entropy(end, end_positions)) / 2
+        return out
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # checkpoint I/O lives in nanobert.checkpoint; these are the convenient doors to it
+    @classmethod
+    def from_pretrained(cls, name_or_dir, task="auto", **config_overrides) -> "Bert":
+        from .checkpoint import load_model
+        return load_model(name_or_dir, task=task, **config_overrides)
+
+    def save_pretrained(self, out_dir, tokenizer=None):
+        from .checkpoint import save_model
+        save_model(self, out_dir, tokenizer=tokenizer)

@@ -1,0 +1,170 @@
+"""WordPiece tokenization on the `tokenizers` library.
+
+    text ──► normalise (clean, lower-case, split CJK, strip accents when uncased)
+         ──► pre-tokenise (whitespace and punctuation)
+         ──► WordPiece (longest-match sub-words, '##' continuation)
+         ──► [CLS] A [SEP] (B [SEP]) with token type ids 0 for A, 1 for B
+
+`Tokenizer` loads a tokenizer.json or a vocab.txt, trains a new vocabulary, encodes
+single texts and pairs with offsets, and pads batches to their longest member.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from .files import NanobertError, atomic_path
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _bert_pipeline(tk: HFTokenizer, lowercase: bool) -> HFTokenizer:
+    tk.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    cls, sep = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
+    if cls is None or sep is None:
+        raise NanobertError("the vocabulary has no [CLS] or [SEP] token")
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tk
+
+
+class Tokenizer:
+    def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True):
+        tk.no_truncation()
+        tk.no_padding()
+        self.tk = tk
+        self.model_max_length = model_max_length
+        self.lowercase = lowercase
+        vocab = tk.get_vocab()
+        for name in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"):
+            setattr(self, name.strip("[]").lower() + "_id", vocab.get(name))
+        self.special_ids = sorted(i for t, i in vocab.items() if t in SPECIALS)
+
+    # ---- construction --------------------------------------------------------
+    @classmethod
+    def from_dir(cls, path, lowercase: Optional[bool] = None) -> "Tokenizer":
+        """tokenizer.json when present, else vocab.txt; casing from tokenizer_config.json."""
+        path = Path(path)
+        conf = {}
+        if (path / "tokenizer_config.json").is_file():
+            try:
+                conf = json.loads((path / "tokenizer_config.json").read_text("utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise NanobertError(f"{path / 'tokenizer_config.json'}: not valid JSON ({e})")
+        if lowercase is None:
+            lowercase = bool(conf.get("do_lower_case", True))
+        max_len = int(conf.get("model_max_length", 512) or 512)
+        max_len = min(max_len, 1 << 20)
+        if (path / "tokenizer.json").is_file():
+            try:
+                tk = HFTokenizer.from_file(str(path / "tokenizer.json"))
+            except Exception as e:
+                raise NanobertError(f"{path / 'tokenizer.json'}: cannot be read ({e})")
+            return cls(tk, max_len, lowercase)
+        if (path / "vocab.txt").is_file():
+            return cls.from_vocab(path / "vocab.txt", lowercase=lowercase, model_max_length=max_len)
+        raise NanobertError(f"{path}: no tokenizer.json or vocab.txt")
+
+    @classmethod
+    def from_vocab(cls, vocab_file, lowercase: bool = True, model_max_length: int = 512):
+        vocab = {}
+        for i, line in enumerate(Path(vocab_file).read_text("utf-8").splitlines()):
+            vocab.setdefault(line.rstrip("\n"), i)
+        tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+        return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = 8000, lowercase: bool = True,
+              min_frequency: int = 2, model_max_length: int = 512) -> "Tokenizer":
+        """Train a WordPiece vocabulary on an iterator of texts."""
+        tk = HFTokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+        tk.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
+        tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=SPECIALS, show_progress=False)
+        tk.train_from_iterator(texts, trainer=trainer)
+        return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
+
+    def save(self, out_dir):
+        """Write tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        vocab = sorted(self.tk.get_vocab().items(), key=lambda kv: kv[1])
+        files = {
+            "tokenizer.json": self.tk.to_str(),
+            "vocab.txt": "".join(t + "\n" for t, _ in vocab),
+            "tokenizer_config.json": json.dumps({
+                "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+                "model_max_length": self.model_max_length, "unk_token": "[UNK]",
+                "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                "mask_token": "[MASK]"}, indent=2),
+            "special_tokens_map.json": json.dumps({
+                "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                "cls_token": "[CLS]", "mask_token": "[MASK]"}, indent=2),
+        }
+        for name, text in files.items():
+            with atomic_path(out_dir / name) as tmp:
+                tmp.write_text(text, encoding="utf-8")
+
+    # ---- encoding ------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size()
+
+    def encode(self, text: str, pair: Optional[str] = None, max_length: Optional[int] = None):
+        """One `tokenizers.Encoding` (ids, type_ids, tokens, offsets, word_ids...)."""
+        return self.encode_batch([text], None if pair is None else [pair], max_length)[0]
+
+    def encode_batch(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None,
+                     max_length: Optional[int] = None, stride: int = 0,
+                     strategy: str = "longest_first"):
+        """A list of `tokenizers.Encoding`, truncated to max_length (default: the model's).
+        With `stride` and strategy 'only_second', overflowing windows are kept on each
+        encoding's `.overflowing` (used for QA over long contexts)."""
+        max_length = max_length or self.model_max_length
+        self.tk.enable_truncation(max_length, stride=stride, strategy=strategy)
+        try:
+            inputs = list(texts) if pairs is None else list(zip(texts, pairs))
+            return self.tk.encode_batch(inputs)
+        finally:
+            self.tk.no_truncation()
+
+    def pad(self, encodings) -> dict:
+        """Pad a list of encodings to the longest: input_ids, token_type_ids,
+        attention_mask as (B, T) int64 tensors."""
+        T = max(len(e.ids) for e in encodings)
+        B = len(encodings)
+        ids = torch.full((B, T), self.pad_id or 0, dtype=torch.long)
+        types = torch.zeros((B, T), dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for i, e in enumerate(encodings):
+            n = len(e.ids)
+            ids[i, :n] = torch.tensor(e.ids)
+            types[i, :n] = torch.tensor(e.type_ids)
+            mask[i, :n] = 1
+        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+    def __call__(self, texts, pairs=None, max_length: Optional[int] = None) -> dict:
+        """Encode a batch and pad it to its longest member (dynamic padding)."""
+        if isinstance(texts, str):
+            texts = [texts]
+            pairs = [pairs] if isinstance(pairs, str) else pairs
+        return self.pad(self.encode_batch(texts, pairs, max_length))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str:
+        return self.tk.id_to_token(int(i))
+
+    def token_to_id(self, t: str):
+        return self.tk.token_to_id(t)
