@@ -193,6 +193,7 @@ def load_model(name_or_dir, task="auto", **config_overrides) -> Bert:
         if not hasattr(config, k):
             raise NanobertError(f"unknown config field {k!r}")
         setattr(config, k, v)
+    config.__post_init__()  # re-derive num_labels from id2label, re-validate
     state = read_weights(model_dir)
     if task == "auto":
         task = infer_task(hf, state.keys())
