@@ -379,7 +379,9 @@ class Bert(nn.Module):
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose from {[t for t in TASKS if t]}")
         if task == "regression":
-            config.num_labels, config.problem_type = 1, "regression"
+            config.num_labels, config.problem_type, config.id2label = 1, "regression", None
+        if task == "qa":  # two outputs, start and end; HF sizes the layer by num_labels
+            config.num_labels, config.id2label = 2, None
         self.config, self.task = config, task
         c = config
         self.bert = BertModel(c)
@@ -392,7 +394,7 @@ class Bert(nn.Module):
         if task in ("classify", "regression", "token"):
             self.classifier = nn.Linear(c.hidden_size, c.num_labels)
         if task == "qa":
-            self.qa = nn.Linear(c.hidden_size, 2)
+            self.qa = nn.Linear(c.hidden_size, 2)              # start, end
         self.apply(self._init_weights)
 
     def _init_weights(self, m):
@@ -450,7 +452,8 @@ class Bert(nn.Module):
             if labels is not None:
                 out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
         elif task == "qa":
-            start, end = self.qa(h).unbind(-1)                                 # (B, T) each
+            logits = self.qa(h)
+            start, end = logits[..., 0], logits[..., 1]                        # (B, T) each
             out.start_logits, out.end_logits = start, end
             if start_positions is not None:
                 out.loss = (F.cross_entropy(start, start_positions)

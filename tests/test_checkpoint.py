@@ -1,0 +1,218 @@
+"""Parity with `transformers` on real and random weights, and checkpoint round trips.
+The minGPT way: load the same weights in both, assert the outputs are equal."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers as hf
+
+import nanobert
+from nanobert.checkpoint import load_model
+from nanobert.cli import main as cli
+from conftest import random_batch
+
+TOL = 1e-5
+BACKENDS = ["eager", "sdpa", "unpadded"]
+SENTENCES = ["The cat sat on the mat.", "Hi",
+             "A much longer sentence, with punctuation; numbers like 3.14 and words such as "
+             "antidisestablishmentarianism, so that it needs plenty of padding around it."]
+
+
+def maxdiff(a, b, mask=None):
+    if mask is not None:
+        a, b = a[mask.bool()], b[mask.bool()]
+    return (a - b).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def hf_minilm(minilm_dir):
+    return hf.BertModel.from_pretrained(str(minilm_dir), attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_minilm_matches_transformers(minilm, hf_minilm, backend):
+    model, tok = minilm
+    batch = tok(SENTENCES)
+    assert batch["attention_mask"].sum(1).tolist()[1] < batch["input_ids"].shape[1]  # padded
+    model.config.attn_backend = backend
+    with torch.no_grad():
+        ours = model.bert(**batch)
+        ref = hf_minilm(**batch)
+    model.config.attn_backend = "sdpa"
+    assert maxdiff(ours.last_hidden_state, ref.last_hidden_state, batch["attention_mask"]) < TOL
+    assert maxdiff(ours.pooler_output, ref.pooler_output) < TOL
+
+
+def _random_hf_dir(tmp_path, cls, **extra):
+    torch.manual_seed(0)
+    config = hf.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=37, max_position_embeddings=64,
+                           num_labels=2 if cls is hf.BertForQuestionAnswering else 3, **extra)
+    model = cls(config).eval()
+    with torch.no_grad():  # make every parameter non-trivial, LayerNorms and biases included
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    model.save_pretrained(tmp_path)
+    return model
+
+
+HEADS = {
+    hf.BertModel: None,
+    hf.BertForMaskedLM: "mlm",
+    hf.BertForPreTraining: "pretraining",
+    hf.BertForSequenceClassification: "classify",
+    hf.BertForTokenClassification: "token",
+    hf.BertForQuestionAnswering: "qa",
+}
+
+
+def _outputs(task, out):
+    """The logits of a nanobert Output or a transformers output, by name."""
+    if task is None:
+        return {"hidden": out.last_hidden_state if hasattr(out, "last_hidden_state") and
+                not hasattr(out, "hidden") else out.hidden.last_hidden_state}
+    if task == "qa":
+        return {"start": out.start_logits, "end": out.end_logits}
+    if task == "pretraining":
+        pair = out.seq_relationship_logits if hasattr(out, "seq_relationship_logits") else out.pair_logits
+        logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
+        return {"mlm": logits, "pair": pair}
+    return {"logits": out.logits}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", list(HEADS), ids=lambda c: c.__name__)
+def test_random_hf_heads_match(tmp_path, cls, backend):
+    ref_model = _random_hf_dir(tmp_path, cls)
+    model = load_model(tmp_path, attn_backend=backend).eval()
+    assert model.task == HEADS[cls]
+    assert model.new_weights == [] or all("pooler" in n for n in model.new_weights)
+    batch = random_batch(vocab=99)
+    with torch.no_grad():
+        ref = ref_model(**batch)
+        ours = model(**batch)
+    mask = batch["attention_mask"]
+    for name, ref_t in _outputs(HEADS[cls], ref).items():
+        ours_t = _outputs(HEADS[cls], ours)[name]
+        m = mask if ref_t.dim() >= 2 and ref_t.shape[:2] == mask.shape else None
+        assert maxdiff(ours_t, ref_t, m) < TOL, name
+
+
+def test_mlm_logits_at_masked_positions_only(tmp_path):
+    ref_model = _random_hf_dir(tmp_path, hf.BertForMaskedLM)
+    model = load_model(tmp_path).eval()
+    batch = random_batch(vocab=99)
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[0, 2], labels[2, 1] = 7, 11
+    with torch.no_grad():
+        ref = ref_model(**batch, labels=labels)
+        ours = model(**batch, labels=labels)
+    assert ours.logits.shape == (2, 99)
+    assert maxdiff(ours.logits[0], ref.logits[0, 2]) < TOL
+    assert abs(ours.loss.item() - ref.loss.item()) < TOL
+
+
+@pytest.mark.parametrize("task", [None, "mlm", "pretraining", "classify", "token", "qa"])
+def test_round_trip_into_transformers(tmp_path, task, tiny_config, minilm_dir):
+    torch.manual_seed(1)
+    tiny_config.vocab_size = 99
+    model = nanobert.Bert(tiny_config, task).eval()
+    tok = nanobert.Tokenizer.from_dir(minilm_dir)
+    model.save_pretrained(tmp_path / "m", tokenizer=tok)
+    files = {p.name for p in (tmp_path / "m").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt"} <= files
+    cls = {None: hf.BertModel}.get(task) or [c for c, t in HEADS.items() if t == task][0]
+    ref_model = cls.from_pretrained(tmp_path / "m").eval()
+    batch = random_batch(vocab=99)
+    with torch.no_grad():
+        ref, ours = ref_model(**batch), model(**batch)
+    mask = batch["attention_mask"]
+    for name, ref_t in _outputs(task, ref).items():
+        ours_t = _outputs(task, ours)[name]
+        m = mask if ref_t.dim() >= 2 and ref_t.shape[:2] == mask.shape else None
+        assert maxdiff(ours_t, ref_t, m) < TOL, name
+    # and back into nanobert: identical tensors
+    again = load_model(tmp_path / "m")
+    assert again.task == task
+    for (n1, p1), (n2, p2) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    hf_tok = hf.AutoTokenizer.from_pretrained(tmp_path / "m")
+    assert hf_tok("hello world")["input_ids"] == tok.encode("hello world").ids
+
+
+def test_pytorch_bin_with_old_names_loads(tmp_path):
+    """pytorch_model.bin (weights_only), `bert.` prefix on a base model, gamma/beta names."""
+    ref_model = _random_hf_dir(tmp_path, hf.BertModel)
+    state = {("bert." + k).replace("LayerNorm.weight", "LayerNorm.gamma")
+             .replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in ref_model.state_dict().items()}
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    model = load_model(tmp_path).eval()
+    batch = random_batch(vocab=99)
+    with torch.no_grad():
+        assert maxdiff(model.bert(**batch).last_hidden_state,
+                       ref_model(**batch).last_hidden_state, batch["attention_mask"]) < TOL
+
+
+def _cli_error(capsys, *argv):
+    code = cli(list(argv))
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_bad_checkpoints_give_one_line_errors(tmp_path, capsys, minilm_dir):
+    good = tmp_path / "good"
+    shutil.copytree(minilm_dir, good)
+    # truncated weights
+    bad = tmp_path / "truncated"
+    shutil.copytree(good, bad)
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 3])
+    code, err = _cli_error(capsys, "info", str(bad))
+    assert code == 2 and "model.safetensors" in err and len(err.splitlines()) == 1
+    # corrupted header
+    (bad / "model.safetensors").write_bytes(b"\x00" * 64)
+    code, err = _cli_error(capsys, "info", str(bad))
+    assert code == 2 and "model.safetensors" in err
+    # config with missing keys
+    cfg = tmp_path / "nokeys"
+    shutil.copytree(good, cfg)
+    d = json.loads((cfg / "config.json").read_text())
+    del d["hidden_size"]
+    (cfg / "config.json").write_text(json.dumps(d))
+    code, err = _cli_error(capsys, "info", str(cfg))
+    assert code == 2 and "config.json" in err and "hidden_size" in err
+    # broken JSON names the line
+    (cfg / "config.json").write_text('{\n  "vocab_size": 3,\n  oops\n}')
+    code, err = _cli_error(capsys, "info", str(cfg))
+    assert code == 2 and "config.json:3" in err
+    # no weights at all
+    empty = tmp_path / "noweights"
+    empty.mkdir()
+    shutil.copy(good / "config.json", empty)
+    code, err = _cli_error(capsys, "info", str(empty))
+    assert code == 2 and "noweights" in err and "weights" in err
+    # pickles are never executed: a .bin that is not a plain state dict is refused
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(good / "config.json", pickled)
+    torch.save({"x": object()}, pickled / "pytorch_model.bin")
+    code, err = _cli_error(capsys, "info", str(pickled))
+    assert code == 2 and "pytorch_model.bin" in err
+
+
+def test_hub_name_offline_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = _cli_error(capsys, "info", "some-org/some-model-that-is-not-here")
+    assert code == 2 and "some-org/some-model-that-is-not-here" in err
+    assert "Hub" in err and len(err.splitlines()) == 1
+
+
+def test_info_command(capsys):
+    assert cli(["info", "minilm", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["layers"] == 6 and s["hidden"] == 384 and s["vocab_size"] == 30522
+    assert s["parameters"]["total"] == 22_713_216
