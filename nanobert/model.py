@@ -17,8 +17,13 @@ Three attention backends, chosen by one config field, `attn_backend`:
 The blocks do not know which one runs: they hand q, k, v to a `Layout`, which
 knows how the batch is laid out and how to attend over it.
 
-Checkpoint names follow our own short names; `nanobert.checkpoint` maps them to and
-from the Hugging Face names when loading and saving.
+The BERT family is configuration, not copies of this file: RoBERTa (position offset,
+no NSP), ALBERT (factorized embeddings, shared layers), DistilBERT (no segments, ReLU
+pre-classifier), ModernBERT (pre-LN, RoPE, GeGLU, no biases, alternating local/global
+attention) are a few config fields each; see the "variants" block of BertConfig.
+
+Checkpoint names follow our own short names; `nanobert.families` maps them to and from
+each family's Hugging Face names when loading and saving.
 """
 from __future__ import annotations
 
@@ -29,6 +34,11 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+try:  # optional: varlen attention kernels for CUDA
+    from flash_attn import flash_attn_varlen_func
+except ImportError:
+    flash_attn_varlen_func = None
 
 # ----------------------------------------------------------------------------------
 # Configuration
@@ -56,6 +66,23 @@ class BertConfig:
     classifier_dropout: Optional[float] = None
     # nanobert only (saved under "nanobert_*" keys; transformers ignores them)
     attn_backend: str = "sdpa"  # "eager" | "sdpa" | "unpadded"
+    # ---- variants: the defaults are BERT ----
+    family: str = "bert"                    # checkpoint naming: bert roberta albert distilbert modernbert
+    embedding_size: Optional[int] = None    # ALBERT: embeddings of size E < H, projected to H
+    num_layer_groups: Optional[int] = None  # ALBERT: the layers share this many sets of weights
+    position_embedding_type: str = "absolute"  # or "rope" (rotary, ModernBERT)
+    position_offset: int = 0                # RoBERTa: positions start at pad_token_id + 1
+    pre_norm: bool = False                  # ModernBERT: LN before attention and FFN, final LN
+    glu: bool = False                       # ModernBERT: gated FFN, act(x W) * (x V) (GeGLU)
+    bias: bool = True                       # biases in the attention and FFN linears
+    norm_bias: bool = True                  # biases in the LayerNorms
+    local_attention: int = 0                # sliding-window width of local layers (0: all global)
+    global_every: int = 1                   # every n-th layer (from the first) is global
+    rope_theta: float = 10000.0             # RoPE base of global layers
+    local_rope_theta: float = 10000.0       # RoPE base of local layers
+    pooler_act: str = "tanh"                # DistilBERT's pre-classifier uses relu
+    pooler_norm: bool = False               # ModernBERT's head: dense, act, LayerNorm
+    classifier_pooling: str = "cls"         # "cls" or "mean" (ModernBERT option)
 
     # keys of config.json that BertConfig reads and writes
     _HF_KEYS = (
@@ -66,6 +93,10 @@ class BertConfig:
     )
     _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "intermediate_size")
+    _VARIANT_KEYS = ("family", "embedding_size", "num_layer_groups", "position_embedding_type",
+                     "position_offset", "pre_norm", "glu", "bias", "norm_bias", "local_attention",
+                     "global_every", "rope_theta", "local_rope_theta", "pooler_act", "pooler_norm",
+                     "classifier_pooling")
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -81,9 +112,19 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def is_local(self, layer: int) -> bool:
+        """Does this layer attend within a sliding window? (ModernBERT alternation)"""
+        return self.local_attention > 0 and layer % self.global_every != 0
+
+    def layer_weights(self, layer: int) -> int:
+        """Which set of block weights layer `layer` uses (ALBERT sharing)."""
+        groups = self.num_layer_groups or self.num_hidden_layers
+        return layer * groups // self.num_hidden_layers
+
     @classmethod
     def from_hf_dict(cls, d: dict) -> "BertConfig":
-        """Build from a Hugging Face config.json dict (unknown keys are ignored)."""
+        """Build from a BERT config.json dict (unknown keys are ignored; other families
+        are read by `nanobert.families`)."""
         missing = [k for k in cls._REQUIRED if k not in d]
         if missing:
             raise KeyError(", ".join(missing))
@@ -95,8 +136,9 @@ class BertConfig:
         for k in ("problem_type", "classifier_dropout"):
             if d.get(k) is not None:
                 kw[k] = d[k]
-        if d.get("nanobert_attn_backend"):
-            kw["attn_backend"] = d["nanobert_attn_backend"]
+        for k in ("attn_backend",) + cls._VARIANT_KEYS:
+            if f"nanobert_{k}" in d:
+                kw[k] = d[f"nanobert_{k}"]
         return cls(**kw)
 
     def to_hf_dict(self) -> dict:
@@ -111,6 +153,10 @@ class BertConfig:
         if self.classifier_dropout is not None:
             d["classifier_dropout"] = self.classifier_dropout
         d["nanobert_attn_backend"] = self.attn_backend
+        default = BertConfig()
+        for k in self._VARIANT_KEYS:  # only what differs from BERT
+            if getattr(self, k) != getattr(default, k):
+                d[f"nanobert_{k}"] = getattr(self, k)
         return d
 
 
@@ -158,11 +204,25 @@ class Layout:
         self.mask = mask.bool()                                   # (B, T)
         self.B, self.T = mask.shape
         self.backend = backend
+        self.positions = None                                     # (B, T), set by the model
+        self._rotary = {}
 
-    def attend(self, q, k, v, dropout_p: float, want_probs: bool):
+    def rotary(self, theta: float, dim: int):
+        """cos, sin of the rotary embedding at every position: (..., dim), cached."""
+        if (theta, dim) not in self._rotary:
+            inv_freq = theta ** -(torch.arange(0, dim, 2, device=self.mask.device).float() / dim)
+            angles = self.positions[..., None].float() * inv_freq               # (..., dim/2)
+            angles = torch.cat((angles, angles), dim=-1)                         # (..., dim)
+            self._rotary[theta, dim] = (angles.cos(), angles.sin())
+        return self._rotary[theta, dim]
+
+    def attend(self, q, k, v, dropout_p: float, want_probs: bool, window: int = 0):
         # q, k, v: (B, T, nh, hd) -> out (B, T, nh, hd), probs (B, nh, T, T) or None
+        # window > 0: each query sees only keys within window // 2 positions of it
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))          # (B, nh, T, hd)
         keep = self.mask[:, None, None, :]                        # (B, 1, 1, T) keys
+        if window:
+            keep = keep & _band(self.T, window, q.device)         # (B, 1, T, T)
         probs = None
         if self.backend == "eager" or want_probs:
             probs = _attention_probs(q, k, keep)
@@ -178,18 +238,40 @@ class Layout:
     def first_tokens(self, x):  # the [CLS] vector of each sequence: (B, H)
         return x[:, 0]
 
+    def mean_tokens(self, x):  # the mean over each sequence's real tokens: (B, H)
+        m = self.mask.unsqueeze(-1).to(x.dtype)
+        return (x * m).sum(1) / m.sum(1)
+
 
 class UnpaddedLayout(Layout):
-    """Unpadded layout: activations are (N, H), the real tokens of all sequences end to
-    end. `cu_seqlens` (B + 1,) marks where each sequence starts; `index` (N,) says where
-    each real token sits in the flattened (B * T) padded batch."""
+    """Unpadded layout: activations are (N, H), the N real tokens of the batch end to
+    end, with no padding anywhere.
+
+    The sequences are stored longest first (ties keep batch order), so sequences of
+    equal length sit side by side and attention is one SDPA call per distinct length
+    (on CUDA with flash-attn installed, one varlen kernel for the whole batch):
+      order (B,)         batch row of the i-th stored sequence
+      lengths (B,)       length of the i-th stored sequence (non-increasing)
+      cu_seqlens (B+1,)  where the i-th stored sequence starts in the (N, ...) tensor
+      index (N,)         where each stored token sits in the flattened (B * T) batch
+    `unpad`, `pad`, `first_tokens` and `mean_tokens` hide the order: what they take
+    and give is in batch order."""
 
     def __init__(self, mask: torch.Tensor):
         super().__init__(mask, "unpadded")
-        self.lengths = self.mask.sum(1)                                     # (B,)
-        self.index = self.mask.flatten().nonzero().squeeze(1)               # (N,)
-        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0))             # (B + 1,)
-        self.split_sizes = self.lengths.tolist()
+        lengths = self.mask.sum(1)                                            # (B,)
+        self.order = lengths.sort(descending=True, stable=True).indices       # (B,)
+        self.lengths = lengths[self.order]                                    # (B,)
+        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0))               # (B + 1,)
+        rows, cols = self.mask[self.order].nonzero(as_tuple=True)             # (N,) each
+        self.index = self.order[rows] * self.T + cols                         # (N,)
+        N = rows.shape[0]
+        # where each batch row's first token is stored (B,)
+        self.starts = self.cu_seqlens[:-1][self.order.argsort()].clamp(max=max(N - 1, 0))
+        # runs of equal length, [(length, count), ...]: the one host sync of a batch
+        lens, counts = self.lengths.unique_consecutive(return_counts=True)
+        self.groups = list(zip(lens.tolist(), counts.tolist()))
+        self.max_seqlen = self.groups[0][0] if self.groups else 0
 
     def unpad(self, x):  # (B, T, ...) -> (N, ...)
         return x.flatten(0, 1)[self.index]
@@ -200,25 +282,59 @@ class UnpaddedLayout(Layout):
         return out.view((self.B, self.T) + x.shape[1:])
 
     def first_tokens(self, x):  # (N, H) -> (B, H)
-        return x[self.cu_seqlens[:-1]]
+        return x[self.starts]
 
-    def attend(self, q, k, v, dropout_p: float, want_probs: bool):
-        # q, k, v: (N, nh, hd). Each sequence attends only over its own tokens.
+    def mean_tokens(self, x):  # (N, H) -> (B, H)
+        row = torch.repeat_interleave(self.order, self.lengths)               # (N,)
+        out = x.new_zeros(self.B, x.shape[-1]).index_add_(0, row, x)
+        return out / self.mask.sum(1, keepdim=True).to(x.dtype)
+
+    def attend(self, q, k, v, dropout_p: float, want_probs: bool, window: int = 0):
+        # q, k, v: (N, nh, hd) in stored order -> out (N, nh, hd), probs (B, nh, T, T) or None
+        # Each sequence attends only over its own tokens.
+        if (flash_attn_varlen_func is not None and q.is_cuda and not want_probs
+                and q.dtype in (torch.float16, torch.bfloat16)):
+            cu = self.cu_seqlens.to(torch.int32)
+            w = (window // 2, window // 2) if window else (-1, -1)
+            out = flash_attn_varlen_func(q, k, v, cu, cu, self.max_seqlen, self.max_seqlen,
+                                         dropout_p=dropout_p, window_size=w)
+            return out, None
         outs, probs = [], None
         if want_probs:
             probs = q.new_zeros(self.B, q.shape[1], self.T, self.T)
-        for b, (qs, ks, vs) in enumerate(zip(*(t.split(self.split_sizes) for t in (q, k, v)))):
-            qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (qs, ks, vs))  # (1, nh, L, hd)
-            outs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0])
-            if want_probs:
-                n = qs.shape[2]
-                probs[b, :, :n, :n] = _attention_probs(qs, ks, None)[0]
-        out = torch.cat(outs, dim=1).transpose(0, 1)                       # (N, nh, hd)
-        return out, probs
+        start, seq = 0, 0
+        for L, g in self.groups:                    # g sequences of length L, side by side
+            end = start + g * L
+            if L > 0:
+                qs, ks, vs = (t[start:end].unflatten(0, (g, L)).transpose(1, 2)
+                              for t in (q, k, v))                             # (g, nh, L, hd)
+                band = _band(L, window, q.device) if window else None         # (L, L)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=band,
+                                                   dropout_p=dropout_p)
+                outs.append(o.transpose(1, 2).flatten(0, 1))                  # (g * L, nh, hd)
+                if want_probs:
+                    rows = self.order[seq:seq + g]
+                    probs[rows, :, :L, :L] = _attention_probs(qs, ks, band)
+            start, seq = end, seq + g
+        if not outs:
+            return torch.zeros_like(q), probs
+        return (torch.cat(outs) if len(outs) > 1 else outs[0]), probs
+
+
+def _band(T, window, device):
+    # (T, T) bool: key j is within window // 2 of query i
+    i = torch.arange(T, device=device)
+    return (i[:, None] - i[None, :]).abs() <= window // 2
+
+
+def _rotate(x, cos, sin):
+    # rotary position embedding: rotate pairs (x_i, x_{i + d/2}) by position-dependent angles
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def _attention_probs(q, k, keep):
-    # q, k: (B, nh, T, hd); keep: (B, 1, 1, T) bool or None -> (B, nh, T, T)
+    # q, k: (B, nh, T, hd); keep: bool, broadcastable to (B, nh, T, T), or None
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if keep is not None:
         scores = scores + _additive_mask(keep, scores.dtype)
@@ -235,53 +351,102 @@ def _additive_mask(keep, dtype):
 # The encoder
 
 
+def LayerNorm(c: BertConfig, size=None):
+    return nn.LayerNorm(size or c.hidden_size, eps=c.layer_norm_eps, bias=c.norm_bias)
+
+
 class Embeddings(nn.Module):
+    """token + position + segment, LayerNorm, dropout. Variants: no position table with
+    RoPE, no segments when type_vocab_size is 0, and ALBERT's size E projected to H."""
+
     def __init__(self, c: BertConfig):
         super().__init__()
-        self.tok = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        self.pos = nn.Embedding(c.max_position_embeddings, c.hidden_size)
-        self.seg = nn.Embedding(c.type_vocab_size, c.hidden_size)
-        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        E = c.embedding_size or c.hidden_size
+        self.tok = nn.Embedding(c.vocab_size, E, padding_idx=c.pad_token_id)
+        absolute = c.position_embedding_type == "absolute"
+        self.pos = nn.Embedding(c.max_position_embeddings, E) if absolute else None
+        self.seg = nn.Embedding(c.type_vocab_size, E) if c.type_vocab_size else None
+        self.norm = LayerNorm(c, E)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
+        self.proj = nn.Linear(E, c.hidden_size) if E != c.hidden_size else None
 
     def forward(self, ids, pos, seg):  # any shape (...) -> (..., H)
-        return self.drop(self.norm(self.tok(ids) + self.pos(pos) + self.seg(seg)))
+        x = self.tok(ids)
+        if self.pos is not None:
+            x = x + self.pos(pos)
+        if self.seg is not None:
+            x = x + self.seg(seg)
+        x = self.drop(self.norm(x))
+        return self.proj(x) if self.proj is not None else x
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, c: BertConfig):
+    def __init__(self, c: BertConfig, local: bool = False):
         super().__init__()
         self.nh, self.hd = c.num_attention_heads, c.head_dim
-        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size)  # fused Q, K, V
-        self.proj = nn.Linear(c.hidden_size, c.hidden_size)
+        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=c.bias)  # fused Q, K, V
+        self.proj = nn.Linear(c.hidden_size, c.hidden_size, bias=c.bias)
         self.dropout_p = c.attention_probs_dropout_prob
+        self.window = c.local_attention if local else 0
+        self.rope_theta = None
+        if c.position_embedding_type == "rope":
+            self.rope_theta = c.local_rope_theta if local else c.rope_theta
 
     def forward(self, x, layout: Layout, want_probs=False):
         # x: (..., H) where ... is (B, T) padded or (N,) unpadded
         q, k, v = self.qkv(x).unflatten(-1, (3, self.nh, self.hd)).unbind(-3)  # (..., nh, hd)
+        if self.rope_theta is not None:
+            cos, sin = (t.unsqueeze(-2) for t in layout.rotary(self.rope_theta, self.hd))
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         p = self.dropout_p if self.training else 0.0
-        out, probs = layout.attend(q, k, v, p, want_probs)
+        out, probs = layout.attend(q, k, v, p, want_probs, self.window)
         return self.proj(out.flatten(-2)), probs                               # (..., H)
 
 
 class Block(nn.Module):
-    """Post-LN transformer block, as in BERT: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """Post-LN, as in BERT:      x = LN(x + Attn(x));   x = LN(x + FFN(x))
+    pre-LN, as in ModernBERT:  x = x + Attn(LN(x));   x = x + FFN(LN(x))
+    FFN(x) = down(act(up(x))), or with glu: down(act(x W) * (x V)) where up = [W V]."""
 
-    def __init__(self, c: BertConfig):
+    def __init__(self, c: BertConfig, layer: int = 0):
         super().__init__()
-        self.attn = SelfAttention(c)
-        self.norm1 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.up = nn.Linear(c.hidden_size, c.intermediate_size)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size)
-        self.norm2 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.pre_norm, self.glu = c.pre_norm, c.glu
+        self.attn = SelfAttention(c, local=c.is_local(layer))
+        # pre-LN: the embeddings end in a LayerNorm already, so the first block skips one
+        self.norm1 = nn.Identity() if c.pre_norm and layer == 0 else LayerNorm(c)
+        self.up = nn.Linear(c.hidden_size, c.intermediate_size * (2 if c.glu else 1), bias=c.bias)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.bias)
+        self.norm2 = LayerNorm(c)
         self.act = ACTIVATIONS[c.hidden_act]
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
+    def ffn(self, x):
+        if self.glu:
+            h, gate = self.up(x).chunk(2, dim=-1)
+            return self.down(self.act(h) * gate)
+        return self.down(self.act(self.up(x)))
+
     def forward(self, x, layout: Layout, want_probs=False):
+        if self.pre_norm:
+            a, probs = self.attn(self.norm1(x), layout, want_probs)
+            x = x + self.drop(a)
+            return x + self.drop(self.ffn(self.norm2(x))), probs
         a, probs = self.attn(x, layout, want_probs)
         x = self.norm1(x + self.drop(a))
-        x = self.norm2(x + self.drop(self.down(self.act(self.up(x)))))
-        return x, probs
+        return self.norm2(x + self.drop(self.ffn(x))), probs
+
+
+class Pooler(nn.Module):
+    """dense + tanh on [CLS] (BERT); relu (DistilBERT); + LayerNorm (ModernBERT's head)."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=c.bias)
+        self.act = torch.tanh if c.pooler_act == "tanh" else ACTIVATIONS[c.pooler_act]
+        self.norm = LayerNorm(c) if c.pooler_norm else nn.Identity()
+
+    def forward(self, h):  # (B, H) -> (B, H)
+        return self.norm(self.act(self.dense(h)))
 
 
 @dataclass
@@ -299,8 +464,10 @@ class BertModel(nn.Module):
         super().__init__()
         self.config = c
         self.emb = Embeddings(c)
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.num_hidden_layers))
-        self.pooler = nn.Linear(c.hidden_size, c.hidden_size)
+        n_weights = c.num_layer_groups or c.num_hidden_layers  # fewer when ALBERT shares
+        self.blocks = nn.ModuleList(Block(c, i) for i in range(n_weights))
+        self.final_norm = LayerNorm(c) if c.pre_norm else None
+        self.pooler = Pooler(c)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None,
                 output_attentions=False, keep_unpadded=False) -> EncoderOutput:
@@ -310,20 +477,24 @@ class BertModel(nn.Module):
             attention_mask = torch.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        positions = torch.arange(T, device=input_ids.device).expand(B, T) + self.config.position_offset
         if self.config.attn_backend == "unpadded":
             layout = UnpaddedLayout(attention_mask)
             ids, pos, seg = (layout.unpad(t) for t in (input_ids, positions, token_type_ids))
         else:
             layout = Layout(attention_mask, self.config.attn_backend)
             ids, pos, seg = input_ids, positions, token_type_ids
+        layout.positions = pos - self.config.position_offset
         x = self.emb(ids, pos, seg)                          # (B, T, H) or (N, H)
         attentions = [] if output_attentions else None
-        for block in self.blocks:
-            x, probs = block(x, layout, output_attentions)
+        for layer in range(self.config.num_hidden_layers):
+            x, probs = self.blocks[self.config.layer_weights(layer)](x, layout, output_attentions)
             if output_attentions:
                 attentions.append(probs)
-        pooled = torch.tanh(self.pooler(layout.first_tokens(x)))  # (B, H)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        pool = layout.mean_tokens if self.config.classifier_pooling == "mean" else layout.first_tokens
+        pooled = self.pooler(pool(x))                        # (B, H)
         if not keep_unpadded:
             x = layout.pad(x)
         return EncoderOutput(x, pooled, attentions, layout)
@@ -338,9 +509,10 @@ class MLMHead(nn.Module):
 
     def __init__(self, c: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        E = c.embedding_size or c.hidden_size  # ALBERT projects back down to E
+        self.dense = nn.Linear(c.hidden_size, E, bias=c.bias)
         self.act = ACTIVATIONS[c.hidden_act]
-        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.norm = LayerNorm(c, E)
         self.word_embeddings = word_embeddings  # tied: shared, not copied
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))
 
@@ -401,14 +573,16 @@ class Bert(nn.Module):
         std = self.config.initializer_range
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=std)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=std)
             if m.padding_idx is not None:
                 m.weight.data[m.padding_idx].zero_()
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
                 pair_labels=None, start_positions=None, end_positions=None,
@@ -427,6 +601,8 @@ class Bert(nn.Module):
             if labels is not None and not mlm_full:
                 flat = layout.unpad(labels) if unpadded else labels.flatten()   # (N,)/(B*T,)
                 sel = (flat != -100).nonzero().squeeze(1)                      # (M,)
+                if unpadded:  # rows of the logits in batch order, as in the padded path
+                    sel = sel[layout.index[sel].argsort()]
                 hs = h.flatten(0, -2)[sel] if not unpadded else h[sel]         # (M, H)
                 out.logits = self.mlm(hs)                                      # (M, V)
                 out.loss = F.cross_entropy(out.logits, flat[sel])
@@ -456,6 +632,9 @@ class Bert(nn.Module):
             start, end = logits[..., 0], logits[..., 1]                        # (B, T) each
             out.start_logits, out.end_logits = start, end
             if start_positions is not None:
+                # padding is never an answer; masking it makes every backend's loss equal
+                pad = ~layout.mask
+                start, end = (t.masked_fill(pad, torch.finfo(t.dtype).min) for t in (start, end))
                 out.loss = (F.cross_entropy(start, start_positions)
                             + F.cross_entropy(end, end_positions)) / 2
         return out

@@ -1,0 +1,318 @@
+"""The BERT family's checkpoint formats, mapped onto nanobert's one model.
+
+Each Hugging Face family names its tensors and config keys its own way. A `Family`
+holds, for one of them: how to read its config.json into a `BertConfig` (and write it
+back), and a table of name rules `(our name, HF name, tasks)` where `{i}` is a layer
+index. Q, K and V are separate tensors in most families and one fused tensor in ours;
+`qkv` names the three (or one) HF tensors they come from.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .model import BertConfig
+
+ALL = None  # a rule that holds for every task
+
+
+@dataclass
+class Family:
+    name: str
+    model_type: str
+    arch_prefix: str                          # "Bert" -> BertModel, BertForMaskedLM, ...
+    prefix: str                               # of the encoder's names in models with heads
+    decoder: str                              # the MLM decoder (tied to the word embeddings)
+    rules: list                               # (ours regex, HF template, tasks or ALL)
+    qkv: tuple                                # HF templates of Q, K, V (or one fused)
+    from_hf: Callable[[dict], dict]           # config.json -> BertConfig keyword arguments
+    to_hf: Callable[[BertConfig], dict]       # BertConfig -> config.json
+    tasks: tuple = ("mlm", "pretraining", "classify", "regression", "token", "qa")
+    arch_names: dict = field(default_factory=dict)
+
+    def hf_name(self, ours: str, task) -> Optional[str]:
+        for pat, template, tasks in self.rules:
+            m = re.fullmatch(pat, ours)
+            if m and (tasks is ALL or task in tasks):
+                return template.format(*m.groups())
+        return None
+
+    def architecture(self, task) -> str:
+        suffix = {None: "Model", "mlm": "ForMaskedLM", "pretraining": "ForPreTraining",
+                  "classify": "ForSequenceClassification",
+                  "regression": "ForSequenceClassification",
+                  "token": "ForTokenClassification", "qa": "ForQuestionAnswering"}[task]
+        return self.arch_names.get(task, self.arch_prefix + suffix)
+
+    def task_of(self, architecture: str):
+        for task in (None,) + self.tasks:
+            if self.architecture(task) == architecture:
+                return task
+        return "missing"
+
+
+def _encoder_rules(layer: str, names: dict, emb: str, extra=()):
+    """Rules for embeddings and blocks. `layer` is the HF prefix of block {0};
+    `names` maps our block parts to HF names within it."""
+    rules = [(rf"bert\.emb\.{ours}\.(\w+)", emb + hf + ".{}", ALL)
+             for ours, hf in (("tok", "word_embeddings"), ("pos", "position_embeddings"),
+                              ("seg", "token_type_embeddings"), ("norm", "LayerNorm"))]
+    rules += [(rf"bert\.blocks\.(\d+)\.{re.escape(ours)}\.(\w+)", layer + "." + hf + ".{}", ALL)
+              for ours, hf in names.items()]
+    return rules + list(extra)
+
+
+def _common_config(d: dict, **renames) -> dict:
+    """BERT-named keys (or their renamed equivalents) that BertConfig takes directly."""
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "hidden_act", "hidden_dropout_prob",
+            "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+            "layer_norm_eps", "initializer_range", "pad_token_id")
+    out = {}
+    for k in keys:
+        src = renames.get(k, k)
+        if src in d and d[src] is not None:
+            out[k] = d[src]
+    missing = [renames.get(k, k) for k in BertConfig._REQUIRED if k not in out]
+    if missing:
+        raise KeyError(", ".join(missing))
+    return out
+
+
+def _labels(d: dict, kw: dict) -> dict:
+    if d.get("id2label") is not None:
+        kw["id2label"] = d["id2label"]
+    elif "num_labels" in d:
+        kw["num_labels"] = d["num_labels"]
+    if d.get("problem_type"):
+        kw["problem_type"] = d["problem_type"]
+    return kw
+
+
+def _labels_out(c: BertConfig, d: dict) -> dict:
+    id2label = c.id2label or {i: f"LABEL_{i}" for i in range(c.num_labels)}
+    d["id2label"] = {str(i): lab for i, lab in id2label.items()}
+    d["label2id"] = {lab: i for i, lab in id2label.items()}
+    if c.problem_type:
+        d["problem_type"] = c.problem_type
+    return d
+
+
+# ---- BERT --------------------------------------------------------------------------
+
+BERT_BLOCK = {"attn.proj": "attention.output.dense", "norm1": "attention.output.LayerNorm",
+              "up": "intermediate.dense", "down": "output.dense", "norm2": "output.LayerNorm"}
+_BERT_HEADS = [
+    (r"bert\.pooler\.dense\.(\w+)", "bert.pooler.dense.{}", ALL),
+    (r"mlm\.dense\.(\w+)", "cls.predictions.transform.dense.{}", ALL),
+    (r"mlm\.norm\.(\w+)", "cls.predictions.transform.LayerNorm.{}", ALL),
+    (r"mlm\.bias", "cls.predictions.bias", ALL),
+    (r"pair\.(\w+)", "cls.seq_relationship.{}", ALL),
+    (r"classifier\.(\w+)", "classifier.{}", ALL),
+    (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+]
+
+
+def _bert_from_hf(d):
+    return BertConfig.from_hf_dict(d).__dict__
+
+
+BERT = Family(
+    "bert", "bert", "Bert", "bert.", "cls.predictions.decoder",
+    _encoder_rules("bert.encoder.layer.{}", BERT_BLOCK, "bert.embeddings.", _BERT_HEADS),
+    ("bert.encoder.layer.{}.attention.self.query", "bert.encoder.layer.{}.attention.self.key",
+     "bert.encoder.layer.{}.attention.self.value"),
+    _bert_from_hf, lambda c: c.to_hf_dict(),
+)
+
+# ---- RoBERTa: BERT's layout; positions offset by the padding index; its own heads ----
+
+
+def _roberta_from_hf(d):
+    kw = _labels(d, _common_config(d))
+    kw.update(family="roberta", position_offset=d.get("pad_token_id", 1) + 1)
+    return kw
+
+
+def _roberta_to_hf(c):
+    d = {k: v for k, v in c.to_hf_dict().items() if not k.startswith("nanobert_")}
+    d.update(model_type="roberta", bos_token_id=0, eos_token_id=2)
+    return d
+
+
+ROBERTA = Family(
+    "roberta", "roberta", "Roberta", "roberta.", "lm_head.decoder",
+    _encoder_rules("roberta.encoder.layer.{}", BERT_BLOCK, "roberta.embeddings.", [
+        # the classification head is its own dense + tanh on <s>: our pooler, then out_proj
+        (r"bert\.pooler\.dense\.(\w+)", "classifier.dense.{}", ("classify", "regression")),
+        (r"classifier\.(\w+)", "classifier.out_proj.{}", ("classify", "regression")),
+        (r"bert\.pooler\.dense\.(\w+)", "roberta.pooler.dense.{}", ALL),
+        (r"mlm\.dense\.(\w+)", "lm_head.dense.{}", ALL),
+        (r"mlm\.norm\.(\w+)", "lm_head.layer_norm.{}", ALL),
+        (r"mlm\.bias", "lm_head.bias", ALL),
+        (r"classifier\.(\w+)", "classifier.{}", ALL),
+        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+    ]),
+    tuple(f"roberta.encoder.layer.{{}}.attention.self.{x}" for x in ("query", "key", "value")),
+    _roberta_from_hf, _roberta_to_hf,
+    tasks=("mlm", "classify", "regression", "token", "qa"),
+)
+
+# ---- ALBERT: factorized embeddings, shared layer groups, SOP ---------------------------
+
+_ALBERT_LAYER = "albert.encoder.albert_layer_groups.{}.albert_layers.0"
+
+
+def _albert_from_hf(d):
+    kw = _labels(d, _common_config(d))
+    if d.get("inner_group_num", 1) != 1:
+        raise ValueError("inner_group_num other than 1 is not supported")
+    kw.update(family="albert", embedding_size=d.get("embedding_size", 128),
+              num_layer_groups=d.get("num_hidden_groups", 1),
+              hidden_act=d.get("hidden_act", "gelu_new"))
+    if d.get("classifier_dropout_prob") is not None:
+        kw["classifier_dropout"] = d["classifier_dropout_prob"]
+    return kw
+
+
+def _albert_to_hf(c):
+    d = {k: v for k, v in c.to_hf_dict().items() if not k.startswith("nanobert_")}
+    d.update(model_type="albert", embedding_size=c.embedding_size or c.hidden_size,
+             num_hidden_groups=c.num_layer_groups or c.num_hidden_layers, inner_group_num=1,
+             classifier_dropout_prob=c.classifier_dropout or 0.1)
+    return d
+
+
+ALBERT = Family(
+    "albert", "albert", "Albert", "albert.", "predictions.decoder",
+    _encoder_rules(_ALBERT_LAYER, {"attn.proj": "attention.dense", "norm1": "attention.LayerNorm",
+                                   "up": "ffn", "down": "ffn_output",
+                                   "norm2": "full_layer_layer_norm"}, "albert.embeddings.", [
+        (r"bert\.emb\.proj\.(\w+)", "albert.encoder.embedding_hidden_mapping_in.{}", ALL),
+        (r"bert\.pooler\.dense\.(\w+)", "albert.pooler.{}", ALL),
+        (r"mlm\.dense\.(\w+)", "predictions.dense.{}", ALL),
+        (r"mlm\.norm\.(\w+)", "predictions.LayerNorm.{}", ALL),
+        (r"mlm\.bias", "predictions.bias", ALL),
+        (r"pair\.(\w+)", "sop_classifier.classifier.{}", ALL),
+        (r"classifier\.(\w+)", "classifier.{}", ALL),
+        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+    ]),
+    tuple(f"{_ALBERT_LAYER}.attention.{x}" for x in ("query", "key", "value")),
+    _albert_from_hf, _albert_to_hf,
+)
+
+# ---- DistilBERT: no segments, no pooler; a ReLU pre-classifier --------------------------
+
+_DISTIL = dict(vocab_size="vocab_size", hidden_size="dim", num_hidden_layers="n_layers",
+               num_attention_heads="n_heads", intermediate_size="hidden_dim",
+               hidden_act="activation", hidden_dropout_prob="dropout",
+               attention_probs_dropout_prob="attention_dropout",
+               initializer_range="initializer_range")
+
+
+def _distil_from_hf(d):
+    if d.get("sinusoidal_pos_embds"):
+        pass  # the sinusoids are stored in the position table like learned ones
+    kw = _labels(d, _common_config(d, **_DISTIL))
+    kw.update(family="distilbert", type_vocab_size=0, pooler_act="relu",
+              classifier_dropout=d.get("seq_classif_dropout", 0.2))
+    return kw
+
+
+def _distil_to_hf(c):
+    d = {hf: getattr(c, ours) for ours, hf in _DISTIL.items()}
+    d.update(model_type="distilbert", max_position_embeddings=c.max_position_embeddings,
+             pad_token_id=c.pad_token_id, sinusoidal_pos_embds=False,
+             seq_classif_dropout=c.classifier_dropout if c.classifier_dropout is not None else 0.2,
+             qa_dropout=c.hidden_dropout_prob)
+    return _labels_out(c, d)
+
+
+DISTILBERT = Family(
+    "distilbert", "distilbert", "DistilBert", "distilbert.", "vocab_projector",
+    _encoder_rules("distilbert.transformer.layer.{}",
+                   {"attn.proj": "attention.out_lin", "norm1": "sa_layer_norm", "up": "ffn.lin1",
+                    "down": "ffn.lin2", "norm2": "output_layer_norm"}, "distilbert.embeddings.", [
+        (r"bert\.pooler\.dense\.(\w+)", "pre_classifier.{}", ("classify", "regression")),
+        (r"mlm\.dense\.(\w+)", "vocab_transform.{}", ALL),
+        (r"mlm\.norm\.(\w+)", "vocab_layer_norm.{}", ALL),
+        (r"mlm\.bias", "vocab_projector.bias", ALL),
+        (r"classifier\.(\w+)", "classifier.{}", ALL),
+        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+    ]),
+    tuple(f"distilbert.transformer.layer.{{}}.attention.{x}" for x in ("q_lin", "k_lin", "v_lin")),
+    _distil_from_hf, _distil_to_hf,
+    tasks=("mlm", "classify", "regression", "token", "qa"),
+)
+
+# ---- ModernBERT: pre-LN, RoPE, GeGLU, no biases, local/global attention ---------------
+
+_MODERN = dict(vocab_size="vocab_size", hidden_size="hidden_size",
+               num_hidden_layers="num_hidden_layers", num_attention_heads="num_attention_heads",
+               intermediate_size="intermediate_size", hidden_act="hidden_activation",
+               max_position_embeddings="max_position_embeddings", layer_norm_eps="norm_eps",
+               pad_token_id="pad_token_id", initializer_range="initializer_range",
+               hidden_dropout_prob="mlp_dropout", attention_probs_dropout_prob="attention_dropout")
+
+
+def _modern_from_hf(d):
+    kw = _labels(d, _common_config(d, **_MODERN))
+    rope = d.get("rope_parameters") or {}
+    layer_types = d.get("layer_types")
+    every = d.get("global_attn_every_n_layers", 3)
+    if layer_types:  # the explicit per-layer list wins; it must be a regular alternation
+        globals_ = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+        every = globals_[1] - globals_[0] if len(globals_) > 1 else len(layer_types)
+        if [i for i in range(len(layer_types)) if i % every == 0] != globals_:
+            raise ValueError("layer_types is not a regular global/local alternation")
+    kw.update(
+        family="modernbert", type_vocab_size=0, position_embedding_type="rope", pre_norm=True,
+        glu=True, bias=bool(d.get("attention_bias", False)), norm_bias=bool(d.get("norm_bias", False)),
+        local_attention=d.get("local_attention", 128), global_every=every,
+        rope_theta=(rope.get("full_attention") or {}).get("rope_theta", d.get("global_rope_theta", 160000.0)),
+        local_rope_theta=(rope.get("sliding_attention") or {}).get("rope_theta", d.get("local_rope_theta", 10000.0)),
+        pooler_act=d.get("classifier_activation", "gelu"), pooler_norm=True,
+        classifier_pooling=d.get("classifier_pooling", "cls"),
+        classifier_dropout=d.get("classifier_dropout", 0.0))
+    if bool(d.get("mlp_bias", False)) != kw["bias"]:
+        raise ValueError("attention_bias and mlp_bias must agree")
+    return kw
+
+
+def _modern_to_hf(c):
+    d = {hf: getattr(c, ours) for ours, hf in _MODERN.items()}
+    d.update(model_type="modernbert", norm_bias=c.norm_bias, attention_bias=c.bias,
+             mlp_bias=c.bias, classifier_bias=c.bias, decoder_bias=True,
+             local_attention=c.local_attention, global_attn_every_n_layers=c.global_every,
+             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.rope_theta},
+                              "sliding_attention": {"rope_type": "default",
+                                                    "rope_theta": c.local_rope_theta}},
+             classifier_pooling=c.classifier_pooling, classifier_activation=c.pooler_act,
+             classifier_dropout=c.classifier_dropout or 0.0, embedding_dropout=0.0,
+             bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+    return _labels_out(c, d)
+
+
+_MODERN_HEAD_TASKS = ("classify", "regression")
+MODERNBERT = Family(
+    "modernbert", "modernbert", "ModernBert", "model.", "decoder",
+    [(r"bert\.emb\.tok\.(\w+)", "model.embeddings.tok_embeddings.{}", ALL),
+     (r"bert\.emb\.norm\.(\w+)", "model.embeddings.norm.{}", ALL)]
+    + [(rf"bert\.blocks\.(\d+)\.{re.escape(ours)}\.(\w+)", "model.layers.{}." + hf + ".{}", ALL)
+       for ours, hf in (("attn.qkv", "attn.Wqkv"), ("attn.proj", "attn.Wo"), ("norm1", "attn_norm"),
+                        ("up", "mlp.Wi"), ("down", "mlp.Wo"), ("norm2", "mlp_norm"))]
+    + [(r"bert\.final_norm\.(\w+)", "model.final_norm.{}", ALL),
+       (r"bert\.pooler\.dense\.(\w+)", "head.dense.{}", _MODERN_HEAD_TASKS),
+       (r"bert\.pooler\.norm\.(\w+)", "head.norm.{}", _MODERN_HEAD_TASKS),
+       (r"mlm\.dense\.(\w+)", "head.dense.{}", ALL),
+       (r"mlm\.norm\.(\w+)", "head.norm.{}", ALL),
+       (r"mlm\.bias", "decoder.bias", ALL),
+       (r"classifier\.(\w+)", "classifier.{}", ALL)],
+    ("model.layers.{}.attn.Wqkv",),
+    _modern_from_hf, _modern_to_hf,
+    tasks=("mlm", "classify", "regression"),
+)
+
+FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT)}
+BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}

@@ -1,0 +1,141 @@
+"""The BERT family as configuration: random HF checkpoints of each family load into the
+one nanobert model with the same outputs, and save back into a directory that
+transformers loads with the same outputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as hf
+
+from nanobert.checkpoint import load_model
+from conftest import random_batch
+
+TOL = 1e-5
+SMALL = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+             intermediate_size=37, max_position_embeddings=64, pad_token_id=0)
+
+
+def roberta():
+    return hf.RobertaConfig(**dict(SMALL, pad_token_id=1, max_position_embeddings=70),
+                            type_vocab_size=1, num_labels=3)
+
+
+def albert():
+    return hf.AlbertConfig(**SMALL, embedding_size=16, num_hidden_groups=1, num_labels=3)
+
+
+def distilbert():
+    return hf.DistilBertConfig(vocab_size=99, dim=32, n_layers=3, n_heads=4, hidden_dim=37,
+                               max_position_embeddings=64, pad_token_id=0, num_labels=3)
+
+
+def modernbert():
+    return hf.ModernBertConfig(**SMALL, local_attention=4, global_attn_every_n_layers=2,
+                               num_labels=3, bos_token_id=2, eos_token_id=3, cls_token_id=2,
+                               sep_token_id=3)
+
+
+FAMILIES = {
+    "roberta": (roberta, {None: hf.RobertaModel, "mlm": hf.RobertaForMaskedLM,
+                          "classify": hf.RobertaForSequenceClassification,
+                          "token": hf.RobertaForTokenClassification,
+                          "qa": hf.RobertaForQuestionAnswering}),
+    "albert": (albert, {None: hf.AlbertModel, "mlm": hf.AlbertForMaskedLM,
+                        "pretraining": hf.AlbertForPreTraining,
+                        "classify": hf.AlbertForSequenceClassification,
+                        "token": hf.AlbertForTokenClassification}),
+    "distilbert": (distilbert, {None: hf.DistilBertModel, "mlm": hf.DistilBertForMaskedLM,
+                                "classify": hf.DistilBertForSequenceClassification,
+                                "token": hf.DistilBertForTokenClassification,
+                                "qa": hf.DistilBertForQuestionAnswering}),
+    "modernbert": (modernbert, {None: hf.ModernBertModel, "mlm": hf.ModernBertForMaskedLM,
+                                "classify": hf.ModernBertForSequenceClassification}),
+}
+CASES = [(fam, task) for fam, (_, heads) in FAMILIES.items() for task in heads]
+
+
+def _make(fam, task, seed=0):
+    make_config, heads = FAMILIES[fam]
+    config = make_config()
+    if task in ("qa", "pretraining"):  # two outputs: start/end, or SOP's two classes
+        config.num_labels = 2
+    torch.manual_seed(seed)
+    model = heads[task](config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def _batch(fam):
+    b = random_batch(B=4, T=20, vocab=99, seed=2, min_len=5)
+    if fam in ("roberta",):   # one segment type; padding id 1
+        b["token_type_ids"].zero_()
+        b["input_ids"][b["attention_mask"] == 0] = 1
+    if fam in ("distilbert", "modernbert"):
+        del b["token_type_ids"]
+    return b
+
+
+def _logits(task, out):
+    if task is None:
+        return {"hidden": out.last_hidden_state if hasattr(out, "last_hidden_state")
+                else out.hidden.last_hidden_state}
+    if task == "qa":
+        return {"start": out.start_logits, "end": out.end_logits}
+    if task == "pretraining":
+        return {"mlm": getattr(out, "prediction_logits", None) if hasattr(out, "prediction_logits")
+                else out.logits,
+                "pair": out.sop_logits if hasattr(out, "sop_logits") else out.pair_logits}
+    return {"logits": out.logits}
+
+
+def _compare(ref_out, ours_out, task, mask):
+    for name, ref in _logits(task, ref_out).items():
+        got = _logits(task, ours_out)[name]
+        if ref.dim() >= 2 and ref.shape[:2] == mask.shape:
+            ref, got = ref[mask.bool()], got[mask.bool()]
+        assert (ref - got).abs().max().item() < TOL, name
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "unpadded"])
+@pytest.mark.parametrize("fam,task", CASES)
+def test_family_parity(tmp_path, fam, task, backend):
+    ref_model = _make(fam, task)
+    ref_model.save_pretrained(tmp_path)
+    model = load_model(tmp_path, attn_backend=backend).eval()
+    assert model.config.family == fam and model.task == task
+    batch = _batch(fam)
+    with torch.no_grad():
+        _compare(ref_model(**batch), model(**batch), task, batch["attention_mask"])
+
+
+@pytest.mark.parametrize("fam,task", [(f, t) for f, t in CASES if t in (None, "mlm", "classify")])
+def test_family_round_trip(tmp_path, fam, task):
+    """nanobert save_pretrained -> transformers from_pretrained -> same outputs."""
+    _make(fam, task).save_pretrained(tmp_path / "hf")
+    model = load_model(tmp_path / "hf").eval()
+    model.save_pretrained(tmp_path / "ours")
+    again = FAMILIES[fam][1][task].from_pretrained(tmp_path / "ours").eval()
+    batch = _batch(fam)
+    with torch.no_grad():
+        _compare(again(**batch), model(**batch), task, batch["attention_mask"])
+
+
+def test_eager_matches_for_modernbert_windows(tmp_path):
+    """Local (sliding-window) layers: eager, sdpa and unpadded agree with each other."""
+    _make("modernbert", None).save_pretrained(tmp_path)
+    outs = []
+    for backend in ("eager", "sdpa", "unpadded"):
+        model = load_model(tmp_path, attn_backend=backend).eval()
+        with torch.no_grad():
+            b = _batch("modernbert")
+            outs.append(model.bert(**b).last_hidden_state[b["attention_mask"].bool()])
+    assert (outs[0] - outs[1]).abs().max() < TOL and (outs[0] - outs[2]).abs().max() < TOL
+
+
+def test_albert_shares_weights(tmp_path):
+    _make("albert", None).save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert len(model.bert.blocks) == 1 and model.config.num_hidden_layers == 3
+    assert model.bert.emb.tok.weight.shape == (99, 16)
