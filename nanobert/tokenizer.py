@@ -6,7 +6,10 @@
          ──► [CLS] A [SEP] (B [SEP]) with token type ids 0 for A, 1 for B
 
 `Tokenizer` loads a tokenizer.json or a vocab.txt, trains a new vocabulary, encodes
-single texts and pairs with offsets, and pads batches to their longest member.
+single texts and pairs with offsets, and pads batches to their longest member. Other
+families' tokenizers (RoBERTa's byte-level BPE, ALBERT's SentencePiece saved as
+tokenizer.json) load too; their special tokens are found by role (cls, sep, pad, mask,
+unk) from tokenizer_config.json / special_tokens_map.json.
 """
 from __future__ import annotations
 
@@ -21,6 +24,49 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from .files import NanobertError, atomic_path
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ROLES = ("pad", "unk", "cls", "sep", "mask")
+BERT_TOKENS = dict(zip(ROLES, SPECIALS))
+ROBERTA_TOKENS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
+
+
+def _special_tokens(path: Path, conf: dict, vocab: dict) -> dict:
+    """role -> token string, from the tokenizer's config files, else by convention."""
+    found = {}
+    for source in (conf, _read_json(path / "special_tokens_map.json")):
+        for role in ROLES:
+            t = source.get(f"{role}_token")
+            if isinstance(t, dict):
+                t = t.get("content")
+            if isinstance(t, str) and role not in found:
+                found[role] = t
+    default = BERT_TOKENS if "[CLS]" in vocab or "<s>" not in vocab else ROBERTA_TOKENS
+    return {role: found.get(role, default[role]) for role in ROLES}
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        d = json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise NanobertError(f"{path}: not valid JSON ({e})")
+    return d if isinstance(d, dict) else {}
+
+
+def _byte_level_bpe(path: Path) -> HFTokenizer:
+    """RoBERTa's tokenizer from vocab.json + merges.txt: byte-level BPE, <s> A </s></s> B </s>."""
+    try:
+        tk = HFTokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
+    except Exception as e:
+        raise NanobertError(f"{path / 'vocab.json'}: cannot be read with merges.txt ({e})")
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    vocab = tk.get_vocab()
+    if "<s>" not in vocab or "</s>" not in vocab:
+        raise NanobertError(f"{path / 'vocab.json'}: no <s> or </s> token")
+    tk.post_processor = processors.RobertaProcessing(("</s>", vocab["</s>"]), ("<s>", vocab["<s>"]),
+                                                     trim_offsets=True, add_prefix_space=False)
+    return tk
 
 
 def _bert_pipeline(tk: HFTokenizer, lowercase: bool) -> HFTokenizer:
@@ -38,28 +84,27 @@ def _bert_pipeline(tk: HFTokenizer, lowercase: bool) -> HFTokenizer:
 
 
 class Tokenizer:
-    def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True):
+    def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True,
+                 specials: Optional[dict] = None):
         tk.no_truncation()
         tk.no_padding()
         self.tk = tk
         self.model_max_length = model_max_length
         self.lowercase = lowercase
         vocab = tk.get_vocab()
-        for name in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"):
-            setattr(self, name.strip("[]").lower() + "_id", vocab.get(name))
-        self.special_ids = sorted(i for t, i in vocab.items() if t in SPECIALS)
+        self.specials = specials or BERT_TOKENS             # role -> token string
+        for role, token in self.specials.items():            # pad_id, cls_id, mask_id, ...
+            setattr(self, f"{role}_id", vocab.get(token))
+        added = {t.content for t in tk.get_added_tokens_decoder().values() if t.special}
+        self.special_ids = sorted({vocab[t] for t in set(self.specials.values()) | added
+                                   if t in vocab})
 
     # ---- construction --------------------------------------------------------
     @classmethod
     def from_dir(cls, path, lowercase: Optional[bool] = None) -> "Tokenizer":
         """tokenizer.json when present, else vocab.txt; casing from tokenizer_config.json."""
         path = Path(path)
-        conf = {}
-        if (path / "tokenizer_config.json").is_file():
-            try:
-                conf = json.loads((path / "tokenizer_config.json").read_text("utf-8"))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise NanobertError(f"{path / 'tokenizer_config.json'}: not valid JSON ({e})")
+        conf = _read_json(path / "tokenizer_config.json")
         if lowercase is None:
             lowercase = bool(conf.get("do_lower_case", True))
         max_len = int(conf.get("model_max_length", 512) or 512)
@@ -69,10 +114,14 @@ class Tokenizer:
                 tk = HFTokenizer.from_file(str(path / "tokenizer.json"))
             except Exception as e:
                 raise NanobertError(f"{path / 'tokenizer.json'}: cannot be read ({e})")
-            return cls(tk, max_len, lowercase)
-        if (path / "vocab.txt").is_file():
-            return cls.from_vocab(path / "vocab.txt", lowercase=lowercase, model_max_length=max_len)
-        raise NanobertError(f"{path}: no tokenizer.json or vocab.txt")
+        elif (path / "vocab.txt").is_file():
+            tk = cls.from_vocab(path / "vocab.txt", lowercase=lowercase).tk
+        elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+            tk = _byte_level_bpe(path)
+            lowercase = False
+        else:
+            raise NanobertError(f"{path}: no tokenizer.json, vocab.txt or vocab.json + merges.txt")
+        return cls(tk, max_len, lowercase, _special_tokens(path, conf, tk.get_vocab()))
 
     @classmethod
     def from_vocab(cls, vocab_file, lowercase: bool = True, model_max_length: int = 512):
@@ -95,22 +144,23 @@ class Tokenizer:
         return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
 
     def save(self, out_dir):
-        """Write tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json."""
+        """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json, and
+        vocab.txt for WordPiece vocabularies."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        vocab = sorted(self.tk.get_vocab().items(), key=lambda kv: kv[1])
+        wordpiece = isinstance(self.tk.model, models.WordPiece)
+        specials = {f"{role}_token": t for role, t in self.specials.items()}
         files = {
             "tokenizer.json": self.tk.to_str(),
-            "vocab.txt": "".join(t + "\n" for t, _ in vocab),
-            "tokenizer_config.json": json.dumps({
-                "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
-                "model_max_length": self.model_max_length, "unk_token": "[UNK]",
-                "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                "mask_token": "[MASK]"}, indent=2),
-            "special_tokens_map.json": json.dumps({
-                "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-                "cls_token": "[CLS]", "mask_token": "[MASK]"}, indent=2),
+            "tokenizer_config.json": json.dumps(dict(
+                tokenizer_class="BertTokenizer" if wordpiece else "PreTrainedTokenizerFast",
+                do_lower_case=self.lowercase, model_max_length=self.model_max_length,
+                **specials), indent=2),
+            "special_tokens_map.json": json.dumps(specials, indent=2),
         }
+        if wordpiece:
+            vocab = sorted(self.tk.get_vocab().items(), key=lambda kv: kv[1])
+            files["vocab.txt"] = "".join(t + "\n" for t, _ in vocab)
         for name, text in files.items():
             with atomic_path(out_dir / name) as tmp:
                 tmp.write_text(text, encoding="utf-8")

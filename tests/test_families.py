@@ -139,3 +139,34 @@ def test_albert_shares_weights(tmp_path):
     model = load_model(tmp_path)
     assert len(model.bert.blocks) == 1 and model.config.num_hidden_layers == 3
     assert model.bert.emb.tok.weight.shape == (99, 16)
+
+
+def _bpe_files(tmp_path):
+    """A small byte-level BPE vocabulary in RoBERTa's vocab.json + merges.txt form."""
+    from tokenizers import ByteLevelBPETokenizer
+    bpe = ByteLevelBPETokenizer()
+    text = ["the quick brown fox jumps over the lazy dog", "hello world, hello there"] * 30
+    bpe.train_from_iterator(text, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("via", ["vocab.json", "tokenizer.json"])
+def test_roberta_tokenizer(tmp_path, via):
+    from nanobert import Tokenizer
+    d = _bpe_files(tmp_path)
+    ref = hf.RobertaTokenizerFast.from_pretrained(d)
+    if via == "tokenizer.json":
+        ref.save_pretrained(d)
+    ours = Tokenizer.from_dir(d)
+    assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id) == (0, 2, 1, 4)
+    assert set(ours.special_ids) >= {0, 1, 2, 3, 4}
+    texts, pairs = ["the quick fox", "hello, world!"], ["over the dog", "there"]
+    mine = ours(texts, pairs)
+    theirs = ref(texts, pairs, padding=True, return_tensors="pt")
+    assert mine["input_ids"].tolist() == theirs["input_ids"].tolist()
+    assert mine["attention_mask"].tolist() == theirs["attention_mask"].tolist()
+    assert mine["input_ids"][0, 0] == 0                        # <s> first
+    ours.save(tmp_path / "saved")
+    assert Tokenizer.from_dir(tmp_path / "saved").encode("the fox").ids == ours.encode("the fox").ids
