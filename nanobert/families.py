@@ -314,5 +314,65 @@ MODERNBERT = Family(
     tasks=("mlm", "classify", "regression"),
 )
 
-FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT)}
+# ---- DeBERTa-v2/v3: disentangled attention over relative positions ---------------------
+
+
+def _deberta_from_hf(d):
+    kw = _labels(d, _common_config(d))
+    terms = d.get("pos_att_type") or []
+    if isinstance(terms, str):
+        terms = terms.split("|")
+    relative = bool(d.get("relative_attention", False))
+    unsupported = [
+        ("share_att_key", relative and terms and not d.get("share_att_key", False)),
+        ("conv_kernel_size", d.get("conv_kernel_size", 0) > 0),
+        ("embedding_size", d.get("embedding_size", kw["hidden_size"]) != kw["hidden_size"]),
+        ("pooler_hidden_size", d.get("pooler_hidden_size", kw["hidden_size"]) != kw["hidden_size"]),
+    ]
+    for key, bad in unsupported:
+        if bad:
+            raise ValueError(f"{key}={d.get(key)!r} is not supported for deberta-v2")
+    max_rel = d.get("max_relative_positions", -1)
+    kw.update(family="deberta-v2", type_vocab_size=d.get("type_vocab_size", 0),
+              position_embedding_type="absolute" if d.get("position_biased_input", True) else "none",
+              relative_attention=relative,
+              relative_terms="|".join(t for t in ("c2p", "p2c") if t in terms),
+              relative_buckets=max(d.get("position_buckets", -1), 0),
+              max_relative_positions=max_rel if max_rel >= 1 else kw.get("max_position_embeddings", 512),
+              relative_norm="layer_norm" in str(d.get("norm_rel_ebd", "none")).lower(),
+              pooler_act=d.get("pooler_hidden_act", "gelu"))
+    return kw
+
+
+def _deberta_to_hf(c):
+    d = {k: v for k, v in c.to_hf_dict().items() if not k.startswith("nanobert_")}
+    d.update(model_type="deberta-v2", relative_attention=c.relative_attention,
+             pos_att_type=c.relative_terms.split("|") if c.relative_terms else [],
+             position_buckets=c.relative_buckets or -1,
+             max_relative_positions=c.max_relative_positions,
+             norm_rel_ebd="layer_norm" if c.relative_norm else "none", share_att_key=True,
+             position_biased_input=c.position_embedding_type == "absolute",
+             pooler_hidden_act=c.pooler_act, pooler_hidden_size=c.hidden_size, pooler_dropout=0.0,
+             legacy=True)
+    return d
+
+
+DEBERTA = Family(
+    "deberta-v2", "deberta-v2", "DebertaV2", "deberta.", "cls.predictions.decoder",
+    _encoder_rules("deberta.encoder.layer.{}", BERT_BLOCK, "deberta.embeddings.", [
+        (r"bert\.rel\.(\w+)", "deberta.encoder.rel_embeddings.{}", ALL),
+        (r"bert\.rel_norm\.(\w+)", "deberta.encoder.LayerNorm.{}", ALL),
+        (r"bert\.pooler\.dense\.(\w+)", "pooler.dense.{}", ("classify", "regression")),
+        (r"mlm\.dense\.(\w+)", "cls.predictions.transform.dense.{}", ALL),
+        (r"mlm\.norm\.(\w+)", "cls.predictions.transform.LayerNorm.{}", ALL),
+        (r"mlm\.bias", "cls.predictions.bias", ALL),
+        (r"classifier\.(\w+)", "classifier.{}", ALL),
+        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+    ]),
+    tuple(f"deberta.encoder.layer.{{}}.attention.self.{x}_proj" for x in ("query", "key", "value")),
+    _deberta_from_hf, _deberta_to_hf,
+    tasks=("mlm", "classify", "regression", "token", "qa"),
+)
+
+FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT, DEBERTA)}
 BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}

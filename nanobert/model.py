@@ -20,7 +20,8 @@ knows how the batch is laid out and how to attend over it.
 The BERT family is configuration, not copies of this file: RoBERTa (position offset,
 no NSP), ALBERT (factorized embeddings, shared layers), DistilBERT (no segments, ReLU
 pre-classifier), ModernBERT (pre-LN, RoPE, GeGLU, no biases, alternating local/global
-attention) are a few config fields each; see the "variants" block of BertConfig.
+attention), DeBERTa (disentangled attention over relative positions) are a few config
+fields each; see the "variants" block of BertConfig.
 
 Checkpoint names follow our own short names; `nanobert.families` maps them to and from
 each family's Hugging Face names when loading and saving.
@@ -70,7 +71,7 @@ class BertConfig:
     family: str = "bert"                    # checkpoint naming: bert roberta albert distilbert modernbert
     embedding_size: Optional[int] = None    # ALBERT: embeddings of size E < H, projected to H
     num_layer_groups: Optional[int] = None  # ALBERT: the layers share this many sets of weights
-    position_embedding_type: str = "absolute"  # or "rope" (rotary, ModernBERT)
+    position_embedding_type: str = "absolute"  # "rope" (rotary, ModernBERT) or "none"
     position_offset: int = 0                # RoBERTa: positions start at pad_token_id + 1
     pre_norm: bool = False                  # ModernBERT: LN before attention and FFN, final LN
     glu: bool = False                       # ModernBERT: gated FFN, act(x W) * (x V) (GeGLU)
@@ -83,6 +84,11 @@ class BertConfig:
     pooler_act: str = "tanh"                # DistilBERT's pre-classifier uses relu
     pooler_norm: bool = False               # ModernBERT's head: dense, act, LayerNorm
     classifier_pooling: str = "cls"         # "cls" or "mean" (ModernBERT option)
+    relative_attention: bool = False        # DeBERTa: disentangled attention (content and
+    relative_terms: str = "c2p|p2c"         #   relative position; c2p, p2c: cross terms)
+    relative_buckets: int = 256             # DeBERTa: relative distances log-bucketed into
+    max_relative_positions: int = 512       #   2 × buckets embeddings, up to this distance
+    relative_norm: bool = True              # DeBERTa: LayerNorm on the relative embeddings
 
     # keys of config.json that BertConfig reads and writes
     _HF_KEYS = (
@@ -96,7 +102,8 @@ class BertConfig:
     _VARIANT_KEYS = ("family", "embedding_size", "num_layer_groups", "position_embedding_type",
                      "position_offset", "pre_norm", "glu", "bias", "norm_bias", "local_attention",
                      "global_every", "rope_theta", "local_rope_theta", "pooler_act", "pooler_norm",
-                     "classifier_pooling")
+                     "classifier_pooling", "relative_attention", "relative_terms",
+                     "relative_buckets", "max_relative_positions", "relative_norm")
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -216,20 +223,25 @@ class Layout:
             self._rotary[theta, dim] = (angles.cos(), angles.sin())
         return self._rotary[theta, dim]
 
-    def attend(self, q, k, v, dropout_p: float, want_probs: bool, window: int = 0):
+    def attend(self, q, k, v, dropout_p: float, want_probs: bool, window: int = 0,
+               bias=None, scale=None):
         # q, k, v: (B, T, nh, hd) -> out (B, T, nh, hd), probs (B, nh, T, T) or None
         # window > 0: each query sees only keys within window // 2 positions of it
+        # bias (B, nh, T, T): added to the scores (DeBERTa); scale: of q·k, default 1/sqrt(hd)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))          # (B, nh, T, hd)
         keep = self.mask[:, None, None, :]                        # (B, 1, 1, T) keys
         if window:
             keep = keep & _band(self.T, window, q.device)         # (B, 1, T, T)
+        if bias is not None:  # one float mask: the bias where allowed, -inf-ish elsewhere
+            keep = bias.masked_fill(~keep, torch.finfo(bias.dtype).min)
         probs = None
         if self.backend == "eager" or want_probs:
-            probs = _attention_probs(q, k, keep)
+            probs = _attention_probs(q, k, keep, scale)
         if self.backend == "eager":
             out = F.dropout(probs, dropout_p) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p,
+                                                 scale=scale)
         return out.transpose(1, 2), probs
 
     def pad(self, x):  # already padded
@@ -333,12 +345,27 @@ def _rotate(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def _attention_probs(q, k, keep):
-    # q, k: (B, nh, T, hd); keep: bool, broadcastable to (B, nh, T, T), or None
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+def _attention_probs(q, k, keep, scale=None):
+    # q, k: (B, nh, T, hd); keep: bool (or an additive float mask), broadcastable to
+    # (B, nh, T, T), or None
+    scores = (q @ k.transpose(-1, -2)) * (scale or 1 / math.sqrt(q.shape[-1]))
     if keep is not None:
-        scores = scores + _additive_mask(keep, scores.dtype)
+        scores = scores + (_additive_mask(keep, scores.dtype) if keep.dtype == torch.bool else keep)
     return scores.softmax(-1)
+
+
+def _relative_index(T, buckets, max_distance, device):
+    """(T, T): which relative-position embedding query i uses for key j (DeBERTa).
+    Distances up to buckets/2 are exact, farther ones share log-spaced buckets."""
+    rel = torch.arange(T, device=device)[:, None] - torch.arange(T, device=device)[None, :]
+    span = buckets if buckets > 0 else max_distance
+    if buckets > 0:
+        mid = buckets // 2
+        far = rel.abs().clamp(min=mid)
+        log_pos = torch.ceil(torch.log(far / mid) / math.log((max_distance - 1) / mid)
+                             * (mid - 1)) + mid
+        rel = torch.where(rel.abs() <= mid, rel, (log_pos * rel.sign()).long())
+    return (rel + span).clamp(0, 2 * span - 1)
 
 
 def _additive_mask(keep, dtype):
@@ -392,15 +419,36 @@ class SelfAttention(nn.Module):
         if c.position_embedding_type == "rope":
             self.rope_theta = c.local_rope_theta if local else c.rope_theta
 
-    def forward(self, x, layout: Layout, want_probs=False):
+    def forward(self, x, layout: Layout, want_probs=False, rel=None):
         # x: (..., H) where ... is (B, T) padded or (N,) unpadded
         q, k, v = self.qkv(x).unflatten(-1, (3, self.nh, self.hd)).unbind(-3)  # (..., nh, hd)
         if self.rope_theta is not None:
             cos, sin = (t.unsqueeze(-2) for t in layout.rotary(self.rope_theta, self.hd))
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        bias = scale = None
+        if rel is not None:
+            bias, scale = self.relative_bias(q, k, *rel)
         p = self.dropout_p if self.training else 0.0
-        out, probs = layout.attend(q, k, v, p, want_probs, self.window)
+        out, probs = layout.attend(q, k, v, p, want_probs, self.window, bias, scale)
         return self.proj(out.flatten(-2)), probs                               # (..., H)
+
+    def relative_bias(self, q, k, rel_emb, index, terms):
+        """DeBERTa's disentangled attention: besides content·content, the content of
+        query i against the relative position i-j (c2p), and the content of key j
+        against the relative position j-i seen from i (p2c). The relative embeddings
+        (2S, H) go through the same Q and K projections (shared keys)."""
+        # q, k: (B, T, nh, hd); rel_emb: (2S, H); index: (T, T) into the 2S embeddings
+        pos_q, pos_k, _ = self.qkv(rel_emb).unflatten(-1, (3, self.nh, self.hd)).unbind(-3)
+        B, T = q.shape[:2]
+        idx = index.expand(B, self.nh, T, T)
+        bias = 0
+        if "c2p" in terms:  # [i, j] = q_i · pos_k[index[i, j]]
+            bias = bias + torch.einsum("bind,rnd->bnir", q, pos_k).gather(-1, idx)
+        if "p2c" in terms:  # [i, j] = k_j · pos_q[index[i, j]]
+            bias = bias + torch.einsum("bjnd,rnd->bnjr", k, pos_q).gather(
+                -1, idx.transpose(-1, -2)).transpose(-1, -2)
+        scale = 1 / math.sqrt(self.hd * (1 + len(terms)))  # every term is scaled alike
+        return bias * scale, scale
 
 
 class Block(nn.Module):
@@ -426,12 +474,12 @@ class Block(nn.Module):
             return self.down(self.act(h) * gate)
         return self.down(self.act(self.up(x)))
 
-    def forward(self, x, layout: Layout, want_probs=False):
+    def forward(self, x, layout: Layout, want_probs=False, rel=None):
         if self.pre_norm:
-            a, probs = self.attn(self.norm1(x), layout, want_probs)
+            a, probs = self.attn(self.norm1(x), layout, want_probs, rel)
             x = x + self.drop(a)
             return x + self.drop(self.ffn(self.norm2(x))), probs
-        a, probs = self.attn(x, layout, want_probs)
+        a, probs = self.attn(x, layout, want_probs, rel)
         x = self.norm1(x + self.drop(a))
         return self.norm2(x + self.drop(self.ffn(x))), probs
 
@@ -468,6 +516,10 @@ class BertModel(nn.Module):
         self.blocks = nn.ModuleList(Block(c, i) for i in range(n_weights))
         self.final_norm = LayerNorm(c) if c.pre_norm else None
         self.pooler = Pooler(c)
+        if c.relative_attention:  # DeBERTa: embeddings of relative distances, shared by layers
+            span = c.relative_buckets if c.relative_buckets > 0 else c.max_relative_positions
+            self.rel = nn.Embedding(2 * span, c.hidden_size)
+            self.rel_norm = LayerNorm(c) if c.relative_norm else nn.Identity()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None,
                 output_attentions=False, keep_unpadded=False) -> EncoderOutput:
@@ -478,7 +530,8 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         positions = torch.arange(T, device=input_ids.device).expand(B, T) + self.config.position_offset
-        if self.config.attn_backend == "unpadded":
+        # DeBERTa's relative bias is a dense (T, T) term: it runs on the padded layout
+        if self.config.attn_backend == "unpadded" and not self.config.relative_attention:
             layout = UnpaddedLayout(attention_mask)
             ids, pos, seg = (layout.unpad(t) for t in (input_ids, positions, token_type_ids))
         else:
@@ -487,8 +540,15 @@ class BertModel(nn.Module):
         layout.positions = pos - self.config.position_offset
         x = self.emb(ids, pos, seg)                          # (B, T, H) or (N, H)
         attentions = [] if output_attentions else None
+        rel = None
+        if self.config.relative_attention:
+            c = self.config
+            rel = (self.rel_norm(self.rel.weight),
+                   _relative_index(T, c.relative_buckets, c.max_relative_positions, x.device),
+                   c.relative_terms.split("|"))
         for layer in range(self.config.num_hidden_layers):
-            x, probs = self.blocks[self.config.layer_weights(layer)](x, layout, output_attentions)
+            block = self.blocks[self.config.layer_weights(layer)]
+            x, probs = block(x, layout, output_attentions, rel)
             if output_attentions:
                 attentions.append(probs)
         if self.final_norm is not None:

@@ -35,6 +35,13 @@ def modernbert():
                                sep_token_id=3)
 
 
+def deberta():
+    return hf.DebertaV2Config(**SMALL, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                              position_buckets=8, max_relative_positions=64, share_att_key=True,
+                              norm_rel_ebd="layer_norm", position_biased_input=False,
+                              type_vocab_size=0, num_labels=3, layer_norm_eps=1e-7)
+
+
 FAMILIES = {
     "roberta": (roberta, {None: hf.RobertaModel, "mlm": hf.RobertaForMaskedLM,
                           "classify": hf.RobertaForSequenceClassification,
@@ -48,6 +55,10 @@ FAMILIES = {
                                 "classify": hf.DistilBertForSequenceClassification,
                                 "token": hf.DistilBertForTokenClassification,
                                 "qa": hf.DistilBertForQuestionAnswering}),
+    "deberta-v2": (deberta, {None: hf.DebertaV2Model, "mlm": hf.DebertaV2ForMaskedLM,
+                             "classify": hf.DebertaV2ForSequenceClassification,
+                             "token": hf.DebertaV2ForTokenClassification,
+                             "qa": hf.DebertaV2ForQuestionAnswering}),
     "modernbert": (modernbert, {None: hf.ModernBertModel, "mlm": hf.ModernBertForMaskedLM,
                                 "classify": hf.ModernBertForSequenceClassification}),
 }
@@ -72,7 +83,7 @@ def _batch(fam):
     if fam in ("roberta",):   # one segment type; padding id 1
         b["token_type_ids"].zero_()
         b["input_ids"][b["attention_mask"] == 0] = 1
-    if fam in ("distilbert", "modernbert"):
+    if fam in ("distilbert", "modernbert", "deberta-v2"):
         del b["token_type_ids"]
     return b
 
@@ -170,3 +181,17 @@ def test_roberta_tokenizer(tmp_path, via):
     assert mine["input_ids"][0, 0] == 0                        # <s> first
     ours.save(tmp_path / "saved")
     assert Tokenizer.from_dir(tmp_path / "saved").encode("the fox").ids == ours.encode("the fox").ids
+
+
+def test_deberta_other_settings(tmp_path):
+    """c2p only, no buckets, no relative LayerNorm, absolute positions added too."""
+    config = hf.DebertaV2Config(**SMALL, relative_attention=True, pos_att_type=["c2p"],
+                                position_buckets=-1, max_relative_positions=16, share_att_key=True,
+                                position_biased_input=True, type_vocab_size=2)
+    torch.manual_seed(0)
+    ref = hf.DebertaV2Model(config).eval()
+    ref.save_pretrained(tmp_path)
+    model = load_model(tmp_path).eval()
+    b = random_batch(B=3, T=24, vocab=99, seed=5)
+    with torch.no_grad():
+        _compare(ref(**b), model(**b), None, b["attention_mask"])
