@@ -301,9 +301,11 @@ class UnpaddedLayout(Layout):
         out = x.new_zeros(self.B, x.shape[-1]).index_add_(0, row, x)
         return out / self.mask.sum(1, keepdim=True).to(x.dtype)
 
-    def attend(self, q, k, v, dropout_p: float, want_probs: bool, window: int = 0):
+    def attend(self, q, k, v, dropout_p: float, want_probs: bool, window: int = 0,
+               bias=None, scale=None):
         # q, k, v: (N, nh, hd) in stored order -> out (N, nh, hd), probs (B, nh, T, T) or None
-        # Each sequence attends only over its own tokens.
+        # Each sequence attends only over its own tokens. (No `bias`: models with a dense
+        # relative-position bias run on the padded layout.)
         if (flash_attn_varlen_func is not None and q.is_cuda and not want_probs
                 and q.dtype in (torch.float16, torch.bfloat16)):
             cu = self.cu_seqlens.to(torch.int32)
