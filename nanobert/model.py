@@ -179,13 +179,43 @@ PRESETS = {
 }
 
 
+# The family as switches on top of a size: "albert-base", "modernbert-tiny", ...
+VARIANTS = {
+    "bert": {},
+    "roberta": dict(family="roberta", type_vocab_size=1, layer_norm_eps=1e-5),
+    "albert": dict(family="albert", embedding_size=128, num_layer_groups=1,
+                   hidden_act="gelu_new"),
+    "distilbert": dict(family="distilbert", type_vocab_size=0, pooler_act="relu"),
+    "deberta": dict(family="deberta-v2", position_embedding_type="none", type_vocab_size=0,
+                    relative_attention=True, relative_buckets=256, layer_norm_eps=1e-7,
+                    pooler_act="gelu"),
+    "modernbert": dict(family="modernbert", type_vocab_size=0, position_embedding_type="rope",
+                       pre_norm=True, glu=True, bias=False, norm_bias=False, local_attention=128,
+                       global_every=3, rope_theta=160000.0, pooler_act="gelu", pooler_norm=True,
+                       layer_norm_eps=1e-5, max_position_embeddings=8192),
+}
+
+
 def preset(name: str, **overrides) -> BertConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-    layers, hidden, heads = PRESETS[name]
+    """A size ("base"), or a variant and a size ("albert-base"), plus any overrides."""
+    variant, _, size = name.rpartition("-")
+    variant = variant or "bert"
+    if size not in PRESETS or variant not in VARIANTS:
+        names = list(PRESETS) + [f"{v}-{p}" for v in VARIANTS if v != "bert" for p in ("tiny", "base")]
+        raise ValueError(f"unknown preset {name!r}; choose a size ({', '.join(PRESETS)}), "
+                         f"optionally after a variant ({', '.join(VARIANTS)}), e.g. {names[-1]}")
+    layers, hidden, heads = PRESETS[size]
     kw = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
               intermediate_size=4 * hidden)
+    kw.update(VARIANTS[variant])
+    if variant == "distilbert":   # half the layers of the teacher size
+        kw["num_hidden_layers"] = max(1, layers // 2)
+    if variant == "modernbert":   # GeGLU: 2 × 1.5H inputs keep the FFN near BERT's size
+        kw["intermediate_size"] = 3 * hidden // 2
     kw.update(overrides)
+    if variant == "roberta":      # positions start after the padding index
+        kw.setdefault("position_offset", kw.get("pad_token_id", 0) + 1)
+        kw["max_position_embeddings"] = kw.get("max_position_embeddings", 512) + kw["position_offset"]
     return BertConfig(**kw)
 
 
