@@ -1,0 +1,63 @@
+"""Distillation pieces: the student starts from alternate teacher layers; the loss is
+zero where it should be and moves the student toward the teacher."""
+from __future__ import annotations
+
+import torch
+
+import nanobert
+from nanobert.distill import DistillWeights, distill_loss, init_from_teacher, student_config
+from conftest import random_batch
+
+
+def _teacher(layers=4):
+    torch.manual_seed(0)
+    c = nanobert.preset("tiny", vocab_size=120, num_hidden_layers=layers,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return nanobert.Bert(c, "mlm").eval()
+
+
+def test_student_takes_every_other_layer():
+    teacher = _teacher(4)
+    c = student_config(teacher)
+    assert c.num_hidden_layers == 2 and teacher.config.num_hidden_layers == 4
+    student = nanobert.Bert(c, "mlm")
+    with torch.no_grad():
+        copied = init_from_teacher(student, teacher)
+    assert "bert.emb.tok.weight" in copied and "mlm.dense.weight" in copied
+    for i, j in ((0, 0), (1, 2)):
+        assert torch.equal(student.bert.blocks[i].up.weight, teacher.bert.blocks[j].up.weight)
+    assert not torch.equal(student.bert.blocks[1].up.weight, teacher.bert.blocks[1].up.weight)
+
+
+def _masked(batch):
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[batch["attention_mask"].bool()] = batch["input_ids"][batch["attention_mask"].bool()]
+    labels[:, ::2] = -100
+    return dict(batch, labels=labels)
+
+
+def test_loss_is_mlm_alone_when_student_equals_teacher():
+    teacher = _teacher(2)
+    batch = _masked(random_batch(B=3, T=10, vocab=120))
+    with torch.no_grad():
+        out = teacher(**batch)
+        loss = distill_loss(out, out, DistillWeights(kl=5, mlm=2, cos=1))
+    assert torch.allclose(loss, 2 * out.loss, atol=1e-5)
+
+
+def test_distillation_pulls_the_student_toward_the_teacher():
+    teacher = _teacher(4)
+    student = nanobert.Bert(student_config(teacher), "mlm")
+    w = DistillWeights(kl=1.0, mlm=0.0, cos=1.0)
+    batch = _masked(random_batch(B=4, T=12, vocab=120, seed=1))
+    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
+    with torch.no_grad():
+        t_out = teacher(**batch)
+    losses = []
+    for _ in range(40):
+        loss = distill_loss(student(**batch), t_out, w)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0]
