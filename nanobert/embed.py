@@ -1,0 +1,344 @@
+"""Sentence embeddings and semantic search.
+
+    texts ──► tokenizer ──► encoder ──► pool over tokens ──► L2-normalise ──► (n, H)
+                                        mean of the real tokens (default),
+                                        or the [CLS] vector
+
+A sentence-transformers checkpoint says how it pools in `1_Pooling/config.json`;
+when that file is there its choice is the default. Search is cosine similarity
+between a query vector and the corpus vectors (a dot product once both are
+normalised). The corpus vectors are cached next to the corpus file, keyed by the
+corpus contents, the model and the pooling, so a second search is instant.
+
+    from nanobert.embed import Encoder
+    enc = Encoder.from_pretrained("minilm")
+    vecs = enc.encode(["A man is eating food.", "A man is eating bread."])   # (2, 384)
+    hits = enc.search("a person eats", ["...", "..."], k=5)   # [(index, score, text)]
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .batching import restore_order, sorted_batches
+from .files import NanobertError, atomic_path, read_lines
+
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
+
+
+# ----------------------------------------------------------------------------------
+# Pooling
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
+    """hidden (B, T, H), mask (B, T) 1 on real tokens -> (B, H)."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)                      # (B, T, 1)
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "max":
+        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
+    total = (hidden * m).sum(1)                                   # (B, H)
+    count = m.sum(1).clamp(min=1)                                 # (B, 1)
+    if pooling == "mean":
+        return total / count
+    if pooling == "mean_sqrt_len":
+        return total / count.sqrt()
+    raise ValueError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
+
+
+def declared_pooling(model_dir) -> Optional[str]:
+    """The pooling a sentence-transformers checkpoint declares, or None."""
+    if model_dir is None:
+        return None
+    model_dir = Path(model_dir)
+    pool_dir = model_dir / "1_Pooling"
+    modules = model_dir / "modules.json"
+    if modules.is_file():  # the Pooling module may live in another folder
+        try:
+            for m in json.loads(modules.read_text("utf-8")):
+                if str(m.get("type", "")).endswith("Pooling"):
+                    pool_dir = model_dir / m.get("path", "1_Pooling")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            pass
+    path = pool_dir / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        conf = json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise NanobertError(f"{path}: not valid JSON ({e})")
+    for key, name in (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
+                      ("pooling_mode_max_tokens", "max"),
+                      ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len")):
+        if conf.get(key):
+            return name
+    return None
+
+
+def declared_max_length(model_dir) -> Optional[int]:
+    """max_seq_length of a sentence-transformers checkpoint (sentence_bert_config.json)."""
+    path = Path(model_dir) / "sentence_bert_config.json" if model_dir else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return int(json.loads(path.read_text("utf-8"))["max_seq_length"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+
+
+# ----------------------------------------------------------------------------------
+# Encoding
+
+
+@torch.inference_mode()
+def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None,
+           normalize: bool = True, batch_size: int = 64,
+           max_length: Optional[int] = None) -> np.ndarray:
+    """Embed `texts` -> float32 array (n, H). `model` is a `Bert` (any head; only the
+    encoder runs) or a `BertModel`. pooling=None takes the checkpoint's declared pooling
+    (1_Pooling/config.json), else mean. Batches are cut from length-sorted texts so they
+    carry little padding; the rows come back in the order of `texts`."""
+    encoder = getattr(model, "bert", model)
+    source = getattr(model, "source_dir", None)
+    if pooling is None:
+        pooling = declared_pooling(source) or "mean"
+    if pooling not in POOLINGS:
+        raise NanobertError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
+    max_length = max_length or declared_max_length(source) or tokenizer.model_max_length
+    max_length = min(max_length, encoder.config.max_position_embeddings)
+    texts = list(texts)
+    if not texts:
+        return np.zeros((0, encoder.config.hidden_size), dtype=np.float32)
+    was_training = encoder.training
+    encoder.eval()
+    device = next(encoder.parameters()).device
+    encodings = tokenizer.encode_batch(texts, max_length=max_length)
+    batches = sorted_batches([len(e.ids) for e in encodings], batch_size)
+    outs = []
+    try:
+        for idx in batches:
+            batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
+            h = encoder(**batch).last_hidden_state                  # (B, T, H)
+            v = pool(h.float(), batch["attention_mask"], pooling)   # (B, H)
+            if normalize:
+                v = torch.nn.functional.normalize(v, dim=-1)
+            outs.append(v.cpu())
+    finally:
+        encoder.train(was_training)
+    return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)
+
+
+class Encoder:
+    """A model + tokenizer + pooling settings: `encode(texts)` and `search(...)`."""
+
+    def __init__(self, model, tokenizer, pooling: Optional[str] = None, normalize: bool = True,
+                 batch_size: int = 64, max_length: Optional[int] = None, name: str = ""):
+        self.model, self.tokenizer = model.eval(), tokenizer
+        source = getattr(model, "source_dir", None)
+        self.pooling = pooling or declared_pooling(source) or "mean"
+        if self.pooling not in POOLINGS:
+            raise NanobertError(f"unknown pooling {self.pooling!r}; choose from {', '.join(POOLINGS)}")
+        self.normalize, self.batch_size, self.max_length = normalize, batch_size, max_length
+        self.name = name or str(source or "model")
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir="minilm", **kw) -> "Encoder":
+        from . import load
+        model, tokenizer = load(name_or_dir, task=None)
+        return cls(model, tokenizer, name=str(name_or_dir), **kw)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return encode(self.model, self.tokenizer, texts, self.pooling, self.normalize,
+                      self.batch_size, self.max_length)
+
+    def identity(self) -> str:
+        """A string that changes when the model's weights or the settings change."""
+        parts = [f"pooling={self.pooling}", f"normalize={self.normalize}",
+                 f"max_length={self.max_length}"]
+        source = getattr(self.model, "source_dir", None)
+        if source is not None:
+            source = Path(source).resolve()
+            parts.append(str(source))
+            for f in sorted(source.glob("*")):
+                if f.is_file() and (f.suffix in (".safetensors", ".bin") or f.name == "config.json"):
+                    st = f.stat()
+                    parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+        else:  # an in-memory model: hash its weights
+            h = hashlib.sha256()
+            for k, t in self.model.state_dict().items():
+                h.update(k.encode())
+                h.update(t.detach().cpu().float().numpy().tobytes())
+            parts.append(h.hexdigest())
+        return "|".join(parts)
+
+    def search(self, query, corpus, k: int = 5, corpus_embeddings=None):
+        """Top-k corpus entries for one query (str) or several (list of str):
+        [(index, score, text)] per query, best first. `corpus` is a list of texts or a
+        file path (then the embeddings are cached beside it)."""
+        if isinstance(corpus, (str, Path)):
+            texts, corpus_embeddings = corpus_embeddings_cached(self, corpus)
+        else:
+            texts = list(corpus)
+            if corpus_embeddings is None:
+                corpus_embeddings = self.encode(texts)
+        single = isinstance(query, str)
+        q = self.encode([query] if single else list(query))
+        hits = [[(i, s, texts[i]) for i, s in row] for row in top_k(q, corpus_embeddings, k, self.normalize)]
+        return hits[0] if single else hits
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of rows: a (n, H), b (m, H) -> (n, m)."""
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True).clip(1e-12)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True).clip(1e-12)
+    return a @ b.T
+
+
+def top_k(queries: np.ndarray, corpus: np.ndarray, k: int = 5, normalized: bool = False):
+    """Cosine top-k: queries (q, H), corpus (n, H) -> per query [(index, score)]."""
+    sims = queries @ corpus.T if normalized else cosine(queries, corpus)   # (q, n)
+    k = min(k, corpus.shape[0])
+    out = []
+    for row in sims:
+        best = np.argsort(-row, kind="stable")[:k]
+        out.append([(int(i), float(row[i])) for i in best])
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# Reading inputs and caching corpus embeddings
+
+
+LABELLED_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")
+
+
+def read_texts(path) -> list[str]:
+    """Texts to embed: a labelled classification file (.tsv/.csv/.jsonl, or an MSRP
+    file: its text column, pairs joined by a space) or plain text, one sentence per
+    line (blank lines are skipped)."""
+    path = Path(path)
+    lines = [t for _, t in read_lines(path) if t.strip()]
+    if not lines:
+        raise NanobertError(f"{path}: empty file (no sentences)")
+    if path.suffix.lower() in LABELLED_SUFFIXES or lines[0].split("\t")[:2] == ["Quality", "#1 ID"]:
+        from .inspect import read_labelled
+        ex = read_labelled(path)
+        return [t if p is None else f"{t} {p}" for t, p in zip(ex["texts"], ex["pairs"])]
+    return lines
+
+
+def _cache_paths(corpus: Path, key: str) -> list[Path]:
+    name = f"{corpus.name}.nanobert-{key}.npy"
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nanobert"
+    return [corpus.parent / name, home / name]
+
+
+def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = False):
+    """(texts, embeddings) of a corpus file; embeddings are read from the cache when the
+    corpus bytes and the model/settings are unchanged, else computed and cached (beside
+    the corpus, or under ~/.cache/nanobert when that folder is not writable)."""
+    corpus = Path(corpus_path)
+    texts = read_texts(corpus)
+    h = hashlib.sha256(corpus.read_bytes())
+    h.update(encoder.identity().encode())
+    key = h.hexdigest()[:16]
+    candidates = _cache_paths(corpus.resolve(), key)
+    for c in candidates:
+        if c.is_file():
+            try:
+                emb = np.load(c, allow_pickle=False)
+                if emb.shape[0] == len(texts):
+                    if verbose:
+                        print(f"using cached embeddings {c}", file=sys.stderr)
+                    return texts, emb
+            except (OSError, ValueError):
+                pass  # unreadable cache: recompute
+    emb = encoder.encode(texts)
+    for c in candidates:
+        try:
+            with atomic_path(c) as tmp:
+                with open(tmp, "wb") as f:
+                    np.save(f, emb)
+            if verbose:
+                print(f"cached corpus embeddings in {c}", file=sys.stderr)
+            break
+        except OSError:
+            continue
+    return texts, emb
+
+
+# ----------------------------------------------------------------------------------
+# Command line
+
+
+def _common(p):
+    p.add_argument("--model", default="minilm", help="model directory, 'minilm', or a hub name")
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="token pooling (default: what the checkpoint declares, else mean)")
+    p.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the vectors")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=None,
+                   help="truncate texts to this many tokens (default: the model's)")
+
+
+def _encoder(args) -> Encoder:
+    if args.batch_size < 1:
+        raise NanobertError("--batch-size must be at least 1")
+    return Encoder.from_pretrained(args.model, pooling=args.pooling,
+                                   normalize=not args.no_normalize, batch_size=args.batch_size,
+                                   max_length=args.max_length)
+
+
+def embed_args(p):
+    _common(p)
+    p.add_argument("--input", required=True,
+                   help="text file, one sentence per line, or a labelled .tsv/.csv/.jsonl file")
+    p.add_argument("--out", required=True, help="output .npy file (n, hidden) float32")
+
+
+def embed_cmd(args):
+    """Sentence embeddings of a file's sentences, saved as a .npy array (n, hidden)."""
+    texts = read_texts(args.input)
+    enc = _encoder(args)
+    emb = enc.encode(texts)
+    with atomic_path(args.out) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, emb)
+    print(f"{emb.shape[0]} sentences -> {args.out} ({emb.shape[0]} x {emb.shape[1]}, "
+          f"{enc.pooling} pooling, {'normalised' if enc.normalize else 'not normalised'})")
+    return 0
+
+
+def search_args(p):
+    _common(p)
+    p.add_argument("--corpus", required=True, help="text file, one document per line")
+    p.add_argument("--query", required=True, action="append",
+                   help="query text (repeat for several queries)")
+    p.add_argument("-k", type=int, default=5, help="how many results")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+
+
+def search_cmd(args):
+    """Cosine semantic search: the k corpus lines closest to a query."""
+    if args.k < 1:
+        raise NanobertError("-k must be at least 1")
+    enc = _encoder(args)
+    texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True)
+    results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb)
+    if args.json:
+        print(json.dumps([{"query": q, "hits": [{"index": i, "score": round(s, 6), "text": t}
+                                                for i, s, t in hits]}
+                          for q, hits in zip(args.query, results)]))
+        return 0
+    for q, hits in zip(args.query, results):
+        print(f"query: {q}")
+        for rank, (i, s, t) in enumerate(hits, 1):
+            print(f"{rank:>3}. {s:.4f}  {t}")
+    return 0

@@ -1,0 +1,392 @@
+"""Looking inside a model: attention maps, [CLS] attention across layers, t-SNE.
+
+    attention_maps(model, tok, text)   -> tokens, probs (L, nh, T, T)
+    cls_attention(probs)               -> (L, T): how much [CLS] attends to each token,
+                                          averaged over the heads of each layer
+    plot_attention / plot_cls_attention -> PNG heatmaps
+    sentence_vectors(model, tok, texts) -> (n, H) [CLS], pooled or mean vectors
+    balanced_sample(labels, n)          -> indices, the same number for every label
+    tsne(vectors) / silhouette(vectors, labels) / plot_tsne(...)
+
+The attention probabilities are asked for with `output_attentions=True`. Every
+attention backend can compute them on request (the eager one anyway; SDPA and the
+unpadded path work them out beside their fast kernel), so the model keeps the
+backend it was loaded with.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .batching import restore_order, sorted_batches
+from .files import NanobertError, atomic_path
+
+# ----------------------------------------------------------------------------------
+# Attention
+
+
+@torch.inference_mode()
+def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
+                   max_length: Optional[int] = None):
+    """tokens (list of T word-pieces) and attention probabilities, a float32 array
+    (L, nh, T, T): probs[l, h, i, j] is how much token i attends to token j in head h
+    of layer l. `model` is a `Bert` (any head) or a `BertModel`."""
+    encoder = getattr(model, "bert", model)
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        max_length = min(max_length or tokenizer.model_max_length,
+                         encoder.config.max_position_embeddings)
+        batch = tokenizer([text], None if pair is None else [pair], max_length)
+        device = next(encoder.parameters()).device
+        out = encoder(**{k: v.to(device) for k, v in batch.items()}, output_attentions=True)
+    finally:
+        encoder.train(was_training)
+    probs = torch.stack(out.attentions)[:, 0].float().cpu().numpy()   # (L, nh, T, T)
+    tokens = [tokenizer.id_to_token(i) for i in batch["input_ids"][0].tolist()]
+    return tokens, probs
+
+
+def cls_attention(probs: np.ndarray) -> np.ndarray:
+    """(L, nh, T, T) -> (L, T): the [CLS] row of each layer, averaged over heads."""
+    return probs[:, :, 0, :].mean(axis=1)
+
+
+def parse_selection(spec: Optional[str], count: int, what: str, default: Sequence[int]):
+    """'1,6,12' / '2-4' / 'all' (1-based) -> sorted 0-based indices, checked in range."""
+    if spec is None:
+        return list(default)
+    if spec.strip().lower() == "all":
+        return list(range(count))
+    picked = []
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                a, b = (int(x) for x in part.split("-", 1))
+                picked.extend(range(a, b + 1))
+            else:
+                picked.append(int(part))
+        except ValueError:
+            raise NanobertError(f"--{what}: {spec!r} is not a list like 1,6,12 or 2-4 or all")
+    bad = [i for i in picked if not 1 <= i <= count]
+    if bad:
+        raise NanobertError(f"--{what}: {bad[0]} is out of range; the model has {count} {what} "
+                            f"(numbered 1 to {count})")
+    return sorted(set(i - 1 for i in picked))
+
+
+def default_layers(n_layers: int) -> list[int]:
+    """First, middle and last layer (0-based)."""
+    return sorted({0, (n_layers - 1) // 2, n_layers - 1})
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, out):
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format=(out.suffix.lstrip(".") or "png"), dpi=120, bbox_inches="tight")
+
+
+def _norm(scale: str, vmax: float):
+    """Colour scale from 0 to vmax: linear, or square root (small values stay visible
+    next to one dominant token; the colour bar still reads in probabilities)."""
+    from matplotlib.colors import Normalize, PowerNorm
+    if scale == "sqrt":
+        return PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
+    return Normalize(vmin=0.0, vmax=vmax)
+
+
+def _colorbar(fig, im, ax, scale, vmax, **kw):
+    cb = fig.colorbar(im, ax=ax, label="attention probability"
+                      + (" (sqrt scale)" if scale == "sqrt" else ""), **kw)
+    if scale == "sqrt":  # ticks spread over the small values too
+        cb.set_ticks([t for t in (0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0) if t <= vmax])
+    return cb
+
+
+def plot_attention(tokens, probs, layers, heads, out, title: Optional[str] = None,
+                   scale: str = "linear"):
+    """One heatmap per (layer, head) (0-based indices): rows are layers, columns heads.
+    Queries on the y axis, keys on the x axis, one colour scale shared by all maps."""
+    plt = _pyplot()
+    T = len(tokens)
+    maps = [[probs[l, h] for h in heads] for l in layers]
+    vmax = float(max(m.max() for row in maps for m in row))
+    cell = max(3.0, 0.26 * T + 1.2)                # inches per heatmap
+    font = 9 if T <= 40 else 7
+    fig, axes = plt.subplots(len(layers), len(heads), squeeze=False, layout="constrained",
+                             figsize=(cell * len(heads) + 1.2, cell * len(layers) + 0.3))
+    im = None
+    for r, l in enumerate(layers):
+        for c, h in enumerate(heads):
+            ax = axes[r][c]
+            im = ax.imshow(maps[r][c], cmap="viridis", norm=_norm(scale, vmax), aspect="equal")
+            ax.set_title(f"Layer {l + 1}, Head {h + 1}", fontsize=font + 2)
+            ax.set_xticks(range(T), tokens, rotation=90, fontsize=font)
+            ax.set_yticks(range(T), tokens, fontsize=font)
+            ax.set_xlabel("attends to (key)", fontsize=font)
+            if c == 0:
+                ax.set_ylabel("token (query)", fontsize=font)
+    _colorbar(fig, im, axes.ravel().tolist(), scale, vmax, shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_cls_attention(tokens, cls_probs, out, title: Optional[str] = None, scale: str = "sqrt"):
+    """A layer × token heatmap of how much [CLS] attends to each token."""
+    plt = _pyplot()
+    L, T = cls_probs.shape
+    font = 9 if T <= 40 else 7
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.32 * T + 2.0), max(2.5, 0.4 * L + 1.6)),
+                           layout="constrained")
+    im = ax.imshow(cls_probs, cmap="viridis", norm=_norm(scale, float(cls_probs.max())),
+                   aspect="auto")
+    ax.set_xticks(range(T), tokens, rotation=90, fontsize=font)
+    ax.set_yticks(range(L), [f"Layer {l + 1}" for l in range(L)], fontsize=font)
+    ax.set_xlabel("token attended to by [CLS]")
+    ax.set_title(title or "[CLS] attention, averaged over heads")
+    _colorbar(fig, im, ax, scale, float(cls_probs.max()))
+    _save(fig, out)
+    plt.close(fig)
+
+
+def attention_args(p):
+    p.add_argument("--model", required=True, help="model directory, 'minilm', or a hub name")
+    p.add_argument("--text", required=True, help="the sentence to look at")
+    p.add_argument("--pair", default=None, help="optional second sentence ([SEP] between)")
+    p.add_argument("--out", required=True, help="output image (.png)")
+    p.add_argument("--layers", default=None,
+                   help="layers to show, 1-based: '1,6,12', '2-4' or 'all' "
+                        "(default: first, middle, last)")
+    p.add_argument("--heads", default="1", help="heads to show, 1-based, same syntax")
+    p.add_argument("--cls", action="store_true",
+                   help="instead: one layer × token map of the attention from [CLS], "
+                        "averaged over heads")
+    p.add_argument("--scale", choices=("linear", "sqrt"), default=None,
+                   help="colour scale (default: linear for head maps, sqrt for --cls, where "
+                        "[CLS] attending to itself would otherwise wash out the rest)")
+    p.add_argument("--max-length", type=int, default=128, help="truncate the text to this many tokens")
+    p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+
+
+def attention_cmd(args):
+    """Attention heatmaps for chosen layers and heads, or [CLS] attention across layers."""
+    from . import load
+    model, tokenizer = load(args.model)
+    tokens, probs = attention_maps(model, tokenizer, args.text, args.pair, args.max_length)
+    L, nh = probs.shape[:2]
+    name = Path(str(args.model)).name or str(args.model)
+    if args.cls:
+        cls = cls_attention(probs)
+        plot_cls_attention(tokens, cls, args.out, f"[CLS] attention, averaged over heads ({name})",
+                           args.scale or "sqrt")
+        result = {"tokens": tokens, "layers": list(range(1, L + 1)),
+                  "cls_attention": np.round(cls.astype(np.float64), 6).tolist()}
+        print(f"[CLS] attention over {L} layers, {len(tokens)} tokens -> {args.out}")
+    else:
+        layers = parse_selection(args.layers, L, "layers", default_layers(L))
+        heads = parse_selection(args.heads, nh, "heads", [0])
+        plot_attention(tokens, probs, layers, heads, args.out, scale=args.scale or "linear")
+        result = {"tokens": tokens, "maps": [
+            {"layer": l + 1, "head": h + 1, "probs": np.round(probs[l, h].astype(np.float64), 6).tolist()}
+            for l in layers for h in heads]}
+        print(f"{len(layers) * len(heads)} attention map(s), {len(tokens)} tokens -> {args.out}")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+# ----------------------------------------------------------------------------------
+# Labelled files (classification), read by nanobert.data
+
+
+def read_labelled(path, text_column=None, pair_column=None, label_column=None) -> dict:
+    """{'texts': [...], 'pairs': [... or None], 'labels': [str, ...]} of a labelled
+    classification file (GLUE TSV, MSRP, CSV, JSON Lines; see nanobert.data)."""
+    from .data import read_classification
+    examples = read_classification(path, text_column, pair_column, label_column)
+    return {"texts": [e.text_a for e in examples], "pairs": [e.text_b for e in examples],
+            "labels": [str(e.label) for e in examples]}
+
+
+# ----------------------------------------------------------------------------------
+# t-SNE of sentence vectors
+
+
+@torch.inference_mode()
+def sentence_vectors(model, tokenizer, texts, pairs=None, kind: str = "cls",
+                     batch_size: int = 64, max_length: int = 128) -> np.ndarray:
+    """(n, H) float32: the final [CLS] hidden state ('cls'), the pooler output
+    ('pooled', dense + tanh on [CLS], what the classifier reads) or the mean of the
+    real tokens ('mean')."""
+    encoder = getattr(model, "bert", model)
+    was_training = encoder.training
+    encoder.eval()
+    device = next(encoder.parameters()).device
+    pairs = None if pairs is None or all(p is None for p in pairs) else pairs
+    encs = tokenizer.encode_batch(list(texts), pairs, max_length=max_length)
+    batches = sorted_batches([len(e.ids) for e in encs], batch_size)
+    outs = []
+    try:
+        for idx in batches:
+            batch = {k: v.to(device) for k, v in tokenizer.pad([encs[i] for i in idx]).items()}
+            out = encoder(**batch)
+            if kind == "cls":
+                v = out.last_hidden_state[:, 0]
+            elif kind == "pooled":
+                v = out.pooler_output
+            elif kind == "mean":
+                m = batch["attention_mask"].unsqueeze(-1).to(out.last_hidden_state.dtype)
+                v = (out.last_hidden_state * m).sum(1) / m.sum(1)
+            else:
+                raise NanobertError(f"unknown vector kind {kind!r} (cls, pooled, mean)")
+            outs.append(v.float().cpu())
+    finally:
+        encoder.train(was_training)
+    return restore_order(batches, torch.cat(outs)).numpy()
+
+
+def balanced_sample(labels: Sequence[str], n: int, seed: int = 0) -> list[int]:
+    """Indices of up to n examples, n // k of each of the k labels (all of a label's
+    examples when it has fewer), drawn at random with `seed`, in file order."""
+    rng = np.random.default_rng(seed)
+    by_label = {}
+    for i, lab in enumerate(labels):
+        by_label.setdefault(lab, []).append(i)
+    per = max(1, n // len(by_label))
+    picked = []
+    for lab in sorted(by_label):
+        idx = by_label[lab]
+        picked.extend(rng.choice(idx, size=min(per, len(idx)), replace=False).tolist())
+    return sorted(picked)
+
+
+def silhouette(vectors: np.ndarray, labels, metric: str = "cosine") -> float:
+    """Silhouette score of the labels in the given space (-1..1; higher = better
+    separated clusters)."""
+    from sklearn.metrics import silhouette_score
+    if len(set(labels)) < 2:
+        raise NanobertError("silhouette needs at least two different labels in the sample")
+    return float(silhouette_score(vectors, list(labels), metric=metric))
+
+
+def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarray:
+    """(n, H) -> (n, 2) with scikit-learn's t-SNE (PCA init, fixed seed)."""
+    from sklearn.manifold import TSNE
+    n = vectors.shape[0]
+    if n < 5:
+        raise NanobertError(f"t-SNE needs at least 5 examples, got {n}")
+    perplexity = min(perplexity, (n - 1) / 3)
+    return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
+                metric="euclidean").fit_transform(vectors.astype(np.float32))
+
+
+def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names=None):
+    plt = _pyplot()
+    label_names = label_names or {}
+    fig, ax = plt.subplots(figsize=(7.5, 5.5), layout="constrained")
+    cmap = plt.get_cmap("tab10")
+    labels = np.asarray(labels)
+    for i, lab in enumerate(sorted(set(labels.tolist()))):
+        sel = labels == lab
+        ax.scatter(points[sel, 0], points[sel, 1], s=14, alpha=0.75, color=cmap(i % 10),
+                   label=f"{label_names.get(lab, lab)} ({int(sel.sum())})")
+    ax.legend(title="label", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
+              frameon=False)
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    _save(fig, out)
+    plt.close(fig)
+
+
+def tsne_report(model, tokenizer, data_path, n=400, kind="cls", seed=0, batch_size=64,
+                max_length=128, metric="cosine", columns=None):
+    """Sample, embed, measure: {'indices', 'labels', 'vectors', 'silhouette'}.
+    `columns`: optional (text, pair, label) column names for the data file."""
+    ex = read_labelled(data_path, *(columns or ()))
+    idx = balanced_sample(ex["labels"], n, seed)
+    texts = [ex["texts"][i] for i in idx]
+    pairs = [ex["pairs"][i] for i in idx]
+    labels = [ex["labels"][i] for i in idx]
+    vecs = sentence_vectors(model, tokenizer, texts, pairs, kind, batch_size, max_length)
+    return {"indices": idx, "labels": labels, "vectors": vecs,
+            "silhouette": silhouette(vecs, labels, metric)}
+
+
+def tsne_args(p):
+    p.add_argument("--model", required=True, help="model directory or 'minilm'")
+    p.add_argument("--data", required=True, help="labelled classification file (.tsv/.csv/.jsonl)")
+    p.add_argument("--out", required=True, help="output image (.png)")
+    p.add_argument("--n", type=int, default=400, help="sample size, balanced over labels")
+    p.add_argument("--vector", choices=("cls", "pooled", "mean"), default="cls",
+                   help="the final [CLS] hidden state, the pooler output, or the token mean")
+    p.add_argument("--label-names", default=None,
+                   help="legend names, e.g. '0=negative,1=positive' (default: the model's "
+                        "label names when they differ from the file's labels)")
+    p.add_argument("--metric", choices=("cosine", "euclidean"), default="cosine",
+                   help="distance for the silhouette score")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--perplexity", type=float, default=30.0)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    column_args(p)
+
+
+def column_args(p):
+    p.add_argument("--text-column", default=None, help="column/field holding the text")
+    p.add_argument("--text-pair-column", default=None, help="column/field of the second text")
+    p.add_argument("--label-column", default=None, help="column/field holding the label")
+
+
+def _label_names(spec, model) -> dict:
+    if spec:
+        try:
+            return dict(kv.split("=", 1) for kv in spec.split(","))
+        except ValueError:
+            raise NanobertError(f"--label-names: {spec!r} is not like 0=negative,1=positive")
+    id2label = model.config.id2label if getattr(model, "task", None) == "classify" else None
+    return {str(i): name for i, name in (id2label or {}).items() if name != str(i)}
+
+
+def tsne_cmd(args):
+    """t-SNE plot of [CLS] vectors coloured by label, and the labels' silhouette score.
+
+    A label-balanced sample of a labelled file is embedded, reduced to 2-D with t-SNE
+    (fixed seed) and plotted; the silhouette score is measured in the original space."""
+    from . import load
+    if args.n < 5:
+        raise NanobertError("--n must be at least 5")
+    model, tokenizer = load(args.model)
+    rep = tsne_report(model, tokenizer, args.data, args.n, args.vector, args.seed,
+                      args.batch_size, args.max_length, args.metric,
+                      (args.text_column, args.text_pair_column, args.label_column))
+    points = tsne(rep["vectors"], args.seed, args.perplexity)
+    name = Path(str(args.model)).name or str(args.model)
+    what = {"cls": "[CLS]", "pooled": "pooled [CLS]", "mean": "mean-pooled"}[args.vector]
+    title = (f"t-SNE of {what} vectors, {name}, {Path(args.data).name}\n"
+             f"n={len(rep['labels'])}, silhouette ({args.metric}, original space) "
+             f"= {rep['silhouette']:.3f}")
+    plot_tsne(points, rep["labels"], args.out, title, _label_names(args.label_names, model))
+    counts = {lab: rep["labels"].count(lab) for lab in sorted(set(rep["labels"]))}
+    print(f"{len(rep['labels'])} examples {counts} -> {args.out}")
+    print(f"silhouette ({args.metric}, {rep['vectors'].shape[1]}-d {what} vectors): "
+          f"{rep['silhouette']:.4f}")
+    if args.json:
+        print(json.dumps({"n": len(rep["labels"]), "counts": counts, "vector": args.vector,
+                          "metric": args.metric, "silhouette": rep["silhouette"]}))
+    return 0

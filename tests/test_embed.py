@@ -1,0 +1,205 @@
+"""Sentence embeddings (parity with transformers + mean pooling, the published
+all-MiniLM-L6-v2 similarity), pooling choices, search and its cache."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from nanobert.cli import main
+from nanobert.embed import (Encoder, cosine, corpus_embeddings_cached, declared_pooling, encode,
+                            pool, top_k)
+from nanobert.files import NanobertError
+
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
+             "The girl is carrying a baby.", "A man is riding a horse.",
+             "A woman is playing violin.", "Two men pushed carts through the woods.",
+             "A man is riding a white horse on an enclosed ground.",
+             "A monkey is playing drums.", "Someone in a gorilla costume is playing a set of drums.",
+             "A cheetah is running behind its prey."]
+
+
+@pytest.fixture(scope="module")
+def encoder(minilm):
+    model, tok = minilm
+    return Encoder(model, tok)
+
+
+def test_minilm_matches_transformers_mean_pooled(minilm_dir, encoder):
+    from transformers import AutoModel, AutoTokenizer
+    ref_model = AutoModel.from_pretrained(str(minilm_dir)).eval()
+    ref_tok = AutoTokenizer.from_pretrained(str(minilm_dir))
+    batch = ref_tok(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = ref_model(**batch).last_hidden_state                        # (B, T, H)
+    m = batch["attention_mask"].unsqueeze(-1).float()
+    ref = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).numpy()
+    assert encoder.pooling == "mean"   # declared by 1_Pooling/config.json
+    got = encoder.encode(SENTENCES)
+    assert got.shape == (len(SENTENCES), 384) and got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    before = encoder.model.config.attn_backend
+    encoder.model.config.attn_backend = "unpadded"   # same vectors on the unpadded path
+    try:
+        np.testing.assert_allclose(encoder.encode(SENTENCES), ref, atol=1e-5)
+    finally:
+        encoder.model.config.attn_backend = before
+
+
+def test_published_similarity(encoder):
+    a, b = encoder.encode(["A man is eating food.", "A man is eating a piece of bread."])
+    assert round(float(a @ b), 3) == 0.755
+    assert float(cosine(a[None], b[None])[0, 0]) == pytest.approx(float(a @ b), abs=1e-6)
+
+
+def test_order_batching_and_normalisation(minilm):
+    model, tok = minilm
+    one_by_one = np.stack([encode(model, tok, [s])[0] for s in SENTENCES[:5]])
+    batched = encode(model, tok, SENTENCES[:5], batch_size=2)  # sorted by length inside
+    np.testing.assert_allclose(batched, one_by_one, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+    raw = encode(model, tok, SENTENCES[:2], normalize=False)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+    np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), batched[:2], atol=1e-5)
+    cls = encode(model, tok, SENTENCES[:2], pooling="cls", normalize=False)
+    with torch.no_grad():
+        h = model.bert(**tok(SENTENCES[:1])).last_hidden_state
+    np.testing.assert_allclose(cls[0], h[0, 0].numpy(), atol=1e-5)
+    assert encode(model, tok, []).shape == (0, 384)
+    with pytest.raises(NanobertError, match="unknown pooling"):
+        encode(model, tok, ["x"], pooling="median")
+
+
+def test_pool_ignores_padding():
+    h = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])   # (1, 3, 2)
+    mask = torch.tensor([[1, 1, 0]])
+    assert pool(h, mask, "mean").tolist() == [[2.0, 3.0]]
+    assert pool(h, mask, "cls").tolist() == [[1.0, 2.0]]
+    assert pool(h, mask, "max").tolist() == [[3.0, 4.0]]
+    assert pool(h, mask, "mean_sqrt_len")[0].tolist() == pytest.approx([4 / 2 ** 0.5, 6 / 2 ** 0.5])
+
+
+def test_declared_pooling(tmp_path, minilm_dir):
+    assert declared_pooling(minilm_dir) == "mean"
+    assert declared_pooling(tmp_path) is None
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    assert declared_pooling(tmp_path) == "cls"
+    (tmp_path / "1_Pooling" / "config.json").write_text("{oops")
+    with pytest.raises(NanobertError, match="1_Pooling"):
+        declared_pooling(tmp_path)
+
+
+def test_top_k():
+    corpus = np.array([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.0]])
+    hits = top_k(np.array([[2.0, 0.1]]), corpus, k=3)[0]
+    assert [i for i, _ in hits] == [0, 2, 1]
+    assert hits[0][1] == pytest.approx(2.0 / np.hypot(2.0, 0.1))
+    assert len(top_k(np.array([[1.0, 0.0]]), corpus, k=10)[0]) == 4
+
+
+def test_search_and_cache(encoder, tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES) + "\n\n", encoding="utf-8")  # blank line skipped
+    hits = encoder.search("Someone is eating a meal.", corpus, k=3)
+    assert [t for _, _, t in hits][:2] == SENTENCES[:2]
+    assert hits[0][1] >= hits[1][1] >= hits[2][1]
+    caches = list(tmp_path.glob("corpus.txt.nanobert-*.npy"))
+    assert len(caches) == 1
+    np.testing.assert_allclose(np.load(caches[0]), encoder.encode(SENTENCES), atol=1e-6)
+
+    # reused when unchanged: poison the cache file and see it come back
+    np.save(caches[0], np.zeros((len(SENTENCES), 384), dtype=np.float32))
+    _, emb = corpus_embeddings_cached(encoder, corpus)
+    assert not emb.any()
+    # a changed corpus or other settings get a different key
+    corpus.write_text("\n".join(SENTENCES[::-1]) + "\n", encoding="utf-8")
+    texts, emb = corpus_embeddings_cached(encoder, corpus)
+    assert texts == SENTENCES[::-1] and emb.any()
+    cls_enc = Encoder(encoder.model, encoder.tokenizer, pooling="cls")
+    corpus_embeddings_cached(cls_enc, corpus)
+    assert len(list(tmp_path.glob("corpus.txt.nanobert-*.npy"))) == 3
+
+    # a read-only corpus folder: cache under $XDG_CACHE_HOME/nanobert
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        shutil.copy(corpus, ro / "c.txt")
+        ro.chmod(0o555)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        corpus_embeddings_cached(encoder, ro / "c.txt")
+        ro.chmod(0o755)
+        assert list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))
+
+
+def test_cache_falls_back_to_home(encoder, tmp_path, monkeypatch):
+    import nanobert.embed as E
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one line\nanother line\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    real = E._cache_paths
+
+    def unwritable_first(c, key):  # as if the corpus folder refused writes
+        first, home = real(c, key)
+        return [tmp_path / "missing-file-not-dir" / "x" / first.name, home]
+
+    (tmp_path / "missing-file-not-dir").write_text("a file, so mkdir under it fails")
+    monkeypatch.setattr(E, "_cache_paths", unwritable_first)
+    corpus_embeddings_cached(encoder, corpus)
+    assert len(list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))) == 1
+
+
+def test_embed_and_search_cli(encoder, tmp_path, capsys):
+    inp = tmp_path / "s.txt"
+    inp.write_text("\n".join(SENTENCES[:4]) + "\n", encoding="utf-8")
+    out = tmp_path / "e.npy"
+    assert main(["embed", "--model", "minilm", "--input", str(inp), "--out", str(out)]) == 0
+    emb = np.load(out)
+    assert emb.shape == (4, 384)
+    assert "4 sentences" in capsys.readouterr().out
+
+    tsv = tmp_path / "l.tsv"
+    tsv.write_text("sentence\tlabel\n" + "\n".join(f"{s}\t1" for s in SENTENCES[:3]) + "\n")
+    assert main(["embed", "--model", "minilm", "--input", str(tsv), "--out", str(out),
+                 "--pooling", "cls", "--no-normalize"]) == 0
+    assert np.load(out).shape == (3, 384)
+    assert "cls pooling" in capsys.readouterr().out
+
+    assert main(["search", "--model", "minilm", "--corpus", str(inp), "--query",
+                 "A person eats.", "-k", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r[0]["hits"][0]["text"] in SENTENCES[:2] and len(r[0]["hits"]) == 2
+    cached = np.load(next(tmp_path.glob("s.txt.nanobert-*.npy")))
+    q = encoder.encode(["A person eats."])[0]
+    best = r[0]["hits"][0]
+    assert best["score"] == pytest.approx(float(cached[best["index"]] @ q), abs=1e-5)
+    assert best["score"] == pytest.approx(float((cached @ q).max()), abs=1e-5)
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert main(["embed", "--model", "minilm", "--input", str(empty), "--out", str(tmp_path / "x.npy")]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_checkpoint_declared_pooling_is_the_default(tmp_path, tiny_config):
+    import nanobert
+    from nanobert.checkpoint import save_model
+    tok = nanobert.Tokenizer.train(["a man eats food", "a girl plays drums"], vocab_size=60,
+                                   min_frequency=1)
+    tiny_config.vocab_size = tok.vocab_size
+    torch.manual_seed(0)
+    save_model(nanobert.Bert(tiny_config), tmp_path, tokenizer=tok, extra_files={
+        "1_Pooling/config.json": json.dumps({"pooling_mode_cls_token": True})})
+    model, tok = nanobert.load(tmp_path)
+    texts = ["a man eats", "a girl plays drums food"]
+    got = encode(model, tok, texts)
+    np.testing.assert_allclose(got, encode(model, tok, texts, pooling="cls"), atol=1e-6)
+    assert not np.allclose(got, encode(model, tok, texts, pooling="mean"), atol=1e-3)
+    assert Encoder(model, tok).pooling == "cls"
+    assert Encoder(model, tok, pooling="mean").pooling == "mean"

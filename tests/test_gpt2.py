@@ -1,0 +1,202 @@
+"""compare-gpt2: the zero-shot scoring rule, the NLL of a causal LM, and the whole
+command end to end with a tiny random GPT-2 and a tiny BERT classifier (no download)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import nanobert
+from nanobert.cli import main
+from nanobert.files import NanobertError
+from nanobert.gpt2 import (compare, load_gpt2, polarity, sequence_nll, zero_shot_predict)
+
+
+
+POS = ["a wonderful , moving film", "great acting and a warm story", "i loved every minute",
+       "funny and smart", "a delight from start to end", "beautiful and true"]
+NEG = ["a dull , lifeless mess", "boring and far too long", "i hated it",
+       "flat jokes and bad acting", "a tedious waste of time", "ugly and false"]
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    """A randomly initialised 2-layer GPT-2 and a byte-level BPE tokenizer, saved."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    out = tmp_path_factory.mktemp("gpt2")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(POS + NEG + ["The sentiment is positive.", "The sentiment is negative."],
+                           trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>",
+                                  eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok.save_pretrained(out)
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=tk.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2,
+                     n_head=2, bos_token_id=0, eos_token_id=0)
+    GPT2LMHeadModel(cfg).eval().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A tiny random BERT sentiment classifier with labels 0/1."""
+    out = tmp_path_factory.mktemp("bert")
+    tok = nanobert.Tokenizer.train(POS + NEG, vocab_size=200, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                          id2label={0: "0", 1: "1"})
+    nanobert.Bert(cfg, "classify").eval().save_pretrained(out, tokenizer=tok)
+    return out
+
+
+@pytest.fixture
+def sentiment_tsv(tmp_path):
+    path = tmp_path / "dev.tsv"
+    rows = [f"{t}\t1" for t in POS] + [f"{t}\t0" for t in NEG]
+    path.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+# ---- the scoring rule -------------------------------------------------------------
+
+
+def test_zero_shot_picks_lower_loss_verdict():
+    # a fake LM whose loss we control: 'positive' continuations cost 1.0 for texts
+    # containing 'good', 3.0 otherwise; 'negative' ones always cost 2.0
+    seen = []
+
+    def fake_nll(prompts):
+        seen.extend(prompts)
+        return [(1.0 if "good" in p else 3.0) if p.endswith("positive.") else 2.0 for p in prompts]
+
+    pred, nll = zero_shot_predict(["good film", "bad film", "so good "], fake_nll)
+    assert pred.tolist() == [1, 0, 1]
+    assert nll.shape == (3, 2)
+    assert nll[1].tolist() == [2.0, 3.0]
+    assert seen[:2] == ["good film The sentiment is negative.", "good film The sentiment is positive."]
+    assert seen[4] == "so good The sentiment is negative."   # trailing space stripped
+
+
+def test_zero_shot_custom_verdicts_and_template():
+    pred, _ = zero_shot_predict(["x"], lambda ps: [len(p) for p in ps],
+                                verdicts=("awful", "ok"), template=" It was {}!")
+    assert pred.tolist() == [1]  # "x It was ok!" is shorter, so "cheaper"
+
+
+def test_polarity_mapping():
+    assert polarity(["0", "1", "1"]) == {"0": 0, "1": 1}
+    assert polarity(["Negative", "positive"]) == {"Negative": 0, "positive": 1}
+    assert polarity(["bad", "good"], positive="good") == {"bad": 0, "good": 1}
+    with pytest.raises(NanobertError, match="positive-label"):
+        polarity(["bad", "good"])
+    with pytest.raises(NanobertError, match="two labels"):
+        polarity(["a", "b", "c"])
+
+
+# ---- the language-model loss ------------------------------------------------------
+
+
+def test_sequence_nll_matches_transformers_loss(tiny_gpt2):
+    lm, tok = load_gpt2(tiny_gpt2)
+    texts = ["i loved every minute The sentiment is positive.", "a dull mess", "funny"]
+    got = sequence_nll(lm, tok, texts, batch_size=2)   # batched and padded
+    for text, g in zip(texts, got):
+        ids = torch.tensor([[tok.bos_token_id] + tok(text)["input_ids"]])
+        with torch.no_grad():
+            mean_loss = lm(input_ids=ids, labels=ids).loss.item()   # mean over T-1 tokens
+        assert g == pytest.approx(mean_loss * (ids.shape[1] - 1), rel=1e-4)
+
+
+def test_load_gpt2_errors(tmp_path, monkeypatch):
+    with pytest.raises(NanobertError, match="no such model directory"):
+        load_gpt2(str(tmp_path / "missing"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(NanobertError, match="offline"):
+        load_gpt2("surely-not-cached-model-name")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NanobertError, match="cannot load"):
+        load_gpt2(tmp_path / "empty")
+
+
+# ---- end to end ---------------------------------------------------------------------
+
+
+def test_compare_gpt2_end_to_end(tiny_bert, tiny_gpt2, sentiment_tsv, tmp_path, capsys):
+    out = tmp_path / "table.md"
+    rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+               "--data", str(sentiment_tsv), "--n", "8", "--out", str(out), "--json"])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    r = json.loads(stdout.strip().splitlines()[-1])
+    assert r["n"] == 8 and r["counts"] == {"0": 4, "1": 4}
+    md = out.read_text()
+    assert "| BERT" in md and "| GPT-2" in md and f"{r['gpt2']['accuracy']:.3f}" in md
+    assert md.splitlines()[0] in stdout
+
+    # recompute both accuracies by hand on the same sample
+    from nanobert.inspect import balanced_sample, read_labelled
+    ex = read_labelled(sentiment_tsv)
+    idx = balanced_sample(ex["labels"], 8, 0)
+    texts = [ex["texts"][i] for i in idx]
+    gold = [int(ex["labels"][i]) for i in idx]
+    model, tok = nanobert.load(tiny_bert)
+    with torch.no_grad():
+        pred = model.eval()(**tok(texts)).logits.argmax(-1).tolist()
+    assert r["bert"]["correct"] == sum(p == g for p, g in zip(pred, gold))
+    lm, gtok = load_gpt2(tiny_gpt2)
+    correct = 0
+    for t, g in zip(texts, gold):
+        losses = []
+        for v in ("negative", "positive"):
+            ids = torch.tensor([[gtok.bos_token_id] + gtok(f"{t} The sentiment is {v}.")["input_ids"]])
+            with torch.no_grad():
+                losses.append(lm(input_ids=ids, labels=ids).loss.item() * (ids.shape[1] - 1))
+        correct += int(np.argmin(losses)) == g
+    assert r["gpt2"]["correct"] == correct
+
+
+def test_compare_first_n_and_label_errors(tiny_bert, tiny_gpt2, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n"
+                            for t, lab in [("fine", "good"), ("bad", "bad"), ("meh", "bad")]))
+    with pytest.raises(NanobertError, match="not labels of"):   # model says 0/1
+        compare(tiny_bert, tiny_gpt2, path, n=3, sample="first", positive_label="good")
+    path.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n"
+                            for t, lab in [("fine", "pos"), ("bad", "neg"), ("meh", "neg")]))
+    r = compare(tiny_bert, tiny_gpt2, path, n=3, sample="first")  # 0/1 matched to neg/pos
+    assert r["n"] == 3 and r["counts"] == {"neg": 2, "pos": 1}
+    path.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n"
+                            for t, lab in [("fine", 1), ("bad", 0), ("meh", 0)]))
+    r = compare(tiny_bert, tiny_gpt2, path, n=2, sample="first")
+    assert r["n"] == 2 and r["counts"] == {"0": 1, "1": 1}
+
+
+def test_compare_gpt2_cli_bad_flags(tiny_bert, tiny_gpt2, sentiment_tsv, capsys):
+    rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+               "--data", str(sentiment_tsv), "--verdicts", "only"])
+    assert rc == 2
+    assert "--verdicts" in capsys.readouterr().err
+
+
+def test_missing_transformers_is_a_clear_error(tiny_gpt2, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "transformers", None)   # import fails as if absent
+    with pytest.raises(NanobertError, match="optional package transformers"):
+        load_gpt2(tiny_gpt2)
+
+
+def test_label_names_aligned_by_polarity():
+    from nanobert.gpt2 import _align_names
+    assert _align_names(["1", "0"], ["0", "1"], {"0", "1"}) == ["1", "0"]
+    assert _align_names(["LABEL_1"], ["LABEL_0", "LABEL_1"], {"0", "1"}) == ["1"]
+    assert _align_names(["positive", "negative"], ["negative", "positive"], {"0", "1"}) == ["1", "0"]
+    assert _align_names(["1"], ["0", "1"], {"neg", "pos"}) == ["pos"]
+    assert _align_names(["a"], ["a", "b"], {"0", "1"}) == ["a"]   # left for the caller to report

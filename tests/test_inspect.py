@@ -1,0 +1,219 @@
+"""Attention maps on every backend, [CLS] attention, t-SNE sampling and silhouette,
+and the `attention` / `tsne` commands end to end on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import nanobert
+from conftest import random_batch
+from nanobert.cli import main
+from nanobert.files import NanobertError
+from nanobert.inspect import (attention_maps, balanced_sample, cls_attention, parse_selection,
+                              read_labelled, sentence_vectors, silhouette, tsne)
+
+PNG = b"\x89PNG\r\n\x1a\n"
+WORDS = ["good", "great", "fun", "bad", "dull", "awful", "film", "story", "plot", "the", "a"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random BERT classifier (3 layers, 2 heads) with its own tokenizer."""
+    out = tmp_path_factory.mktemp("tiny")
+    tok = nanobert.Tokenizer.train([" ".join(WORDS)] * 3, vocab_size=100, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, num_hidden_layers=3,
+                          max_position_embeddings=64, id2label={0: "0", 1: "1"})
+    nanobert.Bert(cfg, "classify").eval().save_pretrained(out, tokenizer=tok)
+    return out
+
+
+@pytest.fixture
+def labelled_tsv(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(30):
+        lab = i % 3 == 0  # 10 of label 1, 20 of label 0
+        words = rng.choice(WORDS[:3] if lab else WORDS[3:6], 3).tolist() + ["film"]
+        rows.append(f"{' '.join(words)}\t{int(lab)}")
+    path = tmp_path / "data.tsv"
+    path.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+# ---- the request path gives the eager probabilities ----------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "unpadded"])
+def test_requested_probs_equal_eager(tiny_config, backend):
+    torch.manual_seed(0)
+    model = nanobert.Bert(tiny_config).eval()
+    batch = random_batch(B=4, T=12)
+    mask = batch["attention_mask"].bool()
+    model.config.attn_backend = "eager"
+    with torch.no_grad():
+        ref = model(**batch, output_attentions=True).hidden
+    model.config.attn_backend = backend
+    with torch.no_grad():
+        got = model(**batch, output_attentions=True).hidden
+    assert len(got.attentions) == len(ref.attentions) == tiny_config.num_hidden_layers
+    for p_ref, p_got in zip(ref.attentions, got.attentions):
+        assert p_got.shape == p_ref.shape                        # (B, nh, T, T)
+        for b in range(4):
+            n = int(mask[b].sum())
+            torch.testing.assert_close(p_got[b, :, :n, :n], p_ref[b, :, :n, :n],
+                                       atol=1e-6, rtol=1e-5)
+            assert float(p_got[b, :, :n, n:].sum()) == 0.0  # no weight on padding keys
+    h_ref = ref.last_hidden_state[mask]
+    torch.testing.assert_close(got.last_hidden_state[mask], h_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_maps_minilm_backends(minilm):
+    model, tok = minilm
+    text = "The bank of the river was flooded."
+    results, before = {}, model.config.attn_backend
+    try:
+        for backend in ("eager", "sdpa", "unpadded"):
+            model.config.attn_backend = backend
+            results[backend] = attention_maps(model, tok, text)
+    finally:
+        model.config.attn_backend = before
+    tokens, probs = results["eager"]
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "river" in tokens
+    assert probs.shape == (6, 12, len(tokens), len(tokens))
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+    for backend in ("sdpa", "unpadded"):
+        assert results[backend][0] == tokens
+        np.testing.assert_allclose(results[backend][1], probs, atol=1e-5)  # fp32 across 6 layers
+
+
+def test_cls_attention_and_selection():
+    probs = np.random.default_rng(0).random((3, 2, 5, 5))
+    cls = cls_attention(probs)
+    assert cls.shape == (3, 5)
+    np.testing.assert_allclose(cls[1], (probs[1, 0, 0] + probs[1, 1, 0]) / 2)
+    assert parse_selection("1,6,12", 12, "layers", []) == [0, 5, 11]
+    assert parse_selection("2-4,2", 12, "layers", []) == [1, 2, 3]
+    assert parse_selection("all", 3, "heads", []) == [0, 1, 2]
+    assert parse_selection(None, 3, "heads", [0]) == [0]
+    with pytest.raises(NanobertError, match="out of range.*6 layers"):
+        parse_selection("1,7", 6, "layers", [])
+    with pytest.raises(NanobertError, match="not a list"):
+        parse_selection("one", 6, "layers", [])
+
+
+def test_attention_cli(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "att.png"
+    rc = main(["attention", "--model", str(tiny_dir), "--text", "a good film", "--out", str(out),
+               "--layers", "1,3", "--heads", "all", "--json"])
+    assert rc == 0
+    assert out.read_bytes()[:8] == PNG
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["tokens"] == ["[CLS]", "a", "good", "film", "[SEP]"]
+    assert [(m["layer"], m["head"]) for m in r["maps"]] == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    model, tok = nanobert.load(tiny_dir)
+    _, probs = attention_maps(model, tok, "a good film")
+    np.testing.assert_allclose(r["maps"][3]["probs"], probs[2, 1], atol=1e-6)
+
+    out2 = tmp_path / "cls.png"
+    assert main(["attention", "--model", str(tiny_dir), "--text", "a good film",
+                 "--out", str(out2), "--cls", "--json"]) == 0
+    assert out2.read_bytes()[:8] == PNG
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    np.testing.assert_allclose(r["cls_attention"], cls_attention(probs), atol=1e-6)
+
+    bad = tmp_path / "bad.png"
+    assert main(["attention", "--model", str(tiny_dir), "--text", "x", "--out", str(bad),
+                 "--layers", "9"]) == 2
+    assert "out of range" in capsys.readouterr().err
+    assert not bad.exists()
+
+
+# ---- t-SNE ---------------------------------------------------------------------------
+
+
+def test_balanced_sample():
+    labels = ["a"] * 50 + ["b"] * 10 + ["c"] * 40
+    idx = balanced_sample(labels, 30, seed=3)
+    assert [labels[i] for i in idx].count("a") == 10
+    assert [labels[i] for i in idx].count("b") == 10
+    assert idx == sorted(idx) and len(set(idx)) == 30
+    assert balanced_sample(labels, 30, seed=3) == idx
+    assert balanced_sample(labels, 30, seed=4) != idx
+    few = balanced_sample(labels, 60, seed=0)   # 20 each, but b has only 10
+    assert [labels[i] for i in few].count("b") == 10 and len(few) == 50
+
+
+def test_silhouette_separates_clusters():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 0.1, (20, 8)) + 3, rng.normal(0, 0.1, (20, 8)) - 3])
+    labels = ["p"] * 20 + ["n"] * 20
+    assert silhouette(x, labels, "euclidean") > 0.9
+    assert silhouette(x, labels[::-1][:10] + labels[10:30] + labels[:10], "euclidean") < 0.3
+    with pytest.raises(NanobertError, match="two different labels"):
+        silhouette(x, ["p"] * 40)
+    pts = tsne(x, seed=0)
+    assert pts.shape == (40, 2)
+    np.testing.assert_allclose(tsne(x, seed=0), pts)  # fixed seed: reproducible
+
+
+def test_sentence_vectors_kinds(tiny_dir):
+    model, tok = nanobert.load(tiny_dir)
+    texts = ["a good film", "the plot", "awful awful dull story film"]
+    cls = sentence_vectors(model, tok, texts, kind="cls", batch_size=2)
+    pooled = sentence_vectors(model, tok, texts, kind="pooled", batch_size=2)
+    assert model.training  # left as it was found
+    with torch.no_grad():
+        model.eval()
+        enc = model.bert(**tok(texts))
+    np.testing.assert_allclose(cls, enc.last_hidden_state[:, 0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(pooled, enc.pooler_output.numpy(), atol=1e-5)
+
+
+def test_tsne_cli(tiny_dir, labelled_tsv, tmp_path, capsys):
+    out = tmp_path / "tsne.png"
+    rc = main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out", str(out),
+               "--n", "16", "--json", "--label-names", "0=negative,1=positive"])
+    assert rc == 0
+    assert out.read_bytes()[:8] == PNG
+    lines = capsys.readouterr().out.strip().splitlines()
+    r = json.loads(lines[-1])
+    assert r["n"] == 16 and r["counts"] == {"0": 8, "1": 8}
+    assert any(line.startswith("silhouette") for line in lines)
+    # the printed score is the silhouette of the sampled vectors in the original space
+    ex = read_labelled(labelled_tsv)
+    idx = balanced_sample(ex["labels"], 16, 0)
+    model, tok = nanobert.load(tiny_dir)
+    vecs = sentence_vectors(model, tok, [ex["texts"][i] for i in idx])
+    assert r["silhouette"] == pytest.approx(silhouette(vecs, [ex["labels"][i] for i in idx]), abs=1e-6)
+
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(tmp_path / "none.tsv"),
+                 "--out", str(tmp_path / "x.png")]) == 2
+    assert "none.tsv" in capsys.readouterr().err
+
+
+# ---- reading labelled files ----------------------------------------------------------
+
+
+def test_read_labelled_formats(tmp_path):
+    tsv = tmp_path / "a.tsv"
+    tsv.write_text("sentence1\tsentence2\tlabel\tidx\nA b.\tC d.\t1\t0\nE.\tF.\t0\t1\n")
+    ex = read_labelled(tsv)
+    assert ex["texts"] == ["A b.", "E."] and ex["pairs"] == ["C d.", "F."]
+    assert ex["labels"] == ["1", "0"]
+    jl = tmp_path / "a.jsonl"
+    jl.write_text('{"text": "x y", "label": "pos"}\n{"text": "z", "label": "neg"}\n')
+    ex = read_labelled(jl)
+    assert ex["texts"] == ["x y", "z"] and ex["labels"] == ["pos", "neg"]
+    assert ex["pairs"] == [None, None]
+    named = tmp_path / "c.jsonl"
+    named.write_text('{"review": "fine", "stars": 5}\n{"review": "poor", "stars": 1}\n')
+    ex = read_labelled(named, "review", None, "stars")
+    assert ex["texts"] == ["fine", "poor"] and ex["labels"] == ["5", "1"]
+    bad = tmp_path / "b.tsv"
+    bad.write_text("words\tlabel\nx\t1\n")
+    with pytest.raises(NanobertError, match="b.tsv"):
+        read_labelled(bad)
