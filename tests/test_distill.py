@@ -61,3 +61,28 @@ def test_distillation_pulls_the_student_toward_the_teacher():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0]
+
+
+def test_distill_command_end_to_end(tmp_path):
+    """A tiny MLM teacher with its own vocabulary -> `nanobert distill` writes a
+    half-depth student that transformers can load."""
+    import json
+    import transformers as hf
+    from nanobert.cli import main
+    words = "the cat sat on a mat while dogs ran in the park and birds sang".split()
+    lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) + "." for i in range(80)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(l + ("\n" if i % 5 == 4 else "") for i, l in enumerate(lines)))
+    tok = nanobert.Tokenizer.train(lines, vocab_size=100)
+    torch.manual_seed(0)
+    teacher = nanobert.Bert(nanobert.preset("tiny", vocab_size=tok.vocab_size, num_hidden_layers=4), "mlm")
+    teacher.save_pretrained(tmp_path / "teacher", tokenizer=tok)
+    out = tmp_path / "student"
+    assert main(["distill", "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus),
+                 "--out", str(out), "--steps", "3", "--batch-size", "4", "--seq-len", "24",
+                 "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["architectures"] == ["BertForMaskedLM"]
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["type"] == "eval" for r in records)
+    hf.BertForMaskedLM.from_pretrained(out)

@@ -1,0 +1,384 @@
+"""Pretraining data: plain-text corpora in, packed token sequences and sentence pairs out.
+
+    files / directories ──► documents (one paragraph a line; a blank line ends one)
+        ──► sentences (split after . ! ?) ──► WordPiece ids, cached on disk
+        ──► hold out a fraction of the documents for validation
+        ──► MLM:     pack whole sentences of one document into [CLS] ... [SEP] rows
+            NSP/SOP: cut each packed chunk into segments A and B:
+                     NSP: half the time B is replaced by text from another document
+                     SOP: half the time A and B swap places
+
+The tokenized corpus is three flat arrays (token ids, sentence starts, document starts)
+held in memory and cached as .npz keyed by a hash of the corpus files and the
+tokenizer, so the second run (or the masking ablation's next model) starts at once.
+`StreamingCorpus` is the path for corpora larger than memory: it reads the files lazily
+and packs as it goes, trading the global shuffle (it shuffles within a buffer), the
+cache and a known epoch length (the stream cycles) for constant memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .files import NanobertError, atomic_path, read_lines
+
+CACHE_VERSION = 1
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+NSP, SOP = "nsp", "sop"
+
+
+# ----------------------------------------------------------------------------------
+# Reading text
+
+
+def corpus_files(paths: Sequence) -> list:
+    """The text files named by `paths` (directories are walked recursively, sorted;
+    hidden files skipped)."""
+    files = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file()
+                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            if not found:
+                raise NanobertError(f"{p}: directory holds no files")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise NanobertError(f"{p}: no such file or directory")
+    return files
+
+
+def iter_documents(files: Sequence) -> Iterator[list]:
+    """Yield documents as lists of non-blank lines. A blank line (or a file's end) ends a
+    document. Bad UTF-8 and text-less files raise an error naming the file and line."""
+    for f in files:
+        doc, any_text = [], False
+        for lineno, line in read_lines(f):
+            if "\x00" in line:
+                raise NanobertError(f"{f}:{lineno}: binary data (NUL byte), not a text corpus")
+            line = line.strip()
+            if line:
+                doc.append(line)
+                any_text = True
+            elif doc:
+                yield doc
+                doc = []
+        if doc:
+            yield doc
+        if not any_text:
+            raise NanobertError(f"{f}: empty file (no text to pretrain on)")
+
+
+def sentences(line: str) -> list:
+    return [s for s in SENTENCE_END.split(line) if s]
+
+
+def files_hash(files: Sequence) -> str:
+    h = hashlib.sha256(f"nanobert-corpus-v{CACHE_VERSION}".encode())
+    for f in files:
+        h.update(str(Path(f).resolve()).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0\0")
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------
+# The tokenized corpus
+
+
+@dataclass
+class TokenizedCorpus:
+    ids: np.ndarray    # (n_tokens,) int32: every sentence's ids end to end, no specials
+    sents: np.ndarray  # (n_sentences + 1,) int64: where each sentence starts in `ids`
+    docs: np.ndarray   # (n_documents + 1,) int64: where each document starts in `sents`
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.docs) - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids)
+
+    def doc_span(self, d: int) -> tuple:
+        """(first token, end token) of document d."""
+        return int(self.sents[self.docs[d]]), int(self.sents[self.docs[d + 1]])
+
+    def subset(self, doc_indices) -> "TokenizedCorpus":
+        """A corpus of the given documents (in the given order)."""
+        ids, sents, docs = [], [0], [0]
+        for d in doc_indices:
+            s0, s1 = self.docs[d], self.docs[d + 1]
+            t0 = self.sents[s0]
+            ids.append(self.ids[t0:self.sents[s1]])
+            sents.extend((self.sents[s0 + 1:s1 + 1] - t0 + sents[-1]).tolist())
+            docs.append(len(sents) - 1)
+        ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+        return TokenizedCorpus(ids.astype(np.int32), np.asarray(sents, np.int64),
+                               np.asarray(docs, np.int64))
+
+    def save(self, path):
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, ids=self.ids, sents=self.sents, docs=self.docs)
+
+    @classmethod
+    def load(cls, path) -> "TokenizedCorpus":
+        with np.load(path) as z:
+            return cls(z["ids"], z["sents"], z["docs"])
+
+
+def tokenize_documents(docs: Sequence, tok, chunk: int = 2048) -> TokenizedCorpus:
+    """Split each document's lines into sentences and encode them (no special tokens)."""
+    flat_sents, doc_starts = [], [0]
+    for doc in docs:
+        for line in doc:
+            flat_sents.extend(sentences(line))
+        doc_starts.append(len(flat_sents))
+    ids, lengths = [], []
+    for i in range(0, len(flat_sents), chunk):
+        for enc in tok.tk.encode_batch(flat_sents[i:i + chunk], add_special_tokens=False):
+            ids.extend(enc.ids)
+            lengths.append(len(enc.ids))
+    sents = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=sents[1:])
+    return TokenizedCorpus(np.asarray(ids, np.int32), sents, np.asarray(doc_starts, np.int64))
+
+
+def holdout(n_docs: int, fraction: float, seed: int) -> tuple:
+    """(train document indices, validation document indices): a seeded random
+    `fraction` of the documents (at least one) is held out."""
+    if fraction <= 0:
+        return np.arange(n_docs), np.zeros(0, np.int64)
+    if n_docs < 2:
+        raise NanobertError("the corpus has a single document, so none can be held out for "
+                            "validation; separate documents with blank lines (or --val-fraction 0)")
+    n_val = min(n_docs - 1, max(1, round(fraction * n_docs)))
+    perm = np.random.default_rng(seed).permutation(n_docs)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: float = 0.1,
+                seed: int = 0, cache_dir=None, log=print):
+    """Read, (train a tokenizer,) tokenize and split a corpus.
+    Returns (tokenizer, train TokenizedCorpus, validation TokenizedCorpus)."""
+    from .tokenizer import Tokenizer
+    files = corpus_files(paths)
+    docs = list(iter_documents(files))
+    key = files_hash(files)
+    train_idx, val_idx = holdout(len(docs), val_fraction, seed)
+    cache_dir = Path(cache_dir) if cache_dir else None
+    if tokenizer is None:
+        tok_dir = cache_dir / f"tokenizer-{key}-v{vocab_size}-f{val_fraction}-s{seed}" if cache_dir else None
+        if tok_dir is not None and (tok_dir / "tokenizer.json").is_file():
+            tokenizer = Tokenizer.from_dir(tok_dir)
+        else:
+            log(f"training a WordPiece vocabulary of {vocab_size} on {len(train_idx)} documents")
+            tokenizer = Tokenizer.train((line for i in train_idx for line in docs[i]), vocab_size)
+            if tok_dir is not None:
+                with atomic_path(tok_dir) as tmp:
+                    tokenizer.save(tmp)
+    tok_key = hashlib.sha256(tokenizer.tk.to_str().encode()).hexdigest()[:16]
+    cache = cache_dir / f"tokens-{key}-{tok_key}.npz" if cache_dir else None
+    if cache is not None and cache.is_file():
+        corpus = TokenizedCorpus.load(cache)
+        log(f"tokenized corpus from cache {cache}")
+    else:
+        corpus = tokenize_documents(docs, tokenizer)
+        if cache is not None:
+            corpus.save(cache)
+    log(f"corpus: {len(files)} file(s), {corpus.n_docs} documents, "
+        f"{len(corpus.sents) - 1} sentences, {corpus.n_tokens:,} tokens; "
+        f"{len(val_idx)} documents held out for validation")
+    return tokenizer, corpus.subset(train_idx), corpus.subset(val_idx)
+
+
+# ----------------------------------------------------------------------------------
+# Packing and pairs
+
+
+def pack(corpus: TokenizedCorpus, budget: int) -> np.ndarray:
+    """Spans (n, 2) [start, end) of `corpus.ids`, each at most `budget` tokens: whole
+    sentences of one document, greedily; a sentence longer than `budget` is cut."""
+    spans = []
+    sents = corpus.sents
+    for d in range(corpus.n_docs):
+        s0, s1 = int(corpus.docs[d]), int(corpus.docs[d + 1])
+        start = int(sents[s0])
+        for s in range(s0, s1):
+            end = int(sents[s + 1])
+            while end - start > budget:
+                cut = int(sents[s]) if int(sents[s]) > start else start + budget
+                spans.append((start, cut))
+                start = cut
+        end = int(sents[s1])
+        if end > start:
+            spans.append((start, end))
+    return np.asarray(spans, np.int64).reshape(-1, 2)
+
+
+def make_pairs(corpus: TokenizedCorpus, chunks: np.ndarray, kind: str, rng) -> np.ndarray:
+    """One (a0, a1, b0, b1, label) row per chunk of 2+ tokens (spans of `corpus.ids`).
+    The chunk is cut at a sentence boundary (or mid-sentence when it holds one sentence).
+    NSP: label 1 = B is text of another document (same length), 0 = B follows A.
+    SOP: label 1 = A and B swapped, 0 = in order."""
+    if kind == NSP and corpus.n_docs < 2:
+        raise NanobertError("next-sentence prediction needs at least two documents in the "
+                            "training corpus (separate documents with blank lines)")
+    doc_of_token = np.searchsorted(corpus.sents[corpus.docs[1:]], chunks[:, 0], side="right")
+    out = []
+    for (c0, c1), d in zip(chunks.tolist(), doc_of_token.tolist()):
+        if c1 - c0 < 2:
+            continue
+        lo, hi = np.searchsorted(corpus.sents, [c0 + 1, c1], side="left")
+        bounds = corpus.sents[lo:hi]                    # sentence starts strictly inside
+        m = int(rng.choice(bounds)) if len(bounds) else int(rng.integers(c0 + 1, c1))
+        a, b = (c0, m), (m, c1)
+        label = int(rng.random() < 0.5)
+        if label and kind == NSP:
+            other = int(rng.integers(corpus.n_docs - 1))
+            other += other >= d                         # any document but this one
+            t0, t1 = corpus.doc_span(other)
+            n = b[1] - b[0]
+            start = int(rng.integers(t0, max(t0, t1 - n) + 1))
+            b = (start, min(t1, start + n))
+        elif label:                                     # SOP: swap
+            a, b = b, a
+        out.append((*a, *b, label))
+    return np.asarray(out, np.int64).reshape(-1, 5)
+
+
+class PretrainData:
+    """Rows for pretraining from an in-memory corpus: packed sequences (MLM) or sentence
+    pairs (NSP/SOP, drawn anew each epoch from (seed, epoch)). `rows(epoch, idx)`
+    builds the (len(idx), seq_len) batch of the given row indices, padded to seq_len."""
+
+    def __init__(self, corpus: TokenizedCorpus, tok, seq_len: int, pairs: Optional[str] = None,
+                 seed: int = 0):
+        if seq_len < 8:
+            raise NanobertError(f"--seq-len {seq_len} is too short (at least 8)")
+        self.corpus, self.tok, self.seq_len, self.pairs, self.seed = corpus, tok, seq_len, pairs, seed
+        self.chunks = pack(corpus, seq_len - (3 if pairs else 2))
+        self._pairs_epoch, self._pairs = None, None
+        if pairs:
+            self.pair_rows(0)
+
+    def __len__(self) -> int:
+        return len(self._pairs) if self.pairs else len(self.chunks)
+
+    def pair_rows(self, epoch: int) -> np.ndarray:
+        if self._pairs_epoch != epoch:
+            rng = np.random.default_rng([self.seed, epoch, 7])
+            self._pairs, self._pairs_epoch = make_pairs(self.corpus, self.chunks, self.pairs, rng), epoch
+        return self._pairs
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The shuffled order of the rows in an epoch."""
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self))
+
+    def rows(self, epoch: int, idx: Sequence[int]) -> dict:
+        T, ids = self.seq_len, self.corpus.ids
+        B = len(idx)
+        input_ids = torch.full((B, T), self.tok.pad_id, dtype=torch.long)
+        types = torch.zeros((B, T), dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        cls, sep = self.tok.cls_id, self.tok.sep_id
+        labels = []
+        table = self.pair_rows(epoch) if self.pairs else self.chunks
+        for i, r in enumerate(idx):
+            if self.pairs:
+                a0, a1, b0, b1, label = table[r].tolist()
+                a, b = ids[a0:a1], ids[b0:b1]
+                row = np.concatenate([[cls], a, [sep], b, [sep]])
+                types[i, len(a) + 2:len(row)] = 1
+                labels.append(label)
+            else:
+                s0, s1 = table[r].tolist()
+                row = np.concatenate([[cls], ids[s0:s1], [sep]])
+            input_ids[i, :len(row)] = torch.from_numpy(row.astype(np.int64))
+            mask[i, :len(row)] = 1
+        batch = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": types}
+        if self.pairs:
+            batch["pair_labels"] = torch.tensor(labels, dtype=torch.long)
+        return batch
+
+
+# ----------------------------------------------------------------------------------
+# Streaming: corpora larger than memory
+
+
+class StreamingCorpus:
+    """Packed MLM rows read lazily from the files, pass after pass, shuffled within a
+    buffer of `buffer` rows. Every `round(1 / val_fraction)`-th document is held out.
+    With `world_size` > 1, rank r keeps every world_size-th training document (from the
+    r-th on)."""
+
+    def __init__(self, files, tok, seq_len: int, val_fraction: float = 0.1, seed: int = 0,
+                 buffer: int = 10000, rank: int = 0, world_size: int = 1):
+        self.files, self.tok, self.seq_len, self.seed = list(files), tok, seq_len, seed
+        self.every = round(1 / val_fraction) if val_fraction > 0 else 0
+        self.buffer, self.rank, self.world_size = buffer, rank, world_size
+
+    def _held_out(self, d: int) -> bool:
+        return bool(self.every) and d % self.every == 0
+
+    def _sequences(self, validation: bool) -> Iterator[np.ndarray]:
+        """Packed id rows (no specials) of the training or validation documents, once."""
+        keep = 0
+        for d, doc in enumerate(iter_documents(self.files)):
+            if self._held_out(d) != validation:
+                continue
+            if not validation:
+                keep += 1
+                if (keep - 1) % self.world_size != self.rank:
+                    continue
+            corpus = tokenize_documents([doc], self.tok)
+            for s0, s1 in pack(corpus, self.seq_len - 2).tolist():
+                yield corpus.ids[s0:s1]
+
+    def validation(self, max_rows: int) -> list:
+        out = []
+        for seq in self._sequences(validation=True):
+            out.append(seq)
+            if len(out) >= max_rows:
+                break
+        return out
+
+    def stream(self) -> Iterator[np.ndarray]:
+        """Training rows forever: pass p shuffles with a buffer seeded from (seed, p)."""
+        for p in range(1 << 30):
+            rng = np.random.default_rng([self.seed, p, 11])
+            buf, n = [], 0
+            for seq in self._sequences(validation=False):
+                n += 1
+                if len(buf) < self.buffer:
+                    buf.append(seq)
+                    continue
+                j = int(rng.integers(len(buf)))
+                yield buf[j]
+                buf[j] = seq
+            rng.shuffle(buf)
+            yield from buf
+            if n == 0:
+                raise NanobertError("the streaming corpus has no training documents")
+
+    def rows_to_batch(self, seqs: Sequence[np.ndarray]) -> dict:
+        B, T = len(seqs), self.seq_len
+        input_ids = torch.full((B, T), self.tok.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            row = np.concatenate([[self.tok.cls_id], s, [self.tok.sep_id]]).astype(np.int64)
+            input_ids[i, :len(row)] = torch.from_numpy(row)
+            mask[i, :len(row)] = 1
+        return {"input_ids": input_ids, "attention_mask": mask,
+                "token_type_ids": torch.zeros_like(input_ids)}

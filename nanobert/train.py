@@ -1,0 +1,479 @@
+"""The training loop shared by fine-tuning and pretraining.
+
+    for each optimizer step:
+        for each of `grad_accum` micro-batches:   loss = model(**batch).loss / n; backward
+        clip the gradient norm; lr = schedule(step); AdamW step; zero grads
+        every `log_every` steps:  a "train" record in metrics.jsonl
+        every `eval_every` steps (or each epoch end): evaluate, keep the best model
+        every `save_every` steps (or at each evaluation): a resumable checkpoint
+
+The data come from a callable `batches(epoch, start)` that yields the micro-batches of
+an epoch from index `start` on, the same ones for the same (epoch, index). With that,
+a checkpoint is just (weights, optimizer moments, step, epoch, next batch index, RNG
+states), and `resume=True` continues as if never stopped: on CPU with a fixed seed the
+loss curve is identical to an uninterrupted run.
+
+Output directory:
+    out_dir/              the deployable model (written by `save(model, out_dir)`)
+    out_dir/metrics.jsonl one JSON object per log step and per evaluation
+    out_dir/training_curve.png
+    out_dir/checkpoint/   model.safetensors, optimizer.safetensors, state.json
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .files import NanobertError, atomic_path
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str
+    epochs: int = 1               # ignored when max_steps is set
+    max_steps: Optional[int] = None  # total optimizer steps
+    lr: float = 5e-5
+    weight_decay: float = 0.01    # not on biases and LayerNorm weights
+    warmup_ratio: float = 0.1     # fraction of the steps spent warming up ...
+    warmup_steps: Optional[int] = None  # ... or a number of steps (takes precedence)
+    grad_accum: int = 1
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    log_every: int = 10           # steps between "train" records
+    eval_every: Optional[int] = None  # steps; None = at the end of every epoch
+    save_every: Optional[int] = None  # steps between checkpoints; None = at each evaluation
+    metric: str = "loss"          # eval key that decides the best model
+    greater_is_better: bool = False
+    device: str = "auto"          # cuda when available
+    amp: str = "auto"             # auto | bf16 | fp16 | off (auto: bf16/fp16 on CUDA, off on CPU)
+    resume: bool = False
+    progress: bool = True         # tqdm bar with loss and throughput
+
+
+# ----------------------------------------------------------------------------------
+# Pieces: parameter groups, the learning-rate schedule, RNG state
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list:
+    """Two AdamW groups: weight decay on weight matrices and embeddings; none on biases
+    and LayerNorm parameters. Tied parameters appear once."""
+    no_decay = set()
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            no_decay.update(id(p) for p in module.parameters(recurse=False))
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in no_decay or name.endswith("bias"):
+            plain.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": plain, "weight_decay": 0.0}]
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based): linear warmup over
+    `warmup` steps to 1, then linear decay towards 0 (reached one step after the last)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / (total - warmup + 1))
+
+
+def seed_everything(seed: int):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict:
+    s = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def _set_rng_state(s: dict):
+    torch.set_rng_state(s["torch"])
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _resolve_amp(amp: str, device: torch.device):
+    """(autocast dtype or None, whether to use a gradient scaler)."""
+    if amp in ("off", "no", "none", "fp32") or device.type != "cuda":
+        return None, False
+    if amp == "fp16" or (amp == "auto" and not torch.cuda.is_bf16_supported()):
+        return torch.float16, True
+    return torch.bfloat16, False
+
+
+# ----------------------------------------------------------------------------------
+# The trainer
+
+
+class Trainer:
+    def __init__(self, model: nn.Module, cfg: TrainConfig, batches: Callable, steps_per_epoch: int,
+                 evaluate: Optional[Callable] = None, save: Optional[Callable] = None,
+                 loss_fn: Optional[Callable] = None):
+        if steps_per_epoch < 1:
+            raise NanobertError("no training batches (is the training set empty?)")
+        self.cfg = cfg
+        self.out_dir = Path(cfg.out_dir)
+        self.ckpt_dir = self.out_dir / "checkpoint"
+        self.device = _resolve_device(cfg.device)
+        self.model = model.to(self.device)
+        # several processes (torchrun): DDP averages the gradients, rank 0 alone evaluates
+        # and writes (metrics, checkpoints, the model)
+        self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.is_main = not self.distributed or torch.distributed.get_rank() == 0
+        self.train_model = self.model
+        if self.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+            # (every parameter must reach the loss: see pretrain.mlm_loss_fn for the pooler)
+            self.train_model = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.batches, self.steps_per_epoch = batches, steps_per_epoch
+        self.evaluate_fn, self.save_fn = evaluate, save
+        self.loss_fn = loss_fn or (lambda m, b: m(**b).loss)
+
+        ga = max(1, cfg.grad_accum)
+        self.grad_accum = ga
+        self.steps_per_epoch_opt = math.ceil(steps_per_epoch / ga)  # optimizer steps / epoch
+        self.total_steps = cfg.max_steps or self.steps_per_epoch_opt * cfg.epochs
+        self.warmup = (cfg.warmup_steps if cfg.warmup_steps is not None
+                       else int(cfg.warmup_ratio * self.total_steps))
+
+        # the fused kernel (CUDA, and CPU since torch 2.4) is several times faster
+        groups = param_groups(model, cfg.weight_decay)
+        try:
+            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+                                               fused=True)
+        except (RuntimeError, TypeError):
+            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
+        self.amp_dtype, use_scaler = _resolve_amp(cfg.amp, self.device)
+        self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+
+        # where we are: `step` optimizer steps done; the next micro-batch is
+        # (epoch, batch_index)
+        self.step, self.epoch, self.batch_index = 0, 0, 0
+        self.bar = None
+        self._saved_step = None
+        self.best: Optional[dict] = None     # metrics of the best evaluation so far
+        self.last_eval: Optional[dict] = None
+
+    # ---- one optimizer step -----------------------------------------------------
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
+                for k, v in batch.items()}
+
+    def _train_step(self, micro_batches: list) -> float:
+        """Forward/backward over the micro-batches of one step, then update. Returns the
+        mean loss."""
+        n = len(micro_batches)
+        total = 0.0
+        for i, batch in enumerate(micro_batches):
+            # DDP: all-reduce the gradients once, on the last micro-batch
+            no_sync = self.distributed and i < n - 1
+            with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
+                with torch.autocast(self.device.type, dtype=self.amp_dtype,
+                                    enabled=self.amp_dtype is not None):
+                    loss = self.loss_fn(self.train_model, batch) / n
+                if self.scaler:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            total += loss.item()
+        if self.distributed:  # log the mean over the processes
+            t = torch.tensor([total], dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(t)
+            total = t.item() / torch.distributed.get_world_size()
+        lr = self.cfg.lr * lr_factor(self.step, self.total_steps, self.warmup)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.cfg.max_grad_norm:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return total
+
+    # ---- the loop ---------------------------------------------------------------
+    def fit(self) -> dict:
+        cfg = self.cfg
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.resume and (self.ckpt_dir / "state.json").is_file():
+            self._load_checkpoint()
+            print(f"resuming from {self.ckpt_dir} at step {self.step}/{self.total_steps}")
+        else:
+            if cfg.resume:
+                print(f"no checkpoint in {self.ckpt_dir}; starting from scratch")
+            seed_everything(cfg.seed)
+            if self.is_main:
+                (self.out_dir / "metrics.jsonl").write_text("")
+        self.model.train()
+        self._boundary_rng = _rng_state()
+
+        bar = None
+        if cfg.progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True)
+        self.bar = bar
+        window = {"loss": 0.0, "steps": 0, "examples": 0, "tokens": 0, "t0": time.time()}
+        self.t_start = time.time()
+        try:
+            while self.step < self.total_steps:
+                if self.batch_index >= self.steps_per_epoch:
+                    self.epoch, self.batch_index = self.epoch + 1, 0
+                if cfg.max_steps is None and self.epoch >= cfg.epochs:
+                    break
+                it = iter(self.batches(self.epoch, self.batch_index))
+                while self.batch_index < self.steps_per_epoch and self.step < self.total_steps:
+                    n = min(self.grad_accum, self.steps_per_epoch - self.batch_index)
+                    micro = []
+                    for _ in range(n):
+                        try:
+                            micro.append(self._to_device(next(it)))
+                        except StopIteration:
+                            raise NanobertError(
+                                f"the data gave fewer batches than steps_per_epoch "
+                                f"({self.batch_index + len(micro)} < {self.steps_per_epoch})")
+                    loss = self._train_step(micro)
+                    self.batch_index += n
+                    end_of_epoch = self.batch_index >= self.steps_per_epoch
+
+                    window["loss"] += loss
+                    window["steps"] += 1
+                    for b in micro:
+                        window["examples"] += int(b["input_ids"].shape[0])
+                        if "attention_mask" in b:
+                            window["tokens"] += int(b["attention_mask"].sum())
+                        else:
+                            window["tokens"] += b["input_ids"].numel()
+                    if bar is not None:
+                        bar.update(1)
+                    if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                        self._log_train(window, bar)
+
+                    evaluated = False
+                    if (cfg.eval_every and self.step % cfg.eval_every == 0) or \
+                            (not cfg.eval_every and end_of_epoch) or self.step == self.total_steps:
+                        self._evaluate_and_keep_best()
+                        evaluated = True
+                    if (cfg.save_every and self.step % cfg.save_every == 0) or \
+                            (not cfg.save_every and evaluated):
+                        self._boundary_rng = _rng_state()
+                        self._save_checkpoint()
+                    self._boundary_rng = _rng_state()
+                if self.step >= self.total_steps:
+                    break
+        except KeyboardInterrupt:
+            if bar is not None:
+                bar.close()
+            # the weights are those after the last finished step; a half-accumulated
+            # gradient is dropped, and the RNG goes back to where that step left it
+            self.optimizer.zero_grad(set_to_none=True)
+            self._save_checkpoint(rng=self._boundary_rng)
+            print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
+                  f"(continue with --resume)")
+            raise
+        if bar is not None:
+            bar.close()
+        if self._saved_step != self.step:
+            self._save_checkpoint()
+        self.plot()
+        result = dict(self.best or self.last_eval or {})
+        result.setdefault("step", self.step)
+        return result
+
+    # ---- logging, evaluation ----------------------------------------------------
+    def _record(self, rec: dict):
+        if not self.is_main:
+            return
+        with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def _log_train(self, w: dict, bar):
+        dt = max(time.time() - w["t0"], 1e-9)
+        rec = {"type": "train", "step": self.step,
+               "epoch": round(self.epoch + self.batch_index / self.steps_per_epoch, 4),
+               "loss": w["loss"] / max(1, w["steps"]),
+               "lr": self.optimizer.param_groups[0]["lr"],
+               "examples_per_s": w["examples"] / dt, "tokens_per_s": w["tokens"] / dt,
+               "elapsed": round(time.time() - self.t_start, 3)}
+        self._record(rec)
+        if bar is not None:
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", ex_s=f"{rec['examples_per_s']:.1f}",
+                            refresh=False)
+        w.update(loss=0.0, steps=0, examples=0, tokens=0, t0=time.time())
+
+    def _improved(self, metrics: dict) -> bool:
+        key = self.cfg.metric
+        if key not in metrics or self.best is None or key not in self.best:
+            return True
+        a, b = metrics[key], self.best[key]
+        return a > b if self.cfg.greater_is_better else a < b
+
+    def _evaluate_and_keep_best(self):
+        metrics = {}
+        if self.evaluate_fn is not None and self.is_main:
+            self.model.eval()
+            try:
+                metrics = dict(self.evaluate_fn(self.model))
+            finally:
+                self.model.train()
+            self._record({"type": "eval", "step": self.step,
+                          "epoch": round(self.epoch + self.batch_index / self.steps_per_epoch, 4),
+                          **metrics})
+            shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in metrics.items())
+            msg = f"step {self.step}: {shown}"
+            if self.bar is not None:
+                self.bar.write(msg)
+            else:
+                print(msg, flush=True)
+        self.last_eval = metrics
+        if self._improved(metrics):
+            self.best = dict(metrics, step=self.step)
+            if self.save_fn is not None and self.is_main:
+                self.save_fn(self.model, self.out_dir)
+
+    # ---- checkpoints --------------------------------------------------------------
+    def _save_checkpoint(self, rng: Optional[dict] = None):
+        from safetensors.torch import save_file, save_model
+        if not self.is_main:
+            return
+        rng = rng or _rng_state()
+        opt_tensors = {}
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            for k, v in self.optimizer.state.get(p, {}).items():
+                opt_tensors[f"{i}.{k}"] = v.detach().cpu().contiguous().reshape(v.shape)
+        rng_tensors = {"rng.torch": rng["torch"]}
+        for i, s in enumerate(rng.get("cuda", [])):
+            rng_tensors[f"rng.cuda.{i}"] = s
+        np_state = rng["numpy"]
+        rng_tensors["rng.numpy"] = torch.from_numpy(np.asarray(np_state[1], dtype=np.int64))
+        state = {
+            "step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
+            "total_steps": self.total_steps, "warmup": self.warmup,
+            "best": self.best, "last_eval": self.last_eval,
+            "python_rng": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
+            "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "config": asdict(self.cfg),
+        }
+        self._saved_step = self.step
+        with atomic_path(self.ckpt_dir) as tmp:
+            tmp.mkdir(parents=True)
+            save_model(self.model, str(tmp / "model.safetensors"))  # handles tied weights
+            save_file(dict(opt_tensors, **rng_tensors), str(tmp / "optimizer.safetensors"))
+            (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str) + "\n")
+
+    def _load_checkpoint(self):
+        from safetensors.torch import load_file, load_model
+        d = self.ckpt_dir
+        try:
+            state = json.loads((d / "state.json").read_text("utf-8"))
+            load_model(self.model, str(d / "model.safetensors"), device=str(self.device))
+            tensors = load_file(str(d / "optimizer.safetensors"))
+        except (ValueError, OSError, RuntimeError) as e:
+            raise NanobertError(f"{d}: cannot resume from this checkpoint ({str(e)[:200]})")
+        opt = self.optimizer.state_dict()  # param ids 0..n-1 in group order, as saved
+        opt["state"] = {}
+        for k, v in tensors.items():
+            i, name = k.split(".", 1)
+            if i.isdigit():
+                opt["state"].setdefault(int(i), {})[name] = v
+        self.optimizer.load_state_dict(opt)  # casts to the parameters' device
+        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
+        self.best, self.last_eval = state["best"], state["last_eval"]
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        py = state["python_rng"]
+        npr = state["numpy_rng"]
+        rng = {"torch": tensors["rng.torch"],
+               "python": (py[0], tuple(py[1]), py[2]),
+               "numpy": (npr[0], tensors["rng.numpy"].numpy().astype(np.uint32), npr[1], npr[2], npr[3])}
+        cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+        if cuda:
+            rng["cuda"] = cuda
+        _set_rng_state(rng)
+        # drop log records from after the checkpoint (the resumed run writes them again)
+        log = self.out_dir / "metrics.jsonl"
+        if log.is_file() and self.is_main:
+            keep = [line for line in log.read_text("utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= self.step]
+            log.write_text("".join(line + "\n" for line in keep))
+
+    # ---- the training curve -------------------------------------------------------
+    def plot(self):
+        if not self.is_main:
+            return
+        plot_training_curve(self.out_dir / "metrics.jsonl", self.out_dir / "training_curve.png")
+
+
+def read_metrics(path) -> list:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+def plot_training_curve(metrics_path, out_png):
+    """Train loss vs step (left) and the evaluation metrics vs step (right)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    recs = read_metrics(metrics_path)
+    train = [r for r in recs if r.get("type") == "train"]
+    evals = [r for r in recs if r.get("type") == "eval"]
+    keys = [k for k in (evals[0] if evals else {}) if k not in ("type", "step", "epoch", "loss")
+            and isinstance(evals[0][k], (int, float))]
+    fig, axes = plt.subplots(1, 2 if keys else 1, figsize=(11 if keys else 6, 4), squeeze=False)
+    ax = axes[0][0]
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    eval_loss = [r for r in evals if "loss" in r]
+    if eval_loss:
+        ax.plot([r["step"] for r in eval_loss], [r["loss"] for r in eval_loss], "o-", label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    if keys:
+        ax = axes[0][1]
+        for k in keys:
+            ax.plot([r["step"] for r in evals if k in r], [r[k] for r in evals if k in r], "o-", label=k)
+        ax.set_xlabel("step")
+        ax.set_title("evaluation")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
