@@ -13,7 +13,8 @@ Three attention backends, chosen by one config field, `attn_backend`:
   "sdpa"     torch.nn.functional.scaled_dot_product_attention on the padded batch.
   "unpadded" padding is dropped once, right after the embedding lookup: every
              token-wise operation (projections, FFN, LayerNorm, heads) runs on the
-             N real tokens only, and attention runs per sequence with no padding.
+             N real tokens only, and attention runs per sequence with no padding
+             (one SDPA call per distinct length; flash-attn varlen on CUDA).
 The blocks do not know which one runs: they hand q, k, v to a `Layout`, which
 knows how the batch is laid out and how to attend over it.
 
@@ -341,7 +342,7 @@ class UnpaddedLayout(Layout):
             cu = self.cu_seqlens.to(torch.int32)
             w = (window // 2, window // 2) if window else (-1, -1)
             out = flash_attn_varlen_func(q, k, v, cu, cu, self.max_seqlen, self.max_seqlen,
-                                         dropout_p=dropout_p, window_size=w)
+                                         dropout_p=dropout_p, softmax_scale=scale, window_size=w)
             return out, None
         outs, probs = [], None
         if want_probs:
@@ -354,11 +355,11 @@ class UnpaddedLayout(Layout):
                               for t in (q, k, v))                             # (g, nh, L, hd)
                 band = _band(L, window, q.device) if window else None         # (L, L)
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=band,
-                                                   dropout_p=dropout_p)
+                                                   dropout_p=dropout_p, scale=scale)
                 outs.append(o.transpose(1, 2).flatten(0, 1))                  # (g * L, nh, hd)
                 if want_probs:
                     rows = self.order[seq:seq + g]
-                    probs[rows, :, :L, :L] = _attention_probs(qs, ks, band)
+                    probs[rows, :, :L, :L] = _attention_probs(qs, ks, band, scale)
             start, seq = end, seq + g
         if not outs:
             return torch.zeros_like(q), probs
@@ -427,7 +428,7 @@ class Embeddings(nn.Module):
         self.seg = nn.Embedding(c.type_vocab_size, E) if c.type_vocab_size else None
         self.norm = LayerNorm(c, E)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
-        self.proj = nn.Linear(E, c.hidden_size) if E != c.hidden_size else None
+        self.proj = nn.Linear(E, c.hidden_size) if c.embedding_size else None  # ALBERT
 
     def forward(self, ids, pos, seg):  # any shape (...) -> (..., H)
         x = self.tok(ids)
