@@ -1,0 +1,403 @@
+"""Labelled data readers: classification, NER and QA files, format detected from the file.
+
+Classification (one text or a text pair, and a label):
+    GLUE TSV     header `sentence label`, `sentence1 sentence2 label`, `question sentence`,
+                 `question1 question2 is_duplicate`...; extra columns ignored; fields
+                 CSV-quoted only when the file quotes them (SST-2 has literal quotes,
+                 RTE quotes fields that contain `"`), decided by looking at the file
+    MSRP         `Quality  #1 ID  #2 ID  #1 String  #2 String` (UTF-8 with BOM)
+    CSV          header with `text,label` or `text_a,text_b,label`
+    JSON Lines   {"text": ..., "label": ...} or {"text_a", "text_b", "label"}
+    Column names can be given instead (--text-column, --text-pair-column, --label-column).
+NER: CoNLL columns, token first and tag last, sentences separated by blank lines,
+    `-DOCSTART-` lines skipped; IOB1 tags are rewritten as IOB2.
+QA: SQuAD v1.1 JSON (data[].paragraphs[].{context, qas[].{id, question, answers}}),
+    or JSON Lines with `question` and `context` (for prediction).
+
+Every problem is a `NanobertError` naming the file and line.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .files import NanobertError, data_error, read_lines
+
+csv.field_size_limit(1 << 26)
+
+
+@dataclass
+class Example:
+    """One classification example: text (and optional pair) with its label (a string)."""
+    text_a: str
+    text_b: Optional[str] = None
+    label: Optional[str] = None
+    line: int = 0
+
+
+@dataclass
+class Sentence:
+    """One NER sentence: words and their IOB2 tags (None when unlabelled)."""
+    words: list
+    tags: Optional[list] = None
+    line: int = 0
+
+
+@dataclass
+class QAExample:
+    id: str
+    question: str
+    context: str
+    answers: list = field(default_factory=list)   # [(text, char_start)]
+    title: str = ""
+
+
+# ----------------------------------------------------------------------------------
+# Classification
+
+TEXT_COLUMNS = ["text", "sentence", "text_a", "sentence1", "question1", "question", "premise",
+                "#1 String", "#1 string", "sentence_a"]
+PAIR_COLUMNS = {  # first text column -> its pair column
+    "text": "text_pair", "text_a": "text_b", "sentence1": "sentence2", "question1": "question2",
+    "question": "sentence", "premise": "hypothesis", "#1 String": "#2 String",
+    "#1 string": "#2 string", "sentence_a": "sentence_b",
+}
+LABEL_COLUMNS = ["label", "labels", "gold_label", "Quality", "is_duplicate", "class"]
+
+
+@dataclass
+class Columns:
+    """Which fields hold text, pair and label (names for JSON, names or indices for tables)."""
+    text: str
+    pair: Optional[str]
+    label: Optional[str]
+
+
+def choose_columns(names, path, line, text_column=None, pair_column=None, label_column=None,
+                   require_label=True) -> Columns:
+    names = list(names)
+    shown = ", ".join(repr(n) for n in names) or "none"
+
+    def need(col, what):
+        if col not in names:
+            raise data_error(path, line, f"no {what} column {col!r} (columns: {shown})")
+        return col
+
+    if text_column:
+        text = need(text_column, "text")
+    else:
+        # a pair first (QNLI's `question sentence`), then a single text
+        text = next((c for c in TEXT_COLUMNS if c in names and PAIR_COLUMNS.get(c) in names), None)
+        text = text or next((c for c in TEXT_COLUMNS if c in names), None)
+        if text is None:
+            raise data_error(path, line, f"no text column (expected one of sentence, sentence1, "
+                             f"text, text_a, question, question1; columns: {shown}); "
+                             "name it with --text-column")
+    if pair_column:
+        pair = need(pair_column, "text pair")
+    else:
+        pair = PAIR_COLUMNS.get(text) if PAIR_COLUMNS.get(text) in names else None
+    if label_column:
+        label = need(label_column, "label")
+    else:
+        label = next((c for c in LABEL_COLUMNS if c in names), None)
+    if label is None and require_label:
+        raise data_error(path, line, f"no label column (expected 'label'; columns: {shown}); "
+                         "name it with --label-column")
+    return Columns(text, pair, label)
+
+
+def _first_content(path: Path) -> tuple:
+    """(line number, text) of the first non-blank line; an empty file is an error."""
+    for n, text in read_lines(path):
+        if text.strip():
+            return n, text
+    raise data_error(path, None, "empty file")
+
+
+def detect_format(path) -> str:
+    """'jsonl' | 'json' | 'tsv' | 'csv' | 'msrp' | 'conll', from the file's content."""
+    path = Path(path)
+    n, first = _first_content(path)
+    s = first.lstrip()
+    if s.startswith("{") or s.startswith("["):
+        try:
+            obj = json.loads(first)
+            return "jsonl" if isinstance(obj, dict) else "json"
+        except json.JSONDecodeError:
+            return "json"  # an object spread over lines: a whole-file JSON document
+    if first.split("\t")[:2] == ["Quality", "#1 ID"]:
+        return "msrp"
+    if "\t" in first:
+        return "tsv"
+    if "," in first:
+        return "csv"
+    if len(first.split()) >= 2 or s.startswith("-DOCSTART-"):
+        return "conll"
+    raise data_error(path, n, "unknown format (expected a TSV/CSV file with a header, JSON Lines, "
+                     "CoNLL columns or SQuAD JSON)")
+
+
+def tsv_uses_quoting(path) -> bool:
+    """Does this TSV quote its fields the CSV way? Quoting is on when some field is wrapped
+    in quotes with any inner quotes doubled, and no field has a quote anywhere else."""
+    quoted = False
+    for _, line in read_lines(path):
+        for f in line.split("\t"):
+            if '"' not in f:
+                continue
+            if len(f) >= 2 and f[0] == '"' and f[-1] == '"' and '"' not in f[1:-1].replace('""', ""):
+                quoted = True
+            else:
+                return False  # a literal quote: the file does not use quoting
+    return quoted
+
+
+def _read_table(path: Path, delimiter: str, quoting: bool):
+    """Yield (line number, fields) of a delimited file (line number where the row starts)."""
+    lines = ((n, text + "\n") for n, text in read_lines(path))
+    state = {"n": 0}
+
+    def feed():
+        for n, text in lines:
+            state["n"] = n
+            yield text
+    reader = csv.reader(feed(), delimiter=delimiter,
+                        quoting=csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE,
+                        strict=quoting)
+    start = 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise data_error(path, state["n"], f"malformed {('CSV', 'TSV')[delimiter == chr(9)]} "
+                             f"row ({e})")
+        if row and any(x.strip() for x in row):
+            yield start, row
+        start = state["n"] + 1
+
+
+def _label_str(value, path, line) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or isinstance(value, (list, dict)):
+        raise data_error(path, line, f"label {value!r} is not a number or a string")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    s = str(value).strip()
+    if not s:
+        raise data_error(path, line, "empty label")
+    return s
+
+
+def read_classification(path, text_column=None, pair_column=None, label_column=None,
+                        require_label=True) -> list:
+    """A list of `Example` from any supported classification file."""
+    path = Path(path)
+    fmt = detect_format(path)
+    cols = dict(text_column=text_column, pair_column=pair_column, label_column=label_column,
+                require_label=require_label)
+    out = []
+    if fmt == "jsonl":
+        chosen = None
+        for n, text in read_lines(path):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise data_error(path, n, f"not valid JSON ({e.msg})")
+            if not isinstance(obj, dict):
+                raise data_error(path, n, "expected a JSON object on each line")
+            if chosen is None:
+                chosen = choose_columns(obj.keys(), path, n, **cols)
+            for c in (chosen.text, chosen.pair, chosen.label):
+                if c is not None and c not in obj:
+                    raise data_error(path, n, f"missing field {c!r}")
+            a = obj[chosen.text]
+            b = obj[chosen.pair] if chosen.pair else None
+            if not isinstance(a, str) or (b is not None and not isinstance(b, str)):
+                raise data_error(path, n, "text fields must be strings")
+            label = _label_str(obj[chosen.label], path, n) if chosen.label else None
+            out.append(Example(a, b, label, n))
+    elif fmt in ("tsv", "csv", "msrp"):
+        delim = "," if fmt == "csv" else "\t"
+        quoting = fmt == "csv" or (fmt == "tsv" and tsv_uses_quoting(path))
+        rows = _read_table(path, delim, quoting)
+        try:
+            hline, header = next(rows)
+        except StopIteration:
+            raise data_error(path, None, "empty file")
+        header = [h.strip() for h in header]
+        chosen = choose_columns(header, path, hline, **cols)
+        ia = header.index(chosen.text)
+        ib = header.index(chosen.pair) if chosen.pair else None
+        il = header.index(chosen.label) if chosen.label else None
+        for n, row in rows:
+            if len(row) != len(header):
+                raise data_error(path, n, f"expected {len(header)} fields like the header, "
+                                 f"found {len(row)}")
+            label = _label_str(row[il], path, n) if il is not None else None
+            out.append(Example(row[ia], row[ib] if ib is not None else None, label, n))
+    else:
+        what = "SQuAD-style JSON" if fmt == "json" else "no tab- or comma-separated header"
+        raise data_error(path, 1, f"not a classification file ({what}; expected TSV/CSV "
+                         "with a header, or JSON Lines)")
+    if not out:
+        raise data_error(path, None, "no examples (only a header?)")
+    return out
+
+
+def label_set(examples) -> list:
+    """Sorted labels: numerically when all are integers, else alphabetically."""
+    labels = {e.label for e in examples if e.label is not None}
+    try:
+        return [str(x) for x in sorted(int(x) for x in labels)]
+    except ValueError:
+        return sorted(labels)
+
+
+def check_labels(examples, label2id: dict, path):
+    """Labels must be ones the model knows (raises on the first unknown one)."""
+    for e in examples:
+        if e.label is not None and e.label not in label2id:
+            raise data_error(path, e.line, f"unknown label {e.label!r} (the model knows "
+                             f"{', '.join(sorted(label2id))})")
+
+
+# ----------------------------------------------------------------------------------
+# NER
+
+
+def iob1_to_iob2(tags: list) -> list:
+    """I-X that starts an entity (after O or another type) becomes B-X; IOB2 is unchanged."""
+    out = []
+    prev = "O"
+    for t in tags:
+        if t.startswith("I-") and (prev == "O" or prev[2:] != t[2:]):
+            t = "B-" + t[2:]
+        out.append(t)
+        prev = t
+    return out
+
+
+def read_conll(path, require_tags=True) -> list:
+    """Sentences of a CoNLL file (token first, tag last; blank lines between sentences)."""
+    path = Path(path)
+    _first_content(path)
+    out, words, tags, start = [], [], [], 0
+
+    def flush():
+        if words:
+            out.append(Sentence(list(words), iob1_to_iob2(tags) if require_tags else None, start))
+        words.clear()
+        tags.clear()
+
+    for n, text in read_lines(path):
+        cols = text.split()
+        if not cols:
+            flush()
+            continue
+        if cols[0] == "-DOCSTART-":
+            flush()
+            continue
+        if not words:
+            start = n
+        if require_tags:
+            if len(cols) < 2:
+                raise data_error(path, n, "expected a token and a tag (CoNLL columns)")
+            tag = cols[-1]
+            if not (tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2)):
+                raise data_error(path, n, f"tag {tag!r} is not IOB (O, B-TYPE or I-TYPE)")
+            tags.append(tag)
+        words.append(cols[0])
+    flush()
+    if not out:
+        raise data_error(path, None, "no sentences")
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# QA
+
+
+def _load_json(path: Path):
+    lines = [text for _, text in read_lines(path)]  # UTF-8 checked, line-numbered errors
+    if not any(t.strip() for t in lines):
+        raise data_error(path, None, "empty file")
+    try:
+        return json.loads("\n".join(lines))
+    except json.JSONDecodeError as e:
+        raise data_error(path, e.lineno, f"not valid JSON ({e.msg})")
+
+
+def read_squad(path, require_answers=True) -> list:
+    """QA examples from SQuAD v1.1 JSON, or from JSON Lines with question/context."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "jsonl" and '"data"' in _first_content(path)[1][:200]:
+        fmt = "json"  # a SQuAD document written on one line
+    out = []
+    if fmt == "jsonl":
+        for n, text in read_lines(path):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise data_error(path, n, f"not valid JSON ({e.msg})")
+            if not isinstance(obj, dict) or not isinstance(obj.get("question"), str) \
+                    or not isinstance(obj.get("context"), str):
+                raise data_error(path, n, "expected an object with string fields "
+                                 "'question' and 'context'")
+            answers = _answers(obj.get("answers", []), obj["context"], path, n)
+            if require_answers and not answers:
+                raise data_error(path, n, "no answers")
+            out.append(QAExample(str(obj.get("id", n)), obj["question"], obj["context"], answers))
+        return out
+    if fmt != "json":
+        raise data_error(path, 1, "expected SQuAD JSON or JSON Lines with question/context")
+    doc = _load_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise data_error(path, 1, "not a SQuAD file (expected an object with a 'data' list)")
+    for a, article in enumerate(doc["data"]):
+        where = f"data[{a}]"
+        try:
+            for p, para in enumerate(article["paragraphs"]):
+                context = para["context"]
+                for q, qa in enumerate(para["qas"]):
+                    answers = _answers(qa.get("answers", []), context, path, None,
+                                       f"{where}.paragraphs[{p}].qas[{q}]")
+                    if require_answers and not answers:
+                        raise NanobertError(f"{path}: {where}.paragraphs[{p}].qas[{q}] has no answers")
+                    out.append(QAExample(str(qa["id"]), qa["question"], context, answers,
+                                         article.get("title", "")))
+        except (KeyError, TypeError) as e:
+            raise NanobertError(f"{path}: {where}: not SQuAD v1.1 structure (missing or bad {e})")
+    if not out:
+        raise data_error(path, None, "no questions")
+    return out
+
+
+def _answers(raw, context, path, line, where=""):
+    if not isinstance(raw, list):
+        raise data_error(path, line, f"{where} 'answers' must be a list")
+    out = []
+    for a in raw:
+        if isinstance(a, str):  # JSON Lines may give bare answer strings
+            start = context.find(a)
+            out.append((a, start))
+            continue
+        try:
+            text, start = a["text"], int(a["answer_start"])
+        except (KeyError, TypeError, ValueError):
+            raise data_error(path, line, f"{where} answers need 'text' and 'answer_start'")
+        out.append((text, start))
+    return out
+
+

@@ -1,0 +1,85 @@
+"""Task metrics: classification, NER (entity level), SQuAD v1.1, regression.
+
+    classification  accuracy, F1 (binary: of the positive class; else macro), MCC
+    NER             entity precision / recall / F1 as seqeval computes them (0-1)
+    QA              exact match and F1 after the official SQuAD v1.1 answer
+                    normalisation, max over the gold answers, 0-100
+    regression      Pearson and Spearman correlation
+"""
+from __future__ import annotations
+
+import collections
+import re
+import string
+
+import numpy as np
+
+
+def classification_metrics(gold, pred, num_labels=None) -> dict:
+    """gold, pred: sequences of label ids. F1 is the positive class's for two labels
+    (as GLUE reports MRPC/QQP), the macro average otherwise; `f1_macro` is always there."""
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+    gold, pred = np.asarray(gold), np.asarray(pred)
+    n = num_labels or int(max(gold.max(initial=0), pred.max(initial=0)) + 1)
+    labels = list(range(n))
+    macro = f1_score(gold, pred, labels=labels, average="macro", zero_division=0)
+    f1 = f1_score(gold, pred, pos_label=1, average="binary", zero_division=0) if n == 2 else macro
+    return {"accuracy": float(accuracy_score(gold, pred)), "f1": float(f1),
+            "f1_macro": float(macro), "mcc": float(matthews_corrcoef(gold, pred))}
+
+
+def ner_metrics(gold_tags, pred_tags) -> dict:
+    """gold_tags, pred_tags: lists of sentences of IOB2 tags. Entity-level, seqeval."""
+    from seqeval.metrics import f1_score, precision_score, recall_score
+    return {"precision": float(precision_score(gold_tags, pred_tags, zero_division=0)),
+            "recall": float(recall_score(gold_tags, pred_tags, zero_division=0)),
+            "f1": float(f1_score(gold_tags, pred_tags, zero_division=0))}
+
+
+# ---- SQuAD v1.1 ---------------------------------------------------------------------
+
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, drop punctuation, drop the articles a/an/the, collapse whitespace."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def squad_f1(prediction: str, gold: str) -> float:
+    p, g = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    common = collections.Counter(p) & collections.Counter(g)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_exact(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def squad_metrics(predictions: dict, golds: dict) -> dict:
+    """predictions: {id: answer text}; golds: {id: [gold answer texts]}. Every gold
+    question counts (a missing prediction scores 0). Returns 0-100 like the official script."""
+    em = f1 = 0.0
+    for qid, answers in golds.items():
+        pred = predictions.get(qid, "")
+        em += max(squad_exact(pred, a) for a in answers)
+        f1 += max(squad_f1(pred, a) for a in answers)
+    n = max(1, len(golds))
+    return {"exact_match": 100.0 * em / n, "f1": 100.0 * f1 / n}
+
+
+# ---- regression ---------------------------------------------------------------------
+
+def regression_metrics(gold, pred) -> dict:
+    from scipy.stats import pearsonr, spearmanr
+    gold, pred = np.asarray(gold, dtype=float), np.asarray(pred, dtype=float)
+    return {"pearson": float(pearsonr(gold, pred)[0]), "spearman": float(spearmanr(gold, pred)[0]),
+            "mse": float(np.mean((gold - pred) ** 2))}

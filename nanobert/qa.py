@@ -1,0 +1,111 @@
+"""Extractive QA over long contexts: sliding windows in, best answer span out.
+
+    question + context ──► windows: [CLS] question [SEP] context[i : i+room] [SEP],
+                           consecutive windows overlapping by `doc_stride` tokens
+    training: the answer's characters → (start token, end token) in each window that
+              holds the whole answer; windows without it point at [CLS] (position 0)
+    decoding: in every window, the n-best start and end tokens inside the context,
+              end >= start, at most `max_answer_length` tokens; score = start + end
+              logit; the best span over all windows of a question wins; its text is
+              cut from the context through the token offsets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .files import NanobertError
+
+
+@dataclass
+class Window:
+    example: int            # index of the QAExample this window belongs to
+    ids: list
+    type_ids: list
+    offsets: list           # (char start, char end) in the context, None outside it
+    start: int = 0          # answer token positions (0 = [CLS]: no answer here)
+    end: int = 0
+
+
+def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: bool = False):
+    """All windows of all examples (list of `Window`)."""
+    questions = [e.question.strip() for e in examples]
+    contexts = [e.context for e in examples]
+    try:
+        encs = tokenizer.encode_batch(questions, contexts, max_length=max_length,
+                                      stride=doc_stride, strategy="only_second")
+    except Exception as e:  # the question alone does not fit, or the stride is too big
+        raise NanobertError(f"cannot cut QA windows with max length {max_length} and doc stride "
+                            f"{doc_stride} ({str(e)[:120]}); use a larger --max-length or a "
+                            "smaller --doc-stride")
+    windows = []
+    for i, (ex, enc) in enumerate(zip(examples, encs)):
+        for w in [enc] + list(enc.overflowing):
+            seq = w.sequence_ids
+            offsets = [o if s == 1 else None for o, s in zip(w.offsets, seq)]
+            win = Window(i, list(w.ids), list(w.type_ids), offsets)
+            if train and ex.answers:
+                text, char_start = ex.answers[0]
+                win.start, win.end = answer_tokens(offsets, char_start, char_start + len(text))
+            windows.append(win)
+    return windows
+
+
+def answer_tokens(offsets, char_start: int, char_end: int) -> tuple:
+    """(start token, end token) of the characters [char_start, char_end) when the window
+    holds all of them, else (0, 0)."""
+    ctx = [i for i, o in enumerate(offsets) if o is not None]
+    if not ctx or char_start < offsets[ctx[0]][0] or char_end > offsets[ctx[-1]][1]:
+        return 0, 0
+    start = next((i for i in ctx if offsets[i][1] > char_start), None)
+    end = next((i for i in reversed(ctx) if offsets[i][0] < char_end), None)
+    if start is None or end is None or end < start:
+        return 0, 0
+    return start, end
+
+
+def best_spans(start_logits, end_logits, offsets, n_best: int = 20, max_answer_length: int = 30):
+    """Candidate spans of one window: [(score, char_start, char_end)], best first.
+    start_logits, end_logits: (T,) for the window's tokens."""
+    T = len(offsets)
+    s, e = start_logits[:T], end_logits[:T]
+    k = min(n_best, T)
+    starts = torch.topk(s, k).indices.tolist()
+    ends = torch.topk(e, k).indices.tolist()
+    out = []
+    for i in starts:
+        if offsets[i] is None:
+            continue
+        for j in ends:
+            if offsets[j] is None or j < i or j - i + 1 > max_answer_length:
+                continue
+            out.append((float(s[i] + e[j]), offsets[i][0], offsets[j][1]))
+    out.sort(key=lambda c: -c[0])
+    return out[:n_best]
+
+
+def decode(examples, windows, start_logits, end_logits, n_best=20, max_answer_length=30) -> list:
+    """The best answer of every example over all its windows: a list of dicts
+    {"answer", "start", "end", "score", "probability"} in example order. `start_logits`
+    and `end_logits` are per window (lists of 1-D tensors, one per window)."""
+    cands = [[] for _ in examples]
+    for w, s, e in zip(windows, start_logits, end_logits):
+        cands[w.example].extend(best_spans(s, e, w.offsets, n_best, max_answer_length))
+    out = []
+    for ex, cs in zip(examples, cands):
+        if not cs:
+            out.append({"answer": "", "start": 0, "end": 0, "score": float("-inf"),
+                        "probability": 0.0})
+            continue
+        # the same span found in two overlapping windows counts once, with its best score
+        best = {}
+        for score, a, b in cs:
+            if (a, b) not in best or score > best[(a, b)]:
+                best[(a, b)] = score
+        spans = sorted(best.items(), key=lambda kv: -kv[1])[:n_best]
+        probs = torch.softmax(torch.tensor([sc for _, sc in spans]), 0)
+        (a, b), score = spans[0]
+        out.append({"answer": ex.context[a:b], "start": a, "end": b, "score": score,
+                    "probability": float(probs[0])})
+    return out

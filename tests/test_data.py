@@ -1,0 +1,199 @@
+"""Data readers: every format, well-formed and malformed (file and line in the error)."""
+import json
+
+import pytest
+
+from nanobert import cli
+from nanobert.data import (detect_format, iob1_to_iob2, label_set, read_classification,
+                           read_conll, read_squad, tsv_uses_quoting)
+from nanobert.files import NanobertError
+
+
+def write(tmp_path, name, text, encoding="utf-8"):
+    p = tmp_path / name
+    p.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return p
+
+
+# ---- classification ---------------------------------------------------------------
+
+def test_glue_single_sentence_with_literal_quotes(tmp_path):
+    # SST-2 style: quotes are ordinary characters, even unbalanced ones
+    p = write(tmp_path, "sst.tsv", 'sentence\tlabel\n"a film that " hurts \t1\nplain one \t0\n'
+              'it \'s " the best\t1\n')
+    assert detect_format(p) == "tsv" and not tsv_uses_quoting(p)
+    ex = read_classification(p)
+    assert [e.text_a for e in ex] == ['"a film that " hurts ', "plain one ", 'it \'s " the best']
+    assert [e.label for e in ex] == ["1", "0", "1"] and ex[0].text_b is None
+    assert [e.line for e in ex] == [2, 3, 4]
+
+
+def test_glue_pair_with_csv_quoting_and_extra_columns(tmp_path):
+    # RTE style: a field containing quotes is wrapped in quotes, inner quotes doubled
+    p = write(tmp_path, "rte.tsv", 'sentence1\tsentence2\tlabel\tidx\n'
+              '"He said ""hi"" today."\tHe spoke.\tentailment\t0\n'
+              'No quotes here.\tNone.\tnot_entailment\t1\n')
+    assert tsv_uses_quoting(p)
+    ex = read_classification(p)
+    assert ex[0].text_a == 'He said "hi" today.' and ex[0].text_b == "He spoke."
+    assert label_set(ex) == ["entailment", "not_entailment"]
+
+
+def test_question_headers_qnli_and_qqp(tmp_path):
+    p = write(tmp_path, "qnli.tsv", "index\tquestion\tsentence\tlabel\n0\tWho?\tMe.\tentailment\n")
+    e = read_classification(p)[0]
+    assert (e.text_a, e.text_b, e.label) == ("Who?", "Me.", "entailment")
+    p = write(tmp_path, "qqp.tsv", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+              "1\t2\t3\tHow to cook?\tHow do I cook?\t1\n")
+    e = read_classification(p)[0]
+    assert (e.text_a, e.text_b, e.label) == ("How to cook?", "How do I cook?", "1")
+
+
+def test_msrp_layout_with_bom_and_no_trailing_newline(tmp_path):
+    text = ("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+            '1\t11\t12\tHe called it "odd".\tIt was "odd", he said.\n'
+            "0\t13\t14\tA cat.\tA dog.")
+    p = write(tmp_path, "msr.txt", text)
+    assert detect_format(p) == "msrp"
+    ex = read_classification(p)
+    assert [(e.text_a, e.text_b, e.label) for e in ex] == [
+        ('He called it "odd".', 'It was "odd", he said.', "1"), ("A cat.", "A dog.", "0")]
+
+
+def test_csv_and_jsonl(tmp_path):
+    p = write(tmp_path, "d.csv", 'text,label\n"Hello, world",positive\nbye,negative\n')
+    ex = read_classification(p)
+    assert [(e.text_a, e.label) for e in ex] == [("Hello, world", "positive"), ("bye", "negative")]
+    p = write(tmp_path, "d.jsonl", '{"text_a": "a", "text_b": "b", "label": 2}\n\n'
+              '{"text_a": "c", "text_b": "d", "label": 10}\n')
+    ex = read_classification(p)
+    assert [(e.text_a, e.text_b, e.label) for e in ex] == [("a", "b", "2"), ("c", "d", "10")]
+    assert label_set(ex) == ["2", "10"]  # integers sort numerically
+
+
+def test_columns_named_by_flags(tmp_path):
+    p = write(tmp_path, "d.csv", "review,stars,other\ngood,5,x\nbad,1,y\n")
+    with pytest.raises(NanobertError, match=r"d\.csv:1: no text column"):
+        read_classification(p)
+    ex = read_classification(p, text_column="review", label_column="stars")
+    assert [(e.text_a, e.label) for e in ex] == [("good", "5"), ("bad", "1")]
+    with pytest.raises(NanobertError, match=r"no label column 'score'"):
+        read_classification(p, text_column="review", label_column="score")
+
+
+@pytest.mark.parametrize("name,content,where,msg", [
+    ("ragged.tsv", "sentence\tlabel\nfine\t1\nno label here\n", "ragged.tsv:3", "expected 2 fields"),
+    ("nolabel.tsv", "sentence\tscore\nfine\t1\n", "nolabel.tsv:1", "no label column"),
+    ("empty.tsv", "", "empty.tsv", "empty file"),
+    ("blank.csv", "\n\n  \n", "blank.csv", "empty file"),
+    ("header_only.tsv", "sentence\tlabel\n", "header_only.tsv", "no examples"),
+    ("bad.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": \n', "bad.jsonl:2",
+     "not valid JSON"),
+    ("missing.jsonl", '{"text": "a", "label": 1}\n{"text": "b"}\n', "missing.jsonl:2",
+     "missing field 'label'"),
+    ("unknown.txt", "justoneword\n", "unknown.txt:1", "unknown format"),
+    ("badquote.csv", 'text,label\n"never closed,1\n', "badquote.csv", "malformed CSV"),
+])
+def test_malformed_classification_files(tmp_path, name, content, where, msg):
+    p = write(tmp_path, name, content)
+    with pytest.raises(NanobertError) as e:
+        read_classification(p)
+    assert str(e.value).startswith(str(tmp_path / where)) and msg in str(e.value)
+
+
+def test_bad_utf8_names_the_line(tmp_path):
+    p = write(tmp_path, "bad.tsv", b"sentence\tlabel\ngood\t1\nbad \xff byte\t0\n")
+    with pytest.raises(NanobertError, match=r"bad\.tsv:3: not valid UTF-8"):
+        read_classification(p)
+
+
+def test_cli_exit_status_2_on_bad_data(tmp_path, capsys):
+    bad = write(tmp_path, "bad.tsv", "sentence\tlabel\nok\t1\nragged\n")
+    good = write(tmp_path, "good.tsv", "sentence\tlabel\nok\t1\n")
+    rc = cli.main(["finetune", "--task", "classify", "--model", "minilm", "--train", str(bad),
+                   "--dev", str(good), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{bad}:3:" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+# ---- NER ----------------------------------------------------------------------------
+
+CONLL = """-DOCSTART- -X- -X- O
+
+John NNP B-NP B-PER
+Smith NNP I-NP I-PER
+lives VBZ B-VP O
+in IN B-PP O
+New NNP B-NP B-LOC
+York NNP I-NP I-LOC
+. . O O
+
+-DOCSTART- -X- -X- O
+
+Acme NNP B-NP B-ORG
+rocks VBZ B-VP O
+"""
+
+
+def test_conll_iob2(tmp_path):
+    s = read_conll(write(tmp_path, "a.txt", CONLL))
+    assert len(s) == 2
+    assert s[0].words == ["John", "Smith", "lives", "in", "New", "York", "."]
+    assert s[0].tags == ["B-PER", "I-PER", "O", "O", "B-LOC", "I-LOC", "O"]
+    assert s[1].words == ["Acme", "rocks"] and s[1].line == 13
+
+
+def test_iob1_is_converted_to_iob2(tmp_path):
+    # IOB1: I- everywhere, B- only between two adjacent entities of the same type
+    text = "John I-PER\nSmith I-PER\nMary B-PER\nin O\nParis I-LOC\nBerlin I-ORG\n"
+    s = read_conll(write(tmp_path, "iob1.txt", text))
+    assert s[0].tags == ["B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-ORG"]
+    assert iob1_to_iob2(["B-X", "I-X", "O", "B-Y"]) == ["B-X", "I-X", "O", "B-Y"]  # IOB2 kept
+
+
+@pytest.mark.parametrize("content,line,msg", [
+    ("John B-PER\nSmith\n", 2, "expected a token and a tag"),
+    ("John B-PER\nSmith X-PER\n", 2, "not IOB"),
+])
+def test_malformed_conll(tmp_path, content, line, msg):
+    p = write(tmp_path, "bad.conll", content)
+    with pytest.raises(NanobertError, match=rf"bad\.conll:{line}: .*{msg}"):
+        read_conll(p)
+
+
+# ---- QA -----------------------------------------------------------------------------
+
+def squad_doc():
+    ctx = "The cat sat on the mat. It was warm."
+    return {"version": "1.1", "data": [{"title": "Cats", "paragraphs": [{"context": ctx, "qas": [
+        {"id": "q1", "question": "Where did the cat sit?",
+         "answers": [{"text": "on the mat", "answer_start": 12}, {"text": "the mat", "answer_start": 15}]},
+        {"id": "q2", "question": "How was it?", "answers": [{"text": "warm", "answer_start": 31}]},
+    ]}]}]}
+
+
+def test_squad_reader(tmp_path):
+    p = write(tmp_path, "s.json", json.dumps(squad_doc(), indent=1))
+    ex = read_squad(p)
+    assert [e.id for e in ex] == ["q1", "q2"] and ex[0].title == "Cats"
+    assert ex[0].answers == [("on the mat", 12), ("the mat", 15)]
+    assert ex[1].context[31:35] == "warm"
+    # the same on one line (as some dumps are written)
+    p = write(tmp_path, "s1.json", json.dumps(squad_doc()))
+    assert len(read_squad(p)) == 2
+
+
+def test_qa_jsonl_and_bad_squad(tmp_path):
+    p = write(tmp_path, "q.jsonl", '{"question": "Who?", "context": "Me and you."}\n')
+    ex = read_squad(p, require_answers=False)
+    assert ex[0].question == "Who?" and ex[0].answers == []
+    p = write(tmp_path, "bad.json", '{"version": "1.1",\n "data": [\n  {"title": }\n]}\n')
+    with pytest.raises(NanobertError, match=r"bad\.json:3: not valid JSON"):
+        read_squad(p)
+    doc = squad_doc()
+    del doc["data"][0]["paragraphs"][0]["qas"][1]["question"]
+    p = write(tmp_path, "noq.json", json.dumps(doc))
+    with pytest.raises(NanobertError, match=r"noq\.json: data\[0\].*'question'"):
+        read_squad(p)

@@ -1,0 +1,223 @@
+"""Fine-tuning end to end on tiny fixtures: overfit, evaluate, predict, load in transformers."""
+import json
+import random
+
+import pytest
+import torch
+
+import nanobert
+from nanobert import cli
+from nanobert.checkpoint import save_model
+from nanobert.data import Sentence
+from nanobert.finetune import encode_ner, finetune, load_finetuned, predict_ner_text, word_predictions
+
+POS = ["great", "wonderful", "lovely", "superb", "fun", "brilliant"]
+NEG = ["awful", "boring", "terrible", "dull", "bad", "painful"]
+FILLER = ["the", "movie", "was", "really", "plot", "acting", "and", "quite", "a", "story"]
+NAMES = ["alice", "bob", "carol", "dave"]
+PLACES = ["paris", "london", "rome", "oslo"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and the machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A small random BERT with a WordPiece vocabulary trained on the fixture words."""
+    d = tmp_path_factory.mktemp("tiny")
+    words = POS + NEG + FILLER + NAMES + PLACES + ["lives", "in", "met", "who", "where", "does"]
+    corpus = [" ".join(random.Random(i).sample(words, 8)) for i in range(300)] + ["? . , -"] * 5
+    tok = nanobert.Tokenizer.train(corpus, vocab_size=200, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    save_model(nanobert.Bert(cfg), d, tokenizer=tok)
+    return d
+
+
+def sentiment_rows(n, seed):
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        good = i % 2 == 0
+        words = rng.sample(FILLER, 4) + [rng.choice(POS if good else NEG)]
+        rng.shuffle(words)
+        rows.append((" ".join(words), "good" if good else "bad"))
+    return rows
+
+
+def write_tsv(path, rows):
+    path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows))
+    return path
+
+
+def last_json(capsys):
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_classify_overfits_evaluates_predicts_and_loads_in_transformers(tiny_dir, tmp_path, capsys):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(24, 0))
+    out = tmp_path / "model"
+    rc = cli.main(["finetune", "--task", "classify", "--model", str(tiny_dir), "--train", str(train),
+                   "--dev", str(train), "--out", str(out), "--epochs", "12", "--lr", "3e-3",
+                   "--batch-size", "8", "--max-length", "16", "--warmup-ratio", "0.1",
+                   "--eval-every", "1000", "--no-progress"])
+    assert rc == 0
+    rc = cli.main(["evaluate", "--model", str(out), "--data", str(train), "--json"])
+    res = last_json(capsys)
+    assert rc == 0 and res["task"] == "classify" and res["n"] == 24
+    assert res["accuracy"] == 1.0 and res["f1"] == 1.0 and res["mcc"] == 1.0
+    assert json.loads((out / "nanobert.json").read_text())["task"] == "classify"
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["type"] for r in lines} == {"train", "eval"}
+    assert (out / "training_curve.png").is_file()
+
+    rc = cli.main(["predict", "--model", str(out), "--json", "the movie was great",
+                   "a dull plot"])
+    preds = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert rc == 0 and [p["label"] for p in preds] == ["good", "bad"]
+    assert all(0.5 < p["probability"] <= 1.0 for p in preds)
+
+    # the directory is an ordinary transformers checkpoint with the same predictions
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+    assert hf.config.id2label == {0: "bad", 1: "good"}
+    model, tok, _ = load_finetuned(out)
+    batch = tok(["the movie was great", "a dull plot and boring acting"])
+    with torch.inference_mode():
+        ours = model(**batch).logits
+        theirs = hf(**batch).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+    # a label the model does not know, at evaluation: one line, exit status 2
+    bad = write_tsv(tmp_path / "bad.tsv", [("the movie", "good"), ("a plot", "meh")])
+    rc = cli.main(["evaluate", "--model", str(out), "--data", str(bad), "--json"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{bad}:3: unknown label 'meh'" in err
+
+
+def test_ner_labels_go_on_the_first_subword(minilm):
+    _, tok = minilm
+    s = Sentence(["Smithsonianville", "met", "unbelievably", "Bo"], ["B-ORG", "O", "O", "B-PER"])
+    label2id = {"O": 0, "B-ORG": 1, "B-PER": 2}
+    item = encode_ner(tok, [s], 32, label2id)[0]
+    toks = [tok.id_to_token(i) for i in item["input_ids"]]
+    assert toks[0] == "[CLS]" and toks[-1] == "[SEP]"
+    pieces = [[t for t, w in zip(toks, item["word_ids"]) if w == k] for k in range(4)]
+    assert len(pieces[0]) >= 2 and len(pieces[2]) >= 2  # really split into several pieces
+    labelled = [(t, lab) for t, lab in zip(toks, item["labels"]) if lab != -100]
+    assert labelled == [(pieces[0][0], 1), ("met", 0), (pieces[2][0], 0), (pieces[3][0], 2)]
+    assert item["labels"][0] == -100 and item["labels"][-1] == -100
+
+    # word-level predictions come back from the first sub-word of each word
+    class Fake(torch.nn.Module):
+        task = "token"
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            T = input_ids.shape[1]
+            logits = torch.zeros(input_ids.shape[0], T, 3)
+            logits[:, :, 0] = 5.0
+            for t, (w, f) in enumerate(zip(item["word_ids"], item["first"])):
+                if w == 3:
+                    logits[:, t, 2 if f else 1] = 10.0  # only the first piece says B-PER
+            return type("O", (), {"logits": logits})()
+
+    preds = word_predictions(Fake(), [item], batch_size=4)
+    assert {w: p[0] for w, p in preds[0].items()} == {0: 0, 1: 0, 2: 0, 3: 2}
+
+
+def ner_files(tmp_path):
+    rng = random.Random(0)
+    blocks = []
+    for i in range(16):
+        name, place = NAMES[i % 4], PLACES[(i // 4) % 4]
+        if i % 2:
+            rows = [(name.title(), "B-PER"), ("lives", "O"), ("in", "O"), (place.title(), "B-LOC")]
+        else:
+            rows = [(name.title(), "B-PER"), (NAMES[(i + 1) % 4].title(), "I-PER"), ("met", "O"),
+                    (rng.choice(FILLER), "O")]
+        blocks.append("".join(f"{w} NN O {t}\n" for w, t in rows))
+    p = tmp_path / "ner.txt"
+    p.write_text("-DOCSTART- -X- -X- O\n\n" + "\n".join(blocks))
+    return p
+
+
+def test_ner_overfits_and_predicts_char_spans(tiny_dir, tmp_path, capsys):
+    data = ner_files(tmp_path)
+    out = tmp_path / "ner"
+    best = finetune("ner", str(tiny_dir), data, data, out, epochs=25, lr=5e-3, batch_size=4,
+                    max_length=24, eval_every=1000, progress=False)
+    assert best["f1"] == 1.0
+    rc = cli.main(["evaluate", "--model", str(out), "--data", str(data), "--json"])
+    res = last_json(capsys)
+    assert rc == 0 and res["task"] == "ner" and res["n"] == 16
+    assert res["precision"] == res["recall"] == res["f1"] == 1.0
+
+    model, tok, settings = load_finetuned(out)
+    text = "Carol lives in Rome"
+    ents = predict_ner_text(model, tok, [text], 24)[0]
+    assert [(e["type"], text[e["start"]:e["end"]]) for e in ents] == [("PER", "Carol"), ("LOC", "Rome")]
+    assert ents[0]["text"] == "Carol" and 0 < ents[0]["score"] <= 1
+
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForTokenClassification.from_pretrained(out).eval()
+    batch = tok([text, "Alice Bob met the"])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(**batch).logits, hf(**batch).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_demo_reader_survives_encoding_debris_and_splits_by_label(tmp_path):
+    from nanobert.demo import read_tweets, split
+    raw = (b"sentiment,confidence,text\n"
+           b"negative,0.75,I don't trust it #cars_\xd1_.no thanks\n"
+           b"positive,0.9,\"love it, truly\"\n"
+           b"neutral,0.5,a car\n"
+           b"bogus,0.1,dropped row\n"
+           b"positive,0.8,\n")
+    p = tmp_path / "tweets.csv"
+    p.write_bytes(raw * 10)
+    rows = read_tweets(p)
+    assert len(rows) == 30 and rows[0] == ("I don't trust it #cars__.no thanks", "negative")
+    assert rows[1] == ("love it, truly", "positive")
+    train, dev = split(rows, 15, 9, seed=1)
+    assert len(dev) == 9 and sorted(l for _, l in dev) == ["negative"] * 3 + ["neutral"] * 3 + ["positive"] * 3
+    assert not {t for t in map(id, train)} & {t for t in map(id, dev)}
+    assert split(rows, 15, 9, seed=1) == (train, dev)
+
+
+def test_demo_on_user_files(tiny_dir, tmp_path, capsys):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(16, 0))
+    dev = write_tsv(tmp_path / "dev.tsv", sentiment_rows(8, 1))
+    out = tmp_path / "demo"
+    rc = cli.main(["demo", "--model", str(tiny_dir), "--train", str(train), "--dev", str(dev),
+                   "--out", str(out), "--epochs", "2", "--batch-size", "8", "--max-length", "16"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "dev accuracy" in text and "predictions:" in text
+    for f in ("training_curve.png", "confusion_matrix.png", "config.json", "demo_results.json"):
+        assert (out / f).is_file(), f
+    assert json.loads((out / "demo_results.json").read_text())["n_dev"] == 8
+
+
+def test_epoch_batches_are_seeded_and_grouped_by_length():
+    from nanobert.finetune import epoch_batches, epoch_order
+    lengths = [random.Random(i).randint(3, 60) for i in range(500)]
+    plain = epoch_batches(lengths, 16, 42, 0)
+    assert plain == [epoch_order(500, 42, 0)[i:i + 16] for i in range(0, 500, 16)]
+    grouped = epoch_batches(lengths, 16, 42, 0, group_by_length=True)
+    assert len(grouped) == len(plain) and sorted(i for b in grouped for i in b) == list(range(500))
+    assert grouped == epoch_batches(lengths, 16, 42, 0, group_by_length=True)
+    assert grouped != epoch_batches(lengths, 16, 42, 1, group_by_length=True)
+
+    def padded(batches):
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert padded(grouped) < 0.7 * padded(plain)

@@ -1,0 +1,127 @@
+"""QA: sliding windows, answer spans across window borders, n-best decoding."""
+import json
+
+import pytest
+import torch
+
+from nanobert import cli
+from nanobert.data import QAExample
+from nanobert.qa import answer_tokens, best_spans, decode, make_windows
+from test_finetune import tiny_dir  # noqa: F401  (a small random BERT saved in a tmp dir)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and the machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def long_example(tok):
+    # 60 words; the answer is words 20-22, "golden river delta"
+    words = [f"w{i}" for i in range(60)]
+    words[20:23] = ["golden", "river", "delta"]
+    context = " ".join(words)
+    start = context.index("golden river delta")
+    return QAExample("q", "where is it", context, [("golden river delta", start)])
+
+
+def test_windows_cover_the_context_and_label_the_answer(minilm):
+    _, tok = minilm
+    ex = long_example(tok)
+    windows = make_windows(tok, [ex], max_length=24, doc_stride=6, train=True)
+    assert len(windows) > 3 and all(len(w.ids) <= 24 for w in windows)
+    # every context character range is covered by some window
+    covered = set()
+    for w in windows:
+        assert tok.id_to_token(w.ids[0]) == "[CLS]" and w.type_ids[-1] == 1
+        covered |= {o for o in w.offsets if o is not None}
+    assert min(a for a, _ in covered) == 0 and max(b for _, b in covered) == len(ex.context)
+    a0, a1 = ex.answers[0][1], ex.answers[0][1] + len(ex.answers[0][0])
+    inside = [w for w in windows if w.start > 0]
+    cut = [w for w in windows if w.start == 0 and any(o and a0 <= o[0] < a1 for o in w.offsets)]
+    assert inside, "some window holds the whole answer"
+    assert cut, "the answer also crosses a window border (that window must not be labelled)"
+    for w in inside:
+        assert ex.context[w.offsets[w.start][0]:w.offsets[w.end][1]] == "golden river delta"
+    assert all(w.end == 0 for w in windows if w.start == 0)
+
+
+def test_answer_tokens_partial_and_subword_spans():
+    offsets = [None, None, (0, 3), (4, 9), (9, 12), (13, 17), None]  # "the goldfish bowl"
+    assert answer_tokens(offsets, 4, 12) == (3, 4)       # "goldfish" = gold + ##fish
+    assert answer_tokens(offsets, 6, 12) == (3, 4)       # starts inside a token: that token
+    assert answer_tokens(offsets, 13, 20) == (0, 0)      # runs past the window
+    assert answer_tokens([None, (5, 8)], 0, 3) == (0, 0)  # starts before the window
+
+
+def test_best_spans_respects_order_length_and_context():
+    offsets = [None, (0, 1), (2, 3), (4, 5), (6, 7), None]
+    s = torch.tensor([9.0, 1.0, 5.0, 0.0, 0.0, 9.0])
+    e = torch.tensor([9.0, 0.0, 0.0, 0.0, 4.0, 9.0])
+    spans = best_spans(s, e, offsets, n_best=5, max_answer_length=3)
+    assert spans[0] == (9.0, 2, 7)                        # tokens 2..4, not [CLS]/[SEP]
+    assert all(a <= b for _, a, b in spans)
+    assert best_spans(s, e, offsets, n_best=5, max_answer_length=2)[0][1:] != (2, 7)
+
+
+def test_decode_across_windows_picks_the_best_window(minilm):
+    _, tok = minilm
+    ex = long_example(tok)
+    windows = make_windows(tok, [ex], max_length=24, doc_stride=6, train=True)
+    starts, ends = [], []
+    for k, w in enumerate(windows):
+        s = torch.zeros(len(w.ids))
+        e = torch.zeros(len(w.ids))
+        if w.start > 0:      # confident where the whole answer is visible
+            s[w.start], e[w.end] = 8.0, 8.0
+        else:                # a decoy in every other window, less confident
+            ctx = [i for i, o in enumerate(w.offsets) if o is not None]
+            s[ctx[0]], e[ctx[0]] = 5.0, 5.0
+        starts.append(s)
+        ends.append(e)
+    out = decode([ex], windows, starts, ends, n_best=5, max_answer_length=10)[0]
+    assert out["answer"] == "golden river delta"
+    assert ex.context[out["start"]:out["end"]] == out["answer"] and out["score"] == 16.0
+    assert 0 < out["probability"] <= 1
+
+
+def test_qa_finetune_end_to_end(tiny_dir, tmp_path, capsys):
+    from nanobert.finetune import load_finetuned
+    people = {"alice": "paris", "bob": "london", "carol": "rome", "dave": "oslo"}
+    paras = []
+    for i, (who, where) in enumerate(people.items()):
+        filler = "the movie was really quite a story and the plot "
+        ctx = f"{filler}{who} lives in {where} and {filler}"
+        paras.append({"context": ctx, "qas": [{
+            "id": f"q{i}", "question": f"where does {who} live",
+            "answers": [{"text": where, "answer_start": ctx.index(f" {where}") + 1}]}]})
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paras}]}))
+    out = tmp_path / "qa"
+    rc = cli.main(["finetune", "--task", "qa", "--model", str(tiny_dir), "--train", str(path),
+                   "--dev", str(path), "--out", str(out), "--epochs", "40", "--lr", "5e-3",
+                   "--batch-size", "8", "--max-length", "24", "--doc-stride", "6",
+                   "--warmup-ratio", "0", "--eval-every", "1000", "--no-progress"])
+    assert rc == 0
+    rc = cli.main(["evaluate", "--model", str(out), "--data", str(path), "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["task"] == "qa" and res["n"] == 4
+    assert res["exact_match"] == 100.0 and res["f1"] == 100.0
+
+    rc = cli.main(["predict", "--model", str(out), "--json", "--context",
+                   paras[2]["context"], "where does carol live"])
+    pred = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and pred["answer"] == "rome"
+
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForQuestionAnswering.from_pretrained(out).eval()
+    model, tok, _ = load_finetuned(out)
+    batch = tok(["where does bob live"], [paras[1]["context"]], max_length=24)
+    with torch.inference_mode():
+        o = model(**batch)
+        h = hf(**batch)
+    torch.testing.assert_close(o.start_logits, h.start_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.end_logits, h.end_logits, atol=1e-5, rtol=1e-4)

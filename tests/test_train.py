@@ -1,0 +1,163 @@
+"""The shared training loop: schedule, parameter groups, accumulation, exact resume."""
+import json
+
+import pytest
+import torch
+
+import nanobert
+from nanobert.train import Trainer, TrainConfig, lr_factor, param_groups
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and the machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_model(seed=0, dropout=0.1):
+    torch.manual_seed(seed)
+    c = nanobert.preset("tiny", vocab_size=64, max_position_embeddings=32,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    return nanobert.Bert(c, "classify")
+
+
+def make_batch(epoch, index, B=4, T=10):
+    """A batch that depends only on (epoch, index)."""
+    g = torch.Generator().manual_seed(1000 * epoch + index)
+    ids = torch.randint(5, 64, (B, T), generator=g)
+    lengths = torch.randint(3, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    labels = (ids[:, 1] % 2).long()  # learnable from the first real token
+    return {"input_ids": ids * mask, "attention_mask": mask,
+            "token_type_ids": torch.zeros_like(ids), "labels": labels}
+
+
+def batches(epoch, start, n=6):
+    for i in range(start, n):
+        yield make_batch(epoch, i)
+
+
+def read_log(out_dir, kind="train"):
+    lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if x.strip() and json.loads(x)["type"] == kind]
+
+
+def test_lr_schedule_shape():
+    total, warm = 20, 5
+    f = [lr_factor(s, total, warm) for s in range(total)]
+    assert f[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert all(a > b for a, b in zip(f[4:], f[5:]))          # strictly decreasing after warmup
+    assert f[-1] == pytest.approx(1 / 16) and lr_factor(total, total, warm) == 0.0
+    assert lr_factor(0, 10, 0) == pytest.approx(10 / 11)     # no warmup: start near the peak
+
+
+def test_trainer_logs_the_schedule(tmp_path):
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=2, lr=1e-3, warmup_ratio=0.25, log_every=1,
+                      progress=False)
+    Trainer(tiny_model(), cfg, batches, steps_per_epoch=6).fit()
+    lrs = [r["lr"] for r in read_log(tmp_path)]
+    assert len(lrs) == 12
+    assert lrs == pytest.approx([1e-3 * lr_factor(s, 12, 3) for s in range(12)])
+    assert max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == 2
+    assert (tmp_path / "training_curve.png").stat().st_size > 1000
+    assert (tmp_path / "checkpoint" / "state.json").is_file()
+
+
+def test_no_decay_groups():
+    model = tiny_model()
+    decay, plain = param_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and plain["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    d = {names[id(p)] for p in decay["params"]}
+    nd = {names[id(p)] for p in plain["params"]}
+    assert not d & nd and d | nd == set(names.values())
+    assert all(n.endswith("bias") or ".norm" in n for n in nd)
+    assert "bert.emb.norm.weight" in nd and "bert.blocks.0.norm1.weight" in nd
+    assert "bert.emb.tok.weight" in d and "classifier.weight" in d
+    assert not any(n.endswith("bias") for n in d)
+
+
+def test_grad_accumulation_matches_one_big_batch(tmp_path):
+    """One batch of 8 vs two micro-batches of 4: the same gradient reaches AdamW."""
+    big = make_batch(0, 0, B=8)
+    halves = [{k: v[:4] for k, v in big.items()}, {k: v[4:] for k, v in big.items()}]
+    common = dict(lr=1e-2, warmup_steps=0, max_steps=1, log_every=1, progress=False)
+
+    def run(out, data, **kw):
+        model = tiny_model(dropout=0.0)
+        t = Trainer(model, TrainConfig(out_dir=str(out), **common, **kw),
+                    lambda e, s: iter(data[s:]), steps_per_epoch=len(data))
+        grads, step = [], t.optimizer.step
+
+        def spy(*a, **k):
+            grads.append([p.grad.clone() for p in model.parameters()])
+            return step(*a, **k)
+        t.optimizer.step = spy
+        t.fit()
+        return grads, model
+
+    g1, m1 = run(tmp_path / "a", [big])
+    g2, m2 = run(tmp_path / "b", halves, grad_accum=2)
+    assert len(g1) == len(g2) == 1
+    nonzero = 0
+    for a, b in zip(g1[0], g2[0]):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+        nonzero += int(a.abs().sum() > 0)
+    assert nonzero > 10
+    l1, l2 = read_log(tmp_path / "a")[0]["loss"], read_log(tmp_path / "b")[0]["loss"]
+    assert l1 == pytest.approx(l2, rel=1e-5)
+    assert any(not torch.equal(p, q) for p, q in zip(m1.parameters(), tiny_model(dropout=0.0).parameters()))
+
+
+def test_interrupt_and_resume_gives_the_same_loss_curve(tmp_path):
+    def evaluate(model):
+        with torch.inference_mode():
+            return {"loss": model(**make_batch(99, 0)).loss.item()}
+
+    def run(out, loss_fn=None, resume=False, model_seed=0):
+        cfg = TrainConfig(out_dir=str(out), epochs=3, lr=5e-3, grad_accum=2, log_every=1,
+                          seed=7, resume=resume, progress=False)
+        t = Trainer(tiny_model(model_seed), cfg, batches, steps_per_epoch=6, evaluate=evaluate,
+                    loss_fn=loss_fn)
+        return t.fit()
+
+    ref = run(tmp_path / "ref")
+    ref_train, ref_eval = read_log(tmp_path / "ref"), read_log(tmp_path / "ref", "eval")
+    assert len(ref_train) == 9 and len(ref_eval) == 3
+
+    calls = {"n": 0}
+
+    def interrupting(model, batch):  # Ctrl-C in the middle of step 5's accumulation
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt
+        return model(**batch).loss
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", loss_fn=interrupting)
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    assert (state["step"], state["epoch"], state["batch_index"]) == (4, 1, 2)
+
+    # a different initialisation: everything must come from the checkpoint
+    got = run(tmp_path / "cut", resume=True, model_seed=123)
+    cut_train, cut_eval = read_log(tmp_path / "cut"), read_log(tmp_path / "cut", "eval")
+    assert [r["step"] for r in cut_train] == list(range(1, 10))
+    assert [r["loss"] for r in cut_train] == [r["loss"] for r in ref_train]  # bit-identical
+    assert [r["lr"] for r in cut_train] == [r["lr"] for r in ref_train]
+    assert [r["loss"] for r in cut_eval] == [r["loss"] for r in ref_eval]
+    assert got["loss"] == ref["loss"] and got["step"] == ref["step"]
+
+
+def test_best_model_is_kept(tmp_path):
+    scores = iter([0.5, 0.9, 0.7])
+    saved = []
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=3, metric="accuracy", greater_is_better=True,
+                      progress=False)
+    best = Trainer(tiny_model(), cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                   evaluate=lambda m: {"accuracy": next(scores)},
+                   save=lambda m, d: saved.append(m.training)).fit()
+    assert best["accuracy"] == 0.9 and best["step"] == 4
+    assert len(saved) == 2
