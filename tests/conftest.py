@@ -8,6 +8,16 @@ import nanobert
 from nanobert.checkpoint import resolve
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a busy machine idle-spinning
+    worker threads make them many times slower. Test modules of tiny models use it."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir():
     return resolve("minilm")

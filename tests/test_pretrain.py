@@ -21,14 +21,7 @@ WORDS = ("cat dog bird fish horse cow sheep goat lion tiger big small red blue h
          "garden house river forest field city market school sees eats chases likes").split()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from more threads, and on a busy machine idle-spinning
-    worker threads make them many times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
 
 
 def write_corpus(path: Path, n_docs=60, seed=0):

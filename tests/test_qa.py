@@ -10,13 +10,7 @@ from nanobert.qa import answer_tokens, best_spans, decode, make_windows
 from test_finetune import tiny_dir  # noqa: F401  (a small random BERT saved in a tmp dir)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and the machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
 
 
 def long_example(tok):

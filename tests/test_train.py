@@ -8,13 +8,7 @@ import nanobert
 from nanobert.train import Trainer, TrainConfig, lr_factor, param_groups
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and the machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
 
 
 def tiny_model(seed=0, dropout=0.1):

@@ -18,12 +18,7 @@ VARIANT_PRESETS = {"albert-tiny": ("mlm+sop", hf.AlbertForPreTraining),
                    "deberta-tiny": ("mlm", hf.DebertaV2ForMaskedLM)}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
 
 
 @pytest.fixture(scope="module")
