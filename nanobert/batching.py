@@ -1,0 +1,63 @@
+"""Length-bucketed batching for inference (predict, embed, evaluation).
+
+Padding a batch to its longest sequence wastes work on the padding. Sorting the
+examples by length before cutting batches puts sequences of similar length together,
+so each batch pads (almost) nothing. The outputs come back in batch order; put them
+back in the caller's order with `restore_order`.
+
+    batches = sorted_batches([len(e.ids) for e in encodings], batch_size=32)
+    outs = []
+    for idx in batches:                          # idx: the example indices of one batch
+        outs.extend(run(encodings[i] for i in idx))
+    outs = restore_order(batches, outs)          # same order as `encodings`
+
+Only for inference: training wants random batches, and sorting changes them.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def sorted_batches(lengths: Sequence[int], batch_size: int,
+                   descending: bool = True) -> list[list[int]]:
+    """Indices 0..len(lengths)-1 sorted by length (longest first by default; ties keep
+    their input order) and cut into chunks of `batch_size`. Longest first means the
+    biggest batch runs first, so an out-of-memory shows up at once."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    lengths = list(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i] if descending else lengths[i])
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def file_order_batches(n: int, batch_size: int) -> list[list[int]]:
+    """The unsorted counterpart: 0..n-1 in order, cut into chunks of `batch_size`."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+
+
+def inverse_order(batches: list[list[int]]) -> list[int]:
+    """Where each original example sits in the concatenated batch outputs:
+    `flat[inverse_order(batches)[i]]` is the output of example i."""
+    flat = [i for idx in batches for i in idx]
+    inv = [0] * len(flat)
+    for pos, i in enumerate(flat):
+        inv[i] = pos
+    if sorted(flat) != list(range(len(flat))):
+        raise ValueError("batches must hold each index 0..n-1 exactly once")
+    return inv
+
+
+def restore_order(batches: list[list[int]], outputs):
+    """Put per-example outputs, given in batch order (concatenated over the batches),
+    back in the original order. `outputs` is a list (any items) or a tensor whose first
+    dimension runs over the examples; the result is of the same kind."""
+    inv = inverse_order(batches)
+    if len(outputs) != len(inv):
+        raise ValueError(f"{len(outputs)} outputs for {len(inv)} batched examples")
+    if isinstance(outputs, torch.Tensor):
+        return outputs[torch.tensor(inv, dtype=torch.long, device=outputs.device)]
+    return [outputs[p] for p in inv]

@@ -1,0 +1,192 @@
+"""The three attention backends compute the same numbers; the unpadded layout round-trips.
+
+eager is the written-out reference; sdpa and unpadded must match it on every real
+(non-padding) position within 1e-5 in fp32, for every head, forward and backward.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanobert.model import Bert, UnpaddedLayout, preset
+from conftest import random_batch
+
+BACKENDS = ("eager", "sdpa", "unpadded")
+TASKS = (None, "mlm", "pretraining", "classify", "token", "qa")
+TOL = 1e-5
+
+
+def make_model(task, seed=0, **kw):
+    torch.manual_seed(seed)
+    c = preset("tiny", vocab_size=1000, max_position_embeddings=64, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0, num_labels=3, **kw)
+    return Bert(c, task)
+
+
+def labels_for(task, batch, seed=0):
+    """Labels of the right kind for each head (None for the bare encoder)."""
+    g = torch.Generator().manual_seed(seed)
+    mask = batch["attention_mask"].bool()
+    B, T = mask.shape
+    if task in ("mlm", "pretraining"):
+        lab = torch.randint(5, 1000, (B, T), generator=g)
+        keep = (torch.rand(B, T, generator=g) < 0.3) & mask
+        keep[:, 1] = True  # at least one masked position in every row
+        return {"labels": lab.masked_fill(~keep, -100),
+                **({"pair_labels": torch.randint(0, 2, (B,), generator=g)}
+                   if task == "pretraining" else {})}
+    if task == "classify":
+        return {"labels": torch.randint(0, 3, (B,), generator=g)}
+    if task == "token":
+        return {"labels": torch.randint(0, 3, (B, T), generator=g).masked_fill(~mask, -100)}
+    if task == "qa":
+        lengths = mask.sum(1)
+        return {"start_positions": torch.randint(0, 3, (B,), generator=g) % lengths,
+                "end_positions": (lengths - 1)}
+    return {}
+
+
+def outputs(model, batch, task, labels):
+    """The tensors each head returns, with padding positions zeroed (they are free)."""
+    mask = batch["attention_mask"].bool()
+    out = model(**batch, **labels)
+    res = {}
+    if task is None:
+        res["hidden"] = out.hidden.last_hidden_state * mask[..., None]
+        res["pooled"] = out.hidden.pooler_output
+    else:
+        res["hidden"] = model.bert(**batch).last_hidden_state * mask[..., None]
+    for name in ("loss", "logits", "pair_logits", "start_logits", "end_logits"):
+        t = getattr(out, name)
+        if t is None:
+            continue
+        if name in ("start_logits", "end_logits") or (name == "logits" and task == "token"):
+            t = t * (mask if t.dim() == 2 else mask[..., None])
+        res[name] = t
+    return res, out.loss
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_backends_agree_forward_and_backward(task, seed):
+    batch = random_batch(B=5, T=17, seed=seed)
+    labels = labels_for(task, batch, seed)
+    model = make_model(task, seed).train()  # dropout is 0: train mode is deterministic
+    results, grads = {}, {}
+    for backend in BACKENDS:
+        model.config.attn_backend = backend
+        model.zero_grad()
+        res, loss = outputs(model, batch, task, labels)
+        (loss if loss is not None else res["hidden"].square().mean()).backward()
+        results[backend] = res
+        grads[backend] = {n: p.grad.clone() for n, p in model.named_parameters()
+                          if p.grad is not None}
+    for backend in ("sdpa", "unpadded"):
+        for name, ref in results["eager"].items():
+            got = results[backend][name]
+            assert got.shape == ref.shape, (backend, name)
+            assert (got - ref).abs().max() <= TOL, (backend, name)
+        assert grads[backend].keys() == grads["eager"].keys()
+        for name, ref in grads["eager"].items():
+            assert (grads[backend][name] - ref).abs().max() <= TOL, (backend, name)
+
+
+def test_mlm_logit_rows_in_batch_order():
+    """With labels, MLM logits (M, V) list masked positions in batch order on every backend,
+    so `logits.argmax(-1)` lines up with `labels[labels != -100]`."""
+    batch = random_batch(B=6, T=15, seed=3)
+    labels = labels_for("mlm", batch, 3)
+    model = make_model("mlm", 3).eval()
+    model.config.attn_backend = "eager"
+    ref = model(**batch, **labels).logits
+    model.config.attn_backend = "unpadded"
+    got = model(**batch, **labels).logits
+    assert got.shape == (int((labels["labels"] != -100).sum()), 1000)
+    assert (got - ref).abs().max() <= TOL
+    # and they are the full-vocabulary logits at those positions
+    full = model(**batch, mlm_full=True).logits
+    assert (full[labels["labels"] != -100] - ref).abs().max() <= TOL
+
+
+def test_attention_probs_agree():
+    batch = random_batch(B=4, T=11, seed=5)
+    model = make_model(None, 5).eval()
+    probs = {}
+    for backend in BACKENDS:
+        model.config.attn_backend = backend
+        probs[backend] = model.bert(**batch, output_attentions=True).attentions
+    mask = batch["attention_mask"].bool()
+    real = mask[:, None, :, None] & mask[:, None, None, :]          # (B, 1, T, T)
+    for backend in ("sdpa", "unpadded"):
+        for p, ref in zip(probs[backend], probs["eager"]):
+            assert ((p - ref) * real).abs().max() <= TOL
+
+
+def test_unpadded_equals_padded_minilm(minilm):
+    """The real checkpoint on real-looking text: same hidden states and pooled output."""
+    model, tok = minilm
+    batch = tok(["a short one.", "a somewhat longer sentence about nothing in particular",
+                 "x", "tokens " * 30, "two words", "two again"])
+    mask = batch["attention_mask"].bool()[..., None]
+    res = {}
+    for backend in ("sdpa", "unpadded"):
+        model.config.attn_backend = backend
+        with torch.inference_mode():
+            res[backend] = model.bert(**batch)
+    model.config.attn_backend = "sdpa"
+    a, b = res["sdpa"], res["unpadded"]
+    assert ((a.last_hidden_state - b.last_hidden_state) * mask).abs().max() <= TOL
+    assert (a.pooler_output - b.pooler_output).abs().max() <= TOL
+
+
+# ---- the unpadded layout itself (round trips, as FlexBERT's unpad/pad tests)
+
+
+def test_unpad_pad_round_trip_and_order():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 7, 0, 7, 1, 5])
+    T = 8
+    mask = torch.arange(T)[None] < lengths[:, None]                 # (B, T)
+    x = torch.randn(6, T, 4, generator=g)
+    lay = UnpaddedLayout(mask)
+    u = lay.unpad(x)                                                # (N, 4)
+    assert u.shape == (int(lengths.sum()), 4)
+    assert torch.equal(lay.pad(u), x * mask[..., None])             # padding comes back zero
+    assert torch.equal(lay.unpad(lay.pad(u)), u)
+    # sequences stored longest first, ties in batch order; equal lengths grouped
+    assert lay.order.tolist() == [1, 3, 5, 0, 4, 2]
+    assert lay.lengths.tolist() == [7, 7, 5, 3, 1, 0]
+    assert lay.cu_seqlens.tolist() == [0, 7, 14, 19, 22, 23, 23]
+    assert lay.groups == [(7, 2), (5, 1), (3, 1), (1, 1), (0, 1)]
+    # first and mean tokens come back in batch order
+    assert torch.equal(lay.first_tokens(u)[[0, 1, 3, 4, 5]], x[[0, 1, 3, 4, 5], 0])
+    m = lay.mean_tokens(u)
+    for b in (0, 1, 3, 4, 5):
+        assert torch.allclose(m[b], x[b, :lengths[b]].mean(0))
+
+
+def test_unpad_handles_holes_in_the_mask():
+    """Masks need not be right-padded: tokens keep their padded positions."""
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0], [1, 0, 1, 0]]).bool()
+    x = torch.arange(12.0).view(3, 4)
+    lay = UnpaddedLayout(mask)
+    u = lay.unpad(x)
+    assert sorted(u.tolist()) == sorted(x[mask].tolist())
+    assert torch.equal(lay.pad(u), x * mask)
+
+
+def test_grouped_attention_equals_per_sequence():
+    """One SDPA call per distinct length gives what one call per sequence gives."""
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([4, 9, 4, 2, 9, 9, 1])
+    mask = torch.arange(9)[None] < lengths[:, None]
+    lay = UnpaddedLayout(mask)
+    N, nh, hd = int(lengths.sum()), 3, 8
+    q, k, v = (torch.randn(N, nh, hd, generator=g) for _ in range(3))
+    out, _ = lay.attend(q, k, v, 0.0, False)
+    start = 0
+    for L in lay.lengths.tolist():
+        qs, ks, vs = (t[start:start + L].transpose(0, 1) for t in (q, k, v))   # (nh, L, hd)
+        ref = torch.softmax(qs @ ks.transpose(-1, -2) / hd ** 0.5, -1) @ vs
+        assert (out[start:start + L].transpose(0, 1) - ref).abs().max() <= TOL
+        start += L
