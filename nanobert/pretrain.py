@@ -86,7 +86,7 @@ def common_args(p, steps=1000):
     p.add_argument("--cache-dir", help="where tokenized corpora are cached (default: OUT/cache)")
     p.add_argument("--streaming", action="store_true",
                    help="read the corpus lazily (larger than memory); MLM only")
-    p.add_argument("--attn-backend", choices=["eager", "sdpa", "unpadded"], default="sdpa")
+    p.add_argument("--attn-backend", choices=["eager", "sdpa", "unpadded"], default="unpadded")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -304,7 +304,7 @@ def run_pretrain(args, log=print, make_model=None, loss_fn=None) -> dict:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         tok.save(out)  # the vocabulary, before any checkpoint (resume reads it back)
-        say(f"model: {args.preset if not args.config else args.config}, "
+        say(f"model: {args.config or args.preset or 'student'}, "
             f"{model.num_parameters():,} parameters, task {model.task}; objective {args.objective}, "
             f"mask {args.mask_prob:g} split {split_name(split)}"
             f"{' whole-word' if args.whole_word_mask else ''}; global batch {G} "

@@ -274,8 +274,8 @@ def test_fill_mask_predicts_a_memorised_word(tmp_path, capsys):
     corpus = tmp_path / "facts.txt"
     corpus.write_text("\n".join(lines))
     out = tmp_path / "facts-model"
-    run_pretrain(args_for(corpus, out, steps=150, batch_size=16, seq_len=32, lr=3e-3, dropout=0.0,
-                          eval_every=50, vocab_size=80, mask_prob=0.2), log=lambda *a: None)
+    run_pretrain(args_for(corpus, out, steps=300, batch_size=16, seq_len=32, lr=3e-3, dropout=0.0,
+                          eval_every=100, vocab_size=80, mask_prob=0.2), log=lambda *a: None)
     assert main(["fill-mask", "--model", str(out), "the capital of france is [MASK].",
                  "-k", "3", "--json"]) == 0
     got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

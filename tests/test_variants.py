@@ -72,7 +72,7 @@ def test_finetune_every_family(tmp_path, variant):
     assert main(["finetune", "--task", "classify", "--model", str(tmp_path / "base"),
                  "--train", str(train), "--dev", str(train), "--out", str(out), "--epochs", "30" if variant == "albert" else "12",
                  "--lr", "3e-3", "--batch-size", "8", "--max-length", "16",
-                 "--eval-every", "1000", "--no-progress"]) == 0
+                 "--no-progress"]) == 0
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r["accuracy"] for r in metrics if r["type"] == "eval") == 1.0
     model, tok2, _ = load_finetuned(out)
