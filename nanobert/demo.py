@@ -116,9 +116,9 @@ def demo_args(p):
     p.add_argument("--model", default="minilm")
     p.add_argument("--train", help="your own training file (any classification format)")
     p.add_argument("--dev", help="your own dev file (with --train)")
-    p.add_argument("--n-train", type=int, default=1500, help="tweets to train on")
+    p.add_argument("--n-train", type=int, default=3000, help="tweets to train on")
     p.add_argument("--n-dev", type=int, default=500, help="held-out tweets")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-length", type=int, default=48)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -149,9 +149,12 @@ def demo_cmd(args):
         samples = SAMPLES
         print(f"demo: {len(rows)} tweets about self-driving cars and more ({', '.join(LABELS)}); "
               f"training on {len(train)}, holding out {len(dev)} (seed {args.seed})")
+    # the tweets: evaluate twice an epoch for a few points on the curve; own files: each epoch
+    eval_every = None if args.train else max(1, -(-len(train) // args.batch_size) // 2)
     finetune("classify", args.model, train_path, dev_path, out, epochs=args.epochs, lr=args.lr,
              batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
-             warmup_ratio=0.1, freeze_embeddings=True, group_by_length=True)
+             warmup_ratio=0.1, freeze_embeddings=True, group_by_length=True,
+             eval_every=eval_every)
 
     # the best model, reloaded from disk the way a user would
     model, tok, settings = load_finetuned(out)
