@@ -118,6 +118,20 @@ def _first_content(path: Path) -> tuple:
     raise data_error(path, None, "empty file")
 
 
+def _jsonl_objects(path: Path):
+    """(line number, dict) for each non-blank line of a JSON Lines file."""
+    for n, text in read_lines(path):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise data_error(path, n, f"not valid JSON ({e.msg})")
+        if not isinstance(obj, dict):
+            raise data_error(path, n, "expected a JSON object on each line")
+        yield n, obj
+
+
 def detect_format(path) -> str:
     """'jsonl' | 'json' | 'tsv' | 'csv' | 'msrp' | 'conll', from the file's content."""
     path = Path(path)
@@ -205,15 +219,7 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
     out = []
     if fmt == "jsonl":
         chosen = None
-        for n, text in read_lines(path):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise data_error(path, n, f"not valid JSON ({e.msg})")
-            if not isinstance(obj, dict):
-                raise data_error(path, n, "expected a JSON object on each line")
+        for n, obj in _jsonl_objects(path):
             if chosen is None:
                 chosen = choose_columns(obj.keys(), path, n, **cols)
             for c in (chosen.text, chosen.pair, chosen.label):
@@ -344,14 +350,8 @@ def read_squad(path, require_answers=True) -> list:
         fmt = "json"  # a SQuAD document written on one line
     out = []
     if fmt == "jsonl":
-        for n, text in read_lines(path):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise data_error(path, n, f"not valid JSON ({e.msg})")
-            if not isinstance(obj, dict) or not isinstance(obj.get("question"), str) \
+        for n, obj in _jsonl_objects(path):
+            if not isinstance(obj.get("question"), str) \
                     or not isinstance(obj.get("context"), str):
                 raise data_error(path, n, "expected an object with string fields "
                                  "'question' and 'context'")

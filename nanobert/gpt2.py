@@ -165,24 +165,18 @@ def polarity(labels: Sequence[str], positive: Optional[str] = None) -> dict:
 # BERT side
 
 
-@torch.inference_mode()
 def bert_predict(model, tokenizer, texts, pairs=None, batch_size=64, max_length=128) -> list[str]:
     """Label names a fine-tuned classifier predicts for `texts`."""
-    from .batching import restore_order, sorted_batches
+    from .data import Example
+    from .finetune import predict_classify
     if getattr(model, "task", None) != "classify":
         raise NanobertError(f"{getattr(model, 'source_dir', 'model')}: not a classification "
                             f"model (task {model.task!r}); fine-tune one with `nanobert finetune`")
-    model.eval()
-    device = next(model.parameters()).device
-    pairs = None if pairs is None or all(p is None for p in pairs) else pairs
-    encs = tokenizer.encode_batch(list(texts), pairs, max_length=max_length)
-    batches = sorted_batches([len(e.ids) for e in encs], batch_size)
-    preds = []
-    for idx in batches:
-        batch = {k: v.to(device) for k, v in tokenizer.pad([encs[i] for i in idx]).items()}
-        preds.extend(model(**batch).logits.argmax(-1).tolist())
+    pairs = pairs or [None] * len(texts)
+    examples = [Example(t, p) for t, p in zip(texts, pairs)]
+    probs = predict_classify(model, tokenizer, examples, max_length, batch_size)
     id2label = model.config.id2label or {i: str(i) for i in range(model.config.num_labels)}
-    return [id2label[i] for i in restore_order(batches, preds)]
+    return [id2label[i] for i in probs.argmax(-1).tolist()]
 
 
 def _align_names(predicted: list[str], model_names: list[str], gold_names: set) -> list[str]:

@@ -30,7 +30,7 @@ each family's Hugging Face names when loading and saving.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from typing import Optional
 
 import torch

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from nanobert.cli import main
 from nanobert.corpus import (NSP, SOP, PretrainData, StreamingCorpus, corpus_files, holdout,
