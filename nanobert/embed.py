@@ -98,6 +98,31 @@ def declared_max_length(model_dir) -> Optional[int]:
 
 
 @torch.inference_mode()
+def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
+                    batch_size: int = 64, max_length: Optional[int] = None) -> np.ndarray:
+    """Run the encoder of `model` over `texts` (and `pairs`) in length-sorted batches and
+    return `vector(encoder_output, attention_mask)` (B, H) per batch as one float32 array
+    (n, H), rows in the order of `texts`. The one inference loop of embed and inspect."""
+    encoder = getattr(model, "bert", model)
+    texts = list(texts)
+    if not texts:
+        return np.zeros((0, encoder.config.hidden_size), dtype=np.float32)
+    was_training = encoder.training
+    encoder.eval()
+    device = next(encoder.parameters()).device
+    pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
+    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length)
+    batches = sorted_batches([len(e.ids) for e in encodings], batch_size)
+    outs = []
+    try:
+        for idx in batches:
+            batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
+            outs.append(vector(encoder(**batch), batch["attention_mask"]).float().cpu())
+    finally:
+        encoder.train(was_training)
+    return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)
+
+
 def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None,
            normalize: bool = True, batch_size: int = 64,
            max_length: Optional[int] = None) -> np.ndarray:
@@ -113,26 +138,13 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
         raise NanobertError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
     max_length = max_length or declared_max_length(source) or tokenizer.model_max_length
     max_length = min(max_length, encoder.config.max_position_embeddings)
-    texts = list(texts)
-    if not texts:
-        return np.zeros((0, encoder.config.hidden_size), dtype=np.float32)
-    was_training = encoder.training
-    encoder.eval()
-    device = next(encoder.parameters()).device
-    encodings = tokenizer.encode_batch(texts, max_length=max_length)
-    batches = sorted_batches([len(e.ids) for e in encodings], batch_size)
-    outs = []
-    try:
-        for idx in batches:
-            batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
-            h = encoder(**batch).last_hidden_state                  # (B, T, H)
-            v = pool(h.float(), batch["attention_mask"], pooling)   # (B, H)
-            if normalize:
-                v = torch.nn.functional.normalize(v, dim=-1)
-            outs.append(v.cpu())
-    finally:
-        encoder.train(was_training)
-    return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)
+
+    def vector(out, mask):
+        v = pool(out.last_hidden_state.float(), mask, pooling)      # (B, H)
+        return torch.nn.functional.normalize(v, dim=-1) if normalize else v
+
+    return encoder_vectors(model, tokenizer, texts, vector, batch_size=batch_size,
+                           max_length=max_length)
 
 
 class Encoder:

@@ -22,7 +22,6 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .batching import restore_order, sorted_batches
 from .files import NanobertError, atomic_path
 
 # ----------------------------------------------------------------------------------
@@ -226,37 +225,19 @@ def read_labelled(path, text_column=None, pair_column=None, label_column=None) -
 # t-SNE of sentence vectors
 
 
-@torch.inference_mode()
 def sentence_vectors(model, tokenizer, texts, pairs=None, kind: str = "cls",
                      batch_size: int = 64, max_length: int = 128) -> np.ndarray:
     """(n, H) float32: the final [CLS] hidden state ('cls'), the pooler output
     ('pooled', dense + tanh on [CLS], what the classifier reads) or the mean of the
     real tokens ('mean')."""
-    encoder = getattr(model, "bert", model)
-    was_training = encoder.training
-    encoder.eval()
-    device = next(encoder.parameters()).device
-    pairs = None if pairs is None or all(p is None for p in pairs) else pairs
-    encs = tokenizer.encode_batch(list(texts), pairs, max_length=max_length)
-    batches = sorted_batches([len(e.ids) for e in encs], batch_size)
-    outs = []
-    try:
-        for idx in batches:
-            batch = {k: v.to(device) for k, v in tokenizer.pad([encs[i] for i in idx]).items()}
-            out = encoder(**batch)
-            if kind == "cls":
-                v = out.last_hidden_state[:, 0]
-            elif kind == "pooled":
-                v = out.pooler_output
-            elif kind == "mean":
-                m = batch["attention_mask"].unsqueeze(-1).to(out.last_hidden_state.dtype)
-                v = (out.last_hidden_state * m).sum(1) / m.sum(1)
-            else:
-                raise NanobertError(f"unknown vector kind {kind!r} (cls, pooled, mean)")
-            outs.append(v.float().cpu())
-    finally:
-        encoder.train(was_training)
-    return restore_order(batches, torch.cat(outs)).numpy()
+    from .embed import encoder_vectors, pool
+    if kind not in ("cls", "pooled", "mean"):
+        raise NanobertError(f"unknown vector kind {kind!r} (cls, pooled, mean)")
+
+    def vector(out, mask):
+        return out.pooler_output if kind == "pooled" else pool(out.last_hidden_state, mask, kind)
+
+    return encoder_vectors(model, tokenizer, texts, vector, pairs, batch_size, max_length)
 
 
 def balanced_sample(labels: Sequence[str], n: int, seed: int = 0) -> list[int]:
