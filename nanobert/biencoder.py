@@ -326,3 +326,243 @@ def save_embedding_model(model, tokenizer, out_dir, pooling: str = "mean",
         raise NanobertError(f"an embedding model has no task head (this one has {model.task!r})")
     files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize)
     save_model(model, out_dir, tokenizer=tokenizer, extra_files={**files, **(extra_files or {})})
+
+
+# ----------------------------------------------------------------------------------
+# Training through the one Trainer
+
+
+@dataclass
+class PairTraining:
+    """What a bi-encoder / cross-encoder / regression run needs beyond the trainer's
+    own settings (`nanobert.train.TrainConfig`)."""
+    mode: str = "embed"          # embed | rerank | regress
+    loss: EmbedLoss = None       # embed only; None: chosen from the data
+    batch_size: int = 32
+    max_length: int = 128
+    scored_loss: str = "cosent"  # embed: the loss of scored pairs (cosent | cosine_mse)
+
+
+def regression_loss_fn(model, batch):
+    """MSE of the pooled-[CLS] regression head against the gold scores."""
+    return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                 labels=batch["scores"]).loss
+
+
+def training_parts(tok, rows: list, spec: PairTraining, seed: int) -> tuple:
+    """(batches, loss_fn, loss name) for `Trainer`, from the rows and the mode."""
+    if spec.mode == "embed":
+        loss = spec.loss or EmbedLoss(loss_for_rows(rows, spec.scored_loss))
+        if rows[0].score is None and LOSSES[loss.kind][1]:
+            raise NanobertError(f"the {loss.kind} loss needs scored pairs")
+        scores = scaled_scores(rows, loss.kind) if LOSSES[loss.kind][1] else None
+        batches = RowBatches(tok, rows, spec.max_length, spec.batch_size, seed, scores)
+        return batches, embed_loss_fn(loss), loss.kind
+    if any(len(r.texts) > 2 or r.score is None for r in rows):
+        raise NanobertError(f"{spec.mode} needs rows of one or two texts with a score "
+                            "(text[, text_pair], score) or (query, document, label)")
+    scores = [r.score for r in rows]
+    if spec.mode == "rerank":
+        top = max(scores)
+        if min(scores) < 0 or top <= 0:
+            raise NanobertError("reranking labels must be >= 0 with some > 0 (relevance grades)")
+        scores = [s / top for s in scores]
+    single = len(rows[0].texts) == 1
+    batches = RowBatches(tok, rows, spec.max_length, spec.batch_size, seed, scores, cross=not single)
+    return batches, (rerank_loss_fn() if spec.mode == "rerank" else regression_loss_fn), spec.mode
+
+
+def fit_rows(model, tok, rows: list, spec: PairTraining, cfg, evaluate=None, save=None) -> dict:
+    """Train `model` on `rows` with the shared Trainer (cfg: a TrainConfig)."""
+    from .train import Trainer
+    batches, loss_fn, _ = training_parts(tok, rows, spec, cfg.seed)
+    trainer = Trainer(model, cfg, batches, batches.steps_per_epoch, evaluate=evaluate,
+                      save=save, loss_fn=loss_fn)
+    return trainer.fit()
+
+
+@torch.inference_mode()
+def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64) -> list:
+    """The one logit of a cross-encoder / regression model for each (text, text_pair)
+    (text_pair may be None), in input order."""
+    from .batching import restore_order, sorted_batches
+    if not pairs:
+        return []
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
+    encs = tok.encode_batch([a for a, _ in pairs], second, max_length=max_length)
+    groups = sorted_batches([len(e.ids) for e in encs], batch_size)
+    out = []
+    try:
+        for idx in groups:
+            batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
+            out.append(model(**batch).logits[:, 0].float().cpu())
+    finally:
+        model.train(was_training)
+    return restore_order(groups, torch.cat(out)).tolist()
+
+
+# ----------------------------------------------------------------------------------
+# The fine-tuning tasks' functions (their `Task` records live in nanobert.finetune)
+
+
+def _columns(cols: dict) -> dict:
+    """--text-column / --text-pair-column / --label-column as read_text_rows roles."""
+    names = {"text_column": "text", "pair_column": "pair", "label_column": "score"}
+    return {names[k]: v for k, v in (cols or {}).items() if k in names and v}
+
+
+def read_scored(path, cols=None, require=True) -> list:
+    """Scored texts or pairs (regression): STS files, tables with a score column."""
+    from .data import read_text_rows
+    rows = read_text_rows(path, require_score=require, columns=_columns(cols))
+    if any(len(r.texts) > 2 for r in rows):
+        raise NanobertError(f"{path}: regression takes one text or a pair per row, "
+                            "not triplets")
+    return rows
+
+
+def read_pairs_or_beir(path, cols=None, require=True):
+    """Training / evaluation data of a bi-encoder or a reranker: a BEIR folder (a
+    `Beir`) or a table of rows."""
+    from .data import is_beir_dir, read_beir, read_text_rows
+    if is_beir_dir(path):
+        return read_beir(path, (cols or {}).get("split"))
+    return read_text_rows(path, columns=_columns(cols))
+
+
+def regress_features(tok, rows, settings, label2id=None) -> list:
+    """Token features of scored texts / pairs, the float score as `labels`."""
+    second = [r.texts[1] for r in rows] if len(rows[0].texts) == 2 else None
+    encs = tok.encode_batch([r.texts[0] for r in rows], second, max_length=settings["max_length"])
+    return [{"input_ids": e.ids, "token_type_ids": e.type_ids,
+             **({"labels": float(r.score)} if r.score is not None else {})}
+            for r, e in zip(rows, encs)]
+
+
+def _row_pairs(rows) -> list:
+    return [(r.texts[0], r.texts[1] if len(r.texts) > 1 else None) for r in rows]
+
+
+def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) -> dict:
+    pred = pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
+    gold = [r.score for r in rows]
+    from .retrieval import correlations
+    mse = sum((p - g) ** 2 for p, g in zip(pred, gold)) / len(gold)
+    return {**correlations(gold, pred), "mse": mse}
+
+
+def score_predict(model, tok, rows, settings, batch_size=64) -> list:
+    """{"text"[, "pair"], "score"} per row: the regression output or the reranker's logit."""
+    scores = pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
+    return [{"text": a, **({"pair": b} if b is not None else {}), "score": round(s, 6)}
+            for (a, b), s in zip(_row_pairs(rows), scores)]
+
+
+def score_show(r: dict) -> str:
+    return f"{r['score']:.4f}\t{r['text']}" + (f"\t{r['pair']}" if "pair" in r else "")
+
+
+def text_input(i, value):
+    """One Python input of `Predictor.predict`: a text or a (text, pair) tuple."""
+    from .data import TextRow
+    texts = (value,) if isinstance(value, str) else tuple(value)
+    if not texts or len(texts) > 2 or not all(isinstance(t, str) for t in texts):
+        raise NanobertError(f"input {i}: expected a text or a (text, text_pair) pair")
+    return TextRow(texts)
+
+
+def text_rows_input(path, cols=None) -> list:
+    """`predict --input`: a JSON Lines / TSV / CSV file whose header names a text column
+    (scores ignored), else plain text, one input a line."""
+    from .data import ANCHOR_COLUMNS, TextRow, detect_format, read_lines, read_records, \
+        read_text_rows
+    if detect_format(path) == "jsonl" or (detect_format(path) in ("tsv", "csv") and any(
+            c in read_records(path)[0] for c in ANCHOR_COLUMNS + list(_columns(cols).values()))):
+        return read_text_rows(path, require_score=False, columns=_columns(cols))
+    return [TextRow((t,)) for _, t in read_lines(path) if t.strip()]
+
+
+def rows_as_beir(rows: list):
+    """A retrieval set made of (query, positive[, negative]) rows: each anchor is a
+    query whose one relevant document is its positive; every text of the second and
+    third columns is in the corpus. Used to evaluate on held-out pairs."""
+    from .data import Beir
+    docs, queries, qrels = {}, {}, {}
+    for i, r in enumerate(rows):
+        for t in r.texts[1:]:
+            docs.setdefault(t, ("", t))
+        queries[f"q{i}"] = r.texts[0]
+        qrels[f"q{i}"] = {r.texts[1]: 1}
+    return Beir(docs, queries, qrels, "rows")
+
+
+def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) -> dict:
+    """Scored pairs: Spearman/Pearson of the cosine. A BEIR folder (its held-out
+    queries when `holdout` is set) or (query, positive) rows: nDCG@10, MRR@10, Recall."""
+    from .embed import encode
+    from .retrieval import evaluate_beir, evaluate_sts
+
+    def vectors(texts):
+        return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size,
+                      max_length=settings.get("eval_max_length"))
+    if isinstance(data, list) and data[0].score is not None:
+        return evaluate_sts(vectors, data)
+    beir = data if not isinstance(data, list) else rows_as_beir(data)
+    held = query_split(beir, settings.get("holdout") or 0.0)[1] if beir.split != "rows" else None
+    return evaluate_beir(vectors, beir, query_ids=held or None)
+
+
+def embed_metric(dev) -> str:
+    """The dev metric that picks the best bi-encoder: Spearman on STS, else nDCG@10."""
+    return "spearman" if isinstance(dev, list) and dev[0].score is not None else "ndcg_at_10"
+
+
+def _start_encoder(model, tok, max_length):
+    """The embedding function of the model being trained, before training (mining)."""
+    from .embed import encode
+    return lambda texts: encode(model, tok, texts, "mean", batch_size=64, max_length=max_length)
+
+
+def training_rows(model, tok, data, settings, labelled: bool) -> list:
+    """Rows of a table as they are; a BEIR folder becomes (query, relevant document) rows
+    of its training queries (not the held-out ones), with hard negatives mined by the
+    starting model when asked (`hard_negatives`; a reranker always gets some)."""
+    if isinstance(data, list):
+        return data
+    train_q, _ = query_split(data, settings.get("holdout") or 0.0)
+    n = settings.get("hard_negatives") or (3 if labelled else 0)
+    negatives = None
+    if n:
+        print(f"mining {n} hard negative(s) per query with the starting model", flush=True)
+        negatives = mine_negatives(_start_encoder(model, tok, settings["max_length"]), data,
+                                   train_q, n)
+    return beir_rows(data, train_q, negatives, labelled=labelled)
+
+
+def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -> dict:
+    """(query, document, label) rows: the documents of each query ranked by the model,
+    nDCG@10 / MRR@10 against the labels. A BEIR folder: the retriever's top
+    `rerank_k` per (held-out) query, reranked, then the retrieval metrics."""
+    from .retrieval import evaluate_beir, retrieval_metrics
+
+    def scores(pairs):
+        return pair_scores(model, tok, pairs, settings["max_length"], batch_size)
+    if isinstance(data, list):
+        if data[0].score is None or len(data[0].texts) != 2:
+            raise NanobertError("reranker evaluation needs (query, document, label) rows")
+        pred = scores([tuple(r.texts) for r in data])
+        qids = {}
+        run, qrels = {}, {}
+        for i, (r, s) in enumerate(zip(data, pred)):
+            q = qids.setdefault(r.texts[0], f"q{len(qids)}")
+            run.setdefault(q, {})[f"d{i}"] = s
+            qrels.setdefault(q, {})[f"d{i}"] = int(r.score > 0) if r.score <= 1 else int(r.score)
+        return retrieval_metrics(qrels, run)
+    from .embed import Encoder
+    retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm", batch_size=batch_size)
+    held = query_split(data, settings.get("holdout") or 0.0)[1]
+    return evaluate_beir(retriever.encode, data, query_ids=held or None, rerank=scores,
+                         rerank_k=settings.get("rerank_k") or 100)

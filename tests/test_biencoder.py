@@ -176,3 +176,40 @@ def test_reranker_loads_in_transformers(minilm_dir, tmp_path):
         theirs = hf(**batch).logits
     assert ours.shape == theirs.shape == (2, 1)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+
+def test_task_functions_regression_and_rerank(minilm_dir, tmp_path):
+    model, tok = nanobert.load(minilm_dir, task="regression")
+    rows = [TextRow(("a cat sits", "a cat is sitting"), 4.5, 1), TextRow(("a cat", "stocks fell"), 0.2, 2),
+            TextRow(("he runs", "he is running"), 4.0, 3)]
+    items = E.regress_features(tok, rows, {"max_length": 16})
+    assert items[0]["labels"] == 4.5 and items[0]["token_type_ids"][-1] == 1
+    m = E.regress_evaluate(model, tok, rows, {"max_length": 16})
+    assert set(m) == {"pearson", "spearman", "mse"} and -1 <= m["spearman"] <= 1
+    out = E.score_predict(model, tok, [E.text_input(0, ("a", "b")), E.text_input(1, "c")],
+                          {"max_length": 16})
+    assert out[0]["pair"] == "b" and "pair" not in out[1] and isinstance(out[1]["score"], float)
+    assert E.score_show(out[0]).endswith("\ta\tb")
+    with pytest.raises(NanobertError, match="input 2"):
+        E.text_input(2, ["a", "b", "c"])
+    # a reranker that scores by the regression head: per-query ranking metrics
+    labelled = [TextRow(("q", "relevant text"), 1.0), TextRow(("q", "other"), 0.0),
+                TextRow(("r", "x"), 1.0)]
+    m = E.rerank_evaluate(model, tok, labelled, {"max_length": 16})
+    assert 0 <= m["ndcg_at_10"] <= 1 and m["recall_at_100"] == 1.0
+    lines = tmp_path / "in.txt"
+    lines.write_text("first text\nsecond\n")
+    assert [r.texts for r in E.text_rows_input(lines)] == [("first text",), ("second",)]
+
+
+def test_embed_evaluate_sts_and_pairs(minilm):
+    model, tok = minilm
+    sts = [TextRow(("A man is eating food.", "A man eats something."), 4.2),
+           TextRow(("A man is eating food.", "The stock market fell."), 0.1),
+           TextRow(("A plane takes off.", "An airplane is taking off."), 4.9)]
+    m = E.embed_evaluate(model, tok, sts, {})
+    assert m["spearman"] == pytest.approx(1.0) and E.embed_metric(sts) == "spearman"
+    pairs = [TextRow(("what do cats eat", "Cats eat fish and meat.")),
+             TextRow(("when did the plane leave", "The plane took off at noon."))]
+    m = E.embed_evaluate(model, tok, pairs, {})
+    assert m["mrr_at_10"] == 1.0 and E.embed_metric(pairs) == "ndcg_at_10"
