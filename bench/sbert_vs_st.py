@@ -6,10 +6,10 @@
     regress  STS-B regression on the pooled [CLS] (MSE on the 0-5 scores) against
              sentence-transformers' CrossEncoder with its MSELoss
     scifact  SciFact: 20% of the train-qrels queries held out by a hash of their id;
-             nDCG@10 / MRR@10 / Recall@100 of minilm zero-shot, of nanobert's and
-             sentence-transformers' MNRL fine-tuning on the other 80%, and of a
-             nanobert cross-encoder (trained on those queries with hard negatives mined
-             by zero-shot minilm) reranking the fine-tuned bi-encoder's top 20
+             nDCG@10 / MRR@10 / Recall@100 of minilm zero-shot, after nanobert's MNRL
+             fine-tuning on the other 80%, and with a nanobert cross-encoder (trained
+             on those queries, one hard negative each mined by zero-shot minilm)
+             reranking the fine-tuned bi-encoder's top 20
     speed    training throughput (pairs/s), CoSENT on STS-B, the two trainers in
              alternating rounds; steps after the first of each round are timed
 
@@ -17,7 +17,9 @@ Every part appends one JSON line to bench/results/sbert_vs_st.jsonl. The shared 
 (../shared/data/stsb, ../shared/data/scifact) must exist; otherwise the script says so
 and exits 0.
 
-    OMP_NUM_THREADS=1 nice python bench/sbert_vs_st.py --parts sts,regress,speed,scifact
+    OMP_NUM_THREADS=1 nice python bench/sbert_vs_st.py --parts sts,speed --steps 150
+    OMP_NUM_THREADS=1 nice python bench/sbert_vs_st.py --parts regress --steps 150
+    OMP_NUM_THREADS=1 nice python bench/sbert_vs_st.py --parts scifact --max-length 128
 """
 from __future__ import annotations
 
@@ -217,41 +219,44 @@ def part_speed(args, tmp):
                   median_ratio=statistics.median(r["ratio"] for r in rounds))
 
 
+def beir_run(encode_fn, beir, doc_ids, query_ids):
+    """{query: {doc: score}} top-100 of `encode_fn` (the corpus embedded once)."""
+    doc_vecs = encode_fn([beir.doc_text(d) for d in doc_ids])
+    return R.dense_run(encode_fn([beir.queries[q] for q in query_ids]), query_ids, doc_vecs,
+                       doc_ids, k=100)
+
+
 def part_scifact(args, tmp):
     beir = D.read_beir(args.scifact, "train")
     train_q, held_q = E.query_split(beir, 0.2)
-    zero_model, tok = nanobert.load("minilm", task=None)
-    zero_enc = nb_encoder(zero_model, tok, 256)
+    held_qrels = {q: beir.qrels[q] for q in held_q}
     doc_ids = list(beir.corpus)
-    doc_vecs = zero_enc([beir.doc_text(d) for d in doc_ids])
-    run = R.dense_run(zero_enc([beir.queries[q] for q in beir.qrels]), list(beir.qrels),
-                      doc_vecs, doc_ids, k=100)
-    zero = R.retrieval_metrics({q: beir.qrels[q] for q in held_q}, run)
+    zero_model, tok = nanobert.load("minilm", task=None)
+    run = beir_run(nb_encoder(zero_model, tok, 256), beir, doc_ids, list(beir.qrels))
+    out = {"zero_shot": R.retrieval_metrics(held_qrels, run), "train_queries": len(train_q),
+           "held_out_queries": len(held_q)}
+    record("scifact-zero-shot", **out)
     negatives = {q: [d for d in R.ranking(run[q]) if d not in beir.qrels[q]][:args.negatives]
                  for q in train_q}
     rows = E.beir_rows(beir, train_q)
     spec = E.PairTraining("embed", E.EmbedLoss("mnrl"), args.ir_batch_size, args.max_length)
-    out = {"zero_shot": zero, "train_queries": len(train_q), "held_out_queries": len(held_q),
-           "train_pairs": len(rows)}
     nb, tok, out["nanobert_seconds"] = nb_train(args, None, rows, tmp / "nb_ir", spec,
                                                 epochs=args.ir_epochs)
-    out["nanobert"] = R.evaluate_beir(nb_encoder(nb, tok, 256), beir, query_ids=held_q)
-    if not args.skip_st_scifact:
-        st, _, out["st_seconds"] = st_train_biencoder(args, rows, ["anchor", "positive"], "mnrl",
-                                                      tmp / "st_ir", epochs=args.ir_epochs,
-                                                      batch_size=args.ir_batch_size)
-        st.max_seq_length = 256
-        out["sentence_transformers"] = R.evaluate_beir(st_encoder(st), beir, query_ids=held_q)
+    out["train_pairs"] = len(rows)
+    ft_run = beir_run(nb_encoder(nb, tok, 256), beir, doc_ids, held_q)
+    out["nanobert"] = R.retrieval_metrics(held_qrels, ft_run)
+    record("scifact-finetuned", **out)
     ce_rows = E.beir_rows(beir, train_q, negatives, labelled=True)
-    ce_spec = E.PairTraining("rerank", None, 16, 256)
+    ce_spec = E.PairTraining("rerank", None, 16, args.ce_max_length)
     ce, ce_tok, out["reranker_seconds"] = nb_train(args, "regression", ce_rows, tmp / "nb_ce",
                                                    ce_spec, epochs=1)
     out["reranker_rows"] = len(ce_rows)
-    rerank = lambda pairs: E.pair_scores(ce, ce_tok, pairs, 256)  # noqa: E731
-    out["nanobert_reranked"] = R.evaluate_beir(nb_encoder(nb, tok, 256), beir, query_ids=held_q,
-                                               rerank=rerank, rerank_k=args.rerank_k)
+    rerank = lambda pairs: E.pair_scores(ce, ce_tok, pairs, args.ce_max_length)  # noqa: E731
+    reranked = R.rerank_run(ft_run, rerank, beir.queries, beir.doc_text, args.rerank_k)
+    out["nanobert_reranked"] = R.retrieval_metrics(held_qrels, reranked)
     return record("scifact", lr=args.lr, batch_size=args.ir_batch_size, epochs=args.ir_epochs,
-                  max_length=args.max_length, rerank_k=args.rerank_k, **out)
+                  max_length=args.max_length, ce_max_length=args.ce_max_length,
+                  rerank_k=args.rerank_k, negatives=args.negatives, **out)
 
 
 PARTS = {"sts": part_sts, "regress": part_regress, "speed": part_speed, "scifact": part_scifact}
@@ -263,16 +268,16 @@ def main():
     p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     p.add_argument("--steps", type=int, default=360, help="STS-B steps (360 = one epoch at 16)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=64, help="training (SciFact: use 128)")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--speed-steps", type=int, default=12)
     p.add_argument("--ir-batch-size", type=int, default=32)
     p.add_argument("--ir-epochs", type=int, default=2)
-    p.add_argument("--negatives", type=int, default=3, help="hard negatives per query (reranker)")
+    p.add_argument("--negatives", type=int, default=1, help="hard negatives per query (reranker)")
     p.add_argument("--rerank-k", type=int, default=20)
-    p.add_argument("--skip-st-scifact", action="store_true")
+    p.add_argument("--ce-max-length", type=int, default=192, help="reranker: query + document")
     args = p.parse_args()
     args.stsb, args.scifact = args.data / "stsb", args.data / "scifact"
     if not (args.stsb / "sts-train.csv").is_file() or not (args.scifact / "corpus.jsonl").is_file():

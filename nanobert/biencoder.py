@@ -566,3 +566,40 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     held = query_split(data, settings.get("holdout") or 0.0)[1]
     return evaluate_beir(retriever.encode, data, query_ids=held or None, rerank=scores,
                          rerank_k=settings.get("rerank_k") or 100)
+
+
+class Reranker:
+    """A cross-encoder, ready to score and re-order documents for a query:
+
+        r = Reranker("runs/reranker")
+        r.score("who wrote it?", ["Ada wrote it.", "It rained."])      # [3.1, -4.2]
+        r.rerank("who wrote it?", ["Ada wrote it.", "It rained."])     # [(0, 3.1, 'Ada...'), ...]
+
+    Any model with a one-logit sequence head works (a `finetune --task rerank` output,
+    or a sentence-transformers CrossEncoder directory)."""
+
+    def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None):
+        import nanobert
+        from .checkpoint import resolve
+        self.model, self.tokenizer = nanobert.load(model_dir)
+        if self.model.task not in ("regression", "classify") or self.model.config.num_labels != 1:
+            raise NanobertError(f"{model_dir}: not a cross-encoder (needs a sequence head with "
+                                f"one output; this model's head is {self.model.task or 'none'})")
+        settings = resolve(model_dir) / "nanobert.json"
+        saved = json.loads(settings.read_text("utf-8")) if settings.is_file() else {}
+        self.max_length = max_length or saved.get("max_length") or 512
+        self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
+        self.batch_size = batch_size
+        self.model.eval()
+
+    def score(self, query: str, documents) -> list:
+        """The relevance logit of each document for `query`, in document order."""
+        return pair_scores(self.model, self.tokenizer, [(query, d) for d in documents],
+                           self.max_length, self.batch_size)
+
+    def rerank(self, query: str, documents, k: Optional[int] = None) -> list:
+        """[(index, score, text)] of the documents, most relevant first (top k)."""
+        documents = list(documents)
+        scores = self.score(query, documents)
+        order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
+        return [(i, scores[i], documents[i]) for i in order]
