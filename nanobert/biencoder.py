@@ -188,28 +188,27 @@ def scaled_scores(rows: list, loss: str) -> list:
 
 
 class RowBatches:
-    """Tokenized rows, cut into the batches of an epoch. `columns` mode puts each text
-    in its own sequence (bi-encoder); `cross` mode joins (query, document) into one
-    (cross-encoder)."""
+    """Tokenized rows, cut into the batches of an epoch by `plan(lengths, epoch)` (the
+    fine-tuning batch plan: a seeded shuffle, optionally grouped by length). Bi-encoder
+    rows keep each text in its own sequence; `cross` joins (query, document) into one
+    sequence (cross-encoder, regression)."""
 
-    def __init__(self, tok, rows: list, max_length: int, batch_size: int, seed: int,
-                 scores: Optional[list] = None, cross: bool = False):
-        self.tok, self.batch_size, self.seed, self.cross = tok, batch_size, seed, cross
+    def __init__(self, tok, rows: list, max_length: int, plan, scores: Optional[list] = None,
+                 cross: bool = False):
+        self.tok, self.plan = tok, plan
         if cross:
             self.cols = [tok.encode_batch([r.texts[0] for r in rows], [r.texts[1] for r in rows],
                                           max_length=max_length)]
         else:
             self.cols = [tok.encode_batch([r.texts[c] for r in rows], max_length=max_length)
                          for c in range(len(rows[0].texts))]
+        self.lengths = [max(len(col[i].ids) for col in self.cols) for i in range(len(rows))]
         self.scores = scores
-        self.n = len(rows)
-        self.steps_per_epoch = -(-self.n // batch_size)
+        self.steps_per_epoch = len(plan(self.lengths, 0))
 
     def __call__(self, epoch: int, start: int = 0):
-        from .finetune import epoch_order
-        order = epoch_order(self.n, self.seed, epoch)
-        for b in range(start, self.steps_per_epoch):
-            yield self.collate(order[b * self.batch_size:(b + 1) * self.batch_size])
+        for idx in self.plan(self.lengths, epoch)[start:]:
+            yield self.collate(idx)
 
     def collate(self, idx: list) -> dict:
         encs = [col[i] for col in self.cols for i in idx]          # column by column
@@ -329,56 +328,49 @@ def save_embedding_model(model, tokenizer, out_dir, pooling: str = "mean",
 
 
 # ----------------------------------------------------------------------------------
-# Training through the one Trainer
+# Training through the one Trainer: what the `embed` and `rerank` tasks hand to it
 
 
-@dataclass
-class PairTraining:
-    """What a bi-encoder / cross-encoder / regression run needs beyond the trainer's
-    own settings (`nanobert.train.TrainConfig`)."""
-    mode: str = "embed"          # embed | rerank | regress
-    loss: EmbedLoss = None       # embed only; None: chosen from the data
-    batch_size: int = 32
-    max_length: int = 128
-    scored_loss: str = "cosent"  # embed: the loss of scored pairs (cosent | cosine_mse)
+def embed_trainer(model, tok, data, settings: dict, plan) -> tuple:
+    """(batches, steps per epoch, loss_fn) of a bi-encoder run; the loss follows the
+    data unless `settings["loss"]` names one."""
+    rows = training_rows(model, tok, data, settings, labelled=False)
+    kind = settings.get("loss") or loss_for_rows(rows)
+    needs_scores = LOSSES[kind][1] if kind in LOSSES else False
+    if needs_scores != (rows[0].score is not None):
+        raise NanobertError(f"--loss {kind}: the training rows are "
+                            f"{'scored pairs' if rows[0].score is not None else 'unscored'}; "
+                            f"use {loss_for_rows(rows)}")
+    spec = EmbedLoss(kind, settings.get("pooling") or "mean", settings.get("scale") or 20.0,
+                     settings.get("mini_batch_size"))
+    scores = scaled_scores(rows, kind) if needs_scores else None
+    batches = RowBatches(tok, rows, settings["max_length"], plan, scores)
+    print(f"embed: {len(rows)} training rows of {len(rows[0].texts)} text(s), loss {kind}, "
+          f"{spec.pooling} pooling", flush=True)
+    return batches, batches.steps_per_epoch, embed_loss_fn(spec)
 
 
-def regression_loss_fn(model, batch):
-    """MSE of the pooled-[CLS] regression head against the gold scores."""
-    return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                 labels=batch["scores"]).loss
+def rerank_trainer(model, tok, data, settings: dict, plan) -> tuple:
+    """(batches, steps per epoch, loss_fn) of a cross-encoder run on (query, document,
+    label) rows, or on a BEIR folder's qrels with mined hard negatives."""
+    rows = training_rows(model, tok, data, settings, labelled=True)
+    if any(len(r.texts) != 2 or r.score is None for r in rows):
+        raise NanobertError("a reranker trains on (query, document, label) rows")
+    top = max(r.score for r in rows)
+    if min(r.score for r in rows) < 0 or top <= 0:
+        raise NanobertError("reranking labels must be >= 0, some > 0 (relevance grades)")
+    batches = RowBatches(tok, rows, settings["max_length"], plan, [r.score / top for r in rows],
+                         cross=True)
+    return batches, batches.steps_per_epoch, rerank_loss_fn()
 
 
-def training_parts(tok, rows: list, spec: PairTraining, seed: int) -> tuple:
-    """(batches, loss_fn, loss name) for `Trainer`, from the rows and the mode."""
-    if spec.mode == "embed":
-        loss = spec.loss or EmbedLoss(loss_for_rows(rows, spec.scored_loss))
-        if rows[0].score is None and LOSSES[loss.kind][1]:
-            raise NanobertError(f"the {loss.kind} loss needs scored pairs")
-        scores = scaled_scores(rows, loss.kind) if LOSSES[loss.kind][1] else None
-        batches = RowBatches(tok, rows, spec.max_length, spec.batch_size, seed, scores)
-        return batches, embed_loss_fn(loss), loss.kind
-    if any(len(r.texts) > 2 or r.score is None for r in rows):
-        raise NanobertError(f"{spec.mode} needs rows of one or two texts with a score "
-                            "(text[, text_pair], score) or (query, document, label)")
-    scores = [r.score for r in rows]
-    if spec.mode == "rerank":
-        top = max(scores)
-        if min(scores) < 0 or top <= 0:
-            raise NanobertError("reranking labels must be >= 0 with some > 0 (relevance grades)")
-        scores = [s / top for s in scores]
-    single = len(rows[0].texts) == 1
-    batches = RowBatches(tok, rows, spec.max_length, spec.batch_size, seed, scores, cross=not single)
-    return batches, (rerank_loss_fn() if spec.mode == "rerank" else regression_loss_fn), spec.mode
-
-
-def fit_rows(model, tok, rows: list, spec: PairTraining, cfg, evaluate=None, save=None) -> dict:
-    """Train `model` on `rows` with the shared Trainer (cfg: a TrainConfig)."""
-    from .train import Trainer
-    batches, loss_fn, _ = training_parts(tok, rows, spec, cfg.seed)
-    trainer = Trainer(model, cfg, batches, batches.steps_per_epoch, evaluate=evaluate,
-                      save=save, loss_fn=loss_fn)
-    return trainer.fit()
+def embedding_writer(tok, settings: dict):
+    """save(model, out_dir) of a bi-encoder: HF + sentence-transformers layout + settings."""
+    def save(model, out_dir):
+        save_embedding_model(model, tok, out_dir, settings.get("pooling") or "mean",
+                             settings["max_length"], extra_files={
+                                 "nanobert.json": json.dumps(settings, indent=2) + "\n"})
+    return save
 
 
 @torch.inference_mode()
@@ -429,8 +421,18 @@ def read_pairs_or_beir(path, cols=None, require=True):
     `Beir`) or a table of rows."""
     from .data import is_beir_dir, read_beir, read_text_rows
     if is_beir_dir(path):
-        return read_beir(path, (cols or {}).get("split"))
+        return read_beir(path)
     return read_text_rows(path, columns=_columns(cols))
+
+
+def beir_split(beir, settings: dict, training: bool):
+    """The judgements a run uses: `split` when given; else the train split for training,
+    and for evaluation when queries are held out of it; else the folder's default."""
+    from .data import beir_splits
+    split = settings.get("split")
+    if not split and (training or settings.get("holdout")) and "train" in beir_splits(beir.root):
+        split = "train"
+    return beir.select(split)
 
 
 def regress_features(tok, rows, settings, label2id=None) -> list:
@@ -510,8 +512,10 @@ def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) ->
                       max_length=settings.get("eval_max_length"))
     if isinstance(data, list) and data[0].score is not None:
         return evaluate_sts(vectors, data)
-    beir = data if not isinstance(data, list) else rows_as_beir(data)
-    held = query_split(beir, settings.get("holdout") or 0.0)[1] if beir.split != "rows" else None
+    if isinstance(data, list):
+        return evaluate_beir(vectors, rows_as_beir(data))
+    beir = beir_split(data, settings, training=False)
+    held = query_split(beir, settings.get("holdout") or 0.0)[1]
     return evaluate_beir(vectors, beir, query_ids=held or None)
 
 
@@ -532,6 +536,7 @@ def training_rows(model, tok, data, settings, labelled: bool) -> list:
     starting model when asked (`hard_negatives`; a reranker always gets some)."""
     if isinstance(data, list):
         return data
+    data = beir_split(data, settings, training=True)
     train_q, _ = query_split(data, settings.get("holdout") or 0.0)
     n = settings.get("hard_negatives") or (3 if labelled else 0)
     negatives = None
@@ -563,6 +568,7 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
         return retrieval_metrics(qrels, run)
     from .embed import Encoder
     retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm", batch_size=batch_size)
+    data = beir_split(data, settings, training=False)
     held = query_split(data, settings.get("holdout") or 0.0)[1]
     return evaluate_beir(retriever.encode, data, query_ids=held or None, rerank=scores,
                          rerank_k=settings.get("rerank_k") or 100)

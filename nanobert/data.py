@@ -536,11 +536,26 @@ class Beir:
     queries: dict  # query id -> text
     qrels: dict    # query id -> {doc id: relevance (int)}
     split: str = ""
+    root: Optional[Path] = None
 
     def doc_text(self, doc_id) -> str:
         """What gets embedded for a document: title, a space, the text (as BEIR does)."""
         title, text = self.corpus[doc_id]
         return f"{title} {text}".strip() if title else text.strip()
+
+    def __len__(self) -> int:
+        return len(self.qrels)
+
+    def select(self, split: Optional[str]) -> "Beir":
+        """The same corpus and queries with the judgements of another split (None: this one)."""
+        if not split or split == self.split:
+            return self
+        splits = beir_splits(self.root)
+        if split not in splits:
+            raise NanobertError(f"{self.root}: no qrels for split {split!r} "
+                                f"(available: {', '.join(splits)})")
+        qrels = read_qrels(self.root / "qrels" / f"{split}.tsv", self.queries)
+        return Beir(self.corpus, self.queries, qrels, split, self.root)
 
 
 BEIR_SPLIT_PREFERENCE = ("test", "dev", "validation", "train")
@@ -609,4 +624,4 @@ def read_beir(root, split: Optional[str] = None) -> Beir:
         raise NanobertError(f"{root}: no qrels for split {split!r} (available: {', '.join(splits)})")
     corpus = _read_beir_jsonl(root / "corpus.jsonl", ("title", "text"))
     queries = _read_beir_jsonl(root / "queries.jsonl", ("text",))
-    return Beir(corpus, queries, read_qrels(root / "qrels" / f"{split}.tsv", queries), split)
+    return Beir(corpus, queries, read_qrels(root / "qrels" / f"{split}.tsv", queries), split, root)

@@ -113,12 +113,14 @@ def test_row_batches_and_loss_choice(minilm):
     _, tok = minilm
     rows = [TextRow((f"anchor {i}", f"positive number {i}", "neg")) for i in range(5)]
     assert E.loss_for_rows(rows) == "mnrl"
-    batches = E.RowBatches(tok, rows, 16, batch_size=2, seed=0)
+    plan = lambda lengths, epoch: [[4, 0], [1, 3], [2]] if epoch == 0 else [[0, 1, 2, 3, 4]]  # noqa: E731
+    batches = E.RowBatches(tok, rows, 16, plan)
     got = list(batches(0))
-    assert batches.steps_per_epoch == 3 and len(got) == 3
+    assert batches.steps_per_epoch == 3 and len(got) == 3 and len(list(batches(1))) == 1
     b = got[0]
     assert b["input_ids"].shape[0] == 2 and b["rest_input_ids"].shape[0] == 4
     assert b["input_ids"].shape[1] == b["rest_input_ids"].shape[1]
+    assert tok.decode(b["input_ids"][0]) == "anchor 4" and tok.decode(b["rest_input_ids"][0]) == "positive number 4"
     assert list(batches(0, 2))[0]["input_ids"].tolist() == got[2]["input_ids"].tolist()
     scored = [TextRow(("a", "b"), 4.0), TextRow(("c", "d"), 2.0)]
     assert E.loss_for_rows(scored) == "cosent"

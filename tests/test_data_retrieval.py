@@ -87,6 +87,10 @@ def test_beir_folder(tmp_path):
     _write(root / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq2\td1\t1\n")
     assert D.beir_splits(root) == ["test", "train"] and D.read_beir(root).split == "test"
     assert D.read_beir(root, "train").split == "train"
+    other = D.read_beir(root).select("train")
+    assert other.split == "train" and len(other) == 2 and other.doc_text("d1") == "T one"
+    with pytest.raises(NanobertError, match="no qrels for split 'dev'"):
+        D.read_beir(root).select("dev")
     with pytest.raises(NanobertError, match=r"no qrels for split 'dev' \(available: test, train\)"):
         D.read_beir(root, "dev")
     with pytest.raises(NanobertError, match="not a BEIR folder"):
