@@ -44,7 +44,8 @@ from nanobert import data as D  # noqa: E402
 from nanobert import retrieval as R  # noqa: E402
 from nanobert.checkpoint import resolve  # noqa: E402
 from nanobert.embed import encode  # noqa: E402
-from nanobert.train import TrainConfig, read_metrics  # noqa: E402
+from nanobert.finetune import epoch_batches  # noqa: E402
+from nanobert.train import TrainConfig, Trainer, read_metrics  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "sbert_vs_st.jsonl"
 
@@ -77,14 +78,36 @@ def nb_pairs_per_s(out, batch_size) -> float:
     return (len(recs) - 1) * batch_size / (recs[-1]["elapsed"] - recs[0]["elapsed"])
 
 
-def nb_train(args, task, rows, out, spec, steps=None, epochs=1):
-    model, tok = nanobert.load("minilm", task=task)
-    if task is not None:
+def nb_parts(mode, tok, rows, spec, plan):
+    """(batches, loss_fn) of a run: the pieces `finetune --task embed|rerank|regress`
+    hands to the Trainer (the same batches for the same seed, the same losses)."""
+    if mode == "embed":
+        scores = [r.score for r in rows] if spec["loss"] == "cosent" else None
+        batches = E.RowBatches(tok, rows, spec["max_length"], plan, scores)
+        return batches, E.embed_loss_fn(E.EmbedLoss(spec["loss"]))
+    top = max(r.score for r in rows) if mode == "rerank" else 1.0
+    batches = E.RowBatches(tok, rows, spec["max_length"], plan, [r.score / top for r in rows],
+                           cross=True)
+    if mode == "rerank":
+        return batches, E.rerank_loss_fn()
+    return batches, lambda m, b: m(b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                                   labels=b["scores"]).loss
+
+
+def nb_train(args, head, rows, out, spec, steps=None, epochs=1):
+    """Train minilm (with `head`) on `rows` through nanobert's Trainer."""
+    model, tok = nanobert.load("minilm", head=head)
+    if head is not None:
         torch.manual_seed(args.seed)
         torch.nn.init.normal_(model.classifier.weight, std=0.02)
         torch.nn.init.zeros_(model.classifier.bias)
+
+    def plan(lengths, epoch):
+        return epoch_batches(lengths, spec["batch_size"], args.seed, epoch)
+    batches, loss_fn = nb_parts(spec["mode"], tok, rows, spec, plan)
     t0 = time.time()
-    E.fit_rows(model, tok, rows, spec, nb_config(args, out, steps, epochs))
+    Trainer(model, nb_config(args, out, steps, epochs), batches, batches.steps_per_epoch,
+            loss_fn=loss_fn).fit()
     return model.eval(), tok, time.time() - t0
 
 
@@ -169,9 +192,10 @@ def st_encoder(model):
 
 def part_sts(args, tmp):
     train, dev = (D.read_text_rows(args.stsb / f) for f in ("sts-train.csv", "sts-dev.csv"))
-    zero_model, tok = nanobert.load("minilm", task=None)
+    zero_model, tok = nanobert.load("minilm", head=None)
     zero = R.evaluate_sts(nb_encoder(zero_model, tok, 256), dev)
-    spec = E.PairTraining("embed", E.EmbedLoss("cosent"), args.batch_size, args.max_length)
+    spec = {"mode": "embed", "loss": "cosent", "batch_size": args.batch_size,
+            "max_length": args.max_length}
     nb, tok, nb_s = nb_train(args, None, train, tmp / "nb_sts", spec, steps=args.steps)
     nb_m = R.evaluate_sts(nb_encoder(nb, tok, args.max_length), dev)
     st, timer, st_s = st_train_biencoder(args, train, ["sentence1", "sentence2"], "cosent",
@@ -186,11 +210,11 @@ def part_sts(args, tmp):
 
 def part_regress(args, tmp):
     train, dev = (D.read_text_rows(args.stsb / f) for f in ("sts-train.csv", "sts-dev.csv"))
-    spec = E.PairTraining("regress", None, args.batch_size, args.max_length)
+    spec = {"mode": "regress", "batch_size": args.batch_size, "max_length": args.max_length}
     nb, tok, nb_s = nb_train(args, "regression", train, tmp / "nb_reg", spec, steps=args.steps)
     pairs = [tuple(r.texts) for r in dev]
     gold = [r.score for r in dev]
-    nb_m = R.correlations(gold, E.pair_scores(nb, tok, pairs, args.max_length))
+    nb_m = R.correlations(gold, R.pair_scores(nb, tok, pairs, args.max_length))
     st, timer, st_s = st_train_regression(args, train, tmp / "st_reg", steps=args.steps)
     st_pred = st.predict(pairs, batch_size=64, activation_fn=torch.nn.Identity())
     st_m = R.correlations(gold, np.asarray(st_pred).ravel())
@@ -203,7 +227,8 @@ def part_regress(args, tmp):
 
 def part_speed(args, tmp):
     train = D.read_text_rows(args.stsb / "sts-train.csv")
-    spec = E.PairTraining("embed", E.EmbedLoss("cosent"), args.batch_size, args.max_length)
+    spec = {"mode": "embed", "loss": "cosent", "batch_size": args.batch_size,
+            "max_length": args.max_length}
     rounds = []
     for r in range(args.rounds):
         args.seed += 1  # other batches each round, the same for both sides
@@ -231,30 +256,31 @@ def part_scifact(args, tmp):
     train_q, held_q = E.query_split(beir, 0.2)
     held_qrels = {q: beir.qrels[q] for q in held_q}
     doc_ids = list(beir.corpus)
-    zero_model, tok = nanobert.load("minilm", task=None)
-    run = beir_run(nb_encoder(zero_model, tok, 256), beir, doc_ids, list(beir.qrels))
+    zero_model, tok = nanobert.load("minilm", head=None)
+    run = beir_run(nb_encoder(zero_model, tok, args.eval_max_length), beir, doc_ids, list(beir.qrels))
     out = {"zero_shot": R.retrieval_metrics(held_qrels, run), "train_queries": len(train_q),
            "held_out_queries": len(held_q)}
     record("scifact-zero-shot", **out)
     negatives = {q: [d for d in R.ranking(run[q]) if d not in beir.qrels[q]][:args.negatives]
                  for q in train_q}
     rows = E.beir_rows(beir, train_q)
-    spec = E.PairTraining("embed", E.EmbedLoss("mnrl"), args.ir_batch_size, args.max_length)
+    spec = {"mode": "embed", "loss": "mnrl", "batch_size": args.ir_batch_size,
+            "max_length": args.max_length}
     nb, tok, out["nanobert_seconds"] = nb_train(args, None, rows, tmp / "nb_ir", spec,
                                                 epochs=args.ir_epochs)
     out["train_pairs"] = len(rows)
-    ft_run = beir_run(nb_encoder(nb, tok, 256), beir, doc_ids, held_q)
+    ft_run = beir_run(nb_encoder(nb, tok, args.eval_max_length), beir, doc_ids, held_q)
     out["nanobert"] = R.retrieval_metrics(held_qrels, ft_run)
     record("scifact-finetuned", **out)
     ce_rows = E.beir_rows(beir, train_q, negatives, labelled=True)
-    ce_spec = E.PairTraining("rerank", None, 16, args.ce_max_length)
+    ce_spec = {"mode": "rerank", "batch_size": 16, "max_length": args.ce_max_length}
     ce, ce_tok, out["reranker_seconds"] = nb_train(args, "regression", ce_rows, tmp / "nb_ce",
                                                    ce_spec, epochs=1)
     out["reranker_rows"] = len(ce_rows)
-    rerank = lambda pairs: E.pair_scores(ce, ce_tok, pairs, args.ce_max_length)  # noqa: E731
+    rerank = lambda pairs: R.pair_scores(ce, ce_tok, pairs, args.ce_max_length)  # noqa: E731
     reranked = R.rerank_run(ft_run, rerank, beir.queries, beir.doc_text, args.rerank_k)
     out["nanobert_reranked"] = R.retrieval_metrics(held_qrels, reranked)
-    return record("scifact", lr=args.lr, batch_size=args.ir_batch_size, epochs=args.ir_epochs,
+    return record("scifact", eval_max_length=args.eval_max_length, lr=args.lr, batch_size=args.ir_batch_size, epochs=args.ir_epochs,
                   max_length=args.max_length, ce_max_length=args.ce_max_length,
                   rerank_k=args.rerank_k, negatives=args.negatives, **out)
 
@@ -277,6 +303,7 @@ def main():
     p.add_argument("--ir-epochs", type=int, default=2)
     p.add_argument("--negatives", type=int, default=1, help="hard negatives per query (reranker)")
     p.add_argument("--rerank-k", type=int, default=20)
+    p.add_argument("--eval-max-length", type=int, default=256, help="SciFact: tokens per text when embedding")
     p.add_argument("--ce-max-length", type=int, default=192, help="reranker: query + document")
     args = p.parse_args()
     args.stsb, args.scifact = args.data / "stsb", args.data / "scifact"

@@ -8,6 +8,8 @@ transformers' pipelines:
     enc.encode("A sentence.")                            # (384,)
     enc.encode(["one", "two"], batch_size=32)            # (2, 384)
     enc.search("a query", ["doc one", "doc two"], k=1)   # [(index, score, text)]
+    rr = nanobert.Reranker("runs/reranker")              # a cross-encoder `finetune` wrote
+    enc.search("a query", docs, k=5, rerank=rr)          # top 100 by cosine, reranked
 
     clf = nanobert.Predictor("runs/sst2")                # a directory `finetune` wrote
     clf.predict("a gripping film")                       # {'label', 'probability', 'text'}
@@ -23,6 +25,7 @@ from .files import NanobertError
 from .finetune import FinetuneConfig, Predictor, finetune
 from .model import PRESETS, Bert, BertConfig, BertModel, preset
 from .pretrain import PretrainConfig, run_pretrain
+from .retrieval import Reranker
 from .tokenizer import Tokenizer
 from .train import TrainConfig
 
@@ -38,5 +41,5 @@ def load(name_or_dir, head="auto", **config_overrides):
 
 
 __all__ = ["Bert", "BertConfig", "BertModel", "Encoder", "FinetuneConfig", "NanobertError",
-           "PRESETS", "Predictor", "PretrainConfig", "Tokenizer", "TrainConfig", "finetune",
+           "PRESETS", "Predictor", "PretrainConfig", "Reranker", "Tokenizer", "TrainConfig", "finetune",
            "load", "preset", "run_pretrain"]

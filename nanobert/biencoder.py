@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import retrieval as R
+from .config import Config, at_least, fraction, param, positive
 from .files import NanobertError
 
 POOLINGS = ("mean", "cls")
@@ -331,6 +333,33 @@ def save_embedding_model(model, tokenizer, out_dir, pooling: str = "mean",
 # Training through the one Trainer: what the `embed` and `rerank` tasks hand to it
 
 
+@dataclass
+class RetrievalConfig(Config):
+    """The settings of the embed and rerank tasks (flags of `nanobert finetune`; the
+    BEIR ones also of `nanobert evaluate`)."""
+    loss: Optional[str] = param(None, "embed: the loss (default: from the data: mnrl for "
+                                "pairs, triplets and BEIR folders, cosent for scored pairs)",
+                                choices=("mnrl", "cosent", "cosine_mse"))
+    pooling: str = param("mean", "embed: how token vectors become the sentence vector",
+                         choices=POOLINGS)
+    scale: float = param(20.0, "embed: inverse temperature of the cosine (MNRL, CoSENT)",
+                         positive())
+    mini_batch_size: Optional[int] = param(
+        None, "embed: gradient caching, rows embedded at a time (the loss still sees the "
+        "whole --batch-size, in-batch negatives included)", at_least(1))
+    hard_negatives: int = param(0, "BEIR training: hard negatives per query, mined with the "
+                                "starting model (rerank: 3 when 0)", at_least(0))
+    holdout: float = param(0.0, "BEIR: fraction of the judged queries held out (by a hash of "
+                           "the query id): not trained on, the only ones evaluated",
+                           fraction(open_hi=True))
+    split: Optional[str] = param(None, "BEIR: the qrels split (default: train for training; "
+                                 "else test, dev, validation, train, whichever exists)")
+    retriever: str = param("minilm", "rerank on a BEIR folder: the embedding model that "
+                           "retrieves the candidates")
+    rerank_k: int = param(100, "rerank on a BEIR folder: candidates reranked per query",
+                          at_least(1))
+
+
 def embed_trainer(model, tok, data, settings: dict, plan) -> tuple:
     """(batches, steps per epoch, loss_fn) of a bi-encoder run; the loss follows the
     data unless `settings["loss"]` names one."""
@@ -373,29 +402,6 @@ def embedding_writer(tok, settings: dict):
     return save
 
 
-@torch.inference_mode()
-def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64) -> list:
-    """The one logit of a cross-encoder / regression model for each (text, text_pair)
-    (text_pair may be None), in input order."""
-    from .batching import restore_order, sorted_batches
-    if not pairs:
-        return []
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
-    encs = tok.encode_batch([a for a, _ in pairs], second, max_length=max_length)
-    groups = sorted_batches([len(e.ids) for e in encs], batch_size)
-    out = []
-    try:
-        for idx in groups:
-            batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
-            out.append(model(**batch).logits[:, 0].float().cpu())
-    finally:
-        model.train(was_training)
-    return restore_order(groups, torch.cat(out)).tolist()
-
-
 # ----------------------------------------------------------------------------------
 # The fine-tuning tasks' functions (their `Task` records live in nanobert.finetune)
 
@@ -404,6 +410,15 @@ def _columns(cols: dict) -> dict:
     """--text-column / --text-pair-column / --label-column as read_text_rows roles."""
     names = {"text_column": "text", "pair_column": "pair", "label_column": "score"}
     return {names[k]: v for k, v in (cols or {}).items() if k in names and v}
+
+
+def looks_like_scores(labels: list) -> bool:
+    """Are these classification labels really scores (some number with a fraction)?"""
+    try:
+        values = [float(x) for x in labels]
+    except ValueError:
+        return False
+    return any(not v.is_integer() for v in values)
 
 
 def read_scored(path, cols=None, require=True) -> list:
@@ -449,7 +464,7 @@ def _row_pairs(rows) -> list:
 
 
 def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) -> dict:
-    pred = pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
+    pred = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
     gold = [r.score for r in rows]
     from .retrieval import correlations
     mse = sum((p - g) ** 2 for p, g in zip(pred, gold)) / len(gold)
@@ -458,7 +473,7 @@ def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) 
 
 def score_predict(model, tok, rows, settings, batch_size=64) -> list:
     """{"text"[, "pair"], "score"} per row: the regression output or the reranker's logit."""
-    scores = pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
+    scores = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
     return [{"text": a, **({"pair": b} if b is not None else {}), "score": round(s, 6)}
             for (a, b), s in zip(_row_pairs(rows), scores)]
 
@@ -479,9 +494,10 @@ def text_input(i, value):
 def text_rows_input(path, cols=None) -> list:
     """`predict --input`: a JSON Lines / TSV / CSV file whose header names a text column
     (scores ignored), else plain text, one input a line."""
-    from .data import ANCHOR_COLUMNS, TextRow, detect_format, read_lines, read_records, \
-        read_text_rows
-    if detect_format(path) == "jsonl" or (detect_format(path) in ("tsv", "csv") and any(
+    from .data import ANCHOR_COLUMNS, TextRow, detect_format, is_sts_original, read_lines, \
+        read_records, read_text_rows
+    fmt = detect_format(path)
+    if fmt == "jsonl" or (fmt == "tsv" and is_sts_original(path)) or (fmt in ("tsv", "csv") and any(
             c in read_records(path)[0] for c in ANCHOR_COLUMNS + list(_columns(cols).values()))):
         return read_text_rows(path, require_score=False, columns=_columns(cols))
     return [TextRow((t,)) for _, t in read_lines(path) if t.strip()]
@@ -519,6 +535,35 @@ def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) ->
     return evaluate_beir(vectors, beir, query_ids=held or None)
 
 
+EMBED_SETTINGS = ("pooling", "loss", "scale", "mini_batch_size", "hard_negatives", "holdout",
+                  "split")
+RERANK_SETTINGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k")
+
+
+def embed_predict(model, tok, rows, settings, batch_size=64) -> list:
+    """Pairs: {"text", "pair", "cosine"}; single texts: {"text", "embedding"}."""
+    from .embed import encode
+
+    def vectors(texts):
+        return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size)
+    a = vectors([r.texts[0] for r in rows])
+    if all(len(r.texts) == 1 for r in rows):
+        return [{"text": r.texts[0], "embedding": [round(float(x), 6) for x in v]}
+                for r, v in zip(rows, a)]
+    if any(len(r.texts) != 2 for r in rows):
+        raise NanobertError("give all inputs as single texts, or all as (text, text_pair)")
+    b = vectors([r.texts[1] for r in rows])
+    return [{"text": r.texts[0], "pair": r.texts[1], "cosine": round(float(u @ v), 6)}
+            for r, u, v in zip(rows, a, b)]
+
+
+def embed_show(r: dict) -> str:
+    if "cosine" in r:
+        return f"{r['cosine']:.4f}\t{r['text']}\t{r['pair']}"
+    shown = " ".join(f"{x:.4f}" for x in r["embedding"][:4])
+    return f"[{shown} ... ({len(r['embedding'])} dims)]\t{r['text']}"
+
+
 def embed_metric(dev) -> str:
     """The dev metric that picks the best bi-encoder: Spearman on STS, else nDCG@10."""
     return "spearman" if isinstance(dev, list) and dev[0].score is not None else "ndcg_at_10"
@@ -554,7 +599,7 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     from .retrieval import evaluate_beir, retrieval_metrics
 
     def scores(pairs):
-        return pair_scores(model, tok, pairs, settings["max_length"], batch_size)
+        return R.pair_scores(model, tok, pairs, settings["max_length"], batch_size)
     if isinstance(data, list):
         if data[0].score is None or len(data[0].texts) != 2:
             raise NanobertError("reranker evaluation needs (query, document, label) rows")
@@ -574,38 +619,15 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
                          rerank_k=settings.get("rerank_k") or 100)
 
 
-class Reranker:
-    """A cross-encoder, ready to score and re-order documents for a query:
+EVALUATE_FLAGS = ("holdout", "split", "retriever", "rerank_k")
 
-        r = Reranker("runs/reranker")
-        r.score("who wrote it?", ["Ada wrote it.", "It rained."])      # [3.1, -4.2]
-        r.rerank("who wrote it?", ["Ada wrote it.", "It rained."])     # [(0, 3.1, 'Ada...'), ...]
 
-    Any model with a one-logit sequence head works (a `finetune --task rerank` output,
-    or a sentence-transformers CrossEncoder directory)."""
+def evaluate_flags(p):
+    """`nanobert evaluate`'s BEIR flags; unset ones keep what the model was trained with."""
+    from .config import add_flags
+    skip = [n for n in RetrievalConfig.__dataclass_fields__ if n not in EVALUATE_FLAGS]
+    add_flags(p, RetrievalConfig, skip=skip, **dict.fromkeys(EVALUATE_FLAGS))
 
-    def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None):
-        import nanobert
-        from .checkpoint import resolve
-        self.model, self.tokenizer = nanobert.load(model_dir)
-        if self.model.task not in ("regression", "classify") or self.model.config.num_labels != 1:
-            raise NanobertError(f"{model_dir}: not a cross-encoder (needs a sequence head with "
-                                f"one output; this model's head is {self.model.task or 'none'})")
-        settings = resolve(model_dir) / "nanobert.json"
-        saved = json.loads(settings.read_text("utf-8")) if settings.is_file() else {}
-        self.max_length = max_length or saved.get("max_length") or 512
-        self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
-        self.batch_size = batch_size
-        self.model.eval()
 
-    def score(self, query: str, documents) -> list:
-        """The relevance logit of each document for `query`, in document order."""
-        return pair_scores(self.model, self.tokenizer, [(query, d) for d in documents],
-                           self.max_length, self.batch_size)
-
-    def rerank(self, query: str, documents, k: Optional[int] = None) -> list:
-        """[(index, score, text)] of the documents, most relevant first (top k)."""
-        documents = list(documents)
-        scores = self.score(query, documents)
-        order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
-        return [(i, scores[i], documents[i]) for i in order]
+def evaluate_overrides(args) -> dict:
+    return {k: getattr(args, k) for k in EVALUATE_FLAGS if getattr(args, k, None) is not None}

@@ -218,10 +218,15 @@ class Encoder:
             parts.append(h.hexdigest())
         return "|".join(parts)
 
-    def search(self, query, corpus, k: int = 5, corpus_embeddings=None):
+    def search(self, query, corpus, k: int = 5, corpus_embeddings=None, rerank=None,
+               rerank_k: int = 100):
         """Top-k corpus entries for one query (str) or several (list of str):
         [(index, score, text)] per query, best first. `corpus` is a list of texts or a
-        file path (then the embeddings are cached beside it)."""
+        file path (then the embeddings are cached beside it). `rerank`, a cross-encoder
+        (`nanobert.Reranker`), re-scores the `rerank_k` nearest entries and keeps k."""
+        if rerank is not None:
+            first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
+            return rerank.rerank_hits(query, first, k)
         if isinstance(corpus, (str, Path)):
             texts, corpus_embeddings = corpus_embeddings_cached(self, corpus)
         else:
@@ -268,9 +273,9 @@ def read_texts(path) -> list[str]:
     if not lines:
         raise NanobertError(f"{path}: empty file (no sentences)")
     if path.suffix.lower() in LABELLED_SUFFIXES or lines[0].split("\t")[:2] == ["Quality", "#1 ID"]:
-        from .finetune import read_labelled
-        ex = read_labelled(path)
-        return [t if p is None else f"{t} {p}" for t, p in zip(ex["texts"], ex["pairs"])]
+        from .data import read_classification  # (not finetune: it imports the embed tasks)
+        return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}"
+                for e in read_classification(path)]
     return lines
 
 
@@ -361,13 +366,20 @@ def search_args(p):
                    help="query text (repeat for several queries)")
     p.add_argument("-k", type=checked(int, at_least(1), "-k"), default=5, help="how many results")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder (`finetune --task "
+                   "rerank`) that re-scores the nearest --rerank-k lines")
+    p.add_argument("--rerank-k", type=checked(int, at_least(1), "--rerank-k"), default=100,
+                   help="with --rerank: how many nearest lines to re-score")
 
 
 def search_cmd(args):
-    """Cosine semantic search: the k corpus lines closest to a query."""
+    """Cosine semantic search: the k corpus lines closest to a query (optionally reranked)."""
+    from .retrieval import Reranker
     enc = _encoder(args)
     texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True)
-    results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb)
+    reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
+    results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb, rerank=reranker,
+                         rerank_k=args.rerank_k)
     if args.json:
         print(json.dumps([{"query": q, "hits": [{"index": i, "score": round(s, 6), "text": t}
                                                 for i, s, t in hits]}

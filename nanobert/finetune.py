@@ -35,6 +35,7 @@ from typing import Callable, Optional
 
 import torch
 
+from . import biencoder as B
 from . import data as D
 from .batching import pad_rows, sorted_batches
 from .config import Config, at_least, param
@@ -268,7 +269,11 @@ def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) ->
 
 
 def classify_labels(train) -> list:
-    return D.label_set(train)
+    labels = D.label_set(train)
+    if B.looks_like_scores(labels):
+        raise NanobertError(f"the labels look like scores ({', '.join(labels[:4])}, ...): "
+                            "use --task regress for a score, --task classify for classes")
+    return labels
 
 
 def ner_labels(train) -> list:
@@ -413,10 +418,14 @@ class Task:
         inputs(path, columns) -> examples of a `predict --input` file
         make_input(index, python value) -> one example (`Predictor.predict`)
         predict(model, tok, examples, settings, batch_size) -> one JSON-able dict each
-        show(result dict) -> the line(s) `predict` prints"""
+        show(result dict) -> the line(s) `predict` prints
+    Tasks whose batches are not (features -> collate -> the head's loss) give instead
+        trainer(model, tok, train examples, settings, plan) -> (batches, steps per
+            epoch, loss_fn); plan(lengths, epoch) is the epoch's batch plan
+        writer(tok, settings) -> save(model, out_dir)"""
     name: str
-    head: str                      # the model head (nanobert.model.HEADS)
-    metric: str                    # dev metric that picks the best model ...
+    head: Optional[str]            # the model head (nanobert.model.HEADS); None: bare encoder
+    metric: object                 # dev metric that picks the best model (or metric(dev)) ...
     max_length: int                # default --max-length
     read: Callable
     labels: Optional[Callable]
@@ -430,6 +439,8 @@ class Task:
     greater_is_better: bool = True  # ... and which way is better
     saved_settings: tuple = ()      # FinetuneConfig fields saved in nanobert.json
     help: str = ""
+    trainer: Optional[Callable] = None
+    writer: Optional[Callable] = None
 
 
 TASKS = {t.name: t for t in [
@@ -450,6 +461,22 @@ TASKS = {t.name: t for t in [
          inputs=qa_inputs, make_input=qa_input, predict=qa_predict, show=qa_show,
          saved_settings=("doc_stride", "max_answer_length", "n_best"),
          help="an answer span in a context, SQuAD files (exact match, F1)"),
+    Task("regress", "regression", "spearman", 128, read=B.read_scored, labels=None,
+         features=B.regress_features, check=None, evaluate=B.regress_evaluate,
+         inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
+         show=B.score_show,
+         help="a score per text or text pair, MSE on the pooled [CLS] (Pearson, Spearman)"),
+    Task("embed", None, B.embed_metric, 128, read=B.read_pairs_or_beir, labels=None,
+         features=None, check=None, evaluate=B.embed_evaluate, inputs=B.text_rows_input,
+         make_input=B.text_input, predict=B.embed_predict, show=B.embed_show,
+         saved_settings=B.EMBED_SETTINGS, trainer=B.embed_trainer, writer=B.embedding_writer,
+         help="a bi-encoder (sentence embeddings): MNRL on pairs/triplets/BEIR qrels, CoSENT "
+              "on scored pairs (Spearman of the cosine; nDCG@10, MRR@10, Recall@100)"),
+    Task("rerank", "regression", "ndcg_at_10", 256, read=B.read_pairs_or_beir, labels=None,
+         features=None, check=None, evaluate=B.rerank_evaluate, inputs=B.text_rows_input,
+         make_input=B.text_input, predict=B.score_predict, show=B.score_show,
+         saved_settings=B.RERANK_SETTINGS, trainer=B.rerank_trainer,
+         help="a cross-encoder reranker on (query, document, label) rows or BEIR qrels"),
 ]}
 
 
@@ -527,8 +554,9 @@ class FinetuneConfig(Config):
         False, "keep the word embeddings fixed (faster on CPU, small data)")
     columns: ColumnsConfig = param(lambda: ColumnsConfig())
     trainer: TrainConfig = param(_finetune_trainer)
+    retrieval: B.RetrievalConfig = param(lambda: B.RetrievalConfig())
 
-    nested = {"columns": None,
+    nested = {"columns": None, "retrieval": None,
               "trainer": {"out_dir": None, "epochs": None, "lr": None, "warmup_ratio": None,
                           "weight_decay": None, "max_steps": None, "eval_every": None,
                           "early_stopping": None, "seed": None, "grad_accum": None,
@@ -537,7 +565,8 @@ class FinetuneConfig(Config):
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""
         s = {"task": task.name, "max_length": self.max_length or task.max_length}
-        s.update({k: getattr(self, k) for k in task.saved_settings})
+        s.update({k: getattr(self.retrieval, k) if hasattr(self.retrieval, k) else getattr(self, k)
+                  for k in task.saved_settings if k != "columns"})
         if self.columns.given():
             s["columns"] = self.columns.given()
         return s
@@ -561,20 +590,29 @@ def finetune(config, *args, **fields) -> dict:
     train, dev = _read_splits(task, cfg)
     model, tok = _model_for(task, cfg, train, settings["max_length"])
     check_known_labels(task.name, dev, model, cfg.dev)
-    items = task.features(tok, train, settings, label2id(model))
-    steps_per_epoch = -(-len(items) // cfg.batch_size)
-    n_labels = len(model.config.id2label or {}) if task.labels else "span"
-    print(f"{task.name}: {len(train)} training examples ({len(items)} features), {len(dev)} dev "
-          f"examples, {n_labels} labels, {steps_per_epoch} batches of {cfg.batch_size} per epoch",
-          flush=True)
+    batches, steps_per_epoch, loss_fn = _training_parts(task, cfg, model, tok, train, settings)
+    n_labels = len(model.config.id2label or {}) if task.labels else "no"
+    print(f"{task.name}: {len(train)} training examples, {len(dev)} dev examples, {n_labels} "
+          f"labels, {steps_per_epoch} batches of {cfg.batch_size} per epoch", flush=True)
     _reinit_new_head(model, cfg.trainer.seed)
     if cfg.freeze_embeddings:  # the word embeddings are half of a small model: skip their update
         model.bert.emb.tok.weight.requires_grad_(False)
-    trainer_cfg = cfg.trainer.replace(metric=task.metric, greater_is_better=task.greater_is_better,
+    metric = task.metric(dev) if callable(task.metric) else task.metric
+    trainer_cfg = cfg.trainer.replace(metric=metric, greater_is_better=task.greater_is_better,
                                       log_every=max(1, min(10, steps_per_epoch // 4)))
-    return Trainer(model, trainer_cfg, _batch_fn(items, cfg, tok.pad_id or 0), steps_per_epoch,
+    return Trainer(model, trainer_cfg, batches, steps_per_epoch, loss_fn=loss_fn,
                    evaluate=_dev_evaluation(task, tok, dev, settings, cfg.batch_size),
-                   save=_model_writer(tok, settings)).fit()
+                   save=(task.writer or _model_writer)(tok, settings)).fit()
+
+
+def _training_parts(task: Task, cfg: FinetuneConfig, model, tok, train, settings) -> tuple:
+    """(batches(epoch, start), steps per epoch, loss_fn or None for the head's own loss)."""
+    def plan(lengths, epoch):
+        return epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)
+    if task.trainer is not None:
+        return task.trainer(model, tok, train, settings, plan)
+    items = task.features(tok, train, settings, label2id(model))
+    return _batch_fn(items, plan, tok.pad_id or 0), -(-len(items) // cfg.batch_size), None
 
 
 def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
@@ -598,13 +636,12 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
     return model, tok
 
 
-def _batch_fn(items: list, cfg: FinetuneConfig, pad_id: int):
+def _batch_fn(items: list, plan, pad_id: int):
     """batches(epoch, start) for the Trainer: the epoch's shuffled batches from `start`."""
     lengths = [len(it["input_ids"]) for it in items]
 
     def batches(epoch, start):
-        plan = epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)
-        for idx in plan[start:]:
+        for idx in plan(lengths, epoch)[start:]:
             yield collate([items[i] for i in idx], pad_id)
     return batches
 
@@ -729,13 +766,17 @@ def _columns(args, settings) -> dict:
 
 def evaluate_args(p):
     _model_flags(p)
-    p.add_argument("--data", required=True, help="labelled file in the task's format")
+    p.add_argument("--data", required=True, help="labelled file in the task's format; for an "
+                   "embedding model (minilm too) an STS file or a BEIR folder")
     p.add_argument("--json", action="store_true", help="print one JSON object (last line)")
+    B.evaluate_flags(p)
 
 
 def evaluate_cmd(args):
-    """Evaluate a fine-tuned model on a labelled file (accuracy/F1/MCC, entity F1, EM/F1)."""
+    """Evaluate a model on labelled data: accuracy/F1/MCC, entity F1, EM/F1, Pearson/
+    Spearman; an embedding model on STS (Spearman of the cosine) or BEIR (nDCG@10...)."""
     model, tok, settings = load_finetuned(args.model)
+    settings.update(B.evaluate_overrides(args))
     task = TASKS[settings["task"]]
     examples = task.read(args.data, _columns(args, settings), True)
     check_known_labels(task.name, examples, model, args.data)

@@ -18,6 +18,7 @@ computes them, so published figures can be compared:
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Callable, Optional
 
@@ -146,3 +147,75 @@ def evaluate_sts(encode: Callable, rows: list) -> dict:
     b = b / np.linalg.norm(b, axis=-1, keepdims=True).clip(1e-12)
     cos = (a * b).sum(-1)
     return {"n": len(rows), **correlations([r.score for r in rows], cos)}
+
+
+# ----------------------------------------------------------------------------------
+# Cross-encoders: scoring (query, document) pairs
+
+
+@torch.inference_mode()
+def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64) -> list:
+    """The one logit of a cross-encoder / regression model for each (text, text_pair)
+    (text_pair may be None), in input order."""
+    from .batching import restore_order, sorted_batches
+    if not pairs:
+        return []
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
+    encs = tok.encode_batch([a for a, _ in pairs], second, max_length=max_length)
+    groups = sorted_batches([len(e.ids) for e in encs], batch_size)
+    out = []
+    try:
+        for idx in groups:
+            batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
+            out.append(model(**batch).logits[:, 0].float().cpu())
+    finally:
+        model.train(was_training)
+    return restore_order(groups, torch.cat(out)).tolist()
+
+
+class Reranker:
+    """A cross-encoder, ready to score and re-order documents for a query:
+
+        r = Reranker("runs/reranker")
+        r.score("who wrote it?", ["Ada wrote it.", "It rained."])      # [3.1, -4.2]
+        r.rerank("who wrote it?", ["Ada wrote it.", "It rained."])     # [(0, 3.1, 'Ada...'), ...]
+
+    Any model with a one-logit sequence head works (a `finetune --task rerank` output,
+    or a sentence-transformers CrossEncoder directory)."""
+
+    def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None):
+        import nanobert
+        from .checkpoint import resolve
+        self.model, self.tokenizer = nanobert.load(model_dir)
+        if self.model.head not in ("regression", "classify") or self.model.config.num_labels != 1:
+            raise NanobertError(f"{model_dir}: not a cross-encoder (needs a sequence head with "
+                                f"one output; this model's head is {self.model.head or 'none'})")
+        settings = resolve(model_dir) / "nanobert.json"
+        saved = json.loads(settings.read_text("utf-8")) if settings.is_file() else {}
+        self.max_length = max_length or saved.get("max_length") or 512
+        self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
+        self.batch_size = batch_size
+        self.model.eval()
+
+    def score(self, query: str, documents) -> list:
+        """The relevance logit of each document for `query`, in document order."""
+        return pair_scores(self.model, self.tokenizer, [(query, d) for d in documents],
+                           self.max_length, self.batch_size)
+
+    def rerank_hits(self, query, hits: list, k: Optional[int] = None) -> list:
+        """Search results [(index, score, text)] (of one query, or a list of such lists
+        for several queries) re-scored and re-sorted: the same shape, top k."""
+        if isinstance(query, str):
+            ranked = self.rerank(query, [t for _, _, t in hits], k)
+            return [(hits[j][0], s, t) for j, s, t in ranked]
+        return [self.rerank_hits(q, h, k) for q, h in zip(query, hits)]
+
+    def rerank(self, query: str, documents, k: Optional[int] = None) -> list:
+        """[(index, score, text)] of the documents, most relevant first (top k)."""
+        documents = list(documents)
+        scores = self.score(query, documents)
+        order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
+        return [(i, scores[i], documents[i]) for i in order]

@@ -181,7 +181,7 @@ def test_reranker_loads_in_transformers(minilm_dir, tmp_path):
 
 
 def test_task_functions_regression_and_rerank(minilm_dir, tmp_path):
-    model, tok = nanobert.load(minilm_dir, task="regression")
+    model, tok = nanobert.load(minilm_dir, head="regression")
     rows = [TextRow(("a cat sits", "a cat is sitting"), 4.5, 1), TextRow(("a cat", "stocks fell"), 0.2, 2),
             TextRow(("he runs", "he is running"), 4.0, 3)]
     items = E.regress_features(tok, rows, {"max_length": 16})

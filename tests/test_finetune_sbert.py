@@ -1,0 +1,161 @@
+"""The regress, embed and rerank tasks end to end through the command line:
+finetune -> evaluate -> predict -> search --rerank, on small fixtures."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+import nanobert
+from nanobert import cli
+from nanobert import biencoder as E
+from nanobert.checkpoint import save_model
+from nanobert.data import read_beir
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SUBJECTS = ["cat", "dog", "man", "woman", "child", "bird"]
+VERBS = ["eats", "runs", "sleeps", "sings", "jumps", "reads"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A small random BERT (no head) with a vocabulary of the fixture words."""
+    d = tmp_path_factory.mktemp("tiny")
+    words = SUBJECTS + VERBS + ["a", "the", "which", "about", "every", "day", "now", "market",
+                                "fell", "in", "park"]
+    corpus = [" ".join(random.Random(i).sample(words, 8)) for i in range(300)] + ["? . \" -"] * 5
+    tok = nanobert.Tokenizer.train(corpus, vocab_size=120, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    save_model(nanobert.Bert(cfg), d, tokenizer=tok)
+    return d
+
+
+def sts_file(path, n=24, seed=0):
+    """The original STS Benchmark layout: no header, literal quotes."""
+    rng, lines = random.Random(seed), []
+    for i in range(n):
+        s, v = rng.choice(SUBJECTS), rng.choice(VERBS)
+        s2, v2 = (s, v) if i % 3 == 0 else (rng.choice(SUBJECTS), rng.choice(VERBS))
+        score = 5.0 if (s, v) == (s2, v2) else 2.5 if (s == s2 or v == v2) else 0.0
+        lines.append(f"main\tfile\t2012\t{i:04d}\t{score}\ta {s} {v}.\tthe {s2} {v2} \"now\".")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def beir_dir(root):
+    (root / "qrels").mkdir(parents=True)
+    docs = [(s, v) for s in SUBJECTS for v in VERBS[:3]]
+    with open(root / "corpus.jsonl", "w") as c, open(root / "queries.jsonl", "w") as q, \
+            open(root / "qrels" / "train.tsv", "w") as r:
+        r.write("query-id\tcorpus-id\tscore\r\n")
+        for i, (s, v) in enumerate(docs):
+            c.write(json.dumps({"_id": f"d{i}", "title": f"about the {s}",
+                                "text": f"the {s} {v} every day in the park."}) + "\n")
+            q.write(json.dumps({"_id": f"q{i}", "text": f"which {s} {v}?"}) + "\n")
+            r.write(f"q{i}\td{i}\t1\r\n")
+    return root
+
+
+def run(capsys, *argv):
+    rc = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-500:]
+    return captured.out.strip().splitlines()
+
+
+def test_embed_learns_sts_and_writes_the_st_layout(tiny_dir, tmp_path, capsys):
+    data = sts_file(tmp_path / "sts-train.csv")
+    before = json.loads(run(capsys, "evaluate", "--model", tiny_dir, "--data", data, "--json")[-1])
+    out = tmp_path / "emb"
+    run(capsys, "finetune", "--task", "embed", "--model", tiny_dir, "--train", data, "--dev", data,
+        "--out", out, "--epochs", "12", "--batch-size", "8", "--max-length", "32", "--lr", "2e-3", "--no-progress")
+    after = json.loads(run(capsys, "evaluate", "--model", out, "--data", data, "--json")[-1])
+    assert after["task"] == "embed" and after["spearman"] > before["spearman"] + 0.05
+    assert json.loads((out / "nanobert.json").read_text())["pooling"] == "mean"
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Normalize"]
+    shown = run(capsys, "predict", "--model", out, "--json", "a cat eats")
+    assert len(json.loads(shown[-1])["embedding"]) == 128   # the tiny preset's hidden size
+
+
+def test_embed_on_beir_with_holdout_gradient_cache_and_negatives(tiny_dir, tmp_path, capsys):
+    beir = beir_dir(tmp_path / "beir")
+    out = tmp_path / "emb"
+    run(capsys, "finetune", "--task", "embed", "--model", tiny_dir, "--train", beir, "--dev", beir,
+        "--holdout", "0.3", "--out", out, "--max-steps", "2", "--batch-size", "8", "--max-length", "32",
+        "--mini-batch-size", "3", "--hard-negatives", "1", "--no-progress")
+    saved = json.loads((out / "nanobert.json").read_text())
+    assert saved["holdout"] == 0.3 and saved["mini_batch_size"] == 3
+    m = json.loads(run(capsys, "evaluate", "--model", out, "--data", beir, "--json")[-1])
+    held = E.query_split(read_beir(beir), 0.3)[1]
+    assert m["split"] == "train" and m["n_queries"] == len(held) > 0
+    assert 0 <= m["ndcg_at_10"] <= 1 and m["recall_at_100"] == 1.0   # 18 documents
+
+
+def test_minilm_zero_shot_on_beir(tmp_path, capsys):
+    beir = beir_dir(tmp_path / "beir")
+    m = json.loads(run(capsys, "evaluate", "--model", "minilm", "--data", beir, "--json")[-1])
+    assert m["n_queries"] == 18 and m["ndcg_at_10"] > 0.6
+
+
+def test_regress_learns_scores_and_predicts_them(tiny_dir, tmp_path, capsys):
+    data = sts_file(tmp_path / "sts.csv")
+    out = tmp_path / "reg"
+    run(capsys, "finetune", "--task", "regress", "--model", tiny_dir, "--train", data, "--dev", data,
+        "--out", out, "--epochs", "15", "--batch-size", "8", "--max-length", "32", "--lr", "2e-3", "--no-progress")
+    m = json.loads(run(capsys, "evaluate", "--model", out, "--data", data, "--json")[-1])
+    gold = [float(line.split("\t")[4]) for line in data.read_text().splitlines()]
+    mean = sum(gold) / len(gold)
+    # better than always predicting the mean score
+    assert m["task"] == "regress" and m["spearman"] > 0.5
+    assert m["mse"] < sum((g - mean) ** 2 for g in gold) / len(gold)
+    lines = run(capsys, "predict", "--model", out, "--input", data)
+    pred = [float(line.split("\t")[0]) for line in lines]
+    from scipy.stats import spearmanr
+    assert len(pred) == 24 and spearmanr(gold, pred)[0] == pytest.approx(m["spearman"], abs=1e-4)
+
+
+def test_rerank_trains_loads_in_transformers_and_reranks_search(tiny_dir, tmp_path, capsys):
+    import transformers
+    rows = "".join(f"which {s} {v}?\tthe {s} {v} in the park.\t1\nwhich {s} {v}?\tthe market fell.\t0\n"
+                   for s in SUBJECTS for v in VERBS[:2])
+    data = tmp_path / "rerank.tsv"
+    data.write_text("query\tdocument\tlabel\n" + rows)
+    out = tmp_path / "ce"
+    run(capsys, "finetune", "--task", "rerank", "--model", tiny_dir, "--train", data, "--dev", data,
+        "--out", out, "--epochs", "3", "--batch-size", "8", "--max-length", "32", "--lr", "2e-3", "--no-progress")
+    m = json.loads(run(capsys, "evaluate", "--model", out, "--data", data, "--json")[-1])
+    assert m["mrr_at_10"] > 0.9
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out)
+    assert hf.config.num_labels == 1
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the market fell.\nthe dog runs in the park.\nthe cat eats in the park.\n")
+    lines = run(capsys, "search", "--model", tiny_dir, "--corpus", corpus, "--query",
+                "which dog runs?", "-k", "2", "--rerank", out, "--json")
+    hits = json.loads(lines[-1])[0]["hits"]
+    assert len(hits) == 2 and hits[0]["text"] != "the market fell."
+    r = nanobert.Reranker(out)
+    assert r.rerank("which dog runs?", ["the market fell.", "the dog runs in the park."])[0][0] == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "embed", "--holdout", "1.5"], "--holdout: got 1.5"),
+    (["--task", "embed", "--loss", "mnrl"], "training rows are scored pairs; use cosent"),
+    (["--task", "classify", "--label-column", "score"], "use --task regress"),
+])
+def test_bad_values_are_one_line_errors(tiny_dir, tmp_path, capsys, argv, message):
+    data = tmp_path / "glue.tsv"
+    data.write_text("sentence1\tsentence2\tscore\na cat\tthe cat\t4.5\na dog\tthe bird\t0.5\n")
+    try:
+        rc = cli.main(["finetune", "--model", str(tiny_dir), "--train", str(data), "--dev",
+                       str(data), "--out", str(tmp_path / "x"), "--max-steps", "1",
+                       "--max-length", "32", "--no-progress"] + argv)
+    except SystemExit as e:  # a flag out of range stops argparse
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and len(err.splitlines()) == 1
