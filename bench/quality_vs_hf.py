@@ -15,7 +15,8 @@ Tasks (TASKS below holds each recipe; `--set lr=3e-5` tries a variant):
 
 The same recipe on both sides: nanobert's tokenization and features are fed to the
 transformers model, batch by batch in the same order (finetune.epoch_batches with the
-same seed); the new head starts from the same seeded weights; AdamW with no decay on
+same seed; length-grouped by default, which
+saves transformers' padding and changes neither side's recipe); the new head starts from the same seeded weights; AdamW with no decay on
 biases/LayerNorm, 10% linear warmup then linear decay (transformers' own
 get_linear_schedule_with_warmup on its side), clipping at 1.0; both evaluated after each
 epoch by the same evaluation code (finetune.evaluate_task). The headline metric is the
@@ -67,6 +68,7 @@ class Recipe:
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     doc_stride: int = 128
+    group_by_length: bool = True   # the same length-grouped batches on both sides
 
     def key(self) -> str:
         return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
@@ -147,7 +149,8 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
         FT.finetune(recipe.kind, model, train_path, dev_path, out, epochs=recipe.epochs,
                     lr=recipe.lr, batch_size=recipe.batch_size, max_length=recipe.max_length,
                     warmup_ratio=recipe.warmup_ratio, weight_decay=recipe.weight_decay,
-                    seed=seed, doc_stride=recipe.doc_stride, progress=False)
+                    seed=seed, doc_stride=recipe.doc_stride, progress=False,
+                    group_by_length=recipe.group_by_length)
     finally:
         FT.evaluate_task = real
     recs = read_metrics(out / "metrics.jsonl")
@@ -231,7 +234,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
     for epoch in range(recipe.epochs):
         hf.train()
         t0 = time.time()
-        for idx in FT.epoch_batches(lengths, bs, seed, epoch):
+        for idx in FT.epoch_batches(lengths, bs, seed, epoch, recipe.group_by_length):
             loss = hf(**FT.collate([items[i] for i in idx], tok.pad_id or 0)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
@@ -362,7 +365,10 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
         if k not in kinds or k in ("kind", "metric"):
             sys.exit(f"--set {p}: unknown recipe field (choose from "
                      f"{', '.join(x for x in kinds if x not in ('kind', 'metric'))})")
-        changes[k] = float(v) if kinds[k] in ("float", float) else int(v)
+        if kinds[k] in ("bool", bool):
+            changes[k] = v.lower() in ("1", "true", "yes")
+        else:
+            changes[k] = float(v) if kinds[k] in ("float", float) else int(v)
     return dataclasses.replace(recipe, **changes)
 
 
