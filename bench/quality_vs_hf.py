@@ -69,6 +69,7 @@ class Recipe:
     weight_decay: float = 0.01
     doc_stride: int = 128
     group_by_length: bool = True   # the same length-grouped batches on both sides
+    n_train: int = 0               # > 0: a seeded subset of the training set (quick checks)
 
     def key(self) -> str:
         return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
@@ -150,7 +151,8 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     lr=recipe.lr, batch_size=recipe.batch_size, max_length=recipe.max_length,
                     warmup_ratio=recipe.warmup_ratio, weight_decay=recipe.weight_decay,
                     seed=seed, doc_stride=recipe.doc_stride, progress=False,
-                    group_by_length=recipe.group_by_length)
+                    group_by_length=recipe.group_by_length,
+                    max_train_examples=recipe.n_train or None)
     finally:
         FT.evaluate_task = real
     recs = read_metrics(out / "metrics.jsonl")
@@ -213,9 +215,13 @@ def hf_model(recipe: Recipe, start, model: str):
     return hf
 
 
+def read_train(recipe: Recipe, path, seed: int) -> list:
+    return FT.select_examples(FT.read_task_data(recipe.kind, path), recipe.n_train or None, seed)
+
+
 def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str, work: Path) -> dict:
     import transformers
-    train = FT.read_task_data(recipe.kind, train_path)
+    train = read_train(recipe, train_path, seed)
     dev = FT.read_task_data(recipe.kind, dev_path)
     start, tok, items = features(recipe, train, model, seed)
     hf = hf_model(recipe, start, model)
@@ -260,14 +266,19 @@ RUNNERS = {"nanobert": run_nanobert, "transformers": run_transformers}
 # Results: one JSON line per run; resume; the markdown table
 
 
+def key_of(run: dict) -> str:
+    """The recipe key of a stored run, recomputed (fields added later take their defaults)."""
+    return Recipe(**run["recipe"]).key()
+
+
 def read_runs(path=RUNS) -> list:
     if not Path(path).is_file():
         return []
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def counts(recipe: Recipe, train_path, dev_path) -> dict:
-    train = FT.read_task_data(recipe.kind, train_path)
+def counts(recipe: Recipe, train_path, dev_path, seed: int) -> dict:
+    train = read_train(recipe, train_path, seed)
     dev = FT.read_task_data(recipe.kind, dev_path)
     return {"n_train": len(train), "n_dev": len(dev)}
 
@@ -288,14 +299,14 @@ def one_run(name: str, system: str, seed: int, recipe: Recipe, args) -> dict:
         t0 = time.time()
         res = RUNNERS[system](recipe, train_path, dev_path, seed, args.model, work)
         wall = time.time() - t0
-        n = counts(recipe, train_path, dev_path)
+        n = counts(recipe, train_path, dev_path, seed)
         if "n_features" not in res:  # (outside the timing: a second tokenization)
-            train = FT.read_task_data(recipe.kind, train_path)
+            train = read_train(recipe, train_path, seed)
             res["n_features"] = len(features(recipe, train, args.model, seed)[2])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     best = max(res["epochs"], key=lambda r: r.get(recipe.metric, float("-inf")))
-    return {"task": name, "system": system, "seed": seed, "recipe_key": recipe.key(),
+    return {"task": name, "system": system, "seed": seed,
             "recipe": dataclasses.asdict(recipe), "metric": recipe.metric,
             "final": res["epochs"][-1], "best": best, "per_epoch": res["epochs"], **n,
             "n_features": res["n_features"], "train_s": round(res["train_s"], 1),
@@ -313,32 +324,53 @@ def mean_spread(xs) -> str:
     return f"{m:.3f} ± {sd:.3f} ({seeds})" if len(xs) > 1 else f"{m:.3f} ({seeds})"
 
 
+def describe(r: Recipe) -> str:
+    return (f"{r.epochs} ep, lr {r.lr:g}, batch {r.batch_size}, len {r.max_length}"
+            + (f", stride {r.doc_stride}" if r.kind == "qa" else "")
+            + (", length-grouped" if r.group_by_length else "")
+            + (f", {r.n_train} train examples" if r.n_train else ""))
+
+
+def verdict(ours: list, theirs: list) -> str:
+    """The difference of the means, and whether it is within the larger spread."""
+    if not ours or not theirs:
+        return "–"
+    d = statistics.mean(ours) - statistics.mean(theirs)
+    spread = max(statistics.stdev(x) if len(x) > 1 else 0.0 for x in (ours, theirs))
+    if len(ours) < 2 or len(theirs) < 2:
+        return f"{d:+.3f} (1 seed: no spread yet)"
+    return f"{d:+.3f} ({'within' if abs(d) <= spread else 'above' if d > 0 else 'BELOW'} spread)"
+
+
 def table(runs: list) -> str:
     """BENCHMARKS.md's quality table from the runs of the current recipes."""
-    head = ("| task (dev metric) | recipe | nanobert | transformers | ex/s nanobert / transformers "
-            "| wall min nanobert / transformers |\n|---|---|---|---|---|---|\n")
+    head = ("| task (dev metric) | recipe | nanobert | transformers | nanobert − transformers "
+            "| ex/s nanobert / transformers | wall min nanobert / transformers |\n"
+            "|---|---|---|---|---|---|---|\n")
     rows = []
     for name, (recipe, _) in TASKS.items():
-        mine = [r for r in runs if r["task"] == name and r["recipe_key"] == recipe.key()]
-        cells, speed, wall = {}, [], []
+        mine = [r for r in runs if r["task"] == name and key_of(r) == recipe.key()]
+        cells, speed, wall, vals = {}, [], [], {}
         for s in SYSTEMS:
             rs = sorted((r for r in mine if r["system"] == s), key=lambda r: r["seed"])
-            cells[s] = mean_spread([r["final"][recipe.metric] for r in rs])
+            vals[s] = [r["final"][recipe.metric] for r in rs]
+            cells[s] = mean_spread(vals[s])
             speed.append(f"{statistics.median(r['examples_per_s'] for r in rs):.0f}" if rs else "–")
             wall.append(f"{statistics.median(r['wall_s'] for r in rs) / 60:.1f}" if rs else "–")
-        r = recipe
-        desc = f"{r.epochs} ep, lr {r.lr:g}, batch {r.batch_size}, len {r.max_length}"
+        desc = describe(recipe)
         rows.append(f"| {name} ({recipe.metric}) | {desc} | {cells['nanobert']} | "
-                    f"{cells['transformers']} | {' / '.join(speed)} | {' / '.join(wall)} |")
+                    f"{cells['transformers']} | {verdict(vals['nanobert'], vals['transformers'])} | "
+                    f"{' / '.join(speed)} | {' / '.join(wall)} |")
     return head + "\n".join(rows) + "\n"
 
 
 def per_seed(runs: list) -> str:
     lines = ["| task | system | seed | final | best (step) | n train / dev | ex/s | wall s | load | date |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: (r["task"], r["recipe_key"], r["system"], r["seed"])):
+    for r in sorted(runs, key=lambda r: (r["task"], key_of(r), r["system"], r["seed"])):
         m = r["metric"]
-        extra = "" if r["recipe_key"] == TASKS[r["task"]][0].key() else f" (variant {r['recipe']})"
+        recipe = Recipe(**r["recipe"])
+        extra = "" if recipe.key() == TASKS[r["task"]][0].key() else f" ({describe(recipe)})"
         lines.append(f"| {r['task']}{extra} | {r['system']} | {r['seed']} | {r['final'][m]:.4f} | "
                      f"{r['best'][m]:.4f} ({r['best'].get('step')}) | {r['n_train']} / {r['n_dev']} | "
                      f"{r['examples_per_s']:.1f} | {r['wall_s']:.0f} | {r['load_at_start']:.1f} | "
@@ -398,7 +430,7 @@ def main():
         recipe = parse_set(args.set, TASKS[name][0])
         for seed in seeds:
             for system in systems:
-                done = {(r["task"], r["system"], r["seed"], r["recipe_key"]) for r in read_runs(args.results)}
+                done = {(r["task"], r["system"], r["seed"], key_of(r)) for r in read_runs(args.results)}
                 if (name, system, seed, recipe.key()) in done:
                     print(f"{name} {system} seed {seed}: already in {args.results}")
                     continue
