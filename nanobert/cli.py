@@ -28,6 +28,7 @@ COMMANDS = {
     "ablate-masking": "nanobert.pretrain",
     "compare-gpt2": "nanobert.gpt2",
     "distill": "nanobert.distill",
+    "serve": "nanobert.serve",
 }
 
 

@@ -504,3 +504,212 @@ def _answers(raw, context: str, where: str) -> list:
                                 f"of the context (found {found[:60]!r} there)")
         out.append((text, start))
     return out
+
+
+# ----------------------------------------------------------------------------------
+# Similarity, retrieval and reranking data (embedding models and cross-encoders)
+#
+#   STS original   `genre file year id score sentence1 sentence2 [extra...]`, tab-separated,
+#                  no header, quotes literal (the sts-*.csv files of the STS Benchmark)
+#   tables         TSV/CSV with a header, or JSON Lines: the columns name the roles,
+#                  (anchor, positive[, negative]) or (sentence1, sentence2, score) or
+#                  (query, document, label) or (text, score); GLUE STS-B is one of these
+#   BEIR folder    corpus.jsonl {"_id", "title", "text"}, queries.jsonl {"_id", "text"},
+#                  qrels/<split>.tsv `query-id corpus-id score` (header, any line endings)
+
+ANCHOR_COLUMNS = ["anchor", "query", "sentence1", "text_a", "question", "sentence", "text",
+                  "premise"]
+POSITIVE_COLUMNS = ["positive", "pos", "document", "passage", "sentence2", "text_b", "answer",
+                    "hypothesis", "text_pair"]
+NEGATIVE_COLUMNS = ["negative", "neg", "hard_negative"]
+SCORE_COLUMNS = ["score", "similarity", "similarity_score", "relatedness_score", "label"]
+STS_FIELDS = 7  # genre, file, year, id, score, sentence1, sentence2
+
+
+@dataclass
+class TextRow:
+    """One row of a similarity / retrieval file: 1-3 texts and an optional score."""
+    texts: tuple               # (text,), (text_a, text_b) or (anchor, positive, negative)
+    score: Optional[float] = None
+    line: int = 0
+
+
+def _score(value, path, line) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if isinstance(value, bool) or x != x or x in (float("inf"), float("-inf")):
+        raise data_error(path, line, f"score {value!r} is not a finite number")
+    return x
+
+
+def is_sts_original(path) -> bool:
+    """The STS Benchmark release layout: no header, >= 7 tab-separated fields, a number
+    in the fifth."""
+    fields = _first_content(Path(path))[1].split("\t")
+    if len(fields) < STS_FIELDS:
+        return False
+    try:
+        float(fields[4])
+    except ValueError:
+        return False
+    return True
+
+
+def _read_sts_original(path: Path, require_score: bool) -> list:
+    out = []
+    for n, text in read_lines(path):
+        if not text.strip():
+            continue
+        fields = text.split("\t")  # quoting off: quotes are part of the sentences
+        if len(fields) < STS_FIELDS:
+            raise data_error(path, n, f"expected at least {STS_FIELDS} tab-separated fields "
+                             f"(genre file year id score sentence1 sentence2), found {len(fields)}")
+        score = _score(fields[4], path, n) if require_score or fields[4].strip() else None
+        out.append(TextRow((fields[5], fields[6]), score, n))
+    return out
+
+
+def read_records(path) -> tuple:
+    """(column names, [(line, {column: value})]) of a JSON Lines file or a TSV/CSV file
+    with a header."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "jsonl":
+        rows = list(_jsonl_objects(path))
+        return list(rows[0][1]) if rows else [], rows
+    if fmt not in ("tsv", "csv"):
+        raise data_error(path, 1, "expected a TSV/CSV file with a header, or JSON Lines")
+    delim = "," if fmt == "csv" else "\t"
+    table = _read_table(path, delim, fmt == "csv" or tsv_uses_quoting(path))
+    hline, header = next(table)
+    header = [h.strip() for h in header]
+    rows = []
+    for n, fields in table:
+        if len(fields) != len(header):
+            raise data_error(path, n, f"expected {len(header)} fields like the header, "
+                             f"found {len(fields)}")
+        rows.append((n, dict(zip(header, fields))))
+    return header, rows
+
+
+def _pick(names, candidates, given=None):
+    if given:
+        return given if given in names else None
+    return next((c for c in candidates if c in names), None)
+
+
+def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional[dict] = None) -> list:
+    """`TextRow`s of an STS / pairs / triplets / reranking file. The columns present
+    decide the texts (anchor, positive, negative) and the score; `columns` may name them
+    ({"text": ..., "pair": ..., "negative": ..., "score": ...}). require_score=True makes
+    a missing score column an error, False ignores it, None takes it when present."""
+    path, columns = Path(path), columns or {}
+    if is_sts_original(path):
+        return _read_sts_original(path, require_score is not False)
+    names, records = read_records(path)
+    shown = ", ".join(map(repr, names)) or "none"
+    roles = [_pick(names, ANCHOR_COLUMNS, columns.get("text")),
+             _pick(names, POSITIVE_COLUMNS, columns.get("pair")),
+             _pick(names, NEGATIVE_COLUMNS, columns.get("negative"))]
+    score = None if require_score is False else _pick(names, SCORE_COLUMNS, columns.get("score"))
+    if roles[0] is None:
+        raise data_error(path, 1, f"no text column (expected one of {', '.join(ANCHOR_COLUMNS[:5])}"
+                         f"...; columns: {shown})")
+    if score is None and require_score:
+        raise data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
+                         f"columns: {shown})")
+    roles = [r for r in roles if r is not None]
+    out = []
+    for n, rec in records:
+        texts = tuple(rec.get(r) for r in roles)
+        if not all(isinstance(t, str) for t in texts):
+            raise data_error(path, n, f"fields {', '.join(roles)} must all be present and be strings")
+        out.append(TextRow(texts, _score(rec.get(score), path, n) if score else None, n))
+    if not out:
+        raise data_error(path, None, "no rows (only a header?)")
+    return out
+
+
+@dataclass
+class Beir:
+    """A BEIR retrieval set: documents, queries and relevance judgements."""
+    corpus: dict   # doc id -> (title, text)
+    queries: dict  # query id -> text
+    qrels: dict    # query id -> {doc id: relevance (int)}
+    split: str = ""
+
+    def doc_text(self, doc_id) -> str:
+        """What gets embedded for a document: title, a space, the text (as BEIR does)."""
+        title, text = self.corpus[doc_id]
+        return f"{title} {text}".strip() if title else text.strip()
+
+
+BEIR_SPLIT_PREFERENCE = ("test", "dev", "validation", "train")
+
+
+def is_beir_dir(path) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / "corpus.jsonl").is_file() and (p / "qrels").is_dir()
+
+
+def beir_splits(root) -> list:
+    """Names of the qrels files of a BEIR folder, most evaluation-like first."""
+    names = sorted(p.stem for p in (Path(root) / "qrels").glob("*.tsv"))
+    pref = {s: i for i, s in enumerate(BEIR_SPLIT_PREFERENCE)}
+    return sorted(names, key=lambda s: pref.get(s, len(pref)))
+
+
+def _read_beir_jsonl(path: Path, fields: tuple) -> dict:
+    out = {}
+    for n, obj in _jsonl_objects(path):
+        if "_id" not in obj or not all(isinstance(obj.get(f) or "", str) for f in fields):
+            raise data_error(path, n, f"expected an object with '_id' and string {', '.join(fields)}")
+        if "text" not in obj:
+            raise data_error(path, n, "missing field 'text'")
+        key = str(obj["_id"])
+        out[key] = tuple(obj.get(f) or "" for f in fields) if len(fields) > 1 else obj["text"]
+    if not out:
+        raise data_error(path, None, "empty file")
+    return out
+
+
+def read_qrels(path, queries: Optional[dict] = None) -> dict:
+    """{query id: {doc id: relevance}} of a BEIR qrels TSV (header optional)."""
+    path = Path(path)
+    qrels = {}
+    for n, text in read_lines(path):
+        f = text.strip().split("\t")
+        if not text.strip() or (n == 1 and f[0] == "query-id"):
+            continue
+        if len(f) < 3:
+            raise data_error(path, n, f"expected query-id, corpus-id, score; found {len(f)} field(s)")
+        try:
+            rel = int(float(f[2]))
+        except ValueError:
+            raise data_error(path, n, f"score {f[2]!r} is not a number")
+        if queries is not None and f[0] not in queries:
+            raise data_error(path, n, f"query {f[0]!r} is not in queries.jsonl")
+        qrels.setdefault(f[0], {})[f[1]] = rel
+    if not qrels:
+        raise data_error(path, None, "no judgements")
+    return qrels
+
+
+def read_beir(root, split: Optional[str] = None) -> Beir:
+    """A BEIR folder; `split` names qrels/<split>.tsv (default: test, dev, validation,
+    then train, whichever exists)."""
+    root = Path(root)
+    if not is_beir_dir(root):
+        raise NanobertError(f"{root}: not a BEIR folder (expected corpus.jsonl, queries.jsonl "
+                            "and qrels/*.tsv)")
+    splits = beir_splits(root)
+    if not splits:
+        raise NanobertError(f"{root / 'qrels'}: no qrels .tsv files")
+    split = split or splits[0]
+    if split not in splits:
+        raise NanobertError(f"{root}: no qrels for split {split!r} (available: {', '.join(splits)})")
+    corpus = _read_beir_jsonl(root / "corpus.jsonl", ("title", "text"))
+    queries = _read_beir_jsonl(root / "queries.jsonl", ("text",))
+    return Beir(corpus, queries, read_qrels(root / "qrels" / f"{split}.tsv", queries), split)

@@ -13,10 +13,10 @@ unk) from tokenizer_config.json / special_tokens_map.json.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 import heapq
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import torch
