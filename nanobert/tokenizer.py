@@ -23,7 +23,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .files import NanobertError, atomic_path
+from .files import NanobertError, atomic_path, read_lines
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROLES = ("pad", "unk", "cls", "sep", "mask")
@@ -43,6 +43,17 @@ def _special_tokens(path: Path, conf: dict, vocab: dict) -> dict:
                 found[role] = t
     default = BERT_TOKENS if "[CLS]" in vocab or "<s>" not in vocab else ROBERTA_TOKENS
     return {role: found.get(role, default[role]) for role in ROLES}
+
+
+def _max_length(v, path) -> int:
+    """tokenizer_config.json's model_max_length: a positive whole number (transformers
+    writes 1e30 for "no limit", which becomes 2^20 here)."""
+    if v is None:
+        return 512
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 \
+            or (isinstance(v, float) and not v.is_integer() and v < 1e18):
+        raise NanobertError(f"{path}: model_max_length must be a whole number >= 1, got {v!r}")
+    return int(min(v, 1 << 20))
 
 
 def _read_json(path: Path) -> dict:
@@ -112,8 +123,7 @@ class Tokenizer:
         conf = _read_json(path / "tokenizer_config.json")
         if lowercase is None:
             lowercase = bool(conf.get("do_lower_case", True))
-        max_len = int(conf.get("model_max_length", 512) or 512)
-        max_len = min(max_len, 1 << 20)
+        max_len = _max_length(conf.get("model_max_length"), path / "tokenizer_config.json")
         if (path / "tokenizer.json").is_file():
             try:
                 tk = HFTokenizer.from_file(str(path / "tokenizer.json"))
@@ -131,8 +141,10 @@ class Tokenizer:
     @classmethod
     def from_vocab(cls, vocab_file, lowercase: bool = True, model_max_length: int = 512):
         vocab = {}
-        for i, line in enumerate(Path(vocab_file).read_text("utf-8").splitlines()):
-            vocab.setdefault(line.rstrip("\n"), i)
+        for n, line in read_lines(vocab_file):  # bad UTF-8 is reported with its line
+            vocab.setdefault(line, n - 1)
+        if not vocab:
+            raise NanobertError(f"{vocab_file}: empty vocabulary")
         tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
         return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
 

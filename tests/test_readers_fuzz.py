@@ -36,6 +36,12 @@ VALID = {
         "qas": [{"id": "q1", "question": "Capital?", "answers": [
             {"text": "Paris", "answer_start": 0}]}]}]}]}, indent=1),
     "squad_jsonl": '{"id": "a", "question": "Who?", "context": "Ann met Bob.", "answers": ["Bob"]}\n',
+    "sts": "main-captions\tMSRvid\t2012test\t0001\t5.000\tA plane.\tAn air plane.\n"
+           "main-news\tx\t2012\t2\t0.5\tOne \"two\".\tThree\textra\n",
+    "triplets": "anchor\tpositive\tnegative\nq\td\tn\n",
+    "scored_jsonl": '{"sentence1": "a", "sentence2": "b", "score": 0.5}\n',
+    "qrels": "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td9\t0\n",
+    "beir_corpus": '{"_id": "d1", "title": "T", "text": "Body."}\n{"_id": 2, "text": "x"}\n',
     "corpus": "First doc. Two sentences!\nSame doc.\n\nSecond doc?\n",
 }
 NOISE = ['"', "\t", ",", "\n", "{", "}", "[", "]", ":", "\\", "\x00", "\ufeff", "\r", " ",
@@ -118,6 +124,10 @@ READERS = {
     "squad_unlabelled": lambda p: D.read_squad(p, require_answers=False),
     "corpus": lambda p: list(iter_documents(corpus_files([p]))),
     "lines": lambda p: list(read_lines(p)),
+    "text_rows": lambda p: D.read_text_rows(p),
+    "scored_rows": lambda p: D.read_text_rows(p, require_score=True),
+    "qrels": lambda p: list(D.read_qrels(p).items()),
+    "beir_corpus": lambda p: list(D._read_beir_jsonl(p, ("title", "text")).items()),
 }
 SOURCES = {"classification": ("tsv", "pair_tsv", "csv", "msrp", "jsonl"),
            "classification_unlabelled": ("tsv", "csv", "jsonl"),
@@ -125,7 +135,10 @@ SOURCES = {"classification": ("tsv", "pair_tsv", "csv", "msrp", "jsonl"),
            "predict_inputs": ("tsv", "csv", "jsonl", "corpus"),
            "conll": ("conll",), "conll_unlabelled": ("conll",),
            "squad": ("squad", "squad_jsonl"), "squad_unlabelled": ("squad", "squad_jsonl"),
-           "corpus": ("corpus",), "lines": ("corpus", "tsv")}
+           "corpus": ("corpus",), "lines": ("corpus", "tsv"),
+           "text_rows": ("sts", "triplets", "scored_jsonl", "tsv"),
+           "scored_rows": ("sts", "scored_jsonl", "csv"), "qrels": ("qrels",),
+           "beir_corpus": ("beir_corpus",)}
 
 
 def well_formed(item) -> bool:
@@ -138,6 +151,9 @@ def well_formed(item) -> bool:
         return (isinstance(item.question, str) and isinstance(item.context, str)
                 and all(isinstance(t, str) and item.context[s:s + len(t)] == t
                         for t, s in item.answers))
+    if isinstance(item, D.TextRow):
+        return all(isinstance(t, str) for t in item.texts) and (
+            item.score is None or abs(item.score) < float("inf"))
     if isinstance(item, D.Sentence):
         return all(isinstance(w, str) for w in item.words) and (
             item.tags is None or len(item.tags) == len(item.words))
@@ -171,5 +187,7 @@ def test_the_valid_seeds_parse(name, tmp_path):
     p = tmp_path / "f"
     p.write_text(VALID[name], encoding="utf-8")
     reader = {"conll": D.read_conll, "squad": D.read_squad, "squad_jsonl": D.read_squad,
-              "corpus": lambda q: list(iter_documents([q]))}.get(name, D.read_classification)
+              "corpus": lambda q: list(iter_documents([q])), "qrels": D.read_qrels,
+              "beir_corpus": lambda q: D._read_beir_jsonl(q, ("title", "text"))}.get(
+        name, D.read_text_rows if name in ("sts", "triplets", "scored_jsonl") else D.read_classification)
     assert len(reader(p)) >= 1
