@@ -326,3 +326,39 @@ def _merge_word(words, i, f, pair, merged, count, where, heap):
         else:
             count.pop(p, None)
     words[i] = new
+
+
+# ----------------------------------------------------------------------------------
+# Saying what truncation cut
+
+
+def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: str = "inputs",
+                    is_pretokenized: bool = False, flag: str = "--max-length") -> Optional[str]:
+    """One line on what `max_length` cut from `encodings` (made from `inputs`: texts,
+    (text, pair) tuples, or word lists): how many, by how much, and the longest one; None
+    when nothing was cut. Only the cut inputs are encoded again, to measure them."""
+    cut = [i for i, e in enumerate(encodings) if e.overflowing]
+    if not cut:
+        return None
+    full = tok.tk.encode_batch([inputs[i] for i in cut], is_pretokenized=is_pretokenized)
+    lengths = [len(f.ids) for f in full]
+    worst = max(range(len(cut)), key=lambda j: lengths[j])
+    example = inputs[cut[worst]]
+    shown = " ".join(example) if is_pretokenized else (
+        example if isinstance(example, str) else " | ".join(example))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    lost = [n - max_length for n in lengths]
+    return (f"{len(cut)} of {len(encodings)} {what} are longer than {max_length} tokens and "
+            f"were cut by {min(lost)} to {max(lost)} tokens (the longest, #{cut[worst] + 1}, has "
+            f"{lengths[worst]}: {shown!r})" + (f"; raise {flag} to keep more" if flag else ""))
+
+
+def report_truncation(tok: Tokenizer, encodings, inputs, max_length: int, what: str = "inputs",
+                      is_pretokenized: bool = False, flag: str = "--max-length") -> int:
+    """Print `truncation_note` on stderr (when something was cut); returns how many
+    inputs were cut. Every command that truncates calls it, so no cut is silent."""
+    import sys
+    note = truncation_note(tok, encodings, inputs, max_length, what, is_pretokenized, flag)
+    if note:
+        print(f"nanobert: note: {note}", file=sys.stderr, flush=True)
+    return sum(1 for e in encodings if e.overflowing)
