@@ -322,7 +322,7 @@ def save_embedding_model(model, tokenizer, out_dir, pooling: str = "mean",
     """Write a bi-encoder (a `Bert` without head) as a BertModel directory in the
     sentence-transformers layout."""
     from .checkpoint import save_model
-    if model.task is not None:
-        raise NanobertError(f"an embedding model has no task head (this one has {model.task!r})")
+    if model.head is not None:
+        raise NanobertError(f"an embedding model has no task head (this one has {model.head!r})")
     files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize)
     save_model(model, out_dir, tokenizer=tokenizer, extra_files={**files, **(extra_files or {})})

@@ -199,13 +199,13 @@ def validate_hf_config(hf: dict, path):
                             f"{heads}")
 
 
-def infer_task(hf_config: dict, fam: Family, names) -> str | None:
+def infer_head(hf_config: dict, fam: Family, names) -> str | None:
     for arch in hf_config.get("architectures") or []:
-        task = fam.task_of(arch)
-        if task != "missing":
-            if task == "classify" and hf_config.get("problem_type") == "regression":
+        head = fam.head_of(arch)
+        if head != "missing":
+            if head == "classify" and hf_config.get("problem_type") == "regression":
                 return "regression"
-            return task
+            return head
     names = set(names)
     if fam.hf_name("qa.weight", "qa") in names:
         return "qa"
@@ -214,46 +214,44 @@ def infer_task(hf_config: dict, fam: Family, names) -> str | None:
     return None
 
 
-def load_model(name_or_dir, task="auto", **config_overrides) -> Bert:
-    """Load a HF directory of any supported family. task='auto' takes the head the
-    checkpoint has; a task it lacks gets a fresh head (listed in `model.new_weights`)."""
+def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
+    """Load a HF directory of any supported family. head='auto' takes the head the
+    checkpoint has; a head it lacks is made fresh (listed in `model.new_weights`)."""
     model_dir = resolve(name_or_dir)
     require_finished(model_dir)
     hf = read_config(model_dir)
     fam = family_of(hf, model_dir / "config.json")
     validate_hf_config(hf, model_dir / "config.json")
+    unknown = [k for k in config_overrides if k not in BertConfig.__dataclass_fields__]
+    if unknown:
+        raise NanobertError(f"unknown config field {unknown[0]!r}")
     try:
         kw = fam.from_hf(hf)
         kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
-        config = BertConfig(**kw)
+        config = BertConfig(**{**kw, **config_overrides})  # a new config, none mutated
     except KeyError as e:
         raise NanobertError(f"{model_dir / 'config.json'}: missing key(s) {e.args[0]}")
     except (TypeError, ValueError, ArithmeticError) as e:
         raise NanobertError(f"{model_dir / 'config.json'}: {e}")
-    for k, v in config_overrides.items():
-        if not hasattr(config, k):
-            raise NanobertError(f"unknown config field {k!r}")
-        setattr(config, k, v)
-    config.__post_init__()  # re-derive num_labels from id2label, re-validate
     state = _normalise_names(read_weights(model_dir), fam)
-    if task == "auto":
-        task = infer_task(hf, fam, state.keys())
-    if task is not None and task not in fam.tasks:
-        raise NanobertError(f"{model_dir}: task {task!r} is not supported for {fam.name} models "
-                            f"(supported: {', '.join(fam.tasks)})")
-    model = Bert(config, task)
+    if head == "auto":
+        head = infer_head(hf, fam, state.keys())
+    if head is not None and head not in fam.heads:
+        raise NanobertError(f"{model_dir}: head {head!r} is not supported for {fam.name} models "
+                            f"(supported: {', '.join(fam.heads)})")
+    model = Bert(config, head)
     model.new_weights = load_state(model, state, fam, source=model_dir)
     model.source_dir = model_dir
     return model
 
 
-def _hf_names(name: str, fam: Family, task) -> list:
+def _hf_names(name: str, fam: Family, head) -> list:
     """The HF tensor(s) one of our parameters comes from (Q, K, V are three)."""
     m = QKV.fullmatch(name)
     if m:
         i, kind = m.groups()
         return [t.format(i) + "." + kind for t in fam.qkv]
-    hf = fam.hf_name(name, task)
+    hf = fam.hf_name(name, head)
     return [hf] if hf else []
 
 
@@ -264,7 +262,7 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
     for name, param in model.state_dict().items():
         if name == TIED:
             continue
-        hf_names = _hf_names(name, fam, model.task)
+        hf_names = _hf_names(name, fam, model.head)
         if name == "mlm.bias" and hf_names and hf_names[0] not in hf_state:
             hf_names = [fam.decoder + ".bias"]  # newer files keep the bias on the decoder
         if not hf_names or any(n not in hf_state for n in hf_names):
@@ -277,7 +275,7 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
         new[name] = t
     hard = [n for n in missing if not n.startswith(HEAD_PREFIXES)]
     if hard:
-        example = (_hf_names(hard[0], fam, model.task) or [hard[0]])[0]
+        example = (_hf_names(hard[0], fam, model.head) or [hard[0]])[0]
         raise NanobertError(f"{source}: checkpoint lacks {len(hard)} encoder weight(s), "
                             f"e.g. {example}")
     unexpected = _unexpected_encoder_weights(hf_state, model, fam)
@@ -294,11 +292,10 @@ IGNORED = re.compile(r".*(position_ids|rel_pos_embeddings\.weight|\.masked_bias|
 
 def _unexpected_encoder_weights(hf_state: dict, model: Bert, fam: Family) -> list:
     """Encoder tensors in the checkpoint that no parameter of `model` reads. Heads of
-    other tasks (an MLM head when fine-tuning) are left alone, as transformers does; but
+    other heads (an MLM head when fine-tuning) are left alone, as transformers does; but
     an encoder layer the config does not have would be silently dropped."""
-    used = {n for name in model.state_dict() for n in _hf_names(name, fam, model.task)}
-    used |= {n for name in model.state_dict() for t in fam.tasks
-             for n in _hf_names(name, fam, t)}
+    used = {n for name in model.state_dict() for h in (model.head,) + tuple(fam.heads)
+            for n in _hf_names(name, fam, h)}
     return [name for name in sorted(hf_state)
             if name.startswith(fam.prefix) and name not in used and not IGNORED.fullmatch(name)
             and not name.startswith(fam.prefix + "pooler.")]
@@ -315,14 +312,14 @@ def hf_state_dict(model: Bert) -> dict:
     for name, t in model.state_dict().items():
         if name == TIED:
             continue
-        hf_names = _hf_names(name, fam, model.task)
+        hf_names = _hf_names(name, fam, model.head)
         if not hf_names:
             continue  # e.g. the pooler of a family whose head models have none
         for hf, chunk in zip(hf_names, t.chunk(len(hf_names))):
             out[hf] = chunk
-    if model.task is None:
+    if model.head is None:
         out = {k.removeprefix(fam.prefix): v for k, v in out.items()}
-    elif model.task in ("mlm", "pretraining"):  # HF expects the tied decoder too
+    elif model.head in ("mlm", "pretraining"):  # HF expects the tied decoder too
         out[fam.decoder + ".weight"] = model.bert.emb.tok.weight
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
@@ -349,7 +346,7 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(text, encoding="utf-8")
         hf = fam.to_hf(model.config)
-        hf["architectures"] = [fam.architecture(model.task)]
+        hf["architectures"] = [fam.architecture(model.head)]
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
         for f in sorted(tmp.rglob("*"), key=lambda f: f.name == "config.json"):
             if f.is_file():

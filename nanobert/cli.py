@@ -21,8 +21,8 @@ COMMANDS = {
     "evaluate": "nanobert.finetune",
     "predict": "nanobert.finetune",
     "fill-mask": "nanobert.pretrain",
-    "attention": "nanobert.inspect",
-    "tsne": "nanobert.inspect",
+    "attention": "nanobert.inspection",
+    "tsne": "nanobert.inspection",
     "embed": "nanobert.embed",
     "search": "nanobert.embed",
     "ablate-masking": "nanobert.pretrain",
@@ -33,7 +33,8 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .config import OneLineParser
+    parser = OneLineParser(
         prog="nanobert", description="BERT-style encoders: pretrain, fine-tune, inspect, embed.")
     from . import __version__
     parser.add_argument("--version", action="version", version=f"nanobert {__version__}")

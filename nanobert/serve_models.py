@@ -195,18 +195,18 @@ def load_served(spec: str) -> Served:
         raise NanobertError(f"{spec!r}: empty model name (use NAME=PATH)")
     path = resolve(where)
     model, tokenizer = nanobert.load(path)
-    task = HEAD_TASKS.get(model.task, "embed")
+    task = HEAD_TASKS.get(model.head, "embed")
     settings, pooling = {}, None
     if task in ("classify", "ner", "qa"):
         from .finetune import load_finetuned
         model, tokenizer, settings = load_finetuned(path)
         max_length = settings["max_length"]
     elif task == "regression":
-        from .finetune import DEFAULT_MAX_LENGTH
-        max_length = min(DEFAULT_MAX_LENGTH["classify"], model.config.max_position_embeddings)
+        from .finetune import TASKS
+        max_length = min(TASKS["classify"].max_length, model.config.max_position_embeddings)
     else:
-        from .embed import declared_max_length, declared_pooling
-        pooling = declared_pooling(path) or "mean"
+        from .embed import declared_max_length, default_pooling
+        pooling = default_pooling(model)
         max_length = min(declared_max_length(path) or tokenizer.model_max_length,
                          model.config.max_position_embeddings)
     return Served(name, path, model.eval(), tokenizer, Tokenizer.from_dir(path), task,

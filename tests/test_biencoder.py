@@ -152,12 +152,12 @@ def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
     out = tmp_path / "st"
     E.save_embedding_model(model, tok, out, pooling="mean", max_seq_length=128)
     texts = ["A man is eating food.", "A plane is taking off.", "short", "x " * 200]
-    ours = encode(nanobert.load(out, task=None)[0], tok, texts)
+    ours = encode(nanobert.load(out, head=None)[0], tok, texts)
     theirs = st.SentenceTransformer(str(out), device="cpu").encode(texts, convert_to_numpy=True)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
     cls = tmp_path / "cls"
     E.save_embedding_model(model, tok, cls, pooling="cls", max_seq_length=64, normalize=False)
-    ours = encode(nanobert.load(cls, task=None)[0], tok, texts, normalize=False)
+    ours = encode(nanobert.load(cls, head=None)[0], tok, texts, normalize=False)
     theirs = st.SentenceTransformer(str(cls), device="cpu").encode(texts, convert_to_numpy=True)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
@@ -165,7 +165,7 @@ def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
 def test_reranker_loads_in_transformers(minilm_dir, tmp_path):
     import transformers
     from nanobert.checkpoint import save_model
-    model, tok = nanobert.load(minilm_dir, task="regression")
+    model, tok = nanobert.load(minilm_dir, head="regression")
     torch.manual_seed(0)
     torch.nn.init.normal_(model.classifier.weight, std=0.1)
     save_model(model.eval(), tmp_path / "ce", tokenizer=tok)
