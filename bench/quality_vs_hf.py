@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
 import random
@@ -49,7 +50,8 @@ from speedlib import DATA, RESULTS, ROOT, machine, today  # noqa: E402  (puts RO
 
 import nanobert  # noqa: E402
 from nanobert import data as D  # noqa: E402
-from nanobert import finetune as FT  # noqa: E402
+# (the module, not the function that nanobert/__init__ exports under the same name)
+FT = importlib.import_module("nanobert.finetune")
 from nanobert.train import read_metrics  # noqa: E402
 
 RUNS = RESULTS / "quality_runs.jsonl"
@@ -133,28 +135,28 @@ def task_files(name: str, work: Path) -> tuple:
 
 def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, work: Path) -> dict:
     """nanobert's own `finetune`, exactly as a user calls it; evaluation time is measured
-    by timing the evaluation function it calls, so it can be taken out of examples/s."""
+    by timing the task's evaluation function, so it can be taken out of examples/s."""
     eval_s = []
-    real = FT.evaluate_task
+    task = FT.TASKS[recipe.kind]
 
     def timed(*a, **k):
         t = time.time()
         try:
-            return real(*a, **k)
+            return task.evaluate(*a, **k)
         finally:
             eval_s.append(time.time() - t)
 
     out = work / "nanobert"
-    FT.evaluate_task = timed
+    FT.TASKS[recipe.kind] = dataclasses.replace(task, evaluate=timed)
     try:
-        FT.finetune(recipe.kind, model, train_path, dev_path, out, epochs=recipe.epochs,
-                    lr=recipe.lr, batch_size=recipe.batch_size, max_length=recipe.max_length,
-                    warmup_ratio=recipe.warmup_ratio, weight_decay=recipe.weight_decay,
-                    seed=seed, doc_stride=recipe.doc_stride, progress=False,
-                    group_by_length=recipe.group_by_length,
+        FT.finetune(recipe.kind, model, str(train_path), str(dev_path), str(out),
+                    epochs=recipe.epochs, lr=recipe.lr, batch_size=recipe.batch_size,
+                    max_length=recipe.max_length, warmup_ratio=recipe.warmup_ratio,
+                    weight_decay=recipe.weight_decay, seed=seed, doc_stride=recipe.doc_stride,
+                    progress=False, group_by_length=recipe.group_by_length,
                     max_train_examples=recipe.n_train or None)
     finally:
-        FT.evaluate_task = real
+        FT.TASKS[recipe.kind] = task
     recs = read_metrics(out / "metrics.jsonl")
     evals = [{k: v for k, v in r.items() if k not in ("type", "epoch")}
              for r in recs if r["type"] == "eval"]
@@ -166,9 +168,9 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
 class HFAdapter(torch.nn.Module):
     """A transformers model seen through nanobert's evaluation code."""
 
-    def __init__(self, hf, config, task):
+    def __init__(self, hf, ours):
         super().__init__()
-        self.hf, self.config, self.task = hf, config, task
+        self.hf, self.config, self.head = hf, ours.config, ours.head
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         return self.hf(input_ids=input_ids, attention_mask=attention_mask,
@@ -178,23 +180,12 @@ class HFAdapter(torch.nn.Module):
 def features(recipe: Recipe, train, model: str, seed: int):
     """What nanobert's finetune builds before training: the model with its seeded new
     head, the tokenizer and the training features."""
-    overrides = {}
-    if recipe.kind == "classify":
-        overrides["id2label"] = dict(enumerate(D.label_set(train)))
-    elif recipe.kind == "ner":
-        tags = sorted({t for s in train for t in s.tags} - {"O"}, key=lambda t: (t[2:], t[:2]))
-        overrides["id2label"] = dict(enumerate(["O"] + tags))
-    start, tok = nanobert.load(model, task=FT.HEADS[recipe.kind], **overrides)
+    task = FT.TASKS[recipe.kind]
+    overrides = {"id2label": dict(enumerate(task.labels(train)))} if task.labels else {}
+    start, tok = nanobert.load(model, head=task.head, **overrides)
     FT._reinit_new_head(start, seed)
-    label2id = {v: k for k, v in (start.config.id2label or {}).items()}
-    if recipe.kind == "classify":
-        items = FT.encode_classification(tok, train, recipe.max_length, label2id)
-    elif recipe.kind == "ner":
-        items = [{k: it[k] for k in ("input_ids", "token_type_ids", "labels")}
-                 for it in FT.encode_ner(tok, train, recipe.max_length, label2id)]
-    else:
-        items, _ = FT.encode_qa(tok, train, recipe.max_length, recipe.doc_stride, train=True)
-    return start, tok, items
+    settings = {"max_length": recipe.max_length, "doc_stride": recipe.doc_stride}
+    return start, tok, task.features(tok, train, settings, FT.label2id(start))
 
 
 def hf_model(recipe: Recipe, start, model: str):
@@ -252,8 +243,8 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
                 print(f"  transformers step {step}/{total} loss {loss.item():.4f}", flush=True)
         train_s += time.time() - t0
         hf.eval()
-        res = FT.evaluate_task(recipe.kind, HFAdapter(hf, start.config, start.task), tok, dev,
-                               settings, batch_size=max(bs, 64))
+        res = FT.evaluate_task(recipe.kind, HFAdapter(hf, start), tok, dev, settings,
+                               batch_size=max(bs, 64))
         evals.append({"step": step, **{k: v for k, v in res.items() if k not in ("task", "n")}})
         print(f"  transformers epoch {epoch + 1}: {evals[-1]}", flush=True)
     return {"epochs": evals, "train_s": train_s, "n_features": len(items)}
