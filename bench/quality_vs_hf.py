@@ -369,15 +369,25 @@ def per_seed(runs: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(runs: list, path=TABLE):
+BEGIN, END = "<!-- quality table: written by", "<!-- end of quality table -->"
+
+
+def write_table(runs: list, path=TABLE, benchmarks=ROOT / "BENCHMARKS.md"):
+    """bench/results/quality.md (the table and every run), and the table in BENCHMARKS.md
+    between its two marker lines."""
     from nanobert.files import write_text
-    text = ("# Quality at real scale: nanobert vs transformers\n\n"
-            "Written by `python bench/quality_vs_hf.py --table` from "
-            "`bench/results/quality_runs.jsonl`. Mean ± sample standard deviation over seeds of "
-            "the dev metric after the last epoch; 'not run' marks cells with no finished run.\n\n"
-            + table(runs) + "\n## Every run\n\n" + per_seed(runs))
-    write_text(path, text)
-    print(text)
+    note = (f"Mean ± sample standard deviation over seeds of the dev metric after the last "
+            f"epoch; 'not run' marks cells with no finished run. Table written {today()}.\n\n")
+    write_text(path, "# Quality at real scale: nanobert vs transformers\n\nWritten by "
+               "`python bench/quality_vs_hf.py --table` from `bench/results/quality_runs.jsonl`. "
+               + note + table(runs) + "\n## Every run\n\n" + per_seed(runs))
+    text = benchmarks.read_text("utf-8") if benchmarks.is_file() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        first_line, _ = rest.split("\n", 1)
+        tail = rest.split(END, 1)[1]
+        write_text(benchmarks, head + BEGIN + first_line + "\n" + note + table(runs) + END + tail)
+    print(note + table(runs))
 
 
 def parse_set(pairs: list, recipe: Recipe) -> Recipe:
