@@ -380,23 +380,33 @@ async def tokenize(server: Server, body: dict) -> dict:
             "truncated": [cut for _, cut in tokens], "max_length": m.max_length}
 
 
-def info(server: Server) -> dict:
+def info(server: Server):
     from . import __version__
     c = server.config
-    return {"version": __version__,
-            "models": [m.describe() for m in server.models.values()],
-            "limits": {"max_batch_tokens": c.max_batch_tokens,
-                       "max_concurrent_requests": c.max_concurrent_requests,
-                       "max_client_batch": c.max_client_batch,
-                       "payload_limit": c.payload_limit},
-            "routes": [f"{r.method} {r.path}" for r in ROUTES]}
+    return json_response({
+        "version": __version__,
+        "models": [m.describe() for m in server.models.values()],
+        "limits": {"max_batch_tokens": c.max_batch_tokens,
+                   "max_concurrent_requests": c.max_concurrent_requests,
+                   "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit},
+        "routes": [f"{r.method} {r.path}" for r in ROUTES]})
+
+
+def health(server: Server):
+    return json_response({"status": "ok"})
+
+
+def metrics(server: Server):
+    from prometheus_client import CONTENT_TYPE_LATEST
+    from starlette.responses import Response
+    return Response(server.metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
 
 @dataclass
 class Route:
     method: str
     path: str
-    handler: object          # async (server, body) -> dict for POST; (server) -> dict for GET
+    handler: object          # POST: async (server, body) -> dict; GET: (server) -> Response
     help: str
     open: bool = field(default=False)   # answered without the API key
 
@@ -409,9 +419,9 @@ ROUTES = [
     Route("POST", "/qa", qa, "answer span of a question in a context of any length"),
     Route("POST", "/rerank", rerank, "documents ordered by relevance to a query"),
     Route("POST", "/tokenize", tokenize, "tokens with ids and character offsets"),
-    Route("GET", "/health", None, "liveness: 200 when up", open=True),
+    Route("GET", "/health", health, "liveness: 200 when up", open=True),
     Route("GET", "/info", info, "models, tasks and limits"),
-    Route("GET", "/metrics", None, "Prometheus metrics"),
+    Route("GET", "/metrics", metrics, "Prometheus metrics"),
 ]
 
 
@@ -467,7 +477,7 @@ def endpoint(server: Server, route: Route):
                 raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                headers={"WWW-Authenticate": "Bearer"})
             if route.method == "GET":
-                response = await get_response(server, route)
+                response = route.handler(server)
             else:
                 if server.in_flight >= server.config.max_concurrent_requests:
                     raise ApiError(429, f"{server.in_flight} requests in flight, the limit "
@@ -480,6 +490,8 @@ def endpoint(server: Server, route: Route):
                 response = json_response(await route.handler(server, body))
         except ApiError as e:
             response = json_response(e.body(), e.status, e.headers)
+        except NanobertError as e:   # found wrong only while computing
+            response = json_response(ApiError(422, str(e)).body(), 422)
         except Exception as e:  # a bug: one line in the log and in the answer, no traceback
             print(f"nanobert serve: error in {route.path}: {type(e).__name__}: {e}",
                   file=sys.stderr, flush=True)
@@ -493,16 +505,6 @@ def endpoint(server: Server, route: Route):
         return response
 
     return handle
-
-
-async def get_response(server: Server, route: Route):
-    from starlette.responses import Response
-    if route.path == "/health":
-        return json_response({"status": "ok"})
-    if route.path == "/metrics":
-        from prometheus_client import CONTENT_TYPE_LATEST
-        return Response(server.metrics.text(), media_type=CONTENT_TYPE_LATEST)
-    return json_response(route.handler(server))
 
 
 def make_app(server: Server):
@@ -557,13 +559,13 @@ def serve_args(p):
 
 
 def config_from_args(args) -> ServeConfig:
-    for flag in ("port", "max_batch_tokens", "max_concurrent_requests", "max_client_batch",
+    if not 0 <= args.port <= 65535:
+        raise NanobertError(f"--port must be from 0 to 65535, got {args.port}")
+    for flag in ("max_batch_tokens", "max_concurrent_requests", "max_client_batch",
                  "payload_limit", "threads"):
         v = getattr(args, flag)
-        lo = 0 if flag == "port" else 1
-        if v is not None and not (lo <= v <= (65535 if flag == "port" else 1 << 40)):
-            hi = "65535" if flag == "port" else "any"
-            raise NanobertError(f"--{flag.replace('_', '-')} must be from {lo} to {hi}, got {v}")
+        if v is not None and v < 1:
+            raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
     if args.api_key is not None and not args.api_key.strip():
         raise NanobertError("--api-key must not be empty")
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,

@@ -172,6 +172,20 @@ def test_embeddings_equal_nanobert_embed(server, tmp_path):
     assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
 
 
+def test_openai_client_works_unchanged(server, minilm):
+    openai = pytest.importorskip("openai")
+    from nanobert.embed import encode
+    model, tok = minilm
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    offline = encode(model, tok, SENTENCES[:3])
+    for fmt in ({}, {"encoding_format": "float"}):    # untold, the client asks for base64
+        r = client.embeddings.create(model="minilm", input=SENTENCES[:3], **fmt)
+        assert np.allclose(np.array([d.embedding for d in r.data]), offline, atol=1e-5)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong").embeddings.create(
+            model="minilm", input="x")
+
+
 def test_classify_and_pairs_equal_predict(server, models):
     model, tok, settings = load_finetuned(models["sst"])
     probs = predict_classify(model, tok, [Example(t) for t in SENTENCES], settings["max_length"])
