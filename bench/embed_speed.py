@@ -42,7 +42,7 @@ def main():
     from nanobert.batching import restore_order, sorted_batches
     from nanobert.checkpoint import resolve
     from nanobert.embed import encode
-    from nanobert.inspect import read_labelled
+    from nanobert.finetune import read_labelled
 
     torch.set_num_threads(args.threads)
     texts = read_labelled(train)["texts"][:args.n]

@@ -122,7 +122,7 @@ def run(task, train_path, dev_path, args, out_dir, train_examples=None, dev_exam
         items, _ = encode_qa(tok, train, settings["max_length"], settings["doc_stride"], train=True)
     n_ours = sum(min(args.batch_size, len(items) - i) for i in range(0, len(items), args.batch_size))
     # the head nanobert started from: same seeded init (see finetune._reinit_new_head)
-    start, _ = nanobert.load(args.model, task=model.task,
+    start, _ = nanobert.load(args.model, head=model.head,
                              **({} if task == "qa" else {"id2label": model.config.id2label}))
     from nanobert.finetune import _reinit_new_head
     _reinit_new_head(start, args.seed)

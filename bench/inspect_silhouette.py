@@ -35,8 +35,8 @@ def main():
 
     import torch
     import nanobert
-    from nanobert.inspect import (balanced_sample, plot_tsne, read_labelled, sentence_vectors,
-                                  silhouette, tsne)
+    from nanobert.finetune import read_labelled
+    from nanobert.inspection import balanced_sample, plot_tsne, sentence_vectors, silhouette, tsne
     torch.manual_seed(0)
     ex = read_labelled(dev)
     idx = balanced_sample(ex["labels"], args.n, args.seed)

@@ -47,18 +47,16 @@ def median_rate(recs, key):
 
 
 def run_ours(args, out):
-    from nanobert.pretrain import run_pretrain
+    from nanobert.pretrain import PretrainConfig, run_pretrain
     from nanobert.train import read_metrics
-    ns = argparse.Namespace(
-        corpus=[str(args.corpus)], out=str(out), preset="tiny", config=None, tokenizer=None,
-        vocab_size=args.vocab_size, steps=args.steps, batch_size=args.batch_size,
-        seq_len=args.seq_len, lr=args.lr, warmup_ratio=0.1, weight_decay=0.01, mask_prob=0.15,
-        mask_split="80/10/10", whole_word_mask=False, objective="mlm", dropout=0.1, grad_accum=1,
-        seed=args.seed, eval_every=args.eval_every, save_every=args.steps, val_fraction=0.1,
-        max_eval_rows=args.eval_rows, cache_dir=str(out.parent / "cache"), streaming=False,
-        attn_backend=args.attn_backend, device="cpu", no_progress=True, resume=False)
+    cfg = PretrainConfig.create(
+        corpus=[str(args.corpus)], out_dir=str(out), preset="tiny", vocab_size=args.vocab_size,
+        max_steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+        seed=args.seed, eval_every=args.eval_every, save_every=args.steps,
+        max_eval_rows=args.eval_rows, cache_dir=str(out.parent / "cache"),
+        attn_backend=args.attn_backend, device="cpu", progress=False)
     t0 = time.time()
-    run_pretrain(ns)
+    run_pretrain(cfg)
     wall = time.time() - t0
     recs = read_metrics(out / "metrics.jsonl")
     evals = [(r["step"], r["loss"], r["mlm_accuracy"]) for r in recs if r["type"] == "eval"]

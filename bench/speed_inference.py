@@ -44,7 +44,7 @@ def main():
 
     transformers.logging.set_verbosity_error()
     path = resolve("minilm")
-    model, tok = nanobert.load("minilm", task=None)
+    model, tok = nanobert.load("minilm", head=None)
     model.eval()
     hf = transformers.BertModel.from_pretrained(path, attn_implementation="sdpa").eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(path)

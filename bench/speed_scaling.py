@@ -57,7 +57,7 @@ def main():
     from nanobert.checkpoint import resolve
 
     transformers.logging.set_verbosity_error()
-    model, _ = nanobert.load("minilm", task=None)
+    model, _ = nanobert.load("minilm", head=None)
     model.eval()
     hf = transformers.BertModel.from_pretrained(resolve("minilm"),
                                                 attn_implementation="sdpa").eval()

@@ -45,7 +45,7 @@ def main():
     bs, steps = args.batch_size, args.steps
     n = bs * steps
     texts, labels = read_sst2(train, n), read_sst2_labels(train, n)
-    _, tok = nanobert.load("minilm", task=None)
+    _, tok = nanobert.load("minilm", head=None)
     batches = []
     for i in range(0, n, bs):
         b = tok(texts[i:i + bs], max_length=args.max_length)
@@ -56,7 +56,7 @@ def main():
 
     def nb_model(backend):
         torch.manual_seed(0)
-        m, _ = nanobert.load("minilm", task="classify", num_labels=2, attn_backend=backend)
+        m, _ = nanobert.load("minilm", head="classify", num_labels=2, attn_backend=backend)
         return m.train()
 
     def hf_model(state):

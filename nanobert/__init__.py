@@ -1,20 +1,45 @@
-"""nanobert: BERT-style encoders in readable PyTorch."""
+"""nanobert: BERT-style encoders in readable PyTorch.
+
+The Python API, in the words people already know from sentence-transformers and
+transformers' pipelines:
+
+    import nanobert
+    enc = nanobert.Encoder("minilm")                     # embeddings and search
+    enc.encode("A sentence.")                            # (384,)
+    enc.encode(["one", "two"], batch_size=32)            # (2, 384)
+    enc.search("a query", ["doc one", "doc two"], k=1)   # [(index, score, text)]
+
+    clf = nanobert.Predictor("runs/sst2")                # a directory `finetune` wrote
+    clf.predict("a gripping film")                       # {'label', 'probability', 'text'}
+
+    cfg = nanobert.FinetuneConfig(task="classify", model="minilm", train="train.tsv",
+                                  dev="dev.tsv").replace(out_dir="runs/sst2", epochs=1)
+    nanobert.finetune(cfg)                               # the best dev metrics
+
+    model, tokenizer = nanobert.load("minilm")           # the model itself (nn.Module)
+"""
+from .embed import Encoder
 from .files import NanobertError
+from .finetune import FinetuneConfig, Predictor, finetune
 from .model import PRESETS, Bert, BertConfig, BertModel, preset
+from .pretrain import PretrainConfig, run_pretrain
 from .tokenizer import Tokenizer
+from .train import TrainConfig
 
 __version__ = "0.1.0"
 
 
-def load(name_or_dir, task="auto", dtype="float32", **config_overrides):
+def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
     """(model, tokenizer) from a HF directory, the alias 'minilm', or a hub name.
+    head='auto' takes the checkpoint's head; None gives the bare encoder.
     dtype="int8": int8 Linear layers for CPU inference (`nanobert.quantize`)."""
     from .checkpoint import load_model, resolve
     from .quantize import to_dtype
-    model = load_model(name_or_dir, task=task, **config_overrides)
+    model = load_model(name_or_dir, head=head, **config_overrides)
     tokenizer = Tokenizer.from_dir(resolve(name_or_dir))
     return to_dtype(model, dtype, tokenizer), tokenizer
 
 
-__all__ = ["Bert", "BertConfig", "BertModel", "NanobertError", "PRESETS", "Tokenizer",
-           "load", "preset"]
+__all__ = ["Bert", "BertConfig", "BertModel", "Encoder", "FinetuneConfig", "NanobertError",
+           "PRESETS", "Predictor", "PretrainConfig", "Tokenizer", "TrainConfig", "finetune",
+           "load", "preset", "run_pretrain"]

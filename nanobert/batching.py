@@ -12,6 +12,8 @@ back in the caller's order with `restore_order`.
     outs = restore_order(batches, outs)          # same order as `encodings`
 
 Only for inference: training wants random batches, and sorting changes them.
+
+`pad_rows` is the one place where sequences of different lengths become a (B, T) tensor.
 """
 from __future__ import annotations
 
@@ -61,3 +63,13 @@ def restore_order(batches: list[list[int]], outputs):
     if isinstance(outputs, torch.Tensor):
         return outputs[torch.tensor(inv, dtype=torch.long, device=outputs.device)]
     return [outputs[p] for p in inv]
+
+
+def pad_rows(rows: Sequence[Sequence], value=0, dtype=torch.long, length=None) -> torch.Tensor:
+    """Sequences of different lengths as one (B, T) tensor, right-padded with `value`;
+    T is the longest row, or `length`."""
+    T = length if length is not None else max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), T), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = torch.as_tensor(list(r), dtype=dtype)
+    return out

@@ -21,18 +21,20 @@ COMMANDS = {
     "evaluate": "nanobert.finetune",
     "predict": "nanobert.finetune",
     "fill-mask": "nanobert.pretrain",
-    "attention": "nanobert.inspect",
-    "tsne": "nanobert.inspect",
+    "attention": "nanobert.inspection",
+    "tsne": "nanobert.inspection",
     "embed": "nanobert.embed",
     "search": "nanobert.embed",
     "ablate-masking": "nanobert.pretrain",
     "compare-gpt2": "nanobert.gpt2",
     "distill": "nanobert.distill",
+    "serve": "nanobert.serve",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .config import OneLineParser
+    parser = OneLineParser(
         prog="nanobert", description="BERT-style encoders: pretrain, fine-tune, inspect, embed.")
     from . import __version__
     parser.add_argument("--version", action="version", version=f"nanobert {__version__}")

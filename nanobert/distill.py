@@ -13,14 +13,18 @@ pretraining (`nanobert.pretrain.run_pretrain`), only the model and the loss diff
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from .config import add_flags, at_least, param, positive
 from .files import NanobertError
 from .model import Bert
+from .pretrain import PretrainConfig
+from .train import TrainConfig
 
 
 def student_config(teacher: Bert, layers: int | None = None, preset_name: str | None = None):
@@ -34,9 +38,8 @@ def student_config(teacher: Bert, layers: int | None = None, preset_name: str | 
         except ValueError as e:
             raise NanobertError(str(e))
     else:
-        c = copy.deepcopy(tc)
-        c.num_hidden_layers = layers or max(1, tc.num_hidden_layers // 2)
-        c.num_layer_groups = None
+        c = dataclasses.replace(tc, num_hidden_layers=layers or max(1, tc.num_hidden_layers // 2),
+                                num_layer_groups=None)
     return c
 
 
@@ -102,53 +105,75 @@ def distill_loss_fn(teacher: Bert, w: DistillWeights):
 # The command
 
 
+def _distill_trainer() -> TrainConfig:
+    return TrainConfig(max_steps=2000, lr=1e-3, seed=0)
+
+
+@dataclass
+class DistillConfig(PretrainConfig):
+    """Distillation: pretraining's data, masking and loop with a student and the loss."""
+    teacher: str = param("", "model directory with an MLM head (e.g. the output of "
+                         "`nanobert pretrain`)", required=True)
+    student_layers: Optional[int] = param(None, "layers of the student (default: half the "
+                                          "teacher's), initialised from every other teacher "
+                                          "layer", at_least(1))
+    student_preset: Optional[str] = param(None, "build the student from this preset instead "
+                                          "(initialised from the teacher where shapes match)")
+    init: bool = param(True, "start the student from the teacher's weights")
+    kl_weight: float = param(5.0, "weight of the soft-target KL loss", at_least(0))
+    mlm_weight: float = param(2.0, "weight of the MLM loss", at_least(0))
+    cos_weight: float = param(1.0, "weight of the cosine loss on the last hidden states",
+                              at_least(0))
+    temperature: float = param(2.0, "softmax temperature T", positive())
+    preset: Optional[str] = None            # the student comes from the teacher
+    trainer: TrainConfig = param(_distill_trainer)
+
+    def weights(self) -> DistillWeights:
+        return DistillWeights(self.kl_weight, self.mlm_weight, self.cos_weight, self.temperature)
+
+
 def distill_args(p):
-    from .pretrain import common_args
-    p.add_argument("--teacher", required=True, help="model directory with an MLM head "
-                   "(e.g. the output of `nanobert pretrain`)")
-    p.add_argument("--student-layers", type=int, help="layers of the student (default: half "
-                   "the teacher's), initialised from every other teacher layer")
-    p.add_argument("--student-preset", help="build the student from this preset instead "
-                   "(initialised from the teacher where shapes match)")
-    p.add_argument("--no-init", action="store_true", help="start the student from random weights")
-    p.add_argument("--kl-weight", type=float, default=5.0, help="weight of the soft-target KL loss")
-    p.add_argument("--mlm-weight", type=float, default=2.0, help="weight of the MLM loss")
-    p.add_argument("--cos-weight", type=float, default=1.0,
-                   help="weight of the cosine loss on the last hidden states")
-    p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T")
-    common_args(p, steps=2000)
-    p.set_defaults(preset=None, config=None, objective="mlm", mask_split="80/10/10", resume=False)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    add_flags(p, DistillConfig, skip=("preset", "model_config", "objective", "mask_split"))
 
 
-def distill_cmd(args):
-    """Distil a teacher into a smaller student (soft targets + MLM + cosine), DistilBERT-style."""
-    from .checkpoint import load_model, resolve
-    from .pretrain import run_pretrain
-    teacher = load_model(args.teacher)
-    if teacher.task not in ("mlm", "pretraining") or "mlm.dense.weight" in teacher.new_weights:
-        raise NanobertError(f"{args.teacher}: the teacher needs a trained MLM head "
+def _teacher(cfg: DistillConfig) -> Bert:
+    from .checkpoint import load_model
+    teacher = load_model(cfg.teacher, attn_backend=cfg.attn_backend)
+    if teacher.head not in ("mlm", "pretraining") or "mlm.dense.weight" in teacher.new_weights:
+        raise NanobertError(f"{cfg.teacher}: the teacher needs a trained MLM head "
                             "(a BertForMaskedLM / BertForPreTraining checkpoint)")
-    teacher.config.attn_backend = args.attn_backend
-    if args.tokenizer is None:
-        args.tokenizer = str(resolve(args.teacher))  # the teacher's vocabulary
-    config = student_config(teacher, args.student_layers, args.student_preset)
-    if config.hidden_size != teacher.config.hidden_size and args.cos_weight:
+    return teacher
+
+
+def distill(cfg: DistillConfig) -> dict:
+    """Distil `cfg.teacher` into a student; returns the best validation metrics."""
+    from .checkpoint import resolve
+    from .pretrain import run_pretrain
+    teacher = _teacher(cfg)
+    if cfg.tokenizer is None:
+        cfg = cfg.replace(tokenizer=str(resolve(cfg.teacher)))  # the teacher's vocabulary
+    config = student_config(teacher, cfg.student_layers, cfg.student_preset)
+    if config.hidden_size != teacher.config.hidden_size and cfg.cos_weight:
         raise NanobertError("the cosine loss needs the student's hidden size to equal the "
                             f"teacher's ({teacher.config.hidden_size}); pass --cos-weight 0")
-    config.attn_backend = args.attn_backend
-    config.hidden_dropout_prob = config.attention_probs_dropout_prob = args.dropout
-    weights = DistillWeights(args.kl_weight, args.mlm_weight, args.cos_weight, args.temperature)
+    config = dataclasses.replace(config, attn_backend=cfg.attn_backend,
+                                 hidden_dropout_prob=cfg.dropout,
+                                 attention_probs_dropout_prob=cfg.dropout)
 
     def make_model(tok):
-        torch.manual_seed(args.seed)
+        torch.manual_seed(cfg.trainer.seed)
         student = Bert(config, "mlm")
-        if not args.no_init:
+        if cfg.init:
             with torch.no_grad():
                 copied = init_from_teacher(student, teacher)
             print(f"student: {config.num_hidden_layers} layers, {student.num_parameters():,} "
                   f"parameters; {len(copied)} tensors initialised from the teacher")
         return student
 
-    run_pretrain(args, make_model=make_model, loss_fn=distill_loss_fn(teacher, weights))
+    return run_pretrain(cfg, make_model=make_model, loss_fn=distill_loss_fn(teacher, cfg.weights()))
+
+
+def distill_cmd(args):
+    """Distil a teacher into a smaller student (soft targets + MLM + cosine), DistilBERT-style."""
+    distill(DistillConfig.from_args(args))
     return 0

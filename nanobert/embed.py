@@ -5,13 +5,14 @@
                                         or the [CLS] vector
 
 A sentence-transformers checkpoint says how it pools in `1_Pooling/config.json`;
-when that file is there its choice is the default. Search is cosine similarity
+when that file is there its choice is the default (`default_pooling`). Search is cosine similarity
 between a query vector and the corpus vectors (a dot product once both are
 normalised). The corpus vectors are cached next to the corpus file, keyed by the
 corpus contents, the model and the pooling, so a second search is instant.
 
-    from nanobert.embed import Encoder
-    enc = Encoder.from_pretrained("minilm")
+    from nanobert import Encoder
+    enc = Encoder("minilm")
+    vec = enc.encode("A man is eating food.")                                # (384,)
     vecs = enc.encode(["A man is eating food.", "A man is eating bread."])   # (2, 384)
     hits = enc.search("a person eats", ["...", "..."], k=5)   # [(index, score, text)]
 """
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from .batching import restore_order, sorted_batches
+from .config import at_least, checked
 from .files import NanobertError, atomic_path, read_lines
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
@@ -99,76 +101,102 @@ def declared_max_length(model_dir) -> Optional[int]:
 
 @torch.inference_mode()
 def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
-                    batch_size: int = 64, max_length: Optional[int] = None) -> np.ndarray:
+                    batch_size: int = 64, max_length: Optional[int] = None,
+                    progress: bool = False) -> np.ndarray:
     """Run the encoder of `model` over `texts` (and `pairs`) in length-sorted batches and
     return `vector(encoder_output, attention_mask)` (B, H) per batch as one float32 array
     (n, H), rows in the order of `texts`. The one inference loop of embed and inspect."""
-    encoder = getattr(model, "bert", model)
+    base = getattr(model, "bert", model)       # the bare BertModel under any head
     texts = list(texts)
     if not texts:
-        return np.zeros((0, encoder.config.hidden_size), dtype=np.float32)
-    was_training = encoder.training
-    encoder.eval()
-    device = next(encoder.parameters()).device
+        return np.zeros((0, base.config.hidden_size), dtype=np.float32)
+    was_training = base.training
+    base.eval()
+    device = next(base.parameters()).device
     pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
     encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length)
     batches = sorted_batches([len(e.ids) for e in encodings], batch_size)
+    shown = batches
+    if progress:
+        from tqdm.auto import tqdm
+        shown = tqdm(batches, desc="encoding", unit="batch", leave=False)
     outs = []
     try:
-        for idx in batches:
+        for idx in shown:
             batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
-            outs.append(vector(encoder(**batch), batch["attention_mask"]).float().cpu())
+            outs.append(vector(base(**batch), batch["attention_mask"]).float().cpu())
     finally:
-        encoder.train(was_training)
+        base.train(was_training)
     return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)
 
 
 def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None,
            normalize: bool = True, batch_size: int = 64,
-           max_length: Optional[int] = None) -> np.ndarray:
+           max_length: Optional[int] = None, progress: bool = False) -> np.ndarray:
     """Embed `texts` -> float32 array (n, H). `model` is a `Bert` (any head; only the
     encoder runs) or a `BertModel`. pooling=None takes the checkpoint's declared pooling
     (1_Pooling/config.json), else mean. Batches are cut from length-sorted texts so they
     carry little padding; the rows come back in the order of `texts`."""
-    encoder = getattr(model, "bert", model)
-    source = getattr(model, "source_dir", None)
-    if pooling is None:
-        pooling = declared_pooling(source) or "mean"
-    if pooling not in POOLINGS:
-        raise NanobertError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
-    max_length = max_length or declared_max_length(source) or tokenizer.model_max_length
-    max_length = min(max_length, encoder.config.max_position_embeddings)
+    base = getattr(model, "bert", model)
+    pooling = check_pooling(pooling or default_pooling(model))
+    max_length = max_length or declared_max_length(getattr(model, "source_dir", None)) \
+        or tokenizer.model_max_length
+    max_length = min(max_length, base.config.max_position_embeddings)
 
     def vector(out, mask):
         v = pool(out.last_hidden_state.float(), mask, pooling)      # (B, H)
         return torch.nn.functional.normalize(v, dim=-1) if normalize else v
 
     return encoder_vectors(model, tokenizer, texts, vector, batch_size=batch_size,
-                           max_length=max_length)
+                           max_length=max_length, progress=progress)
+
+
+def default_pooling(model) -> str:
+    """What a checkpoint declares (1_Pooling/config.json), else mean."""
+    return declared_pooling(getattr(model, "source_dir", None)) or "mean"
+
+
+def check_pooling(pooling: str) -> str:
+    if pooling not in POOLINGS:
+        raise NanobertError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
+    return pooling
 
 
 class Encoder:
-    """A model + tokenizer + pooling settings: `encode(texts)` and `search(...)`."""
+    """A sentence encoder: model + tokenizer + pooling.
 
-    def __init__(self, model, tokenizer, pooling: Optional[str] = None, normalize: bool = True,
-                 batch_size: int = 64, max_length: Optional[int] = None, name: str = ""):
+        enc = Encoder("minilm")                     # a name, a directory, or (model, tokenizer)
+        enc.encode("A man is eating food.")         # (384,) one vector
+        enc.encode(["a", "b"], batch_size=32)       # (2, 384)
+        enc.search("a person eats", ["...", "..."], k=5)   # [(index, score, text)]
+    """
+
+    def __init__(self, model="minilm", tokenizer=None, pooling: Optional[str] = None,
+                 normalize: bool = True, batch_size: int = 64, max_length: Optional[int] = None,
+                 name: str = ""):
+        if isinstance(model, (str, Path)):
+            from . import load
+            name = name or str(model)
+            model, tokenizer = load(model, head=None)
+        elif tokenizer is None:
+            raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
         self.model, self.tokenizer = model.eval(), tokenizer
-        source = getattr(model, "source_dir", None)
-        self.pooling = pooling or declared_pooling(source) or "mean"
-        if self.pooling not in POOLINGS:
-            raise NanobertError(f"unknown pooling {self.pooling!r}; choose from {', '.join(POOLINGS)}")
+        self.pooling = check_pooling(pooling or default_pooling(model))
         self.normalize, self.batch_size, self.max_length = normalize, batch_size, max_length
-        self.name = name or str(source or "model")
+        self.name = name or str(getattr(model, "source_dir", None) or "model")
 
     @classmethod
     def from_pretrained(cls, name_or_dir="minilm", **kw) -> "Encoder":
-        from . import load
-        model, tokenizer = load(name_or_dir, task=None)
-        return cls(model, tokenizer, name=str(name_or_dir), **kw)
+        return cls(name_or_dir, **kw)
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return encode(self.model, self.tokenizer, texts, self.pooling, self.normalize,
-                      self.batch_size, self.max_length)
+    def encode(self, texts, batch_size: Optional[int] = None, normalize: Optional[bool] = None,
+               show_progress: bool = False) -> np.ndarray:
+        """One text -> a vector (H,); a list of texts -> an array (n, H), float32."""
+        single = isinstance(texts, str)
+        out = encode(self.model, self.tokenizer, [texts] if single else texts, self.pooling,
+                     self.normalize if normalize is None else normalize,
+                     batch_size or self.batch_size, self.max_length, show_progress)
+        return out[0] if single else out
 
     def identity(self) -> str:
         """A string that changes when the model's weights or the settings change."""
@@ -240,7 +268,7 @@ def read_texts(path) -> list[str]:
     if not lines:
         raise NanobertError(f"{path}: empty file (no sentences)")
     if path.suffix.lower() in LABELLED_SUFFIXES or lines[0].split("\t")[:2] == ["Quality", "#1 ID"]:
-        from .inspect import read_labelled
+        from .finetune import read_labelled
         ex = read_labelled(path)
         return [t if p is None else f"{t} {p}" for t, p in zip(ex["texts"], ex["pairs"])]
     return lines
@@ -295,14 +323,12 @@ def _common(p):
     p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="token pooling (default: what the checkpoint declares, else mean)")
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the vectors")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=None,
+    p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64)
+    p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=None,
                    help="truncate texts to this many tokens (default: the model's)")
 
 
 def _encoder(args) -> Encoder:
-    if args.batch_size < 1:
-        raise NanobertError("--batch-size must be at least 1")
     return Encoder.from_pretrained(args.model, pooling=args.pooling,
                                    normalize=not args.no_normalize, batch_size=args.batch_size,
                                    max_length=args.max_length)
@@ -333,14 +359,12 @@ def search_args(p):
     p.add_argument("--corpus", required=True, help="text file, one document per line")
     p.add_argument("--query", required=True, action="append",
                    help="query text (repeat for several queries)")
-    p.add_argument("-k", type=int, default=5, help="how many results")
+    p.add_argument("-k", type=checked(int, at_least(1), "-k"), default=5, help="how many results")
     p.add_argument("--json", action="store_true", help="print results as JSON")
 
 
 def search_cmd(args):
     """Cosine semantic search: the k corpus lines closest to a query."""
-    if args.k < 1:
-        raise NanobertError("-k must be at least 1")
     enc = _encoder(args)
     texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True)
     results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb)

@@ -2,19 +2,19 @@
 
 Each Hugging Face family names its tensors and config keys its own way. A `Family`
 holds, for one of them: how to read its config.json into a `BertConfig` (and write it
-back), and a table of name rules `(our name, HF name, tasks)` where `{i}` is a layer
+back), and a table of name rules `(our name, HF name, heads)` where `{i}` is a layer
 index. Q, K and V are separate tensors in most families and one fused tensor in ours;
 `qkv` names the three (or one) HF tensors they come from.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .model import BertConfig
 
-ALL = None  # a rule that holds for every task
+ALL = None  # a rule that holds for every head
 
 
 @dataclass
@@ -24,31 +24,30 @@ class Family:
     arch_prefix: str                          # "Bert" -> BertModel, BertForMaskedLM, ...
     prefix: str                               # of the encoder's names in models with heads
     decoder: str                              # the MLM decoder (tied to the word embeddings)
-    rules: list                               # (ours regex, HF template, tasks or ALL)
+    rules: list                               # (ours regex, HF template, heads or ALL)
     qkv: tuple                                # HF templates of Q, K, V (or one fused)
     from_hf: Callable[[dict], dict]           # config.json -> BertConfig keyword arguments
     to_hf: Callable[[BertConfig], dict]       # BertConfig -> config.json
-    tasks: tuple = ("mlm", "pretraining", "classify", "regression", "token", "qa")
-    arch_names: dict = field(default_factory=dict)
+    heads: tuple = ("mlm", "pretraining", "classify", "regression", "token", "qa")
 
-    def hf_name(self, ours: str, task) -> Optional[str]:
-        for pat, template, tasks in self.rules:
+    def hf_name(self, ours: str, head) -> Optional[str]:
+        for pat, template, heads in self.rules:
             m = re.fullmatch(pat, ours)
-            if m and (tasks is ALL or task in tasks):
+            if m and (heads is ALL or head in heads):
                 return template.format(*m.groups())
         return None
 
-    def architecture(self, task) -> str:
+    def architecture(self, head) -> str:
         suffix = {None: "Model", "mlm": "ForMaskedLM", "pretraining": "ForPreTraining",
                   "classify": "ForSequenceClassification",
                   "regression": "ForSequenceClassification",
-                  "token": "ForTokenClassification", "qa": "ForQuestionAnswering"}[task]
-        return self.arch_names.get(task, self.arch_prefix + suffix)
+                  "token": "ForTokenClassification", "qa": "ForQuestionAnswering"}[head]
+        return self.arch_prefix + suffix
 
-    def task_of(self, architecture: str):
-        for task in (None,) + self.tasks:
-            if self.architecture(task) == architecture:
-                return task
+    def head_of(self, architecture: str):
+        for head in (None,) + self.heads:
+            if self.architecture(head) == architecture:
+                return head
         return "missing"
 
 
@@ -156,7 +155,7 @@ ROBERTA = Family(
     ]),
     tuple(f"roberta.encoder.layer.{{}}.attention.self.{x}" for x in ("query", "key", "value")),
     _roberta_from_hf, _roberta_to_hf,
-    tasks=("mlm", "classify", "regression", "token", "qa"),
+    heads=("mlm", "classify", "regression", "token", "qa"),
 )
 
 # ---- ALBERT: factorized embeddings, shared layer groups, SOP ---------------------------
@@ -243,7 +242,7 @@ DISTILBERT = Family(
     ]),
     tuple(f"distilbert.transformer.layer.{{}}.attention.{x}" for x in ("q_lin", "k_lin", "v_lin")),
     _distil_from_hf, _distil_to_hf,
-    tasks=("mlm", "classify", "regression", "token", "qa"),
+    heads=("mlm", "classify", "regression", "token", "qa"),
 )
 
 # ---- ModernBERT: pre-LN, RoPE, GeGLU, no biases, local/global attention ---------------
@@ -311,7 +310,7 @@ MODERNBERT = Family(
        (r"classifier\.(\w+)", "classifier.{}", ALL)],
     ("model.layers.{}.attn.Wqkv",),
     _modern_from_hf, _modern_to_hf,
-    tasks=("mlm", "classify", "regression"),
+    heads=("mlm", "classify", "regression"),
 )
 
 # ---- DeBERTa-v2/v3: disentangled attention over relative positions ---------------------
@@ -371,7 +370,7 @@ DEBERTA = Family(
     ]),
     tuple(f"deberta.encoder.layer.{{}}.attention.self.{x}_proj" for x in ("query", "key", "value")),
     _deberta_from_hf, _deberta_to_hf,
-    tasks=("mlm", "classify", "regression", "token", "qa"),
+    heads=("mlm", "classify", "regression", "token", "qa"),
 )
 
 FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT, DEBERTA)}

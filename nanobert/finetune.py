@@ -1,4 +1,4 @@
-"""Fine-tuning, evaluation and prediction for classification, NER and extractive QA.
+"""Fine-tuning, evaluation and prediction: one `Task` record per task, in `TASKS`.
 
     finetune:  read train/dev files ──► tokenize once ──► Trainer (AdamW, warmup+decay,
                evaluation each epoch, best model kept) ──► an HF model directory:
@@ -13,37 +13,36 @@ Task by task:
     ner       words ──► sub-words; the tag is learnt and predicted on each word's FIRST
               sub-word (the others get -100, no loss); predictions go back to words
     qa        question + context in sliding windows (see nanobert.qa)
+
+Adding a task: write its functions (reader, features, evaluation, prediction) and add
+ONE `Task(...)` record to `TASKS` below; `--task NAME`, evaluate, predict, `Predictor`
+and the saved nanobert.json then work without further edits. `head` is a model head of
+nanobert.model (HEADS there); `saved_settings` lists the FinetuneConfig fields that evaluation
+and prediction need later (they are saved in nanobert.json).
+
+Python callers:
+
+    from nanobert.finetune import FinetuneConfig, finetune
+    cfg = FinetuneConfig(task="ner", model="minilm", train="train.txt", dev="dev.txt")
+    best = finetune(cfg.replace(out_dir="runs/ner", epochs=5))
 """
 from __future__ import annotations
 
 import json
 import random
-import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
 from . import data as D
-from .batching import sorted_batches
+from .batching import pad_rows, sorted_batches
+from .config import Config, at_least, param
 from .files import NanobertError
-
-HEADS = {"classify": "classify", "ner": "token", "qa": "qa"}        # our task -> model head
-BEST_METRIC = {"classify": "accuracy", "ner": "f1", "qa": "f1"}
-DEFAULT_MAX_LENGTH = {"classify": 128, "ner": 128, "qa": 384}
-
+from .train import TrainConfig
 
 # ----------------------------------------------------------------------------------
-# Reading a task's data
-
-
-def read_task_data(task, path, columns=None, require_labels=True):
-    columns = columns or {}
-    if task == "classify":
-        return D.read_classification(path, require_label=require_labels, **columns)
-    if task == "ner":
-        return D.read_conll(path, require_tags=require_labels)
-    if task == "qa":
-        return D.read_squad(path, require_answers=require_labels)
-    raise NanobertError(f"unknown task {task!r} (choose classify, ner or qa)")
+# Training order
 
 
 def select_examples(examples: list, n, seed: int) -> list:
@@ -82,6 +81,11 @@ def epoch_batches(lengths, batch_size: int, seed: int, epoch: int, group_by_leng
 # Features: each example becomes a dict of python lists; `collate` pads a batch of them
 
 
+def label2id(model) -> dict:
+    """label -> id: the inverse of the model's id2label ({} for a span task)."""
+    return {v: k for k, v in (model.config.id2label or {}).items()}
+
+
 def encode_classification(tok, examples, max_length, label2id=None) -> list:
     texts = [e.text_a for e in examples]
     pairs = None if examples[0].text_b is None else [e.text_b or "" for e in examples]
@@ -95,6 +99,14 @@ def encode_classification(tok, examples, max_length, label2id=None) -> list:
     return items
 
 
+def word_features(enc) -> dict:
+    """Features of one encoding with its word alignment: `first` marks each word's first
+    sub-word (where NER learns and reads the word's tag)."""
+    w = enc.word_ids                                   # (T,) word index or None
+    first = [x is not None and (i == 0 or w[i - 1] != x) for i, x in enumerate(w)]
+    return {"input_ids": enc.ids, "token_type_ids": enc.type_ids, "word_ids": w, "first": first}
+
+
 def encode_ner(tok, sentences, max_length, label2id=None) -> list:
     """Sub-word features of pre-split words; the word's tag on its first sub-word only."""
     tok.tk.enable_truncation(max_length)
@@ -104,12 +116,10 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
         tok.tk.no_truncation()
     items = []
     for s, enc in zip(sentences, encs):
-        word_ids = enc.word_ids                       # (T,) word index or None
-        first = [w is not None and (i == 0 or word_ids[i - 1] != w) for i, w in enumerate(word_ids)]
-        item = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, "word_ids": word_ids,
-                "first": first}
+        item = word_features(enc)
         if label2id is not None and s.tags is not None:
-            item["labels"] = [label2id[s.tags[w]] if f else -100 for w, f in zip(word_ids, first)]
+            item["labels"] = [label2id[s.tags[w]] if f else -100
+                              for w, f in zip(item["word_ids"], item["first"])]
         items.append(item)
     return items
 
@@ -126,24 +136,15 @@ def encode_qa(tok, examples, max_length, doc_stride, train=False) -> tuple:
 
 def collate(items, pad_id: int = 0) -> dict:
     """Pad a list of feature dicts to the longest: (B, T) tensors, labels padded with -100."""
-    B, T = len(items), max(len(it["input_ids"]) for it in items)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    types = torch.zeros((B, T), dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.long)
-    for i, it in enumerate(items):
-        n = len(it["input_ids"])
-        ids[i, :n] = torch.tensor(it["input_ids"])
-        types[i, :n] = torch.tensor(it["token_type_ids"])
-        mask[i, :n] = 1
-    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    ids = [it["input_ids"] for it in items]
+    T = max(len(r) for r in ids)
+    batch = {"input_ids": pad_rows(ids, pad_id),
+             "attention_mask": pad_rows([[1] * len(r) for r in ids]),
+             "token_type_ids": pad_rows([it["token_type_ids"] for it in items])}
     if "labels" in items[0]:
-        if isinstance(items[0]["labels"], list):                       # token labels (B, T)
-            lab = torch.full((B, T), -100, dtype=torch.long)
-            for i, it in enumerate(items):
-                lab[i, :len(it["labels"])] = torch.tensor(it["labels"])
-            batch["labels"] = lab
-        else:                                                          # one per sequence (B,)
-            batch["labels"] = torch.tensor([it["labels"] for it in items])
+        labels = [it["labels"] for it in items]
+        batch["labels"] = (pad_rows(labels, -100, length=T) if isinstance(labels[0], list)
+                           else torch.tensor(labels))              # (B, T) per token or (B,)
     for k in ("start_positions", "end_positions"):
         if k in items[0]:
             batch[k] = torch.tensor([it[k] for it in items])
@@ -154,17 +155,26 @@ def collate(items, pad_id: int = 0) -> dict:
 # Inference: length-sorted batches under inference_mode, outputs in the input order
 
 
-def _device(model):
-    return next(model.parameters()).device
+def sequence_logits(out, row, n):
+    return out.logits[row].float().cpu()
+
+
+def token_logits(out, row, n):
+    return out.logits[row, :n].float().cpu()
+
+
+def span_logits(out, row, n):
+    return out.start_logits[row, :n].float().cpu(), out.end_logits[row, :n].float().cpu()
 
 
 @torch.inference_mode()
-def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False) -> list:
-    """Model outputs per item, in item order: the logits row (classify/token, trimmed to
-    the item's length) or the (start, end) logits pair (qa), as CPU float tensors."""
+def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
+                take: Callable = sequence_logits) -> list:
+    """`take(model output, row, length)` per item, in item order: by default the logits
+    row; `token_logits` (trimmed to the item's length) or `span_logits` (start, end)."""
     was_training = model.training
     model.eval()
-    dev = _device(model)
+    dev = next(model.parameters()).device
     out = [None] * len(items)
     groups = sorted_batches([len(it["input_ids"]) for it in items], batch_size)
     if progress:
@@ -173,16 +183,9 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False) 
     for idx in groups:
         batch = collate([{k: items[i][k] for k in ("input_ids", "token_type_ids")} for i in idx],
                         pad_id)
-        batch = {k: v.to(dev) for k, v in batch.items()}
-        o = model(**batch)
+        o = model(**{k: v.to(dev) for k, v in batch.items()})
         for row, i in enumerate(idx):
-            n = len(items[i]["input_ids"])
-            if model.task == "qa":
-                out[i] = (o.start_logits[row, :n].float().cpu(), o.end_logits[row, :n].float().cpu())
-            elif model.task == "token":
-                out[i] = o.logits[row, :n].float().cpu()
-            else:
-                out[i] = o.logits[row].float().cpu()
+            out[i] = take(o, row, len(items[i]["input_ids"]))
     model.train(was_training)
     return out
 
@@ -196,7 +199,7 @@ def predict_classify(model, tok, examples, max_length, batch_size=64, progress=F
 
 def word_predictions(model, items, batch_size=64, pad_id=0, progress=False):
     """Per item: {word index: (tag id, probability)} from each word's first sub-word."""
-    logits = run_batches(model, items, batch_size, pad_id, progress)
+    logits = run_batches(model, items, batch_size, pad_id, progress, take=token_logits)
     out = []
     for it, lg in zip(items, logits):
         probs = torch.softmax(lg, -1)                                   # (T, C)
@@ -217,168 +220,407 @@ def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress
 
 def predict_ner_text(model, tok, texts, max_length, batch_size=64) -> list:
     """Entities of raw texts: [{"type", "start", "end", "text", "score"}] per text."""
-    id2label = model.config.id2label
     encs = tok.encode_batch(texts, max_length=max_length)
-    items = []
-    for enc in encs:
-        w = enc.word_ids
-        first = [x is not None and (i == 0 or w[i - 1] != x) for i, x in enumerate(w)]
-        items.append({"input_ids": enc.ids, "token_type_ids": enc.type_ids, "word_ids": w,
-                      "first": first})
-    preds = word_predictions(model, items, batch_size, tok.pad_id or 0)
-    results = []
-    for text, enc, p in zip(texts, encs, preds):
-        # character span of each word: first to last of its sub-words
-        spans = {}
-        for (a, b), w in zip(enc.offsets, enc.word_ids):
-            if w is not None:
-                spans[w] = (min(a, spans.get(w, (a, b))[0]), max(b, spans.get(w, (a, b))[1]))
-        ents, cur = [], None
-        for w in sorted(p):
-            tag, conf = id2label[p[w][0]], p[w][1]
-            kind = tag[2:] if tag != "O" else None
-            if cur is not None and (tag.startswith("I-") and kind == cur["type"]):
-                cur["end"] = spans[w][1]
-                cur["scores"].append(conf)
-                continue
-            if cur is not None:
-                ents.append(cur)
-                cur = None
-            if kind is not None:  # B-X, or an I-X that starts an entity
-                cur = {"type": kind, "start": spans[w][0], "end": spans[w][1], "scores": [conf]}
+    preds = word_predictions(model, [word_features(e) for e in encs], batch_size, tok.pad_id or 0)
+    return [entities(text, enc, p, model.config.id2label)
+            for text, enc, p in zip(texts, encs, preds)]
+
+
+def entities(text, enc, word_preds: dict, id2label: dict) -> list:
+    """IOB2 word tags -> [{"type", "start", "end", "text", "score"}] with character spans
+    (a word spans its first to last sub-word; an I-X after O starts an entity)."""
+    spans = {}
+    for (a, b), w in zip(enc.offsets, enc.word_ids):
+        if w is not None:
+            spans[w] = (min(a, spans.get(w, (a, b))[0]), max(b, spans.get(w, (a, b))[1]))
+    ents, cur = [], None
+    for w in sorted(word_preds):
+        tag, conf = id2label[word_preds[w][0]], word_preds[w][1]
+        kind = tag[2:] if tag != "O" else None
+        if cur is not None and (tag.startswith("I-") and kind == cur["type"]):
+            cur["end"] = spans[w][1]
+            cur["scores"].append(conf)
+            continue
         if cur is not None:
             ents.append(cur)
-        for e in ents:
-            e["text"] = text[e["start"]:e["end"]]
-            scores = e.pop("scores")
-            e["score"] = round(sum(scores) / len(scores), 4)   # mean word confidence
-        results.append(ents)
-    return results
+            cur = None
+        if kind is not None:  # B-X, or an I-X that starts an entity
+            cur = {"type": kind, "start": spans[w][0], "end": spans[w][1], "scores": [conf]}
+    if cur is not None:
+        ents.append(cur)
+    for e in ents:
+        e["text"] = text[e["start"]:e["end"]]
+        scores = e.pop("scores")
+        e["score"] = round(sum(scores) / len(scores), 4)   # mean word confidence
+    return ents
 
 
 def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) -> list:
     from .qa import decode
     items, windows = encode_qa(tok, examples, settings["max_length"], settings["doc_stride"])
-    outs = run_batches(model, items, batch_size, tok.pad_id or 0, progress)
+    outs = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=span_logits)
     return decode(examples, windows, [o[0] for o in outs], [o[1] for o in outs],
                   settings.get("n_best", 20), settings.get("max_answer_length", 30))
 
 
 # ----------------------------------------------------------------------------------
-# Evaluation
+# The tasks, function by function: labels, features, evaluation, prediction
+
+
+def classify_labels(train) -> list:
+    return D.label_set(train)
+
+
+def ner_labels(train) -> list:
+    """O first, then B-/I- of each entity type, sorted by type."""
+    tags = sorted({t for s in train for t in s.tags} - {"O"}, key=lambda t: (t[2:], t[:2]))
+    return ["O"] + tags
+
+
+def classify_features(tok, examples, settings, l2i):
+    return encode_classification(tok, examples, settings["max_length"], l2i)
+
+
+def ner_features(tok, sentences, settings, l2i):
+    keep = ("input_ids", "token_type_ids", "labels")
+    return [{k: v for k, v in it.items() if k in keep}
+            for it in encode_ner(tok, sentences, settings["max_length"], l2i)]
+
+
+def qa_features(tok, examples, settings, l2i):
+    return encode_qa(tok, examples, settings["max_length"], settings["doc_stride"], train=True)[0]
+
+
+def classify_evaluate(model, tok, examples, settings, batch_size=64, progress=False) -> dict:
+    from .metrics import classification_metrics
+    l2i = label2id(model)
+    probs = predict_classify(model, tok, examples, settings["max_length"], batch_size, progress)
+    gold = [l2i[e.label] for e in examples]
+    return classification_metrics(gold, probs.argmax(-1).tolist(), len(l2i))
+
+
+def ner_evaluate(model, tok, sentences, settings, batch_size=64, progress=False) -> dict:
+    from .metrics import ner_metrics
+    pred = predict_ner_words(model, tok, sentences, settings["max_length"], batch_size, progress)
+    return ner_metrics([s.tags for s in sentences], pred)
+
+
+def qa_evaluate(model, tok, examples, settings, batch_size=64, progress=False) -> dict:
+    from .metrics import squad_metrics
+    preds = predict_qa(model, tok, examples, settings, batch_size, progress)
+    return squad_metrics({e.id: p["answer"] for e, p in zip(examples, preds)},
+                         {e.id: [a for a, _ in e.answers] for e in examples})
+
+
+def classify_check(examples, model, path):
+    D.check_labels(examples, label2id(model), path)
+
+
+def ner_check(sentences, model, path):
+    known = set(model.config.id2label.values())
+    for s in sentences:
+        for t in s.tags:
+            if t not in known:
+                raise D.data_error(path, s.line, f"unknown tag {t!r} (the model knows "
+                                   f"{', '.join(sorted(known))})")
+
+
+def classify_predict(model, tok, examples, settings, batch_size=64) -> list:
+    probs = predict_classify(model, tok, examples, settings["max_length"], batch_size)
+    conf, idx = probs.max(-1)
+    return [{"text": e.text_a if e.text_b is None else f"{e.text_a} ||| {e.text_b}",
+             "label": model.config.id2label[i], "probability": round(c, 4)}
+            for e, c, i in zip(examples, conf.tolist(), idx.tolist())]
+
+
+def ner_predict(model, tok, examples, settings, batch_size=64) -> list:
+    texts = [e.text_a for e in examples]
+    ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size)
+    return [{"text": t, "entities": es} for t, es in zip(texts, ents)]
+
+
+def qa_predict(model, tok, examples, settings, batch_size=64) -> list:
+    preds = predict_qa(model, tok, examples, settings, batch_size)
+    return [{"id": e.id, "question": e.question, **p} for e, p in zip(examples, preds)]
+
+
+def classify_show(r: dict) -> str:
+    return f"{r['label']}\t{r['probability']:.4f}\t{r['text']}"
+
+
+def ner_show(r: dict) -> str:
+    shown = "  ".join(f"[{e['type']} {e['start']}:{e['end']} {e['text']!r} {e['score']:.2f}]"
+                      for e in r["entities"]) or "(no entities)"
+    return f"{r['text']}\n  {shown}"
+
+
+def qa_show(r: dict) -> str:
+    return f"{r['question']}\t{r['answer']}\t{r['score']:.3f}\t{r['probability']:.4f}"
+
+
+def text_input(i, x):
+    """A Python/command-line input of a text task: 'text' or ('text', 'pair')."""
+    if isinstance(x, D.Example):
+        return x
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        return D.Example(x[0], x[1])
+    if not isinstance(x, str):
+        raise NanobertError(f"input {i}: expected a string or a (text, pair) tuple, got {x!r}")
+    return D.Example(x)
+
+
+def qa_input(i, x):
+    """A QA input: {'question', 'context'} (optionally 'id') or (question, context)."""
+    if isinstance(x, D.QAExample):
+        return x
+    if isinstance(x, dict) and {"question", "context"} <= set(x):
+        return D.QAExample(str(x.get("id", i)), x["question"], x["context"])
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        return D.QAExample(str(i), x[0], x[1])
+    raise NanobertError("qa needs a context with each question: --context on the command line "
+                        "(or --input), (question, context) in Python")
+
+
+def classify_inputs(path, columns: dict) -> list:
+    """predict --input for classification: a labelled file when it looks like one (JSON
+    Lines, MSRP, or a table whose header names a text column), else one text a line."""
+    fmt = D.detect_format(path)
+    if fmt in ("jsonl", "msrp", "tsv", "csv"):
+        first = next(t for _, t in D.read_lines(path) if t.strip())
+        header = first.split("\t" if fmt in ("tsv", "msrp") else ",")
+        known = any(h.strip().strip('"') in D.TEXT_COLUMNS + list(columns.values()) for h in header)
+        if fmt in ("jsonl", "msrp") or known:
+            return D.read_classification(path, require_label=False, **columns)
+    return text_lines(path, columns)
+
+
+def text_lines(path, columns=None) -> list:
+    return [D.Example(t) for _, t in D.read_lines(path) if t.strip()]
+
+
+def qa_inputs(path, columns=None) -> list:
+    return D.read_squad(path, require_answers=False)
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything that differs between fine-tuning tasks. The functions' signatures:
+        read(path, columns: dict, require_labels) -> examples
+        labels(train examples) -> label names (id order), or None for a span task
+        features(tok, examples, settings, label2id) -> training feature dicts (`collate`)
+        check(examples, model, path): raise on labels the model does not know
+        evaluate(model, tok, examples, settings, batch_size, progress) -> metrics
+        inputs(path, columns) -> examples of a `predict --input` file
+        make_input(index, python value) -> one example (`Predictor.predict`)
+        predict(model, tok, examples, settings, batch_size) -> one JSON-able dict each
+        show(result dict) -> the line(s) `predict` prints"""
+    name: str
+    head: str                      # the model head (nanobert.model.HEADS)
+    metric: str                    # dev metric that picks the best model ...
+    max_length: int                # default --max-length
+    read: Callable
+    labels: Optional[Callable]
+    features: Callable
+    check: Optional[Callable]
+    evaluate: Callable
+    inputs: Callable
+    make_input: Callable
+    predict: Callable
+    show: Callable
+    greater_is_better: bool = True  # ... and which way is better
+    saved_settings: tuple = ()      # FinetuneConfig fields saved in nanobert.json
+    help: str = ""
+
+
+TASKS = {t.name: t for t in [
+    Task("classify", "classify", "accuracy", 128,
+         read=lambda path, cols, req: D.read_classification(path, require_label=req, **cols),
+         labels=classify_labels, features=classify_features, check=classify_check,
+         evaluate=classify_evaluate, inputs=classify_inputs, make_input=text_input,
+         predict=classify_predict, show=classify_show,
+         help="a label per text or text pair (accuracy, F1, MCC)"),
+    Task("ner", "token", "f1", 128,
+         read=lambda path, cols, req: D.read_conll(path, require_tags=req),
+         labels=ner_labels, features=ner_features, check=ner_check, evaluate=ner_evaluate,
+         inputs=text_lines, make_input=text_input, predict=ner_predict, show=ner_show,
+         help="a tag per word, CoNLL files (entity F1)"),
+    Task("qa", "qa", "f1", 384,
+         read=lambda path, cols, req: D.read_squad(path, require_answers=req),
+         labels=None, features=qa_features, check=None, evaluate=qa_evaluate,
+         inputs=qa_inputs, make_input=qa_input, predict=qa_predict, show=qa_show,
+         saved_settings=("doc_stride", "max_answer_length", "n_best"),
+         help="an answer span in a context, SQuAD files (exact match, F1)"),
+]}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise NanobertError(f"unknown task {name!r} (choose {', '.join(TASKS)})")
+    return TASKS[name]
+
+
+def read_task_data(task, path, columns=None, require_labels=True):
+    return get_task(task).read(path, columns or {}, require_labels)
 
 
 def evaluate_task(task, model, tok, examples, settings, batch_size=64, progress=False) -> dict:
-    from . import metrics as M
-    if task == "classify":
-        label2id = {v: k for k, v in model.config.id2label.items()}
-        probs = predict_classify(model, tok, examples, settings["max_length"], batch_size, progress)
-        gold = [label2id[e.label] for e in examples]
-        out = M.classification_metrics(gold, probs.argmax(-1).tolist(), len(label2id))
-    elif task == "ner":
-        pred = predict_ner_words(model, tok, examples, settings["max_length"], batch_size, progress)
-        out = M.ner_metrics([s.tags for s in examples], pred)
-    else:
-        preds = predict_qa(model, tok, examples, settings, batch_size, progress)
-        out = M.squad_metrics({e.id: p["answer"] for e, p in zip(examples, preds)},
-                              {e.id: [a for a, _ in e.answers] for e in examples})
+    out = get_task(task).evaluate(model, tok, examples, settings, batch_size, progress)
     return {"task": task, "n": len(examples), **out}
 
 
 def check_known_labels(task, examples, model, path):
-    if task == "classify":
-        D.check_labels(examples, {v: k for k, v in model.config.id2label.items()}, path)
-    elif task == "ner":
-        known = set(model.config.id2label.values())
-        for s in examples:
-            for t in s.tags:
-                if t not in known:
-                    raise D.data_error(path, s.line, f"unknown tag {t!r} (the model knows "
-                                       f"{', '.join(sorted(known))})")
+    check = get_task(task).check
+    if check is not None:
+        check(examples, model, path)
+
+
+def read_labelled(path, text_column=None, pair_column=None, label_column=None) -> dict:
+    """{'texts': [...], 'pairs': [... or None], 'labels': [str, ...]} of a labelled
+    classification file (GLUE TSV, MSRP, CSV, JSON Lines; see nanobert.data): the
+    columns t-SNE, embed and the GPT-2 comparison read."""
+    examples = D.read_classification(path, text_column, pair_column, label_column)
+    return {"texts": [e.text_a for e in examples], "pairs": [e.text_b for e in examples],
+            "labels": [str(e.label) for e in examples]}
+
+
+# ----------------------------------------------------------------------------------
+# Configs
+
+
+@dataclass
+class ColumnsConfig(Config):
+    """Which columns/fields of a classification file hold the texts and the label
+    (default: the usual names, see nanobert.data)."""
+    text_column: Optional[str] = param(None, "column/field holding the text (classification)")
+    pair_column: Optional[str] = param(None, "column/field holding the second text of a pair",
+                                       flag="--text-pair-column")
+    label_column: Optional[str] = param(None, "column/field holding the label")
+
+    def given(self) -> dict:
+        """The columns named explicitly, as reader keywords."""
+        return {k: v for k, v in vars(self).items() if v}
+
+
+def _finetune_trainer() -> TrainConfig:
+    return TrainConfig(epochs=3, lr=2e-5, seed=42)
+
+
+@dataclass
+class FinetuneConfig(Config):
+    """A fine-tuning run: `nanobert finetune`'s flags, or `FinetuneConfig(...)` in Python."""
+    task: str = param("classify", "what to fine-tune for", choices=tuple(TASKS), required=True)
+    model: str = param("", "model directory, 'minilm', or a hub name", required=True)
+    train: str = param("", "training file", required=True)
+    dev: str = param("", "development file (evaluated every epoch)", required=True)
+    batch_size: int = param(32, "examples per micro-batch", at_least(1))
+    max_length: Optional[int] = param(
+        None, "max tokens per sequence (default: 128; 384 for qa)", at_least(4))
+    max_train_examples: Optional[int] = param(
+        None, "train on a seeded random subset of this size", at_least(1))
+    max_dev_examples: Optional[int] = param(None, "evaluate on a seeded subset", at_least(1))
+    doc_stride: int = param(128, "qa: overlap between windows", at_least(1))
+    max_answer_length: int = param(30, "qa: in tokens", at_least(1))
+    n_best: int = param(20, "qa: start/end candidates", at_least(1))
+    group_by_length: bool = param(
+        False, "batch examples of similar length together (less padding, faster)")
+    freeze_embeddings: bool = param(
+        False, "keep the word embeddings fixed (faster on CPU, small data)")
+    columns: ColumnsConfig = param(lambda: ColumnsConfig())
+    trainer: TrainConfig = param(_finetune_trainer)
+
+    nested = {"columns": None,
+              "trainer": {"out_dir": None, "epochs": None, "lr": None, "warmup_ratio": None,
+                          "weight_decay": None, "max_steps": None, "eval_every": None,
+                          "early_stopping": None, "seed": None, "grad_accum": None,
+                          "resume": None, "device": None, "progress": None}}
+
+    def settings(self, task: Task) -> dict:
+        """What evaluate/predict need later: saved as nanobert.json beside the model."""
+        s = {"task": task.name, "max_length": self.max_length or task.max_length}
+        s.update({k: getattr(self, k) for k in task.saved_settings})
+        if self.columns.given():
+            s["columns"] = self.columns.given()
+        return s
 
 
 # ----------------------------------------------------------------------------------
 # Fine-tuning
 
 
-def finetune(task, model_name, train_path, dev_path, out_dir, epochs=3, lr=2e-5, batch_size=32,
-             max_length=None, warmup_ratio=0.1, weight_decay=0.01, max_train_examples=None,
-             seed=42, grad_accum=1, resume=False, doc_stride=128, max_answer_length=30,
-             n_best=20, columns=None, max_steps=None, eval_every=None, progress=True,
-             device="auto", max_dev_examples=None, freeze_embeddings=False,
-             group_by_length=False) -> dict:
-    """Fine-tune `model_name` on a task; the best model (by dev metric) goes to out_dir.
-    Returns the best dev metrics."""
+def finetune(config, *args, **fields) -> dict:
+    """Fine-tune as `config` (a FinetuneConfig) says; the best model by dev metric goes
+    to its out_dir. Returns the best dev metrics. `finetune("ner", model, train, dev,
+    out, epochs=5)` is shorthand for `finetune(FinetuneConfig.create(task="ner", ...,
+    out_dir=out, epochs=5))`."""
+    if not isinstance(config, FinetuneConfig):
+        names = ("task", "model", "train", "dev", "out_dir")
+        config = FinetuneConfig.create(**dict(zip(names, (config,) + args)), **fields)
+    from .train import Trainer
+    cfg, task = config, get_task(config.task)
+    settings = cfg.settings(task)
+    train, dev = _read_splits(task, cfg)
+    model, tok = _model_for(task, cfg, train, settings["max_length"])
+    check_known_labels(task.name, dev, model, cfg.dev)
+    items = task.features(tok, train, settings, label2id(model))
+    steps_per_epoch = -(-len(items) // cfg.batch_size)
+    n_labels = len(model.config.id2label or {}) if task.labels else "span"
+    print(f"{task.name}: {len(train)} training examples ({len(items)} features), {len(dev)} dev "
+          f"examples, {n_labels} labels, {steps_per_epoch} batches of {cfg.batch_size} per epoch",
+          flush=True)
+    _reinit_new_head(model, cfg.trainer.seed)
+    if cfg.freeze_embeddings:  # the word embeddings are half of a small model: skip their update
+        model.bert.emb.tok.weight.requires_grad_(False)
+    trainer_cfg = cfg.trainer.replace(metric=task.metric, greater_is_better=task.greater_is_better,
+                                      log_every=max(1, min(10, steps_per_epoch // 4)))
+    return Trainer(model, trainer_cfg, _batch_fn(items, cfg, tok.pad_id or 0), steps_per_epoch,
+                   evaluate=_dev_evaluation(task, tok, dev, settings, cfg.batch_size),
+                   save=_model_writer(tok, settings)).fit()
+
+
+def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
+    """The training and dev examples (seeded subsets when asked)."""
+    cols, seed = cfg.columns.given(), cfg.trainer.seed
+    train = select_examples(task.read(cfg.train, cols, True), cfg.max_train_examples, seed)
+    dev = select_examples(task.read(cfg.dev, cols, True), cfg.max_dev_examples, seed)
+    return train, dev
+
+
+def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
+    """The model with the task's head (labels from the training data) and its tokenizer."""
     import nanobert
-    from .checkpoint import save_model
-    from .train import Trainer, TrainConfig
-
-    if task not in HEADS:
-        raise NanobertError(f"unknown task {task!r} (choose classify, ner or qa)")
-    max_length = max_length or DEFAULT_MAX_LENGTH[task]
-    train = select_examples(read_task_data(task, train_path, columns), max_train_examples, seed)
-    dev = select_examples(read_task_data(task, dev_path, columns), max_dev_examples, seed)
-
     overrides = {}
-    if task == "classify":
-        labels = D.label_set(train)
-        overrides["id2label"] = dict(enumerate(labels))
-    elif task == "ner":
-        tags = sorted({t for s in train for t in s.tags} - {"O"}, key=lambda t: (t[2:], t[:2]))
-        overrides["id2label"] = dict(enumerate(["O"] + tags))
-    model, tok = nanobert.load(model_name, task=HEADS[task], **overrides)
+    if task.labels is not None:
+        overrides["id2label"] = dict(enumerate(task.labels(train)))
+    model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
     if model.config.max_position_embeddings < max_length:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "
                             f"{model.config.max_position_embeddings} positions")
-    label2id = {v: k for k, v in (model.config.id2label or {}).items()}
-    check_known_labels(task, dev, model, dev_path)
+    return model, tok
 
-    # features, once
-    if task == "classify":
-        items = encode_classification(tok, train, max_length, label2id)
-    elif task == "ner":
-        items = encode_ner(tok, train, max_length, label2id)
-        items = [{k: v for k, v in it.items() if k in ("input_ids", "token_type_ids", "labels")}
-                 for it in items]
-    else:
-        items, _ = encode_qa(tok, train, max_length, doc_stride, train=True)
-    settings = {"task": task, "max_length": max_length}
-    if task == "qa":
-        settings.update(doc_stride=doc_stride, max_answer_length=max_answer_length, n_best=n_best)
-    if columns:
-        settings["columns"] = {k: v for k, v in columns.items() if v}
-    n = len(items)
-    steps_per_epoch = (n + batch_size - 1) // batch_size
-    pad_id = tok.pad_id or 0
-    print(f"{task}: {len(train)} training examples ({n} features), {len(dev)} dev examples, "
-          f"{len(label2id) if task != 'qa' else 'span'} labels, "
-          f"{steps_per_epoch} batches of {batch_size} per epoch", flush=True)
 
+def _batch_fn(items: list, cfg: FinetuneConfig, pad_id: int):
+    """batches(epoch, start) for the Trainer: the epoch's shuffled batches from `start`."""
     lengths = [len(it["input_ids"]) for it in items]
 
     def batches(epoch, start):
-        plan = epoch_batches(lengths, batch_size, seed, epoch, group_by_length)
+        plan = epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)
         for idx in plan[start:]:
             yield collate([items[i] for i in idx], pad_id)
+    return batches
 
-    def evaluate(m):
-        out = evaluate_task(task, m, tok, dev, settings, batch_size=max(batch_size, 64))
-        return {k: v for k, v in out.items() if k not in ("task", "n")}
 
-    def save(m, d):
-        save_model(m, d, tokenizer=tok,
+def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int):
+    def evaluate(model):
+        return task.evaluate(model, tok, dev, settings, max(batch_size, 64), False)
+    return evaluate
+
+
+def _model_writer(tok, settings: dict):
+    def save(model, out_dir):
+        from .checkpoint import save_model
+        save_model(model, out_dir, tokenizer=tok,
                    extra_files={"nanobert.json": json.dumps(settings, indent=2) + "\n"})
-
-    cfg = TrainConfig(out_dir=str(out_dir), epochs=epochs, max_steps=max_steps, lr=lr,
-                      weight_decay=weight_decay, warmup_ratio=warmup_ratio, grad_accum=grad_accum,
-                      seed=seed, eval_every=eval_every, metric=BEST_METRIC[task],
-                      greater_is_better=True, resume=resume, progress=progress, device=device,
-                      log_every=max(1, min(10, steps_per_epoch // 4)))
-    _reinit_new_head(model, seed)
-    if freeze_embeddings:  # the word embeddings are half of a small model: skip their update
-        model.bert.emb.tok.weight.requires_grad_(False)
-    best = Trainer(model, cfg, batches, steps_per_epoch, evaluate=evaluate, save=save).fit()
-    return best
+    return save
 
 
 def _reinit_new_head(model, seed):
@@ -397,7 +639,7 @@ def _reinit_new_head(model, seed):
 
 
 # ----------------------------------------------------------------------------------
-# Loading a fine-tuned directory
+# Loading a fine-tuned directory, and predicting with it from Python
 
 
 def load_finetuned(model_dir):
@@ -412,110 +654,92 @@ def load_finetuned(model_dir):
             settings = json.loads((d / "nanobert.json").read_text("utf-8"))
         except ValueError as e:
             raise NanobertError(f"{d / 'nanobert.json'}: not valid JSON ({e})")
-    task = settings.get("task") or {v: k for k, v in HEADS.items()}.get(model.task)
-    if task not in HEADS or model.task != HEADS[task]:
-        raise NanobertError(f"{d}: not a fine-tuned classification, NER or QA model "
-                            f"(its head is {model.task or 'none'})")
+    by_head = {t.head: name for name, t in reversed(list(TASKS.items()))}
+    task = settings.get("task") or by_head.get(model.head)
+    if task not in TASKS or model.head != TASKS[task].head:
+        raise NanobertError(f"{d}: not a fine-tuned {', '.join(TASKS)} model "
+                            f"(its head is {model.head or 'none'})")
     settings["task"] = task
-    settings.setdefault("max_length", min(DEFAULT_MAX_LENGTH[task], model.config.max_position_embeddings))
+    settings.setdefault("max_length", min(TASKS[task].max_length,
+                                          model.config.max_position_embeddings))
     settings.setdefault("doc_stride", 128)
     if torch.cuda.is_available():
         model.cuda()
     return model.eval(), tok, settings
 
 
+class Predictor:
+    """A fine-tuned model directory, ready to predict:
+
+        p = Predictor("runs/sst2")
+        p.predict("a gripping film")          # {'text', 'label', 'probability'}
+        p.predict(["good", "bad"])            # a list of those
+        Predictor("runs/ner").predict("Ada Lovelace lived in London")["entities"]
+        Predictor("runs/squad").predict({"question": "...", "context": "..."})["answer"]
+
+    One input in, one result out; a list in, a list out. The results are the objects
+    `nanobert predict --json` prints."""
+
+    def __init__(self, model_dir, batch_size: int = 64):
+        self.model, self.tokenizer, self.settings = load_finetuned(model_dir)
+        self.task = TASKS[self.settings["task"]]
+        self.batch_size = batch_size
+
+    def predict(self, inputs):
+        single = not isinstance(inputs, list)
+        items = [inputs] if single else inputs
+        examples = [self.task.make_input(i, x) for i, x in enumerate(items)]
+        if not examples:
+            return []
+        out = self.task.predict(self.model, self.tokenizer, examples, self.settings,
+                                self.batch_size)
+        return out[0] if single else out
+
+
 # ----------------------------------------------------------------------------------
 # Commands
 
 
-def _column_flags(p):
-    p.add_argument("--text-column", help="column/field holding the text (classification)")
-    p.add_argument("--text-pair-column", help="column/field holding the second text of a pair")
-    p.add_argument("--label-column", help="column/field holding the label")
-
-
-def _columns(args):
-    return {"text_column": args.text_column, "pair_column": args.text_pair_column,
-            "label_column": args.label_column}
-
-
 def finetune_args(p):
-    p.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
-    p.add_argument("--model", required=True, help="model directory, 'minilm', or a hub name")
-    p.add_argument("--train", required=True, help="training file")
-    p.add_argument("--dev", required=True, help="development file (evaluated every epoch)")
-    p.add_argument("--out", required=True, help="output model directory")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--lr", type=float, default=2e-5)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-length", type=int, default=None,
-                   help="max tokens per sequence (default 128; 384 for qa)")
-    p.add_argument("--warmup-ratio", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-train-examples", type=int, default=None,
-                   help="train on a seeded random subset of this size")
-    p.add_argument("--max-dev-examples", type=int, default=None)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
-    p.add_argument("--eval-every", type=int, default=None, help="steps (default: each epoch)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
-    p.add_argument("--doc-stride", type=int, default=128, help="qa: overlap between windows")
-    p.add_argument("--max-answer-length", type=int, default=30, help="qa: in tokens")
-    p.add_argument("--n-best", type=int, default=20, help="qa: start/end candidates")
-    p.add_argument("--group-by-length", action="store_true",
-                   help="batch examples of similar length together (less padding, faster)")
-    p.add_argument("--freeze-embeddings", action="store_true",
-                   help="keep the word embeddings fixed (faster on CPU, small data)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--no-progress", action="store_true")
-    _column_flags(p)
-
-
-def _positive(args, *names):
-    for n in names:
-        v = getattr(args, n)
-        if v is not None and v <= 0:
-            raise NanobertError(f"--{n.replace('_', '-')} must be positive, got {v}")
+    from .config import add_flags
+    add_flags(p, FinetuneConfig)
 
 
 def finetune_cmd(args):
     """Fine-tune a model for classification, NER or QA; writes an HF model directory."""
-    _positive(args, "epochs", "lr", "batch_size", "max_length", "max_train_examples", "grad_accum",
-              "max_steps", "doc_stride", "max_answer_length", "n_best")
-    best = finetune(args.task, args.model, args.train, args.dev, args.out, epochs=args.epochs,
-                    lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
-                    warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
-                    max_train_examples=args.max_train_examples, seed=args.seed,
-                    grad_accum=args.grad_accum, resume=args.resume, doc_stride=args.doc_stride,
-                    max_answer_length=args.max_answer_length, n_best=args.n_best,
-                    columns=_columns(args), max_steps=args.max_steps, eval_every=args.eval_every,
-                    progress=not args.no_progress, device=args.device,
-                    max_dev_examples=args.max_dev_examples,
-                    freeze_embeddings=args.freeze_embeddings,
-                    group_by_length=args.group_by_length)
+    cfg = FinetuneConfig.from_args(args)
+    best = finetune(cfg)
     shown = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if isinstance(v, float))
-    print(f"best dev: {shown} (step {best.get('step')}); model saved in {args.out}")
+    print(f"best dev: {shown} (step {best.get('step')}); model saved in {cfg.trainer.out_dir}")
     return 0
 
 
-def evaluate_args(p):
+def _model_flags(p):
+    from .config import add_flags, at_least, checked
     p.add_argument("--model", required=True, help="a fine-tuned model directory")
+    p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64,
+                   help="examples per inference batch")
+    add_flags(p, ColumnsConfig)
+
+
+def _columns(args, settings) -> dict:
+    """Columns named on the command line, else those the model was trained with."""
+    return ColumnsConfig.from_args(args).given() or settings.get("columns", {})
+
+
+def evaluate_args(p):
+    _model_flags(p)
     p.add_argument("--data", required=True, help="labelled file in the task's format")
     p.add_argument("--json", action="store_true", help="print one JSON object (last line)")
-    p.add_argument("--batch-size", type=int, default=64)
-    _column_flags(p)
 
 
 def evaluate_cmd(args):
     """Evaluate a fine-tuned model on a labelled file (accuracy/F1/MCC, entity F1, EM/F1)."""
-    _positive(args, "batch_size")
     model, tok, settings = load_finetuned(args.model)
-    task = settings["task"]
-    cols = {k: v for k, v in _columns(args).items() if v} or settings.get("columns", {})
-    examples = read_task_data(task, args.data, cols if task == "classify" else None)
-    check_known_labels(task, examples, model, args.data)
-    result = evaluate_task(task, model, tok, examples, settings, args.batch_size,
+    task = TASKS[settings["task"]]
+    examples = task.read(args.data, _columns(args, settings), True)
+    check_known_labels(task.name, examples, model, args.data)
+    result = evaluate_task(task.name, model, tok, examples, settings, args.batch_size,
                            progress=not args.json)
     if args.json:
         print(json.dumps(result))
@@ -526,72 +750,30 @@ def evaluate_cmd(args):
 
 
 def predict_args(p):
-    p.add_argument("--model", required=True, help="a fine-tuned model directory")
+    _model_flags(p)
     p.add_argument("texts", nargs="*", help="texts (qa: questions about --context)")
     p.add_argument("--input", help="file of inputs: classification file or one text per line; "
                    "qa: JSON lines with question/context, or SQuAD JSON")
     p.add_argument("--context", help="qa: the context the command-line questions are about")
     p.add_argument("--json", action="store_true", help="one JSON object per input")
-    p.add_argument("--batch-size", type=int, default=64)
-    _column_flags(p)
 
 
-def _read_predict_inputs(task, args, settings):
-    if task == "qa":
-        if args.input:
-            return D.read_squad(args.input, require_answers=False)
-        if not args.context:
-            raise NanobertError("qa needs --context with the questions (or --input)")
-        return [D.QAExample(str(i), q, args.context) for i, q in enumerate(args.texts)]
-    if not args.input:
-        return [D.Example(t) for t in args.texts]
-    fmt = D.detect_format(args.input)
-    if task == "classify" and fmt in ("jsonl", "msrp", "tsv", "csv"):
-        cols = {k: v for k, v in _columns(args).items() if v} or settings.get("columns", {})
-        first = next(t for _, t in D.read_lines(args.input) if t.strip())
-        header = first.split("\t" if fmt in ("tsv", "msrp") else ",")
-        known = any(h.strip().strip('"') in D.TEXT_COLUMNS + list(cols.values()) for h in header)
-        if fmt in ("jsonl", "msrp") or known:
-            return D.read_classification(args.input, require_label=False, **cols)
-    return [D.Example(t) for _, t in D.read_lines(args.input) if t.strip()]
+def _predict_inputs(task: Task, args, settings) -> list:
+    if args.input:
+        return task.inputs(args.input, _columns(args, settings))
+    texts = [(t, args.context) for t in args.texts] if args.context else args.texts
+    return [task.make_input(i, t) for i, t in enumerate(texts)]
 
 
 def predict_cmd(args):
     """Predict labels, entities or answers with a fine-tuned model."""
-    _positive(args, "batch_size")
     model, tok, settings = load_finetuned(args.model)
-    task = settings["task"]
+    task = TASKS[settings["task"]]
     if not args.texts and not args.input:
         raise NanobertError("give texts on the command line or --input FILE")
-    examples = _read_predict_inputs(task, args, settings)
+    examples = _predict_inputs(task, args, settings)
     if not examples:
         raise NanobertError("nothing to predict")
-    out = sys.stdout
-    if task == "classify":
-        probs = predict_classify(model, tok, examples, settings["max_length"], args.batch_size)
-        conf, idx = probs.max(-1)
-        for e, c, i in zip(examples, conf.tolist(), idx.tolist()):
-            label = model.config.id2label[i]
-            text = e.text_a if e.text_b is None else f"{e.text_a} ||| {e.text_b}"
-            if args.json:
-                print(json.dumps({"text": text, "label": label, "probability": round(c, 4)}), file=out)
-            else:
-                print(f"{label}\t{c:.4f}\t{text}", file=out)
-    elif task == "ner":
-        texts = [e.text_a for e in examples]
-        ents = predict_ner_text(model, tok, texts, settings["max_length"], args.batch_size)
-        for t, es in zip(texts, ents):
-            if args.json:
-                print(json.dumps({"text": t, "entities": es}), file=out)
-            else:
-                shown = "  ".join(f"[{e['type']} {e['start']}:{e['end']} {e['text']!r} {e['score']:.2f}]"
-                                  for e in es) or "(no entities)"
-                print(f"{t}\n  {shown}", file=out)
-    else:
-        preds = predict_qa(model, tok, examples, settings, args.batch_size)
-        for e, p in zip(examples, preds):
-            if args.json:
-                print(json.dumps({"id": e.id, "question": e.question, **p}), file=out)
-            else:
-                print(f"{e.question}\t{p['answer']}\t{p['score']:.3f}\t{p['probability']:.4f}", file=out)
+    for r in task.predict(model, tok, examples, settings, args.batch_size):
+        print(json.dumps(r) if args.json else task.show(r))
     return 0

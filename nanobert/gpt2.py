@@ -19,13 +19,16 @@ import json
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
+from .config import Config, add_flags, at_least, param
 from .files import NanobertError, write_text
+from .finetune import ColumnsConfig
 
 TEMPLATE = " The sentiment is {}."
 VERDICTS = ("negative", "positive")   # index 0 = negative, 1 = positive
@@ -169,9 +172,9 @@ def bert_predict(model, tokenizer, texts, pairs=None, batch_size=64, max_length=
     """Label names a fine-tuned classifier predicts for `texts`."""
     from .data import Example
     from .finetune import predict_classify
-    if getattr(model, "task", None) != "classify":
+    if getattr(model, "head", None) != "classify":
         raise NanobertError(f"{getattr(model, 'source_dir', 'model')}: not a classification "
-                            f"model (task {model.task!r}); fine-tune one with `nanobert finetune`")
+                            f"model (head {model.head!r}); fine-tune one with `nanobert finetune`")
     pairs = pairs or [None] * len(texts)
     examples = [Example(t, p) for t, p in zip(texts, pairs)]
     probs = predict_classify(model, tokenizer, examples, max_length, batch_size)
@@ -199,62 +202,103 @@ def _align_names(predicted: list[str], model_names: list[str], gold_names: set) 
 # The comparison
 
 
-def compare(bert_dir, gpt2, data, n=100, sample="balanced", seed=0,
-            verdicts=VERDICTS, template=TEMPLATE, positive_label=None, batch_size=16,
-            bert=None, gpt2_model=None, columns=None) -> dict:
-    """Accuracy of the BERT classifier and of GPT-2 zero-shot on the same examples.
-    `bert`/`gpt2_model` may pass already loaded (model, tokenizer) pairs; `columns`
-    optional (text, pair, label) column names of the data file."""
-    from .inspect import balanced_sample, read_labelled
-    ex = read_labelled(data, *(columns or ()))
-    labels = ex["labels"]
-    pol = polarity(labels, positive_label)
-    if sample == "balanced":
-        idx = balanced_sample(labels, n, seed)
-    else:
-        idx = list(range(min(n, len(labels))))
-    texts = [ex["texts"][i] for i in idx]
-    pairs = [ex["pairs"][i] for i in idx]
-    gold = [labels[i] for i in idx]
-    if any(p is not None for p in pairs):
-        raise NanobertError(f"{data}: sentence pairs; the GPT-2 comparison is for single texts")
+@dataclass
+class CompareConfig(Config):
+    """`nanobert compare-gpt2`: which models, which examples, which prompt."""
+    bert: str = param("", "fine-tuned BERT classifier directory", required=True)
+    gpt2: str = param("", "GPT-2 directory or hub name (e.g. gpt2)", required=True)
+    data: str = param("", "labelled sentiment file (.tsv/.csv/.jsonl)", required=True)
+    sample: str = param("balanced", "label-balanced random sample, or the first n",
+                        choices=("balanced", "first"))
+    n: int = param(100, "number of examples", at_least(1))
+    seed: int = param(0, "random seed of the balanced sample", at_least(0))
+    template: str = param(TEMPLATE, "verdict sentence appended to the text; {} is the verdict word")
+    verdicts: str = param(",".join(VERDICTS), "negative and positive verdict words, "
+                          "comma-separated")
+    positive_label: Optional[str] = param(None, "which data label is positive (default: 1, or "
+                                          "the one named pos*)")
+    batch_size: int = param(16, "GPT-2 batch size", at_least(1))
+    columns: ColumnsConfig = param(lambda: ColumnsConfig())
 
+    nested = {"columns": None}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.verdicts, (list, tuple)):
+            self.verdicts = ",".join(self.verdicts)
+        words = [v.strip() for v in self.verdicts.split(",")]
+        if len(words) != 2 or not all(words):
+            raise NanobertError(f"--verdicts: got {self.verdicts!r}, expected two words, "
+                                "negative first: negative,positive")
+        if "{}" not in self.template:
+            raise NanobertError(f"--template: got {self.template!r}, expected a sentence with "
+                                "{} for the verdict word")
+        self.words = words
+
+
+def _sample(cfg: CompareConfig) -> tuple:
+    """(texts, gold labels, all labels) of the examples compared."""
+    from .finetune import read_labelled
+    from .inspection import balanced_sample
+    ex = read_labelled(cfg.data, **cfg.columns.given())
+    labels = ex["labels"]
+    if cfg.sample == "balanced":
+        idx = balanced_sample(labels, cfg.n, cfg.seed)
+    else:
+        idx = list(range(min(cfg.n, len(labels))))
+    if any(ex["pairs"][i] is not None for i in idx):
+        raise NanobertError(f"{cfg.data}: sentence pairs; the GPT-2 comparison is for single texts")
+    return [ex["texts"][i] for i in idx], [labels[i] for i in idx], labels
+
+
+def _bert_side(cfg: CompareConfig, bert, texts, labels) -> list:
+    """The classifier's predictions, in the data's label names."""
+    model_names = list((bert[0].config.id2label or {}).values())
+    pred = _align_names(bert_predict(*bert, texts), model_names, set(labels))
+    if not set(pred) <= set(labels):
+        raise NanobertError(f"{cfg.bert}: the model predicts labels {sorted(set(pred))} that "
+                            f"are not labels of {cfg.data} ({sorted(set(labels))})")
+    return pred
+
+
+def compare(config, *args, bert=None, gpt2_model=None, **fields) -> dict:
+    """Accuracy of the BERT classifier and of GPT-2 zero-shot on the same examples.
+    `config` is a CompareConfig, or `compare(bert_dir, gpt2, data, n=..)` builds one.
+    `bert`/`gpt2_model` may pass already loaded (model, tokenizer) pairs."""
+    if not isinstance(config, CompareConfig):
+        config = CompareConfig.create(**dict(zip(("bert", "gpt2", "data"), (config,) + args)),
+                                      **fields)
+    cfg = config
+    texts, gold, labels = _sample(cfg)
+    pol = polarity(labels, cfg.positive_label)
     if bert is None:
         from . import load
-        bert = load(bert_dir)
-    if getattr(bert[0], "task", None) != "classify":   # fail before loading GPT-2
-        raise NanobertError(f"{bert_dir}: not a classification model (task {bert[0].task!r}); "
+        bert = load(cfg.bert)
+    if getattr(bert[0], "head", None) != "classify":   # fail before loading GPT-2
+        raise NanobertError(f"{cfg.bert}: not a classification model (head {bert[0].head!r}); "
                             "fine-tune one with `nanobert finetune`")
-    lm, gtok = gpt2_model if gpt2_model is not None else load_gpt2(gpt2)
+    lm, gtok = gpt2_model if gpt2_model is not None else load_gpt2(cfg.gpt2)
     t0 = time.time()
-    model_names = list((bert[0].config.id2label or {}).values())
-    bert_pred = _align_names(bert_predict(*bert, texts), model_names, set(labels))
-    if not set(bert_pred) <= set(labels):
-        raise NanobertError(f"{bert_dir}: the model predicts labels "
-                            f"{sorted(set(bert_pred))} that are not labels of {data} "
-                            f"({sorted(set(labels))})")
-    t_bert = time.time() - t0
-
-    t0 = time.time()
-    gpt_idx, nll = zero_shot_predict(texts, lambda xs: sequence_nll(lm, gtok, xs, batch_size),
-                                     verdicts, template)
+    bert_pred = _bert_side(cfg, bert, texts, labels)
+    t_bert, t0 = time.time() - t0, time.time()
+    gpt_idx, nll = zero_shot_predict(texts, lambda xs: sequence_nll(lm, gtok, xs, cfg.batch_size),
+                                     cfg.words, cfg.template)
     t_gpt = time.time() - t0
     to_label = {v: k for k, v in pol.items()}  # 0/1 -> the data's label name
     gpt_pred = [to_label[int(i)] for i in gpt_idx]
 
-    def acc(pred):
-        return sum(p == g for p, g in zip(pred, gold)) / max(1, len(gold))
+    def side(model, pred, seconds):
+        correct = sum(p == g for p, g in zip(pred, gold))
+        return {"model": str(model), "accuracy": correct / max(1, len(gold)), "correct": correct,
+                "seconds": seconds}
 
-    counts = {lab: gold.count(lab) for lab in sorted(set(gold))}
     return {
-        "n": len(gold), "counts": counts, "sample": sample, "seed": seed,
-        "template": template, "verdicts": list(verdicts),
-        "bert": {"model": str(bert_dir), "accuracy": acc(bert_pred),
-                 "correct": sum(p == g for p, g in zip(bert_pred, gold)), "seconds": t_bert},
-        "gpt2": {"model": str(gpt2), "accuracy": acc(gpt_pred),
-                 "correct": sum(p == g for p, g in zip(gpt_pred, gold)), "seconds": t_gpt,
-                 "predicted_positive": int(sum(int(i) == 1 for i in gpt_idx)),
-                 "mean_margin": float(np.mean(np.abs(nll[:, 1] - nll[:, 0])))},
+        "n": len(gold), "counts": {lab: gold.count(lab) for lab in sorted(set(gold))},
+        "sample": cfg.sample, "seed": cfg.seed, "template": cfg.template,
+        "verdicts": list(cfg.words), "bert": side(cfg.bert, bert_pred, t_bert),
+        "gpt2": dict(side(cfg.gpt2, gpt_pred, t_gpt),
+                     predicted_positive=int(sum(int(i) == 1 for i in gpt_idx)),
+                     mean_margin=float(np.mean(np.abs(nll[:, 1] - nll[:, 0])))),
         "agreement": sum(a == b for a, b in zip(bert_pred, gpt_pred)) / max(1, len(gold)),
     }
 
@@ -282,40 +326,16 @@ def markdown_table(r: dict, data="") -> str:
 
 
 def compare_gpt2_args(p):
-    p.add_argument("--bert", required=True, help="fine-tuned BERT classifier directory")
-    p.add_argument("--gpt2", required=True, help="GPT-2 directory or hub name (e.g. gpt2)")
-    p.add_argument("--data", required=True, help="labelled sentiment file (.tsv/.csv/.jsonl)")
-    p.add_argument("--n", type=int, default=100, help="number of examples")
-    p.add_argument("--sample", choices=("balanced", "first"), default="balanced",
-                   help="label-balanced random sample, or the first n")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--template", default=TEMPLATE,
-                   help="verdict sentence appended to the text; {} is the verdict word")
-    p.add_argument("--verdicts", default=",".join(VERDICTS),
-                   help="negative and positive verdict words, comma-separated")
-    p.add_argument("--positive-label", default=None,
-                   help="which data label is positive (default: 1, or the one named pos*)")
-    p.add_argument("--batch-size", type=int, default=16)
+    add_flags(p, CompareConfig)
     p.add_argument("--out", default=None, help="write the table as markdown to this file")
     p.add_argument("--json", action="store_true", help="also print the result as JSON")
-    from .inspect import column_args
-    column_args(p)
 
 
 def compare_gpt2_cmd(args):
     """Accuracy of a fine-tuned BERT classifier vs GPT-2 zero-shot (LM loss of verdicts)."""
-    verdicts = [v.strip() for v in args.verdicts.split(",")]
-    if len(verdicts) != 2 or not all(verdicts):
-        raise NanobertError(f"--verdicts: {args.verdicts!r} must be two words, "
-                            "negative first: negative,positive")
-    if "{}" not in args.template:
-        raise NanobertError(f"--template: {args.template!r} has no {{}} for the verdict word")
-    if args.n < 1:
-        raise NanobertError("--n must be at least 1")
-    r = compare(args.bert, args.gpt2, args.data, args.n, args.sample, args.seed, verdicts,
-                args.template, args.positive_label, args.batch_size,
-                columns=(args.text_column, args.text_pair_column, args.label_column))
-    table = markdown_table(r, Path(args.data).name)
+    cfg = CompareConfig.from_args(args)
+    r = compare(cfg)
+    table = markdown_table(r, Path(cfg.data).name)
     print(table, end="")
     if args.out:
         write_text(args.out, table)

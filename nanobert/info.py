@@ -13,13 +13,13 @@ def summary(model, tokenizer=None) -> dict:
     seen = {id(p) for m in parts.values() for p in m.parameters()}
     counts["head"] = sum(p.numel() for p in model.parameters() if id(p) not in seen)
     return {
-        "task": model.task or "encoder",
+        "task": model.head or "encoder",
         "layers": c.num_hidden_layers, "hidden": c.hidden_size,
         "heads": c.num_attention_heads, "ffn": c.intermediate_size,
         "max_positions": c.max_position_embeddings, "activation": c.hidden_act,
         "attn_backend": c.attn_backend,
         "vocab_size": c.vocab_size if tokenizer is None else tokenizer.vocab_size,
-        "labels": c.id2label if model.task in ("classify", "token") else None,
+        "labels": c.id2label if model.head in ("classify", "token") else None,
         "parameters": dict(counts, total=model.num_parameters()),
     }
 

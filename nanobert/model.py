@@ -30,7 +30,7 @@ each family's Hugging Face names when loading and saving.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -619,16 +619,8 @@ class MLMHead(nn.Module):
         return F.linear(h, self.word_embeddings.weight, self.bias)
 
 
-# task -> (HF architecture name, what the head reads)
-TASKS = {
-    None: "BertModel",
-    "mlm": "BertForMaskedLM",
-    "pretraining": "BertForPreTraining",     # MLM + NSP (or SOP, same head)
-    "classify": "BertForSequenceClassification",
-    "regression": "BertForSequenceClassification",
-    "token": "BertForTokenClassification",
-    "qa": "BertForQuestionAnswering",
-}
+# the heads a Bert can carry (HF names the models BertModel, BertForMaskedLM, ...)
+HEADS = (None, "mlm", "pretraining", "classify", "regression", "token", "qa")
 
 
 @dataclass
@@ -642,28 +634,29 @@ class Output:
 
 
 class Bert(nn.Module):
-    """An encoder plus one task head. `task` is one of TASKS."""
+    """An encoder plus one head (one of HEADS; None: the bare encoder)."""
 
-    def __init__(self, config: BertConfig, task: Optional[str] = None):
+    def __init__(self, config: BertConfig, head: Optional[str] = None):
         super().__init__()
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; choose from {[t for t in TASKS if t]}")
-        if task == "regression":
-            config.num_labels, config.problem_type, config.id2label = 1, "regression", None
-        if task == "qa":  # two outputs, start and end; HF sizes the layer by num_labels
-            config.num_labels, config.id2label = 2, None
-        self.config, self.task = config, task
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; choose from {[h for h in HEADS if h]}")
+        # the head decides the output size: a changed copy, the caller's config stays as it is
+        if head == "regression":
+            config = replace(config, num_labels=1, problem_type="regression", id2label=None)
+        if head == "qa":  # two outputs, start and end; HF sizes the layer by num_labels
+            config = replace(config, num_labels=2, id2label=None)
+        self.config, self.head = config, head
         c = config
         self.bert = BertModel(c)
         drop = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
         self.drop = nn.Dropout(drop)
-        if task in ("mlm", "pretraining"):
+        if head in ("mlm", "pretraining"):
             self.mlm = MLMHead(c, self.bert.emb.tok)
-        if task == "pretraining":
+        if head == "pretraining":
             self.pair = nn.Linear(c.hidden_size, 2)            # NSP / SOP
-        if task in ("classify", "regression", "token"):
+        if head in ("classify", "regression", "token"):
             self.classifier = nn.Linear(c.hidden_size, c.num_labels)
-        if task == "qa":
+        if head == "qa":
             self.qa = nn.Linear(c.hidden_size, 2)              # start, end
         self.apply(self._init_weights)
 
@@ -683,19 +676,24 @@ class Bert(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
-                pair_labels=None, start_positions=None, end_positions=None,
-                output_attentions=False, mlm_full=False) -> Output:
+                output_attentions=False, mlm_full=False, **targets) -> Output:
         """labels: MLM (B, T) with -100 where no loss; classify (B,); regression (B,) float;
-        token (B, T) with -100 where no loss. pair_labels: NSP/SOP (B,).
+        token (B, T) with -100 where no loss. targets: pair_labels, NSP/SOP (B,);
+        start_positions and end_positions, QA (B,) each.
         For MLM the vocabulary projection runs only where labels != -100 (logits (M, V)),
         unless `mlm_full` or no labels are given (logits (B, T, V))."""
-        task = self.task
+        unknown = set(targets) - {"pair_labels", "start_positions", "end_positions"}
+        if unknown:
+            raise TypeError(f"unexpected argument(s) {', '.join(sorted(unknown))}")
+        pair_labels = targets.get("pair_labels")
+        start_positions, end_positions = targets.get("start_positions"), targets.get("end_positions")
+        head = self.head
         unpadded = self.config.unpadded
         enc = self.bert(input_ids, attention_mask, token_type_ids, output_attentions,
-                        keep_unpadded=unpadded and task in ("mlm", "pretraining", "token"))
+                        keep_unpadded=unpadded and head in ("mlm", "pretraining", "token"))
         out = Output(hidden=enc)
         h, layout = enc.last_hidden_state, enc.layout  # h: (B, T, H) or (N, H)
-        if task in ("mlm", "pretraining"):
+        if head in ("mlm", "pretraining"):
             if labels is not None and not mlm_full:
                 flat = layout.unpad(labels) if unpadded else labels.flatten()   # (N,)/(B*T,)
                 sel = (flat != -100).nonzero().squeeze(1)                      # (M,)
@@ -708,24 +706,24 @@ class Bert(nn.Module):
                 out.logits = layout.pad(self.mlm(h)) if unpadded else self.mlm(h)
                 if labels is not None:
                     out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
-            if task == "pretraining":
+            if head == "pretraining":
                 out.pair_logits = self.pair(enc.pooler_output)                 # (B, 2)
                 if pair_labels is not None:
                     pl = F.cross_entropy(out.pair_logits, pair_labels)
                     out.loss = pl if out.loss is None else out.loss + pl
-        elif task in ("classify", "regression"):
+        elif head in ("classify", "regression"):
             out.logits = self.classifier(self.drop(enc.pooler_output))         # (B, C)
             if labels is not None:
                 if self.config.problem_type == "regression":
                     out.loss = F.mse_loss(out.logits.squeeze(-1), labels.float())
                 else:
                     out.loss = F.cross_entropy(out.logits, labels)
-        elif task == "token":
+        elif head == "token":
             logits = self.classifier(self.drop(h))                             # (..., C)
             out.logits = layout.pad(logits) if unpadded else logits            # (B, T, C)
             if labels is not None:
                 out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
-        elif task == "qa":
+        elif head == "qa":
             logits = self.qa(h)
             start, end = logits[..., 0], logits[..., 1]                        # (B, T) each
             out.start_logits, out.end_logits = start, end
@@ -737,14 +735,19 @@ class Bert(nn.Module):
                             + F.cross_entropy(end, end_positions)) / 2
         return out
 
+    @property
+    def task(self) -> Optional[str]:
+        """The head, under the name transformers-era code (and the parity tests) use."""
+        return self.head
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     # checkpoint I/O lives in nanobert.checkpoint; these are the convenient doors to it
     @classmethod
-    def from_pretrained(cls, name_or_dir, task="auto", **config_overrides) -> "Bert":
+    def from_pretrained(cls, name_or_dir, head="auto", **config_overrides) -> "Bert":
         from .checkpoint import load_model
-        return load_model(name_or_dir, task=task, **config_overrides)
+        return load_model(name_or_dir, head=head, **config_overrides)
 
     def save_pretrained(self, out_dir, tokenizer=None):
         from .checkpoint import save_model

@@ -17,18 +17,22 @@ N processes compute the same update as one (masks are keyed by sequence, not by 
 """
 from __future__ import annotations
 
-import argparse
 import csv
+import dataclasses
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from .config import Config, add_flags, as_flags, at_least, checked, fraction, param
 from .files import NanobertError, atomic_path, write_text
 from .masking import IGNORE, Masker, fixed_masks, parse_split, split_name
+from .train import TrainConfig
 
 OBJECTIVES = {"mlm": None, "mlm+nsp": "nsp", "mlm+sop": "sop"}
 
@@ -56,85 +60,101 @@ def _barrier(world):
 
 
 # ----------------------------------------------------------------------------------
-# Flags
+# The config (and with it the flags of pretrain, ablate-masking and distill)
 
 
-def common_args(p, steps=1000):
-    p.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
-                   help="text files or directories: one paragraph a line, blank line = new document")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--preset", default="tiny", help="model size: tiny mini small medium base large")
-    p.add_argument("--config", help="a config.json (HF BERT) to use instead of --preset")
-    p.add_argument("--tokenizer", help="directory with tokenizer.json or vocab.txt (default: train one)")
-    p.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size when training one")
-    p.add_argument("--steps", type=int, default=steps, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=32, help="global sequences per optimizer step")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per row, with [CLS] and [SEP]")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    p.add_argument("--warmup-ratio", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens selected")
-    p.add_argument("--whole-word-mask", action="store_true", help="mask all pieces of a word together")
-    p.add_argument("--objective", choices=list(OBJECTIVES), default="mlm")
-    p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=int, help="steps between validations (default: steps/10)")
-    p.add_argument("--save-every", type=int, help="steps between checkpoints (default: each validation)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="documents held out for validation")
-    p.add_argument("--max-eval-rows", type=int, default=512, help="validation rows used")
-    p.add_argument("--cache-dir", help="where tokenized corpora are cached (default: OUT/cache)")
-    p.add_argument("--streaming", action="store_true",
-                   help="read the corpus lazily (larger than memory); MLM only")
-    p.add_argument("--attn-backend", choices=["eager", "sdpa", "unpadded"], default="unpadded")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+def _pretrain_trainer() -> TrainConfig:
+    return TrainConfig(max_steps=10000, lr=1e-3, seed=0)
+
+
+@dataclass
+class PretrainConfig(Config):
+    """A pretraining run: `nanobert pretrain`'s flags, or `PretrainConfig(...)` in Python."""
+    corpus: list = param(list, "text files or directories: one paragraph a line, blank line = "
+                         "new document", required=True, nargs="+", metavar="PATH")
+    preset: Optional[str] = param("tiny", "model size: tiny mini small medium base large")
+    model_config: Optional[str] = param(None, "a config.json (HF BERT) to use instead of --preset",
+                                        flag="--config")
+    tokenizer: Optional[str] = param(None, "directory with tokenizer.json or vocab.txt "
+                                     "(default: train one)")
+    vocab_size: int = param(8000, "vocabulary size when training one", at_least(16))
+    batch_size: int = param(32, "global sequences per optimizer step", at_least(1))
+    seq_len: int = param(128, "tokens per row, with [CLS] and [SEP]", at_least(8))
+    mask_prob: float = param(0.15, "fraction of tokens selected", fraction(open_lo=True))
+    mask_split: str = param("80/10/10", "[MASK]/random/unchanged percentages")
+    whole_word_mask: bool = param(False, "mask all pieces of a word together")
+    objective: str = param("mlm", "pretraining objective", choices=tuple(OBJECTIVES))
+    dropout: float = param(0.1, "hidden and attention dropout", fraction(open_hi=True))
+    val_fraction: float = param(0.1, "documents held out for validation", fraction(open_hi=True))
+    max_eval_rows: int = param(512, "validation rows used", at_least(1))
+    cache_dir: Optional[str] = param(None, "where tokenized corpora are cached (default: OUT/cache)")
+    streaming: bool = param(False, "read the corpus lazily (larger than memory); MLM only")
+    attn_backend: str = param("unpadded", "attention implementation",
+                              choices=("eager", "sdpa", "unpadded"))
+    trainer: TrainConfig = param(_pretrain_trainer)
+
+    nested = {"trainer": {"out_dir": None, "max_steps": "--steps", "lr": None,
+                          "warmup_ratio": None, "weight_decay": None, "grad_accum": None,
+                          "seed": None, "eval_every": None, "save_every": None,
+                          "resume": None, "device": None, "progress": None}}
+
+    def __post_init__(self):
+        super().__post_init__()
+        try:
+            self.split = parse_split(self.mask_split)
+        except ValueError as e:
+            raise NanobertError(f"--mask-split: got {self.mask_split!r}, expected three "
+                                "percentages that sum to 100, e.g. 80/10/10") from e
+        if not self.trainer.max_steps:
+            raise NanobertError("--steps: required (the number of optimizer steps)")
+
+    @property
+    def pairs(self) -> Optional[str]:
+        """'nsp', 'sop' or None: the sentence-pair task of the objective."""
+        return OBJECTIVES[self.objective]
 
 
 def pretrain_args(p):
-    common_args(p, steps=10000)
-    p.add_argument("--mask-split", default="80/10/10", help="[MASK]/random/unchanged percentages")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    add_flags(p, PretrainConfig)
 
 
 # ----------------------------------------------------------------------------------
 # Pretraining
 
 
-def _model_config(args, tok):
+def _model_config(cfg: PretrainConfig, tok):
     from .model import BertConfig, preset
-    drop = dict(hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
-    if args.config:
+    drop = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
+    if cfg.model_config:
         try:
-            hf = json.loads(Path(args.config).read_text("utf-8"))
+            hf = json.loads(Path(cfg.model_config).read_text("utf-8"))
             c = BertConfig.from_hf_dict(dict(hf, vocab_size=tok.vocab_size, **drop))
         except KeyError as e:
-            raise NanobertError(f"{args.config}: missing key(s) {e.args[0]}")
+            raise NanobertError(f"{cfg.model_config}: missing key(s) {e.args[0]}")
         except (OSError, ValueError, TypeError) as e:
-            raise NanobertError(f"{args.config}: not a usable BERT config.json ({e})")
+            raise NanobertError(f"{cfg.model_config}: not a usable BERT config.json ({e})")
     else:
         try:
-            c = preset(args.preset, vocab_size=tok.vocab_size,
-                       max_position_embeddings=max(512, args.seq_len), **drop)
+            c = preset(cfg.preset, vocab_size=tok.vocab_size,
+                       max_position_embeddings=max(512, cfg.seq_len), **drop)
         except ValueError as e:
             raise NanobertError(str(e))
-    if args.seq_len > c.max_position_embeddings:
-        raise NanobertError(f"--seq-len {args.seq_len} exceeds the model's "
+    c = dataclasses.replace(c, pad_token_id=tok.pad_id, attn_backend=cfg.attn_backend)
+    if cfg.seq_len > c.max_position_embeddings:
+        raise NanobertError(f"--seq-len {cfg.seq_len} exceeds the model's "
                             f"{c.max_position_embeddings} positions")
-    c.pad_token_id = tok.pad_id
-    c.attn_backend = args.attn_backend
     from .families import FAMILIES
-    if OBJECTIVES[args.objective] and "pretraining" not in FAMILIES[c.family].tasks:
-        raise NanobertError(f"--objective {args.objective}: {c.family} checkpoints have no "
+    if cfg.pairs and "pretraining" not in FAMILIES[c.family].heads:
+        raise NanobertError(f"--objective {cfg.objective}: {c.family} checkpoints have no "
                             "NSP/SOP head; use --objective mlm (or a bert/albert preset)")
     return c
 
 
-def _load_tokenizer(args, out):
+def _load_tokenizer(cfg: PretrainConfig, out):
     from .tokenizer import Tokenizer
-    if args.tokenizer:
-        return Tokenizer.from_dir(args.tokenizer)
-    if getattr(args, "resume", False) and (out / "tokenizer.json").is_file():
+    if cfg.tokenizer:
+        return Tokenizer.from_dir(cfg.tokenizer)
+    if cfg.trainer.resume and (out / "tokenizer.json").is_file():
         return Tokenizer.from_dir(out)  # the vocabulary the run started with
     return None
 
@@ -188,164 +208,219 @@ def evaluate_mlm(model, val_batches) -> dict:
     return m
 
 
-def run_pretrain(args, log=print, make_model=None, loss_fn=None) -> dict:
-    """Pretrain as the flags say; returns the best validation metrics. Distillation
-    reuses it all with its own student (`make_model(tokenizer)`) and `loss_fn`."""
-    from .checkpoint import save_model
-    from .corpus import PretrainData, StreamingCorpus, corpus_files, load_corpus
-    from .model import Bert
-    from .train import Trainer, TrainConfig
+@dataclass
+class _Run:
+    """What the steps of one pretraining run share: the process layout and the data."""
+    cfg: PretrainConfig
+    out: Path
+    rank: int
+    world: int
+    local_rank: int
+    say: object
+    micro: int = 0            # rows per micro-batch on this process
+    tok: object = None
+    data: object = None       # PretrainData (in memory) ...
+    stream: object = None     # ... or StreamingCorpus (--streaming)
+    val_corpus: object = None
 
+
+def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) -> dict:
+    """Pretrain as `cfg` says; returns the best validation metrics. Distillation
+    reuses it all with its own student (`make_model(tokenizer)`) and `loss_fn`."""
+    from .train import Trainer
     rank, world, local_rank = dist_info()
-    say = log if rank == 0 else (lambda *a, **k: None)
-    out = Path(args.out)
-    try:
-        split = parse_split(getattr(args, "mask_split", "80/10/10"))
-    except ValueError as e:
-        raise NanobertError(str(e))
-    pairs = OBJECTIVES[args.objective]
-    G, k = args.batch_size, max(1, args.grad_accum)
+    run = _Run(cfg, Path(cfg.trainer.out_dir), rank, world, local_rank,
+               log if rank == 0 else (lambda *a, **k: None))
+    run.micro = _micro_batch_rows(cfg, world)
+    _load_data(run)
+    masker = Masker.for_tokenizer(run.tok, mask_prob=cfg.mask_prob, split=cfg.split,
+                                  whole_word=cfg.whole_word_mask, seed=cfg.trainer.seed)
+    val_batches = _validation_batches(run, masker)
+    batches, steps_per_epoch = (_stream_batches if run.stream else _packed_batches)(run, masker)
+    model = _new_model(run, make_model)
+    save = _model_writer(run)
+    evaluate = (lambda m: evaluate_mlm(m, val_batches)) if val_batches else None
+    trainer = Trainer(model, _trainer_config(run), batches, steps_per_epoch, evaluate=evaluate,
+                      save=save, loss_fn=loss_fn or mlm_loss_fn(world))
+    result = trainer.fit()
+    if evaluate is None:  # no validation: keep the final weights
+        save(trainer.model, run.out)
+    _barrier(world)
+    run.say("best validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in result.items()))
+    run.say(f"model written to {run.out}")
+    return result
+
+
+def _micro_batch_rows(cfg: PretrainConfig, world: int) -> int:
+    """--batch-size is global: each of `world` processes takes batch / (world x grad_accum)
+    rows of each micro-batch."""
+    G, k = cfg.batch_size, cfg.trainer.grad_accum
     if G % (world * k):
         raise NanobertError(f"--batch-size {G} must be a multiple of processes x --grad-accum "
                             f"({world} x {k})")
-    micro = G // (world * k)
-    if args.streaming and pairs:
+    if cfg.streaming and cfg.pairs:
         raise NanobertError("--streaming supports --objective mlm only")
+    return G // (world * k)
 
-    # tokenizer and data: rank 0 first (it trains the tokenizer and writes the cache),
-    # then the other ranks, which read both from the cache
-    tok = _load_tokenizer(args, out)
-    cache_dir = Path(args.cache_dir) if args.cache_dir else out / "cache"
-    data = stream = None
+
+def _load_data(run: _Run):
+    """Tokenizer and data: rank 0 first (it trains the tokenizer and writes the cache),
+    then the other ranks, which read both from the cache."""
+    from .corpus import PretrainData, load_corpus
+    cfg = run.cfg
+    run.tok = _load_tokenizer(cfg, run.out)
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else run.out / "cache"
     for turn in (0, 1):
-        if (rank == 0) == (turn == 0):
-            if args.streaming:
-                files = corpus_files(args.corpus)
-                shared = cache_dir / "tokenizer-streaming"  # what the other ranks read
-                if tok is None and rank > 0:
-                    from .tokenizer import Tokenizer
-                    tok = Tokenizer.from_dir(shared)
-                elif tok is None:
-                    from .corpus import iter_documents
-                    from .tokenizer import Tokenizer
-                    say(f"training a WordPiece vocabulary of {args.vocab_size} (streaming)")
-                    tok = Tokenizer.train((line for doc in iter_documents(files) for line in doc),
-                                          args.vocab_size)
-                    if world > 1:
-                        tok.save(shared)
-                stream = StreamingCorpus(files, tok, args.seq_len, args.val_fraction, args.seed,
-                                         rank=rank, world_size=world)
+        if (run.rank == 0) == (turn == 0):
+            if cfg.streaming:
+                _open_stream(run, cache_dir)
             else:
-                tok, train_corpus, val_corpus = load_corpus(
-                    args.corpus, tok, args.vocab_size, args.val_fraction, args.seed, cache_dir,
-                    log=say)
-                data = PretrainData(train_corpus, tok, args.seq_len, pairs, args.seed)
-        _barrier(world)
-    masker = Masker.for_tokenizer(tok, mask_prob=args.mask_prob, split=split,
-                                  whole_word=args.whole_word_mask, seed=args.seed)
+                run.tok, train_corpus, run.val_corpus = load_corpus(
+                    cfg.corpus, run.tok, cfg.vocab_size, cfg.val_fraction, cfg.trainer.seed,
+                    cache_dir, log=run.say)
+                run.data = PretrainData(train_corpus, run.tok, cfg.seq_len, cfg.pairs,
+                                        cfg.trainer.seed)
+        _barrier(run.world)
 
-    # validation rows, masked once
-    val_batches = []
-    if rank == 0 and args.val_fraction > 0:
-        if stream is not None:
-            seqs = stream.validation(args.max_eval_rows)
-            rows = [stream.rows_to_batch(seqs[i:i + 64]) for i in range(0, len(seqs), 64)]
-        else:
-            val = PretrainData(val_corpus, tok, args.seq_len, pairs, seed=12345)
-            n = min(len(val), args.max_eval_rows)
-            rows = [val.rows(0, range(i, min(n, i + 64))) for i in range(0, n, 64)]
-        for i, b in enumerate(rows):
-            ids, labels = fixed_masks(masker, b["input_ids"], b["attention_mask"], seed=1234 + i)
-            val_batches.append(dict(b, input_ids=ids, labels=labels))
-        if not val_batches:
-            raise NanobertError("no validation rows (corpus too small for --val-fraction?)")
-        say(f"validation: {sum(len(b['input_ids']) for b in val_batches)} rows, "
-            f"{sum(int((b['labels'] != IGNORE).sum()) for b in val_batches)} masked tokens "
+
+def _open_stream(run: _Run, cache_dir: Path):
+    """--streaming: a tokenizer trained on a pass over the files (rank 0; saved where
+    the other ranks read it), and the lazy corpus."""
+    from .corpus import StreamingCorpus, corpus_files, iter_documents
+    from .tokenizer import Tokenizer
+    cfg = run.cfg
+    files = corpus_files(cfg.corpus)
+    shared = cache_dir / "tokenizer-streaming"
+    if run.tok is None and run.rank > 0:
+        run.tok = Tokenizer.from_dir(shared)
+    elif run.tok is None:
+        run.say(f"training a WordPiece vocabulary of {cfg.vocab_size} (streaming)")
+        run.tok = Tokenizer.train((line for doc in iter_documents(files) for line in doc),
+                                  cfg.vocab_size)
+        if run.world > 1:
+            run.tok.save(shared)
+    run.stream = StreamingCorpus(files, run.tok, cfg.seq_len, cfg.val_fraction,
+                                 cfg.trainer.seed, rank=run.rank, world_size=run.world)
+
+
+def _validation_batches(run: _Run, masker: Masker) -> list:
+    """Held-out rows (rank 0), masked ONCE with fixed seeds: every evaluation of every
+    run scores the same masked tokens."""
+    from .corpus import PretrainData
+    cfg = run.cfg
+    if run.rank != 0 or cfg.val_fraction <= 0:
+        return []
+    if run.stream is not None:
+        seqs = run.stream.validation(cfg.max_eval_rows)
+        rows = [run.stream.rows_to_batch(seqs[i:i + 64]) for i in range(0, len(seqs), 64)]
+    else:
+        val = PretrainData(run.val_corpus, run.tok, cfg.seq_len, cfg.pairs, seed=12345)
+        n = min(len(val), cfg.max_eval_rows)
+        rows = [val.rows(0, range(i, min(n, i + 64))) for i in range(0, n, 64)]
+    batches = []
+    for i, b in enumerate(rows):
+        ids, labels = fixed_masks(masker, b["input_ids"], b["attention_mask"], seed=1234 + i)
+        batches.append(dict(b, input_ids=ids, labels=labels))
+    if not batches:
+        raise NanobertError("no validation rows (corpus too small for --val-fraction?)")
+    run.say(f"validation: {sum(len(b['input_ids']) for b in batches)} rows, "
+            f"{sum(int((b['labels'] != IGNORE).sum()) for b in batches)} masked tokens "
             "(fixed masks, 80/10/10)")
+    return batches
 
-    # the batches of an epoch: micro-batch m is part `a` of optimizer step `s`
-    if stream is None:
-        steps_per_epoch = (len(data) // G) * k
-        if steps_per_epoch == 0:
-            raise NanobertError(f"the training corpus gives {len(data)} rows, fewer than "
-                                f"--batch-size {G}; use a smaller batch or more text")
 
-        def batches(epoch, start):
-            order = data.order(epoch)
-            for m in range(start, steps_per_epoch):
-                s, a = divmod(m, k)
-                base = s * G + a * (G // k) + rank * micro
-                idx = order[base:base + micro]
-                b = data.rows(epoch, idx)
-                b["input_ids"], b["labels"] = masker.mask(b["input_ids"], b["attention_mask"],
-                                                          rows=idx.tolist(), epoch=epoch)
-                yield b
-    else:
-        steps_per_epoch = args.steps * k  # the stream cycles: one long epoch
+def _packed_batches(run: _Run, masker: Masker) -> tuple:
+    """(batches(epoch, start), micro-batches per epoch) over the in-memory rows: micro-
+    batch m is part `a` of optimizer step `s`, and this process's share of it."""
+    data, G, k = run.data, run.cfg.batch_size, run.cfg.trainer.grad_accum
+    steps_per_epoch = (len(data) // G) * k
+    if steps_per_epoch == 0:
+        raise NanobertError(f"the training corpus gives {len(data)} rows, fewer than "
+                            f"--batch-size {G}; use a smaller batch or more text")
 
-        def batches(epoch, start):
-            it = stream.stream()
-            for _ in range(start * micro):
-                next(it)
-            for m in range(start, steps_per_epoch):
-                seqs = [next(it) for _ in range(micro)]
-                b = stream.rows_to_batch(seqs)
-                keys = [(m * world + rank) * micro + i for i in range(micro)]
-                b["input_ids"], b["labels"] = masker.mask(b["input_ids"], b["attention_mask"],
-                                                          rows=keys, epoch=epoch)
-                yield b
+    def batches(epoch, start):
+        order = data.order(epoch)
+        for m in range(start, steps_per_epoch):
+            s, a = divmod(m, k)
+            base = s * G + a * (G // k) + run.rank * run.micro
+            idx = order[base:base + run.micro]
+            b = data.rows(epoch, idx)
+            b["input_ids"], b["labels"] = masker.mask(b["input_ids"], b["attention_mask"],
+                                                      rows=idx.tolist(), epoch=epoch)
+            yield b
+    return batches, steps_per_epoch
 
-    # the model: same seed, same initial weights, whatever the number of processes
-    torch.manual_seed(args.seed)
+
+def _stream_batches(run: _Run, masker: Masker) -> tuple:
+    """The same over the stream, which cycles: one long epoch of --steps steps. Masks
+    are keyed by the sequence's global position, whatever the number of processes."""
+    micro, world, rank = run.micro, run.world, run.rank
+    steps_per_epoch = run.cfg.trainer.max_steps * run.cfg.trainer.grad_accum
+
+    def batches(epoch, start):
+        it = run.stream.stream()
+        for _ in range(start * micro):
+            next(it)
+        for m in range(start, steps_per_epoch):
+            b = run.stream.rows_to_batch([next(it) for _ in range(micro)])
+            keys = [(m * world + rank) * micro + i for i in range(micro)]
+            b["input_ids"], b["labels"] = masker.mask(b["input_ids"], b["attention_mask"],
+                                                      rows=keys, epoch=epoch)
+            yield b
+    return batches, steps_per_epoch
+
+
+def _new_model(run: _Run, make_model=None):
+    """The model: same seed, same initial weights, whatever the number of processes."""
+    from .model import Bert
+    cfg = run.cfg
+    torch.manual_seed(cfg.trainer.seed)
     if make_model is not None:
-        model = make_model(tok)
+        model = make_model(run.tok)
     else:
-        model = Bert(_model_config(args, tok), "pretraining" if pairs else "mlm")
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        tok.save(out)  # the vocabulary, before any checkpoint (resume reads it back)
-        say(f"model: {args.config or args.preset or 'student'}, "
-            f"{model.num_parameters():,} parameters, task {model.task}; objective {args.objective}, "
-            f"mask {args.mask_prob:g} split {split_name(split)}"
-            f"{' whole-word' if args.whole_word_mask else ''}; global batch {G} "
-            f"({world} process(es) x {k} micro-batch(es) x {micro} rows) of {args.seq_len} tokens")
+        model = Bert(_model_config(cfg, run.tok), "pretraining" if cfg.pairs else "mlm")
+    if run.rank == 0:
+        run.out.mkdir(parents=True, exist_ok=True)
+        run.tok.save(run.out)  # the vocabulary, before any checkpoint (resume reads it back)
+        k = cfg.trainer.grad_accum
+        run.say(f"model: {cfg.model_config or cfg.preset or 'student'}, "
+                f"{model.num_parameters():,} parameters, task {model.head}; objective "
+                f"{cfg.objective}, mask {cfg.mask_prob:g} split {split_name(cfg.split)}"
+                f"{' whole-word' if cfg.whole_word_mask else ''}; global batch {cfg.batch_size} "
+                f"({run.world} process(es) x {k} micro-batch(es) x {run.micro} rows) of "
+                f"{cfg.seq_len} tokens")
+    return model
 
-    run_info = {k_: (v if not isinstance(v, Path) else str(v)) for k_, v in vars(args).items()
-                if k_ != "func"}
+
+def _model_writer(run: _Run):
+    """save(model, dir): the model, its tokenizer and the run's settings (rank 0)."""
+    from .checkpoint import save_model
+    info = json.dumps(as_flags(run.cfg), indent=2, default=str)
 
     def save(m, out_dir):
-        if rank == 0:
-            save_model(m, out_dir, tokenizer=tok,
-                       extra_files={"pretrain_args.json": json.dumps(run_info, indent=2, default=str)})
+        if run.rank == 0:
+            save_model(m, out_dir, tokenizer=run.tok, extra_files={"pretrain_args.json": info})
+    return save
 
-    device = args.device
-    if device == "auto" and world > 1 and torch.cuda.is_available():
-        device = f"cuda:{local_rank}"
-    eval_every = args.eval_every or max(1, args.steps // 10)
-    cfg = TrainConfig(out_dir=str(out), max_steps=args.steps, lr=args.lr,
-                      weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
-                      grad_accum=k, seed=args.seed, log_every=min(10, eval_every),
-                      eval_every=eval_every, save_every=args.save_every, metric="loss",
-                      greater_is_better=False, device=device,
-                      resume=getattr(args, "resume", False),
-                      progress=not args.no_progress and rank == 0)
-    evaluate = (lambda m: evaluate_mlm(m, val_batches)) if val_batches else None
-    trainer = Trainer(model, cfg, batches, steps_per_epoch, evaluate=evaluate, save=save,
-                      loss_fn=loss_fn or mlm_loss_fn(world))
-    result = trainer.fit()
-    if evaluate is None:  # no validation: keep the final weights
-        save(trainer.model, out)
-    _barrier(world)
-    say("best validation: " + ", ".join(f"{k_} {v:.4f}" if isinstance(v, float) else f"{k_} {v}"
-                                         for k_, v in result.items()))
-    say(f"model written to {out}")
-    return result
+
+def _trainer_config(run: _Run) -> TrainConfig:
+    """The Trainer's settings: validation every steps/10 by default, loss decides."""
+    t = run.cfg.trainer
+    device = t.device
+    if device == "auto" and run.world > 1 and torch.cuda.is_available():
+        device = f"cuda:{run.local_rank}"
+    eval_every = t.eval_every or max(1, t.max_steps // 10)
+    return t.replace(log_every=min(10, eval_every), eval_every=eval_every, metric="loss",
+                     greater_is_better=False, device=device,
+                     progress=t.progress and run.rank == 0)
 
 
 def pretrain_cmd(args):
     """Pretrain a BERT from scratch with masked language modelling (and NSP/SOP)."""
+    cfg = PretrainConfig.from_args(args)
     try:
-        run_pretrain(args)
+        run_pretrain(cfg)
     finally:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             import torch.distributed as dist
@@ -361,7 +436,8 @@ def pretrain_cmd(args):
 def fill_mask_args(p):
     p.add_argument("--model", required=True, help="a model directory with an MLM head")
     p.add_argument("text", nargs="+", help="text with one or more [MASK] tokens")
-    p.add_argument("-k", "--top-k", type=int, default=5, help="predictions per [MASK]")
+    p.add_argument("-k", "--top-k", type=checked(int, at_least(1), "--top-k"), default=5,
+                   help="predictions per [MASK]")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
 
 
@@ -384,7 +460,7 @@ def fill_mask_cmd(args):
     """Predict the tokens hidden behind [MASK] (top-k with probabilities)."""
     from . import load
     model, tok = load(args.model)
-    mlm_missing = model.task not in ("mlm", "pretraining") or any(
+    mlm_missing = model.head not in ("mlm", "pretraining") or any(
         n.startswith("mlm.") for n in getattr(model, "new_weights", []))
     if mlm_missing:
         raise NanobertError(f"{args.model}: the checkpoint has no masked-language-model head "
@@ -410,28 +486,29 @@ def fill_mask_cmd(args):
 
 
 def ablate_masking_args(p):
-    common_args(p, steps=1000)
+    add_flags(p, PretrainConfig, skip=("mask_split", "resume"), max_steps=1000)
     p.add_argument("--splits", default="80/10/10,100/0/0,0/0/100,50/50/0",
                    help="comma-separated [MASK]/random/unchanged splits to compare")
 
 
 def ablate_masking_cmd(args):
     """Train the same small model under several mask splits; compare validation MLM loss."""
+    cfg = PretrainConfig.from_args(args)
     try:
         splits = [parse_split(s) for s in args.splits.split(",") if s.strip()]
     except ValueError as e:
-        raise NanobertError(str(e))
-    out = Path(args.out)
+        raise NanobertError(f"--splits: got {args.splits!r}, expected comma-separated "
+                            f"splits like 80/10/10 ({e})")
+    out = Path(cfg.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cache = args.cache_dir or str(out / "cache")
+    cache = cfg.cache_dir or str(out / "cache")
     rows, curves = [], {}
     for split in splits:
         name = split_name(split)
         run_dir = out / ("split-" + name.replace("/", "-"))
         print(f"== mask split {name} -> {run_dir}", flush=True)
-        run_args = argparse.Namespace(**dict(vars(args), out=str(run_dir), mask_split=name,
-                                             cache_dir=cache, resume=False))
-        run_pretrain(run_args)
+        run_pretrain(cfg.replace(out_dir=str(run_dir), mask_split=name, cache_dir=cache,
+                                 resume=False))
         from .train import read_metrics
         evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("type") == "eval"]
         curves[name] = [(r["step"], r["loss"]) for r in evals]
@@ -441,15 +518,16 @@ def ablate_masking_cmd(args):
                      "best_val_loss": round(best["loss"], 4),
                      "val_mlm_accuracy": round(last["mlm_accuracy"], 4),
                      "val_perplexity": round(last["perplexity"], 2), "steps": last["step"]})
-    write_ablation(out, rows, curves, args)
+    write_ablation(out, rows, curves, cfg)
     print((out / "ablation.md").read_text("utf-8"))
     return 0
 
 
-def write_ablation(out: Path, rows: list, curves: dict, args):
+def write_ablation(out: Path, rows: list, curves: dict, cfg: PretrainConfig):
     cols = list(rows[0])
-    md = [f"Masking ablation: {args.preset} model, {args.steps} steps, batch {args.batch_size} x "
-          f"{args.seq_len} tokens, seed {args.seed}; validation MLM loss on the same fixed "
+    md = [f"Masking ablation: {cfg.preset} model, {cfg.trainer.max_steps} steps, batch "
+          f"{cfg.batch_size} x {cfg.seq_len} tokens, seed {cfg.trainer.seed}; validation MLM "
+          f"loss on the same fixed "
           f"validation masks (standard 80/10/10) for every split.", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]

@@ -6,6 +6,9 @@
         every `log_every` steps:  a "train" record in metrics.jsonl
         every `eval_every` steps (or each epoch end): evaluate, keep the best model
         every `save_every` steps (or at each evaluation): a resumable checkpoint
+    until the last step, or `early_stopping` evaluations in a row without a better metric.
+    A non-finite loss or gradient norm stops the run before the update (the divergence
+    guard, `Trainer._check_finite`): the last checkpoint and the best model stay good.
 
 The data come from a callable `batches(epoch, start)` that yields the micro-batches of
 an epoch from index `start` on, the same ones for the same (epoch, index). With that,
@@ -34,30 +37,43 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .config import Config, at_least, fraction, param, positive
 from .files import NanobertError, atomic_path
 
 
 @dataclass
-class TrainConfig:
-    out_dir: str
-    epochs: int = 1               # ignored when max_steps is set
-    max_steps: Optional[int] = None  # total optimizer steps
-    lr: float = 5e-5
-    weight_decay: float = 0.01    # not on biases and LayerNorm weights
-    warmup_ratio: float = 0.1     # fraction of the steps spent warming up ...
-    warmup_steps: Optional[int] = None  # ... or a number of steps (takes precedence)
-    grad_accum: int = 1
-    max_grad_norm: float = 1.0
-    seed: int = 42
-    log_every: int = 10           # steps between "train" records
-    eval_every: Optional[int] = None  # steps; None = at the end of every epoch
-    save_every: Optional[int] = None  # steps between checkpoints; None = at each evaluation
+class TrainConfig(Config):
+    """The loop's settings. Jobs embed one (`FinetuneConfig.train`) and choose which of
+    these fields they offer as flags (`nested_flags`)."""
+    out_dir: str = param("", "output directory", flag="--out", required=True)
+    epochs: int = param(1, "passes over the training data (ignored when --max-steps is set)",
+                        at_least(1))
+    max_steps: Optional[int] = param(None, "stop after this many optimizer steps", at_least(1))
+    lr: float = param(5e-5, "peak learning rate", positive())
+    weight_decay: float = param(0.01, "AdamW weight decay (not on biases and LayerNorm weights)",
+                                at_least(0))
+    warmup_ratio: float = param(0.1, "fraction of the steps spent warming up the learning rate",
+                                fraction())
+    warmup_steps: Optional[int] = param(None, "warmup steps (takes precedence over the ratio)",
+                                        at_least(0))
+    grad_accum: int = param(1, "micro-batches per optimizer step", at_least(1))
+    max_grad_norm: float = param(1.0, "gradient norm clip (0: no clipping)", at_least(0))
+    seed: int = param(42, "random seed (data order, new weights, dropout)", at_least(0))
+    log_every: int = param(10, "steps between 'train' records in metrics.jsonl", at_least(1))
+    eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
+                                      at_least(1))
+    save_every: Optional[int] = param(None, "steps between checkpoints (default: at each "
+                                      "evaluation)", at_least(1))
+    early_stopping: Optional[int] = param(
+        None, "stop after this many evaluations without a better dev metric (patience)",
+        at_least(1), metavar="PATIENCE")
     metric: str = "loss"          # eval key that decides the best model
     greater_is_better: bool = False
-    device: str = "auto"          # cuda when available
-    amp: str = "auto"             # auto | bf16 | fp16 | off (auto: bf16/fp16 on CUDA, off on CPU)
-    resume: bool = False
-    progress: bool = True         # tqdm bar with loss and throughput
+    device: str = param("auto", "cpu, cuda, cuda:1, ... (auto: cuda when available)")
+    amp: str = param("auto", "mixed precision (auto: bf16/fp16 on CUDA, off on CPU)",
+                     choices=("auto", "bf16", "fp16", "off", "no", "none", "fp32"))
+    resume: bool = param(False, "continue from OUT/checkpoint")
+    progress: bool = param(True, "a progress bar with loss and throughput")
 
 
 # ----------------------------------------------------------------------------------
@@ -127,6 +143,16 @@ def _resolve_amp(amp: str, device: torch.device):
     return torch.bfloat16, False
 
 
+def _adamw(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over `param_groups`; the fused kernel (CUDA, and CPU since torch 2.4) is
+    several times faster where it exists."""
+    groups = param_groups(model, cfg.weight_decay)
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
+
+
 # ----------------------------------------------------------------------------------
 # The trainer
 
@@ -137,39 +163,24 @@ class Trainer:
                  loss_fn: Optional[Callable] = None):
         if steps_per_epoch < 1:
             raise NanobertError("no training batches (is the training set empty?)")
+        if not cfg.out_dir:
+            raise NanobertError("--out: an output directory is required")
         self.cfg = cfg
         self.out_dir = Path(cfg.out_dir)
         self.ckpt_dir = self.out_dir / "checkpoint"
         self.device = _resolve_device(cfg.device)
         self.model = model.to(self.device)
-        # several processes (torchrun): DDP averages the gradients, rank 0 alone evaluates
-        # and writes (metrics, checkpoints, the model)
-        self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.is_main = not self.distributed or torch.distributed.get_rank() == 0
-        self.train_model = self.model
-        if self.distributed:
-            from torch.nn.parallel import DistributedDataParallel
-            # (every parameter must reach the loss: see pretrain.mlm_loss_fn for the pooler)
-            self.train_model = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.train_model = self._wrap_distributed(self.model)
         self.batches, self.steps_per_epoch = batches, steps_per_epoch
         self.evaluate_fn, self.save_fn = evaluate, save
         self.loss_fn = loss_fn or (lambda m, b: m(**b).loss)
 
-        ga = max(1, cfg.grad_accum)
-        self.grad_accum = ga
-        self.steps_per_epoch_opt = math.ceil(steps_per_epoch / ga)  # optimizer steps / epoch
+        self.grad_accum = cfg.grad_accum
+        self.steps_per_epoch_opt = math.ceil(steps_per_epoch / cfg.grad_accum)  # optimizer steps
         self.total_steps = cfg.max_steps or self.steps_per_epoch_opt * cfg.epochs
         self.warmup = (cfg.warmup_steps if cfg.warmup_steps is not None
                        else int(cfg.warmup_ratio * self.total_steps))
-
-        # the fused kernel (CUDA, and CPU since torch 2.4) is several times faster
-        groups = param_groups(model, cfg.weight_decay)
-        try:
-            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
-                                               fused=True)
-        except (RuntimeError, TypeError):
-            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
+        self.optimizer = _adamw(model, cfg)
         self.amp_dtype, use_scaler = _resolve_amp(cfg.amp, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
 
@@ -180,15 +191,28 @@ class Trainer:
         self._saved_step = None
         self.best: Optional[dict] = None     # metrics of the best evaluation so far
         self.last_eval: Optional[dict] = None
+        self.evals_since_best = 0            # for early stopping
+        self.stopped_early = False
+
+    def _wrap_distributed(self, model):
+        """Several processes (torchrun): DDP averages the gradients; rank 0 alone evaluates
+        and writes (metrics, checkpoints, the model)."""
+        self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.is_main = not self.distributed or torch.distributed.get_rank() == 0
+        if not self.distributed:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+        # (every parameter must reach the loss: see pretrain.mlm_loss_fn for the pooler)
+        return DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     # ---- one optimizer step -----------------------------------------------------
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
                 for k, v in batch.items()}
 
-    def _train_step(self, micro_batches: list) -> float:
-        """Forward/backward over the micro-batches of one step, then update. Returns the
-        mean loss."""
+    def _accumulate(self, micro_batches: list) -> float:
+        """Forward/backward over the micro-batches of one step; the mean loss."""
         n = len(micro_batches)
         total = 0.0
         for i, batch in enumerate(micro_batches):
@@ -207,13 +231,20 @@ class Trainer:
             t = torch.tensor([total], dtype=torch.float64, device=self.device)
             torch.distributed.all_reduce(t)
             total = t.item() / torch.distributed.get_world_size()
+        return total
+
+    def _train_step(self, micro_batches: list) -> float:
+        """One optimizer step: gradients, schedule, clip, update. Returns the mean loss."""
+        loss = self._accumulate(micro_batches)
         lr = self.cfg.lr * lr_factor(self.step, self.total_steps, self.warmup)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        if self.cfg.max_grad_norm:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        # (max_norm inf: the norm is measured for the divergence guard, nothing is scaled)
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(),
+                                        self.cfg.max_grad_norm or math.inf)
+        self._check_finite(loss, float(norm))
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -221,95 +252,125 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return total
+        return loss
+
+    def _check_finite(self, loss: float, grad_norm: float):
+        """The divergence guard: a non-finite loss or gradient stops training BEFORE the
+        update, so the weights, the last checkpoint and the best model stay finite. (With
+        fp16 the gradient scaler skips inf/nan gradients itself, so only the loss counts.)"""
+        if math.isfinite(loss) and (self.scaler is not None or math.isfinite(grad_norm)):
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        kept = (f"the last good checkpoint (step {self._saved_step}) is in {self.ckpt_dir}"
+                if self._saved_step is not None else "no checkpoint was written")
+        raise NanobertError(f"training diverged at step {self.step + 1}: loss {loss:g}, gradient "
+                            f"norm {grad_norm:g}; {kept}; try a lower --lr")
 
     # ---- the loop ---------------------------------------------------------------
     def fit(self) -> dict:
-        cfg = self.cfg
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.resume and (self.ckpt_dir / "state.json").is_file():
-            self._load_checkpoint()
-            print(f"resuming from {self.ckpt_dir} at step {self.step}/{self.total_steps}")
-        else:
-            if cfg.resume:
-                print(f"no checkpoint in {self.ckpt_dir}; starting from scratch")
-            seed_everything(cfg.seed)
-            if self.is_main:
-                (self.out_dir / "metrics.jsonl").write_text("")
-        self.model.train()
-        self._boundary_rng = _rng_state()
-
-        bar = None
-        if cfg.progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True)
-        self.bar = bar
-        window = {"loss": 0.0, "steps": 0, "examples": 0, "tokens": 0, "t0": time.time()}
+        """Train to the last step (or until early stopping). Returns the metrics of the
+        best evaluation (or of the last, or {}), with the step they were measured at."""
+        self._start()
+        self.bar = self._progress_bar()
+        self._reset_window()
         self.t_start = time.time()
         try:
-            while self.step < self.total_steps:
+            while not self._finished():
                 if self.batch_index >= self.steps_per_epoch:
                     self.epoch, self.batch_index = self.epoch + 1, 0
-                if cfg.max_steps is None and self.epoch >= cfg.epochs:
+                if self.cfg.max_steps is None and self.epoch >= self.cfg.epochs:
                     break
-                it = iter(self.batches(self.epoch, self.batch_index))
-                while self.batch_index < self.steps_per_epoch and self.step < self.total_steps:
-                    n = min(self.grad_accum, self.steps_per_epoch - self.batch_index)
-                    micro = []
-                    for _ in range(n):
-                        try:
-                            micro.append(self._to_device(next(it)))
-                        except StopIteration:
-                            raise NanobertError(
-                                f"the data gave fewer batches than steps_per_epoch "
-                                f"({self.batch_index + len(micro)} < {self.steps_per_epoch})")
-                    loss = self._train_step(micro)
-                    self.batch_index += n
-                    end_of_epoch = self.batch_index >= self.steps_per_epoch
-
-                    window["loss"] += loss
-                    window["steps"] += 1
-                    for b in micro:
-                        window["examples"] += int(b["input_ids"].shape[0])
-                        if "attention_mask" in b:
-                            window["tokens"] += int(b["attention_mask"].sum())
-                        else:
-                            window["tokens"] += b["input_ids"].numel()
-                    if bar is not None:
-                        bar.update(1)
-                    if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                        self._log_train(window, bar)
-
-                    evaluated = False
-                    if (cfg.eval_every and self.step % cfg.eval_every == 0) or \
-                            (not cfg.eval_every and end_of_epoch) or self.step == self.total_steps:
-                        self._evaluate_and_keep_best()
-                        evaluated = True
-                    if (cfg.save_every and self.step % cfg.save_every == 0) or \
-                            (not cfg.save_every and evaluated):
-                        self._boundary_rng = _rng_state()
-                        self._save_checkpoint()
-                    self._boundary_rng = _rng_state()
-                if self.step >= self.total_steps:
-                    break
+                self._run_epoch()
         except KeyboardInterrupt:
-            if bar is not None:
-                bar.close()
-            # the weights are those after the last finished step; a half-accumulated
-            # gradient is dropped, and the RNG goes back to where that step left it
-            self.optimizer.zero_grad(set_to_none=True)
-            self._save_checkpoint(rng=self._boundary_rng)
-            print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
-                  f"(continue with --resume)")
+            self._checkpoint_on_interrupt()
             raise
-        if bar is not None:
-            bar.close()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
         if self._saved_step != self.step:
             self._save_checkpoint()
         self.plot()
         result = dict(self.best or self.last_eval or {})
         result.setdefault("step", self.step)
         return result
+
+    def _start(self):
+        """Resume from the checkpoint, or start afresh: seed, empty metrics log."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.resume and (self.ckpt_dir / "state.json").is_file():
+            self._load_checkpoint()
+            print(f"resuming from {self.ckpt_dir} at step {self.step}/{self.total_steps}")
+        else:
+            if self.cfg.resume:
+                print(f"no checkpoint in {self.ckpt_dir}; starting from scratch")
+            seed_everything(self.cfg.seed)
+            if self.is_main:
+                (self.out_dir / "metrics.jsonl").write_text("")
+        self.model.train()
+        # RNG bookkeeping: `_boundary_rng` is the RNG state between two optimizer steps,
+        # the one a checkpoint must hold so that a resumed run draws the same dropout
+        # masks for the next step. It is taken after every step (and just before a
+        # checkpoint); an interrupt in the middle of a step rolls back to it.
+        self._boundary_rng = _rng_state()
+
+    def _progress_bar(self):
+        if not self.cfg.progress:
+            return None
+        from tqdm.auto import tqdm
+        return tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True)
+
+    def _finished(self) -> bool:
+        return self.step >= self.total_steps or self.stopped_early
+
+    def _run_epoch(self):
+        """Optimizer steps from (epoch, batch_index) to the end of the epoch (or of the run)."""
+        it = iter(self.batches(self.epoch, self.batch_index))
+        while self.batch_index < self.steps_per_epoch and not self._finished():
+            micro = self._next_micro_batches(it)
+            loss = self._train_step(micro)
+            self.batch_index += len(micro)
+            self._after_step(micro, loss)
+
+    def _next_micro_batches(self, it) -> list:
+        """The micro-batches of the next step (fewer at the end of an epoch)."""
+        n = min(self.grad_accum, self.steps_per_epoch - self.batch_index)
+        micro = []
+        for _ in range(n):
+            try:
+                micro.append(self._to_device(next(it)))
+            except StopIteration:
+                raise NanobertError(f"the data gave fewer batches than steps_per_epoch "
+                                    f"({self.batch_index + len(micro)} < {self.steps_per_epoch})")
+        return micro
+
+    def _after_step(self, micro: list, loss: float):
+        """Log, evaluate and checkpoint when due."""
+        cfg = self.cfg
+        end_of_epoch = self.batch_index >= self.steps_per_epoch
+        self._count(micro, loss)
+        if self.bar is not None:
+            self.bar.update(1)
+        last = self.step == self.total_steps
+        if self.step % cfg.log_every == 0 or last:
+            self._log_train()
+        evaluated = (cfg.eval_every and self.step % cfg.eval_every == 0) or \
+            (not cfg.eval_every and end_of_epoch) or last
+        if evaluated:
+            self._evaluate_and_keep_best()
+        if (cfg.save_every and self.step % cfg.save_every == 0) or (not cfg.save_every and evaluated):
+            self._boundary_rng = _rng_state()
+            self._save_checkpoint()
+        self._boundary_rng = _rng_state()
+
+    def _checkpoint_on_interrupt(self):
+        """Ctrl-C: the weights are those after the last finished step; a half-accumulated
+        gradient is dropped, and the RNG goes back to where that step left it."""
+        if self.bar is not None:
+            self.bar.close()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._save_checkpoint(rng=self._boundary_rng)
+        print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
+              f"(continue with --resume)")
 
     # ---- logging, evaluation ----------------------------------------------------
     def _record(self, rec: dict):
@@ -318,50 +379,86 @@ class Trainer:
         with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
 
-    def _log_train(self, w: dict, bar):
+    def _reset_window(self):
+        """Loss and throughput are averaged over the steps between two log records."""
+        self.window = {"loss": 0.0, "steps": 0, "examples": 0, "tokens": 0, "t0": time.time()}
+
+    def _count(self, micro: list, loss: float):
+        w = self.window
+        w["loss"] += loss
+        w["steps"] += 1
+        for b in micro:
+            w["examples"] += int(b["input_ids"].shape[0])
+            mask = b.get("attention_mask")
+            w["tokens"] += int(mask.sum()) if mask is not None else b["input_ids"].numel()
+
+    def _epoch_position(self) -> float:
+        return round(self.epoch + self.batch_index / self.steps_per_epoch, 4)
+
+    def _log_train(self):
+        w = self.window
         dt = max(time.time() - w["t0"], 1e-9)
-        rec = {"type": "train", "step": self.step,
-               "epoch": round(self.epoch + self.batch_index / self.steps_per_epoch, 4),
+        rec = {"type": "train", "step": self.step, "epoch": self._epoch_position(),
                "loss": w["loss"] / max(1, w["steps"]),
                "lr": self.optimizer.param_groups[0]["lr"],
                "examples_per_s": w["examples"] / dt, "tokens_per_s": w["tokens"] / dt,
                "elapsed": round(time.time() - self.t_start, 3)}
         self._record(rec)
-        if bar is not None:
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", ex_s=f"{rec['examples_per_s']:.1f}",
-                            refresh=False)
-        w.update(loss=0.0, steps=0, examples=0, tokens=0, t0=time.time())
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{rec['loss']:.4f}", ex_s=f"{rec['examples_per_s']:.1f}",
+                                 refresh=False)
+        self._reset_window()
 
     def _improved(self, metrics: dict) -> bool:
+        """Better than the best so far; a NaN metric never is (no NaN model is kept)."""
         key = self.cfg.metric
+        if key in metrics and isinstance(metrics[key], float) and math.isnan(metrics[key]):
+            return False
         if key not in metrics or self.best is None or key not in self.best:
             return True
         a, b = metrics[key], self.best[key]
         return a > b if self.cfg.greater_is_better else a < b
 
+    def _evaluate(self) -> dict:
+        """The dev metrics (rank 0; {} without an evaluate function), logged and shown."""
+        if self.evaluate_fn is None or not self.is_main:
+            return {}
+        self.model.eval()
+        try:
+            metrics = dict(self.evaluate_fn(self.model))
+        finally:
+            self.model.train()
+        self._record({"type": "eval", "step": self.step, "epoch": self._epoch_position(),
+                      **metrics})
+        shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in metrics.items())
+        (self.bar.write if self.bar is not None else print)(f"step {self.step}: {shown}")
+        return metrics
+
     def _evaluate_and_keep_best(self):
-        metrics = {}
-        if self.evaluate_fn is not None and self.is_main:
-            self.model.eval()
-            try:
-                metrics = dict(self.evaluate_fn(self.model))
-            finally:
-                self.model.train()
-            self._record({"type": "eval", "step": self.step,
-                          "epoch": round(self.epoch + self.batch_index / self.steps_per_epoch, 4),
-                          **metrics})
-            shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                              for k, v in metrics.items())
-            msg = f"step {self.step}: {shown}"
-            if self.bar is not None:
-                self.bar.write(msg)
-            else:
-                print(msg, flush=True)
+        metrics = self._evaluate()
         self.last_eval = metrics
         if self._improved(metrics):
             self.best = dict(metrics, step=self.step)
+            self.evals_since_best = 0
             if self.save_fn is not None and self.is_main:
                 self.save_fn(self.model, self.out_dir)
+        else:
+            self.evals_since_best += 1
+        patience = self.cfg.early_stopping
+        self.stopped_early = self._agree(bool(patience) and self.evals_since_best >= patience)
+        if self.stopped_early:
+            msg = (f"early stopping at step {self.step}: no better {self.cfg.metric} in "
+                   f"{patience} evaluations (best at step {self.best and self.best['step']})")
+            (self.bar.write if self.bar is not None else print)(msg)
+
+    def _agree(self, flag: bool) -> bool:
+        """Rank 0's decision, for every process (only rank 0 evaluates)."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        torch.distributed.broadcast(t, 0)
+        return bool(t.item())
 
     # ---- checkpoints --------------------------------------------------------------
     def _save_checkpoint(self, rng: Optional[dict] = None):
@@ -383,6 +480,7 @@ class Trainer:
             "step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
             "total_steps": self.total_steps, "warmup": self.warmup,
             "best": self.best, "last_eval": self.last_eval,
+            "evals_since_best": self.evals_since_best,
             "python_rng": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
             "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
             "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -413,6 +511,7 @@ class Trainer:
         self.optimizer.load_state_dict(opt)  # casts to the parameters' device
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.best, self.last_eval = state["best"], state["last_eval"]
+        self.evals_since_best = state.get("evals_since_best", 0)
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         py = state["python_rng"]

@@ -142,7 +142,8 @@ def test_compare_gpt2_end_to_end(tiny_bert, tiny_gpt2, sentiment_tsv, tmp_path, 
     assert md.splitlines()[0] in stdout
 
     # recompute both accuracies by hand on the same sample
-    from nanobert.inspect import balanced_sample, read_labelled
+    from nanobert.finetune import read_labelled
+    from nanobert.inspection import balanced_sample
     ex = read_labelled(sentiment_tsv)
     idx = balanced_sample(ex["labels"], 8, 0)
     texts = [ex["texts"][i] for i in idx]

@@ -4,7 +4,6 @@ import os
 import random
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 from nanobert.cli import main
 from nanobert.corpus import (NSP, SOP, PretrainData, StreamingCorpus, corpus_files, holdout,
                              iter_documents, load_corpus, make_pairs, pack)
-from nanobert.pretrain import run_pretrain
+from nanobert.pretrain import PretrainConfig, run_pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("cat dog bird fish horse cow sheep goat lion tiger big small red blue happy sad "
@@ -55,14 +54,16 @@ def loaded(corpus_dir, tmp_path_factory):
 
 
 def args_for(corpus, out, **kw):
-    a = dict(corpus=[str(corpus)], out=str(out), preset="tiny", config=None, tokenizer=None,
-             vocab_size=120, steps=12, batch_size=8, seq_len=32, lr=2e-3, warmup_ratio=0.1,
-             weight_decay=0.01, mask_prob=0.15, mask_split="80/10/10", whole_word_mask=False,
-             objective="mlm", dropout=0.1, grad_accum=1, seed=0, eval_every=4, save_every=None,
-             val_fraction=0.1, max_eval_rows=64, cache_dir=None, streaming=False,
-             attn_backend="eager", device="cpu", no_progress=True, resume=False)
+    """A small PretrainConfig: flat names reach the trainer's fields (steps = max_steps)."""
+    a = dict(corpus=[str(corpus)], out_dir=str(out), preset="tiny", vocab_size=120, max_steps=12,
+             batch_size=8, seq_len=32, lr=2e-3, seed=0, eval_every=4, max_eval_rows=64,
+             attn_backend="eager", device="cpu", progress=False)
+    if "steps" in kw:
+        kw["max_steps"] = kw.pop("steps")
+    if "no_progress" in kw:
+        kw["progress"] = not kw.pop("no_progress")
     a.update(kw)
-    return Namespace(**a)
+    return PretrainConfig.create(**a)
 
 
 def records(out, kind):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import nanobert
+from nanobert.files import NanobertError
 from nanobert.train import Trainer, TrainConfig, lr_factor, param_groups
 
 
@@ -155,3 +156,59 @@ def test_best_model_is_kept(tmp_path):
                    save=lambda m, d: saved.append(m.training)).fit()
     assert best["accuracy"] == 0.9 and best["step"] == 4
     assert len(saved) == 2
+
+
+def test_early_stopping_stops_after_patience_evaluations(tmp_path):
+    scores = iter([0.5, 0.9, 0.8, 0.7, 0.95, 0.99])
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=6, metric="accuracy", greater_is_better=True,
+                      early_stopping=2, progress=False)
+    best = Trainer(tiny_model(), cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                   evaluate=lambda m: {"accuracy": next(scores)}).fit()
+    assert best["accuracy"] == 0.9 and best["step"] == 4
+    evals = read_log(tmp_path, "eval")
+    assert [r["accuracy"] for r in evals] == [0.5, 0.9, 0.8, 0.7]   # stopped at step 8 of 12
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 8 and state["evals_since_best"] == 2
+
+
+def test_divergence_stops_training_and_keeps_the_good_model(tmp_path):
+    """A non-finite loss stops the run before the update: the best model and the last
+    checkpoint stay the finite ones, and the message says where they are."""
+    saved = []
+
+    def loss_fn(model, batch):
+        loss = model(**batch).loss
+        return loss * float("nan") if calls.append(1) or len(calls) > 5 else loss
+    calls = []
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=5, lr=1e-3, log_every=1, progress=False)
+    model = tiny_model()
+    t = Trainer(model, cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                evaluate=lambda m: {"loss": 1.0 / (1 + len(calls))},
+                save=lambda m, d: saved.append([p.detach().clone() for p in m.parameters()]),
+                loss_fn=loss_fn)
+    with pytest.raises(NanobertError, match=r"diverged at step 6: loss nan.*checkpoint \(step 4\)"):
+        t.fit()
+    assert all(torch.isfinite(p).all() for p in model.parameters())   # no NaN update
+    assert len(saved) == 2 and all(torch.isfinite(p).all() for p in saved[-1])
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 4
+
+
+def test_a_nan_metric_is_never_the_best(tmp_path):
+    scores = iter([float("nan"), 0.6, float("nan")])
+    saved = []
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=3, metric="accuracy", greater_is_better=True,
+                      progress=False)
+    best = Trainer(tiny_model(), cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                   evaluate=lambda m: {"accuracy": next(scores)},
+                   save=lambda m, d: saved.append(d)).fit()
+    assert best["accuracy"] == 0.6 and len(saved) == 1
+
+
+def test_config_rejects_bad_values_with_the_flag_name():
+    with pytest.raises(NanobertError, match=r"^--lr: got inf, expected a finite number > 0$"):
+        TrainConfig(out_dir="x", lr=float("inf"))
+    with pytest.raises(NanobertError, match=r"^--warmup-ratio: got 5, expected .*<= 1$"):
+        TrainConfig(out_dir="x", warmup_ratio=5)
+    with pytest.raises(NanobertError, match=r"^--early-stopping: got 0, expected an integer >= 1"):
+        TrainConfig(out_dir="x", early_stopping=0)

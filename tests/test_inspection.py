@@ -12,8 +12,9 @@ import nanobert
 from conftest import random_batch
 from nanobert.cli import main
 from nanobert.files import NanobertError
-from nanobert.inspect import (attention_maps, balanced_sample, cls_attention, parse_selection,
-                              read_labelled, sentence_vectors, silhouette, tsne)
+from nanobert.finetune import read_labelled
+from nanobert.inspection import (attention_maps, balanced_sample, cls_attention, parse_selection,
+                                 sentence_vectors, silhouette, tsne)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 WORDS = ["good", "great", "fun", "bad", "dull", "awful", "film", "story", "plot", "the", "a"]
@@ -99,10 +100,12 @@ def test_cls_attention_and_selection():
     assert parse_selection("2-4,2", 12, "layers", []) == [1, 2, 3]
     assert parse_selection("all", 3, "heads", []) == [0, 1, 2]
     assert parse_selection(None, 3, "heads", [0]) == [0]
-    with pytest.raises(NanobertError, match="out of range.*6 layers"):
+    with pytest.raises(NanobertError, match="--layers: got 7, expected 1 to 6"):
         parse_selection("1,7", 6, "layers", [])
-    with pytest.raises(NanobertError, match="not a list"):
+    with pytest.raises(NanobertError, match="--layers: got 'one', expected a list"):
         parse_selection("one", 6, "layers", [])
+    with pytest.raises(NanobertError, match="--layers: got '2-1', expected .*low to high"):
+        parse_selection("2-1", 6, "layers", [])
 
 
 def test_attention_cli(tiny_dir, tmp_path, capsys):
@@ -128,7 +131,7 @@ def test_attention_cli(tiny_dir, tmp_path, capsys):
     bad = tmp_path / "bad.png"
     assert main(["attention", "--model", str(tiny_dir), "--text", "x", "--out", str(bad),
                  "--layers", "9"]) == 2
-    assert "out of range" in capsys.readouterr().err
+    assert "--layers: got 9, expected 1 to 3" in capsys.readouterr().err
     assert not bad.exists()
 
 

@@ -16,13 +16,16 @@ backend it was loaded with.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+from .config import Config, add_flags, at_least, checked, param, positive
 from .files import NanobertError, atomic_path
+from .finetune import ColumnsConfig
 
 # ----------------------------------------------------------------------------------
 # Attention
@@ -67,15 +70,18 @@ def parse_selection(spec: Optional[str], count: int, what: str, default: Sequenc
         try:
             if "-" in part:
                 a, b = (int(x) for x in part.split("-", 1))
+                if a > b:
+                    raise ValueError
                 picked.extend(range(a, b + 1))
             else:
                 picked.append(int(part))
         except ValueError:
-            raise NanobertError(f"--{what}: {spec!r} is not a list like 1,6,12 or 2-4 or all")
+            raise NanobertError(f"--{what}: got {spec!r}, expected a list like 1,6,12, a range "
+                                f"like 2-4 (low to high) or all")
     bad = [i for i in picked if not 1 <= i <= count]
     if bad:
-        raise NanobertError(f"--{what}: {bad[0]} is out of range; the model has {count} {what} "
-                            f"(numbered 1 to {count})")
+        raise NanobertError(f"--{what}: got {bad[0]}, expected 1 to {count} (the model has "
+                            f"{count} {what})")
     return sorted(set(i - 1 for i in picked))
 
 
@@ -177,7 +183,8 @@ def attention_args(p):
     p.add_argument("--scale", choices=("linear", "sqrt"), default=None,
                    help="colour scale (default: linear for head maps, sqrt for --cls, where "
                         "[CLS] attending to itself would otherwise wash out the rest)")
-    p.add_argument("--max-length", type=int, default=128, help="truncate the text to this many tokens")
+    p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=128,
+                   help="truncate the text to this many tokens")
     p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
 
 
@@ -206,19 +213,6 @@ def attention_cmd(args):
     if args.json:
         print(json.dumps(result))
     return 0
-
-
-# ----------------------------------------------------------------------------------
-# Labelled files (classification), read by nanobert.data
-
-
-def read_labelled(path, text_column=None, pair_column=None, label_column=None) -> dict:
-    """{'texts': [...], 'pairs': [... or None], 'labels': [str, ...]} of a labelled
-    classification file (GLUE TSV, MSRP, CSV, JSON Lines; see nanobert.data)."""
-    from .data import read_classification
-    examples = read_classification(path, text_column, pair_column, label_column)
-    return {"texts": [e.text_a for e in examples], "pairs": [e.text_b for e in examples],
-            "labels": [str(e.label) for e in examples]}
 
 
 # ----------------------------------------------------------------------------------
@@ -294,44 +288,48 @@ def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names
     plt.close(fig)
 
 
-def tsne_report(model, tokenizer, data_path, n=400, kind="cls", seed=0, batch_size=64,
-                max_length=128, metric="cosine", columns=None):
-    """Sample, embed, measure: {'indices', 'labels', 'vectors', 'silhouette'}.
-    `columns`: optional (text, pair, label) column names for the data file."""
-    ex = read_labelled(data_path, *(columns or ()))
-    idx = balanced_sample(ex["labels"], n, seed)
+@dataclass
+class TsneConfig(Config):
+    """What `tsne_report` samples and how it embeds (the `nanobert tsne` flags)."""
+    n: int = param(400, "sample size, balanced over labels", at_least(5))
+    vector: str = param("cls", "the final [CLS] hidden state, the pooler output, or the token "
+                        "mean", choices=("cls", "pooled", "mean"))
+    metric: str = param("cosine", "distance for the silhouette score",
+                        choices=("cosine", "euclidean"))
+    seed: int = param(0, "random seed of the sample and of t-SNE", at_least(0))
+    perplexity: float = param(30.0, "t-SNE perplexity (capped at (n - 1) / 3)", positive())
+    batch_size: int = param(64, "inference batch size", at_least(1))
+    max_length: int = param(128, "truncate texts to this many tokens", at_least(4))
+    columns: ColumnsConfig = param(lambda: ColumnsConfig())
+
+    nested = {"columns": None}
+
+
+def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None, **fields):
+    """Sample, embed, measure: {'indices', 'labels', 'vectors', 'silhouette'}. The
+    settings are a TsneConfig, or its fields as keywords (n=400, vector='cls', ...)."""
+    from .finetune import read_labelled
+    cfg = (config or TsneConfig()).replace(**fields)
+    ex = read_labelled(data_path, **cfg.columns.given())
+    idx = balanced_sample(ex["labels"], cfg.n, cfg.seed)
     texts = [ex["texts"][i] for i in idx]
     pairs = [ex["pairs"][i] for i in idx]
     labels = [ex["labels"][i] for i in idx]
-    vecs = sentence_vectors(model, tokenizer, texts, pairs, kind, batch_size, max_length)
+    vecs = sentence_vectors(model, tokenizer, texts, pairs, cfg.vector, cfg.batch_size,
+                            cfg.max_length)
     return {"indices": idx, "labels": labels, "vectors": vecs,
-            "silhouette": silhouette(vecs, labels, metric)}
+            "silhouette": silhouette(vecs, labels, cfg.metric)}
 
 
 def tsne_args(p):
     p.add_argument("--model", required=True, help="model directory or 'minilm'")
     p.add_argument("--data", required=True, help="labelled classification file (.tsv/.csv/.jsonl)")
     p.add_argument("--out", required=True, help="output image (.png)")
-    p.add_argument("--n", type=int, default=400, help="sample size, balanced over labels")
-    p.add_argument("--vector", choices=("cls", "pooled", "mean"), default="cls",
-                   help="the final [CLS] hidden state, the pooler output, or the token mean")
+    add_flags(p, TsneConfig)
     p.add_argument("--label-names", default=None,
                    help="legend names, e.g. '0=negative,1=positive' (default: the model's "
                         "label names when they differ from the file's labels)")
-    p.add_argument("--metric", choices=("cosine", "euclidean"), default="cosine",
-                   help="distance for the silhouette score")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--perplexity", type=float, default=30.0)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    column_args(p)
-
-
-def column_args(p):
-    p.add_argument("--text-column", default=None, help="column/field holding the text")
-    p.add_argument("--text-pair-column", default=None, help="column/field of the second text")
-    p.add_argument("--label-column", default=None, help="column/field holding the label")
 
 
 def _label_names(spec, model) -> dict:
@@ -340,7 +338,7 @@ def _label_names(spec, model) -> dict:
             return dict(kv.split("=", 1) for kv in spec.split(","))
         except ValueError:
             raise NanobertError(f"--label-names: {spec!r} is not like 0=negative,1=positive")
-    id2label = model.config.id2label if getattr(model, "task", None) == "classify" else None
+    id2label = model.config.id2label if getattr(model, "head", None) == "classify" else None
     return {str(i): name for i, name in (id2label or {}).items() if name != str(i)}
 
 
@@ -350,13 +348,10 @@ def tsne_cmd(args):
     A label-balanced sample of a labelled file is embedded, reduced to 2-D with t-SNE
     (fixed seed) and plotted; the silhouette score is measured in the original space."""
     from . import load
-    if args.n < 5:
-        raise NanobertError("--n must be at least 5")
+    cfg = TsneConfig.from_args(args)
     model, tokenizer = load(args.model)
-    rep = tsne_report(model, tokenizer, args.data, args.n, args.vector, args.seed,
-                      args.batch_size, args.max_length, args.metric,
-                      (args.text_column, args.text_pair_column, args.label_column))
-    points = tsne(rep["vectors"], args.seed, args.perplexity)
+    rep = tsne_report(model, tokenizer, args.data, cfg)
+    points = tsne(rep["vectors"], cfg.seed, cfg.perplexity)
     name = Path(str(args.model)).name or str(args.model)
     what = {"cls": "[CLS]", "pooled": "pooled [CLS]", "mean": "mean-pooled"}[args.vector]
     title = (f"t-SNE of {what} vectors, {name}, {Path(args.data).name}\n"

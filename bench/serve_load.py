@@ -1,0 +1,322 @@
+"""Load test: `nanobert serve minilm` against sentence-transformers behind a web app.
+
+    python bench/serve_load.py                       # the full run (BENCHMARKS.md)
+    python bench/serve_load.py --requests 200 --soak 30 --concurrency 1,8   # a quick look
+
+Both servers run `minilm` (all-MiniLM-L6-v2) with the same torch threads and answer
+the same OpenAI-style POST /v1/embeddings requests: real SST-2 dev sentences, 1 or 8
+per request, from a closed-loop client at concurrency 1, 8, 32 and 128. The peer is
+what people write today when infinity-emb is not an option (its wheel pins numpy<2,
+sentence-transformers<4 and uvicorn<0.33, which would replace this environment's): a
+Starlette app whose endpoint calls `SentenceTransformer.encode(texts,
+normalize_embeddings=True)` in the thread pool, as a FastAPI `def` endpoint does.
+
+Contestants alternate per setting (nanobert, peer, nanobert, peer ... with --rounds),
+so a change in the machine's load hits both. Then: overload (a nanobert server limited
+to --overload-limit requests in flight, driven at 4x that concurrency: every request
+must get 200 or 429, none time out) and a soak (RSS of the nanobert server sampled
+while it serves for --soak seconds). Results: printed, and JSON in bench/results/.
+Load goes to 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"
+if not DATA.is_file():
+    DATA = Path("/work/shared/data/sst2/dev.tsv")
+
+
+# ----------------------------------------------------------------------------------
+# The peer server: sentence-transformers' encode behind a minimal Starlette app
+
+
+def peer_main(port: int, threads: int):
+    import torch
+    import uvicorn
+    from sentence_transformers import SentenceTransformer
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from nanobert.checkpoint import resolve
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(str(resolve("minilm")), device="cpu")
+
+    async def embeddings(request):
+        body = await request.json()
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        vecs = await run_in_threadpool(model.encode, texts, normalize_embeddings=True)
+        return JSONResponse({"object": "list", "model": "minilm",
+                             "data": [{"object": "embedding", "index": i, "embedding": v.tolist()}
+                                      for i, v in enumerate(vecs)]})
+
+    async def health(request):
+        return JSONResponse({"status": "ok"})
+
+    app = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"]),
+                            Route("/health", health)])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# ----------------------------------------------------------------------------------
+# Servers as processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(kind: str, threads: int, extra=(), cpus=None) -> tuple:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    if kind == "nanobert":
+        cmd = [sys.executable, "-m", "nanobert", "serve", "minilm", "--port", str(port),
+               "--threads", str(threads), *extra]
+    else:
+        cmd = [sys.executable, __file__, "--peer-server", str(port), "--threads", str(threads)]
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=pin)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"{kind} server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit(f"{kind} server did not start")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+# ----------------------------------------------------------------------------------
+# The client: closed loop, `concurrency` requests always in flight
+
+
+async def drive(url: str, bodies: list, n: int, concurrency: int, timeout: float,
+                duration: float = None) -> dict:
+    import httpx
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    latencies, statuses, refused = [], Counter(), []
+    counter = iter(range(n if duration is None else 1 << 60))
+    stop_at = None if duration is None else time.perf_counter() + duration
+    headers = {"content-type": "application/json"}
+
+    async def worker(client):
+        for i in counter:
+            if stop_at is not None and time.perf_counter() > stop_at:
+                return
+            t = time.perf_counter()
+            try:
+                r = await client.post("/v1/embeddings", content=bodies[i % len(bodies)],
+                                      headers=headers)
+                status = r.status_code
+            except httpx.TimeoutException:
+                status = "timeout"
+            except httpx.HTTPError as e:
+                status = type(e).__name__
+            statuses[status] += 1
+            if status == 200:
+                latencies.append(time.perf_counter() - t)
+            elif status == 429:
+                refused.append(time.perf_counter() - t)
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    out = summarise(latencies, statuses, wall)
+    if refused:
+        out["p99_429_ms"] = percentile(refused, 99)
+    return out
+
+
+def percentile(values: list, p: float):
+    v = sorted(values)
+    return round(1000 * v[min(len(v) - 1, int(p / 100 * len(v)))], 1) if v else None
+
+
+def summarise(latencies: list, statuses: Counter, wall: float) -> dict:
+    ok = statuses.get(200, 0)
+    return {"requests": sum(statuses.values()), "ok": ok, "req_per_s": round(ok / wall, 1),
+            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
+            "p99_ms": percentile(latencies, 99),
+            "failed": sum(v for k, v in statuses.items() if k != 200),
+            "statuses": {str(k): v for k, v in statuses.items()}, "wall_s": round(wall, 1)}
+
+
+def request_bodies(sentences: list, size: int) -> list:
+    return [json.dumps({"input": sentences[i:i + size], "model": "minilm"}).encode()
+            for i in range(0, len(sentences) - size + 1, size)]
+
+
+# ----------------------------------------------------------------------------------
+# The run
+
+
+def read_sentences() -> list:
+    lines = DATA.read_text("utf-8").splitlines()[1:]
+    return [line.split("\t")[0].strip() for line in lines if line.strip()]
+
+
+def compare(args, sentences) -> list:
+    servers = {k: start(k, args.threads, cpus=args.server_cpus) for k in ("nanobert", "peer")}
+    rows = []
+    try:
+        for size in args.sizes:
+            bodies = request_bodies(sentences, size)
+            n = args.requests if size == 1 else max(100, 2 * args.requests // size)
+            for conc in args.concurrency:
+                for kind, (_, url) in servers.items():   # warm up: first requests, allocator
+                    asyncio.run(drive(url, bodies, 2 * conc, conc, args.timeout))
+                for rnd in range(args.rounds):
+                    order = list(servers) if rnd % 2 == 0 else list(servers)[::-1]
+                    for kind in order:
+                        res = asyncio.run(drive(servers[kind][1], bodies, n, conc, args.timeout))
+                        row = {"server": kind, "inputs": size, "concurrency": conc,
+                               "round": rnd, "load": load_average(), **res}
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait()
+    return rows
+
+
+def overload(args, sentences) -> dict:
+    proc, url = start("nanobert", args.threads,
+                      ["--max-concurrent-requests", str(args.overload_limit)], args.server_cpus)
+    try:
+        conc = 4 * args.overload_limit
+        res = asyncio.run(drive(url, request_bodies(sentences, 8), args.requests // 2, conc,
+                                args.timeout))
+    finally:
+        proc.terminate()
+        proc.wait()
+    out = {"limit": args.overload_limit, "concurrency": conc, "load": load_average(), **res}
+    print(json.dumps({"overload": out}), flush=True)
+    return out
+
+
+def soak(args, sentences) -> dict:
+    proc, url = start("nanobert", args.threads, cpus=args.server_cpus)
+    bodies = request_bodies(sentences, 8)
+    samples = []
+    try:
+        asyncio.run(drive(url, bodies, 200, 32, args.timeout))            # warm
+        samples.append((0, round(rss_mb(proc.pid), 1)))
+        step = max(5.0, args.soak / 10)
+        done, results = 0.0, []
+        while done < args.soak:
+            results.append(asyncio.run(drive(url, bodies, 0, 32, args.timeout, duration=step)))
+            done += step
+            samples.append((round(done), round(rss_mb(proc.pid), 1)))
+    finally:
+        proc.terminate()
+        proc.wait()
+    ok = sum(r["ok"] for r in results)
+    out = {"seconds": args.soak, "concurrency": 32, "inputs": 8, "requests_ok": ok,
+           "failed": sum(r["failed"] for r in results), "rss_mb": samples,
+           "rss_growth_mb": round(samples[-1][1] - samples[0][1], 1), "load": load_average()}
+    print(json.dumps({"soak": out}), flush=True)
+    return out
+
+
+def table(rows: list) -> str:
+    """Medians over rounds, nanobert vs peer per setting, with the throughput ratio."""
+    lines = ["| inputs | concurrency | nanobert req/s | peer req/s | ratio | nanobert p50/p95/p99 ms "
+             "| peer p50/p95/p99 ms | failed (n/p) |", "|" + "---|" * 8]
+    keys = sorted({(r["inputs"], r["concurrency"]) for r in rows})
+    for size, conc in keys:
+        med = {}
+        for kind in ("nanobert", "peer"):
+            rs = [r for r in rows if (r["server"], r["inputs"], r["concurrency"]) == (kind, size, conc)]
+            med[kind] = {k: statistics.median(r[k] for r in rs)
+                         for k in ("req_per_s", "p50_ms", "p95_ms", "p99_ms", "failed")}
+        n, p = med["nanobert"], med["peer"]
+        lines.append(f"| {size} | {conc} | {n['req_per_s']:.1f} | {p['req_per_s']:.1f} | "
+                     f"{n['req_per_s'] / p['req_per_s']:.2f}x | {n['p50_ms']:.0f}/{n['p95_ms']:.0f}/"
+                     f"{n['p99_ms']:.0f} | {p['p50_ms']:.0f}/{p['p95_ms']:.0f}/{p['p99_ms']:.0f} | "
+                     f"{n['failed']:.0f}/{p['failed']:.0f} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=2000,
+                    help="requests of 1 input per setting and server; of k inputs, 2/k as many "
+                         "(2000: 500 requests of 8 inputs, 4000 sentences)")
+    ap.add_argument("--sizes", default="1,8", help="inputs per request")
+    ap.add_argument("--concurrency", default="1,8,32,128")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per setting")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each server")
+    ap.add_argument("--timeout", type=float, default=60.0, help="client timeout per request (s)")
+    ap.add_argument("--overload-limit", type=int, default=32)
+    ap.add_argument("--soak", type=float, default=600.0, help="seconds of the soak (0: skip)")
+    ap.add_argument("--skip-compare", action="store_true")
+    ap.add_argument("--server-cpus", default="0",
+                    help="CPUs the servers are pinned to ('' : no pinning); the client gets the others")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"))
+    ap.add_argument("--peer-server", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer_server:
+        return peer_main(args.peer_server, args.threads)
+    if not DATA.is_file():
+        print(f"skipped: {DATA} not found (the SST-2 dev set)")
+        return 0
+    args.sizes = [int(x) for x in args.sizes.split(",")]
+    args.server_cpus = {int(c) for c in args.server_cpus.split(",") if c}
+    client = set(range(os.cpu_count())) - args.server_cpus
+    if args.server_cpus and client:   # the client on the other cores: it does not steal the servers'
+        os.sched_setaffinity(0, client)
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    sentences = read_sentences()
+    result = {"command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": f"{os.cpu_count()} CPUs, load {load_average()} at start; servers "
+                         f"pinned to CPUs {sorted(args.server_cpus) or 'all'}, "
+                         f"{args.threads} torch thread(s) each",
+              "sentences": len(sentences)}
+    if not args.skip_compare:
+        result["rows"] = compare(args, sentences)
+        print(table(result["rows"]))
+    result["overload"] = overload(args, sentences)
+    if args.soak > 0:
+        result["soak"] = soak(args, sentences)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Dynamic batching by token budget, for the server.
+
+    request handlers (event loop)          inference thread
+    ─────────────────────────────          ──────────────────────────────────────────
+    await batcher.submit(group, items,     take every queued item, oldest first;
+                         lengths, run) ──► cut a batch of one group (a model and what
+                                           it computes) up to `max_tokens` real tokens;
+                                           run(items) on the unpadded path ──► outputs
+    the awaiting handler wakes up    ◄──── back to their requests (futures)
+
+While one batch runs, new requests pile up in the queue; the next batch takes all
+of them that fit. There is no timer: a lone request starts at once, and under load
+batches fill by themselves ("continuous batching"). The budget counts real tokens,
+not requests: on the unpadded path the work of a batch is its number of tokens, so
+thirty short sentences cost about what two long ones do.
+
+A request may be larger than the budget; its items then go out in several batches
+and it is answered when the last of them is done. Items of different requests
+share a batch when they belong to the same group; `run` sees a plain list.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Optional
+
+
+@dataclass
+class Job:
+    """One request's share of the work: its items, their token counts, and the
+    future its handler awaits (set from the inference thread, through the loop)."""
+    group: Hashable
+    items: list
+    lengths: list
+    run: Callable[[list], list]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    queued_at: float = field(default_factory=time.perf_counter)
+    outputs: list = None
+    left: int = 0
+    started: bool = False
+
+
+class BatchObserver:
+    """What the batcher reports; the server turns it into Prometheus metrics."""
+
+    def queued(self, seconds: float): ...
+
+    def batch(self, sequences: int, tokens: int, seconds: float): ...
+
+
+_STOP = object()
+
+
+class Batcher:
+    """One inference thread fed by a queue; batches are cut by `max_tokens`."""
+
+    def __init__(self, max_tokens: int, observer: Optional[BatchObserver] = None):
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.observer = observer or BatchObserver()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="nanobert-inference", daemon=True)
+        self._thread.start()
+
+    async def submit(self, group: Hashable, items: list, lengths: list, run) -> list:
+        """Queue `items` (with their token counts) for `run(list) -> list` and wait for
+        their outputs, in the order of `items`."""
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        job = Job(group, list(items), list(lengths), run, loop.create_future(), loop)
+        job.outputs, job.left = [None] * len(items), len(items)
+        self._queue.put(job)
+        return await job.future
+
+    def stop(self, timeout: Optional[float] = None):
+        """Finish what is queued, then end the thread."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    # ---- the inference thread ------------------------------------------------------
+    def _loop(self):
+        pending: deque = deque()      # (job, item index), oldest first
+        stopping = False
+        while pending or not stopping:
+            if not pending:
+                stopping = self._take(pending, block=True)
+                continue
+            stopping = self._take(pending, block=False) or stopping
+            self._run_one(self._cut(pending))
+
+    def _take(self, pending: deque, block: bool) -> bool:
+        """Move queued jobs into `pending`; True when the stop mark came."""
+        while True:
+            try:
+                job = self._queue.get(block=block)
+            except queue.Empty:
+                return False
+            if job is _STOP:
+                return True
+            pending.extend((job, i) for i in range(len(job.items)))
+            block = False
+
+    def _cut(self, pending: deque) -> list:
+        """The next batch: items of the oldest item's group, in arrival order, while
+        they fit in the token budget (always at least one item)."""
+        group = pending[0][0].group
+        batch, tokens, rest = [], 0, deque()
+        while pending:
+            job, i = entry = pending.popleft()
+            n = job.lengths[i]
+            if job.group == group and (not batch or tokens + n <= self.max_tokens):
+                batch.append(entry)
+                tokens += n
+            else:
+                rest.append(entry)
+        pending.extend(rest)
+        return batch
+
+    def _run_one(self, batch: list):
+        start = time.perf_counter()
+        for job, _ in batch:
+            if not job.started:
+                job.started = True
+                self.observer.queued(start - job.queued_at)
+        run = batch[0][0].run
+        try:
+            outputs = run([job.items[i] for job, i in batch])
+            error = None
+        except BaseException as e:  # handed to the request that waits; the thread goes on
+            outputs, error = [None] * len(batch), e
+        self.observer.batch(len(batch), sum(job.lengths[i] for job, i in batch),
+                            time.perf_counter() - start)
+        for (job, i), out in zip(batch, outputs):
+            job.outputs[i] = out
+            job.left -= 1
+            if error is not None or job.left == 0:
+                job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, error)
+
+
+def _settle(future: asyncio.Future, outputs: list, error):
+    if future.done():   # already failed by another batch, or the client went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(outputs)

@@ -1,0 +1,278 @@
+"""Job configs, and the command-line flags generated from them.
+
+Every job (pretrain, finetune, distill, the trainer they share) is a dataclass whose
+fields carry their own help text, allowed range and flag in the field metadata:
+
+    @dataclass
+    class TrainConfig(Config):
+        lr: float = param(5e-5, "peak learning rate", positive())
+
+From that one description come
+  - the flags:         `add_flags(parser, FinetuneConfig)` (one per field; nested
+                       configs such as the trainer's are flattened, see `Config.flags`)
+  - the config back:   `FinetuneConfig.from_args(args)`
+  - the validation:    on construction (`__post_init__`) and while parsing, with one
+                       message `--lr: got inf, expected a finite number > 0`
+
+so Python callers and the command line share defaults, ranges and messages:
+
+    cfg = FinetuneConfig(task="ner", model="minilm", train="t.txt", dev="d.txt")
+    cfg = cfg.replace(lr=1e-4, epochs=5, out_dir="runs/ner")  # flat names reach nested ones
+
+Flags of the commands that have no job config (fill-mask -k, tsne --perplexity) use the
+same checks through `checked(kind, range)` as their argparse `type`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from .files import NanobertError
+
+# ----------------------------------------------------------------------------------
+# Allowed ranges
+
+
+@dataclass(frozen=True)
+class Range:
+    """lo <= x <= hi (strict where `*_open`); None is unbounded. Floats must be finite."""
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, x) -> bool:
+        if isinstance(x, float) and not math.isfinite(x):
+            return False
+        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
+            return False
+        return self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
+
+    def describe(self, kind: type) -> str:
+        what = "an integer" if kind is int else "a finite number"
+        lo = None if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        hi = None if self.hi is None else f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        if lo and hi:
+            return f"{what} {lo} and {hi}"
+        return f"{what} {lo or hi}" if (lo or hi) else what
+
+
+def at_least(n) -> Range:
+    return Range(lo=n)
+
+
+def positive() -> Range:
+    return Range(lo=0, lo_open=True)
+
+
+def fraction(open_hi: bool = False, open_lo: bool = False) -> Range:
+    """0..1, either end excluded on request (a dropout of 1 drops everything)."""
+    return Range(0, 1, lo_open=open_lo, hi_open=open_hi)
+
+
+def check_value(flag: str, value, kind: type = float, allowed: Optional[Range] = None,
+                choices=None):
+    """Raise NanobertError('--flag: got X, expected ...') unless `value` is allowed."""
+    if value is None:
+        return
+    if choices is not None and value not in choices:
+        raise NanobertError(f"{flag}: got {value!r}, expected one of {', '.join(map(str, choices))}")
+    if allowed is not None and not allowed.contains(value):
+        raise NanobertError(f"{flag}: got {value}, expected {allowed.describe(kind)}")
+
+
+def checked(kind: type, allowed: Optional[Range] = None, flag: str = ""):
+    """An argparse `type` that converts with `kind` and checks the range; the message
+    reaches the user through `OneLineParser.error` as `--flag: got X, expected ...`."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}, expected "
+                                             f"{(allowed or Range()).describe(kind)}")
+        try:
+            check_value(flag, value, kind, allowed)
+        except NanobertError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1])
+        return value
+    convert.__name__ = kind.__name__  # argparse names the type in its messages
+    return convert
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors on one line: `nanobert: error: --flag: got X, expected ...`
+    and exit status 2, like every other error the user can fix."""
+
+    def error(self, message):
+        prefix = "argument "
+        if message.startswith(prefix) and ": " in message:  # 'argument -k/--top-k: ...'
+            names, rest = message[len(prefix):].split(": ", 1)
+            message = f"{names.split('/')[-1]}: {rest}"
+        self.exit(2, f"nanobert: error: {message}\n")
+
+
+# ----------------------------------------------------------------------------------
+# Fields
+
+
+def param(default=dataclasses.MISSING, help: str = "", allowed: Optional[Range] = None, *,
+          choices=None, flag: Optional[str] = None, required: bool = False, **argparse_kw):
+    """A config field with its flag's help, allowed range or choices. `flag` renames the
+    flag (default: --field-name); `required` makes the flag required even though Python
+    callers have a default; other keywords go to argparse (nargs, metavar).
+    A mutable default (a list, a nested config) is given as a zero-argument callable."""
+    meta = {"help": help, "range": allowed, "choices": choices, "flag": flag,
+            "required": required, "argparse": argparse_kw}
+    if callable(default) and not isinstance(default, type):
+        return dataclasses.field(default_factory=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _kind(f: dataclasses.Field) -> type:
+    """int, float, str, bool or list, from the annotation (a string under
+    `from __future__ import annotations`)."""
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("list", list)):
+        if name in t:
+            return kind
+    return str
+
+
+def _flag(f: dataclasses.Field, renamed: Optional[str] = None) -> str:
+    return renamed or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+class Config:
+    """Base of the job configs: validation on construction, flat overrides, flags.
+
+    `nested` maps a field that holds another Config (the trainer's settings, the data
+    columns) to the fields of it that this job offers as flags, each with its flag name
+    (None: the field's own), or to None for all of them."""
+    nested: ClassVar[dict] = {}
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if f.metadata.get("range") or f.metadata.get("choices"):
+                check_value(_flag(f), getattr(self, f.name), _kind(f), f.metadata.get("range"),
+                            f.metadata.get("choices"))
+
+    def replace(self, **changes) -> "Config":
+        """A copy with `changes`; names of a nested config's fields reach it, so
+        `cfg.replace(lr=1e-4)` sets `cfg.trainer.lr`. Unknown names raise TypeError."""
+        own = {f.name for f in dataclasses.fields(self)}
+        mine = {k: v for k, v in changes.items() if k in own}
+        rest = {k: v for k, v in changes.items() if k not in own}
+        for name in self.nested:
+            inner = getattr(mine.get(name, getattr(self, name)), "__dataclass_fields__")
+            part = {k: v for k, v in rest.items() if k in inner}
+            if part:
+                mine[name] = mine.get(name, getattr(self, name)).replace(**part)
+                rest = {k: v for k, v in rest.items() if k not in part}
+        if rest:
+            raise TypeError(f"{type(self).__name__} has no field(s) {', '.join(rest)}")
+        return dataclasses.replace(self, **mine)
+
+    @classmethod
+    def create(cls, **fields) -> "Config":
+        """The defaults with `fields` set; flat names reach the nested configs."""
+        own = {f.name for f in dataclasses.fields(cls) if f.init}
+        base = cls(**{k: v for k, v in fields.items() if k in own})
+        rest = {k: v for k, v in fields.items() if k not in own}
+        return base.replace(**rest) if rest else base
+
+    @classmethod
+    def flags(cls) -> list:
+        """(field path, dataclasses.Field, flag name) of every flag of this job."""
+        out = []
+        for f in dataclasses.fields(cls):
+            if f.name in cls.nested:
+                inner = f.default_factory()
+                offered = cls.nested[f.name]
+                if offered is None:
+                    out += [((f.name,) + path, g, flag) for path, g, flag in inner.flags()]
+                    continue
+                fields = {g.name: g for g in dataclasses.fields(inner)}
+                out += [((f.name, name), fields[name], _flag(fields[name], renamed))
+                        for name, renamed in offered.items()]
+            elif f.metadata.get("help") and f.init:
+                out.append(((f.name,), f, _flag(f)))
+        return out
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Config":
+        """The config of parsed flags (validated on construction); flags the command
+        does not offer keep their defaults."""
+        flat = {path[-1]: getattr(args, _dest(flag)) for path, _, flag in cls.flags()
+                if hasattr(args, _dest(flag))}
+        return cls.create(**flat)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_flags(parser: argparse.ArgumentParser, cls, skip=(), **defaults):
+    """One flag per field of `cls.flags()` (but those in `skip`): help, type, default,
+    choices and the allowed range from the field's metadata. `defaults` replaces a
+    field's default for this command (the masking ablation runs 1,000 steps)."""
+    sample = _default_instance(cls)
+    for path, f, flag in cls.flags():
+        if path[-1] in skip:
+            continue
+        default = defaults.get(path[-1], _get(sample, path))
+        kind, meta = _kind(f), f.metadata
+        kw = dict(meta.get("argparse") or {})
+        kw["help"] = meta.get("help") or None
+        if meta.get("range") is not None:
+            kw["help"] += f" [{meta['range'].describe(kind)}]"
+        kw["dest"] = _dest(flag)
+        if kind is bool:
+            parser.add_argument(flag if not default else _negated(flag), default=default,
+                                action="store_false" if default else "store_true", **kw)
+            continue
+        if meta.get("choices"):
+            kw["choices"] = meta["choices"]
+        if kind in (int, float):
+            kw["type"] = checked(kind, meta.get("range"), flag)
+        if default is _REQUIRED or meta.get("required"):
+            kw["required"] = True
+        else:
+            kw["default"] = default
+        parser.add_argument(flag, **kw)
+
+
+def as_flags(cfg: Config) -> dict:
+    """{flag dest: value} of a config: what the command line would have said."""
+    return {_dest(flag): _get(cfg, path) for path, _, flag in cfg.flags()}
+
+
+def _negated(flag: str) -> str:
+    return "--no-" + flag[2:]
+
+
+_REQUIRED = object()
+
+
+def _default_instance(cls):
+    """Field values of `cls` with its defaults; required fields hold `_REQUIRED`."""
+    kw = {f.name: _REQUIRED for f in dataclasses.fields(cls)
+          if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    obj = object.__new__(cls)  # no __post_init__: the placeholders are not valid values
+    for f in dataclasses.fields(cls):
+        if f.name in kw:
+            value: Any = kw[f.name]
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = f.default
+        object.__setattr__(obj, f.name, value)
+    return obj
+
+
+def _get(obj, path):
+    for name in path:
+        obj = getattr(obj, name)
+    return obj

@@ -1,0 +1,148 @@
+"""Evaluating embedding models and rerankers: STS correlation and BEIR retrieval.
+
+    STS     pairs ──► embed both sides ──► cosine ──► Pearson / Spearman against the gold
+    BEIR    queries, corpus ──► embed ──► cosine top-100 per query (a run) ──► metrics
+            (optionally: a cross-encoder re-scores each query's top-k and re-sorts it)
+
+The retrieval metrics are those of trec_eval as pytrec_eval (and so BEIR and MTEB)
+computes them, so published figures can be compared:
+
+    nDCG@k     gain = the judged relevance (linear, not 2^rel - 1), discount log2(rank + 1);
+               divided by the DCG of the ideal ranking of all judged documents
+    MRR@k      1 / rank of the first relevant document in the top k (0 if none)
+    Recall@k   relevant documents in the top k / all relevant documents of the query
+    ties       equal scores are ordered by document id, descending (trec_eval's rule)
+    "relevant" means a judgement > 0; every judged query counts, a query with no
+               results scores 0; a document whose id equals the query's is dropped
+               from that query's results (BEIR's ignore_identical_ids)
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from .files import NanobertError
+
+RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
+
+
+# ----------------------------------------------------------------------------------
+# Metrics
+
+
+def correlations(gold, pred) -> dict:
+    """Pearson and Spearman correlation of two equal-length score lists."""
+    from scipy.stats import pearsonr, spearmanr
+    gold, pred = np.asarray(gold, dtype=float), np.asarray(pred, dtype=float)
+    if len(gold) < 2 or np.ptp(gold) == 0 or np.ptp(pred) == 0:
+        raise NanobertError("correlation needs at least two examples and scores that vary")
+    return {"pearson": float(pearsonr(gold, pred)[0]), "spearman": float(spearmanr(gold, pred)[0])}
+
+
+def ranking(scores: dict) -> list:
+    """Document ids of one query's run {doc id: score}, best first; ties by id descending."""
+    return [d for d, _ in sorted(scores.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)]
+
+
+def ndcg_at(ranked: list, judged: dict, k: int) -> float:
+    dcg = sum(judged.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k])
+              if judged.get(d, 0) > 0)
+    ideal = sorted((r for r in judged.values() if r > 0), reverse=True)[:k]
+    idcg = sum(r / math.log2(i + 2) for i, r in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def mrr_at(ranked: list, judged: dict, k: int) -> float:
+    for i, d in enumerate(ranked[:k]):
+        if judged.get(d, 0) > 0:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+def recall_at(ranked: list, judged: dict, k: int) -> float:
+    relevant = {d for d, r in judged.items() if r > 0}
+    return len(relevant.intersection(ranked[:k])) / len(relevant) if relevant else 0.0
+
+
+# metric name -> (function, cut-off); the table behind RETRIEVAL_METRICS
+_METRICS = {"ndcg_at_10": (ndcg_at, 10), "mrr_at_10": (mrr_at, 10),
+            "recall_at_10": (recall_at, 10), "recall_at_100": (recall_at, 100)}
+
+
+def retrieval_metrics(qrels: dict, run: dict) -> dict:
+    """Mean of each metric over the judged queries, as fractions. qrels
+    {query: {doc: relevance}}, run {query: {doc: score}}."""
+    if not qrels:
+        raise NanobertError("no judged queries to evaluate")
+    totals = dict.fromkeys(_METRICS, 0.0)
+    for q, judged in qrels.items():
+        ranked = ranking({d: s for d, s in run.get(q, {}).items() if d != q})
+        for name, (fn, k) in _METRICS.items():
+            totals[name] += fn(ranked, judged, k)
+    return {name: v / len(qrels) for name, v in totals.items()}
+
+
+# ----------------------------------------------------------------------------------
+# Retrieval with an embedding model, reranking with a cross-encoder
+
+
+def dense_run(query_vecs: np.ndarray, query_ids: list, doc_vecs: np.ndarray, doc_ids: list,
+              k: int = 100, chunk: int = 256) -> dict:
+    """Cosine top-k (k + 1, so that dropping a document with the query's own id leaves
+    k) for each query: {query id: {doc id: score}}."""
+    docs = torch.nn.functional.normalize(torch.from_numpy(doc_vecs).float(), dim=-1)
+    queries = torch.nn.functional.normalize(torch.from_numpy(query_vecs).float(), dim=-1)
+    k = min(k + 1, len(doc_ids))
+    run = {}
+    for start in range(0, len(query_ids), chunk):
+        scores, idx = (queries[start:start + chunk] @ docs.T).topk(k, dim=-1)   # (q, k)
+        for qid, row_s, row_i in zip(query_ids[start:start + chunk], scores.tolist(), idx.tolist()):
+            run[qid] = {doc_ids[i]: s for i, s in zip(row_i, row_s)}
+    return run
+
+
+def rerank_run(run: dict, score_pairs: Callable, queries: dict, doc_text: Callable,
+               top_k: int = 100) -> dict:
+    """Re-score each query's `top_k` best documents with `score_pairs([(query, doc)])`
+    (a cross-encoder); the rest of the run is dropped, as BEIR's reranking does."""
+    pairs, keys = [], []
+    for q, scores in run.items():
+        for d in ranking(scores)[:top_k]:
+            pairs.append((queries[q], doc_text(d)))
+            keys.append((q, d))
+    new = score_pairs(pairs) if pairs else []
+    out = {q: {} for q in run}
+    for (q, d), s in zip(keys, new):
+        out[q][d] = float(s)
+    return out
+
+
+def evaluate_beir(encode: Callable, beir, k: int = 100, rerank: Optional[Callable] = None,
+                  rerank_k: int = 100, query_ids: Optional[list] = None) -> dict:
+    """Retrieval metrics of an embedding function `encode(texts) -> (n, H)` on a `Beir`
+    set, over its judged queries (or `query_ids`), optionally reranked."""
+    qids = [q for q in (query_ids or beir.qrels) if q in beir.qrels]
+    doc_ids = list(beir.corpus)
+    doc_vecs = encode([beir.doc_text(d) for d in doc_ids])
+    query_vecs = encode([beir.queries[q] for q in qids])
+    run = dense_run(query_vecs, qids, doc_vecs, doc_ids, k)
+    if rerank is not None:
+        run = rerank_run(run, rerank, beir.queries, beir.doc_text, rerank_k)
+    qrels = {q: beir.qrels[q] for q in qids}
+    return {"split": beir.split, "n_queries": len(qids), "n_docs": len(doc_ids),
+            **retrieval_metrics(qrels, run)}
+
+
+def evaluate_sts(encode: Callable, rows: list) -> dict:
+    """Pearson/Spearman of the cosine of each pair against its gold score."""
+    if any(len(r.texts) < 2 or r.score is None for r in rows):
+        raise NanobertError("STS evaluation needs scored pairs (two texts and a score per row)")
+    a = encode([r.texts[0] for r in rows])
+    b = encode([r.texts[1] for r in rows])
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True).clip(1e-12)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True).clip(1e-12)
+    cos = (a * b).sum(-1)
+    return {"n": len(rows), **correlations([r.score for r in rows], cos)}

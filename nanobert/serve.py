@@ -1,0 +1,615 @@
+"""`nanobert serve`: answer HTTP requests with nanobert models, batched by tokens.
+
+    client ──► uvicorn (ASGI) ──► Starlette route: API key, in-flight limit, JSON body
+                                   │  read and check the fields (400/413/422 name the field)
+                                   ▼
+              tokenize thread:  token counts and truncation of every input
+                                   ▼
+              Batcher:          queued with other requests' inputs of the same model;
+                                one inference thread runs batches of up to
+                                --max-batch-tokens real tokens on the unpadded path
+                                   ▼
+              the offline functions (embed.encode, the classification logits,
+              predict_ner_text, predict_qa) compute the batch ──► JSON response
+
+Inference goes through the same functions as `nanobert embed` and `nanobert predict`,
+so a request's answer equals the offline answer for the same inputs. What each model
+serves follows from what it was trained for (TASK_ROUTES); /tokenize, /health, /info
+and /metrics serve all of them.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .batcher import Batcher
+from .files import NanobertError
+from .serve_models import TASK_ROUTES, Served, load_served
+
+# ----------------------------------------------------------------------------------
+# Settings and errors
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_batch_tokens: int = 16384       # real tokens per inference batch
+    max_concurrent_requests: int = 512  # requests in flight; more are answered 429
+    max_client_batch: int = 32          # inputs (or documents) per request; more: 413
+    payload_limit: int = 2_000_000      # bytes of request body; more: 413
+    api_key: Optional[str] = None       # when set, every route but /health needs it
+    threads: Optional[int] = None       # torch threads of the inference thread
+
+
+class ApiError(Exception):
+    """An answer other than 200: status, a one-line message, and the field at fault."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+
+    def body(self) -> dict:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found",
+                413: "payload_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
+                503: "unavailable"}.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.status}}
+
+
+def unprocessable(param: str, what: str) -> ApiError:
+    return ApiError(422, f"field '{param}' {what}", param)
+
+
+# ----------------------------------------------------------------------------------
+# Reading request fields: each reader names the field it found wrong
+
+
+def _get(body: dict, name: str, kind, default, what: str):
+    value = body.get(name, default)
+    if value is None and default is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise unprocessable(name, f"must be {what}")
+    return value
+
+
+def read_bool(body, name, default):
+    return _get(body, name, bool, default, "true or false")
+
+
+def read_int(body, name, default=None, lo=1):
+    value = _get(body, name, int, default, "an integer")
+    if value is not None and value < lo:
+        raise unprocessable(name, f"must be at least {lo}, got {value}")
+    return value
+
+
+def read_str(body, name, default=None, required=False):
+    if required and name not in body:
+        raise unprocessable(name, "is required")
+    return _get(body, name, str, default, "a string")
+
+
+def read_texts(body: dict, name: str, limit: int, pairs: bool = False) -> tuple:
+    """(texts, pairs or None, single) from a string or a list of strings (or, when
+    `pairs`, of [text, text] pairs). Over `limit` inputs is a 413."""
+    if name not in body:
+        raise unprocessable(name, "is required")
+    value = body[name]
+    single = isinstance(value, str) or (pairs and _is_pair(value))
+    items = [value] if single else value
+    if not isinstance(items, list) or not items:
+        raise unprocessable(name, "must be a string or a non-empty list of strings"
+                            + (" or of [text, pair] lists" if pairs else ""))
+    if len(items) > limit:
+        raise ApiError(413, f"batch of {len(items)} inputs is over the limit of {limit} "
+                            "(--max-client-batch)", name)
+    if all(isinstance(t, str) for t in items):
+        return items, None, single
+    if pairs and all(_is_pair(t) for t in items):
+        return [a for a, _ in items], [b for _, b in items], single
+    like_first = _is_pair if pairs and _is_pair(items[0]) else (lambda t: isinstance(t, str))
+    bad = next(i for i, t in enumerate(items) if not like_first(t))
+    raise unprocessable(f"{name}[{bad}]", "must be a string" + (", and all inputs either "
+                        "texts or [text, pair] lists" if pairs else ""))
+
+
+def _is_pair(x) -> bool:
+    return isinstance(x, list) and len(x) == 2 and all(isinstance(t, str) for t in x)
+
+
+# ----------------------------------------------------------------------------------
+# Metrics
+
+
+class Metrics:
+    """Prometheus metrics in a registry of their own (one per server)."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        self.registry = r = CollectorRegistry()
+        seconds = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
+        self.requests = Counter("nanobert_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("nanobert_request_seconds", "Time to answer a request",
+                                 ["route"], buckets=seconds, registry=r)
+        self.in_flight = Gauge("nanobert_requests_in_flight", "Requests being answered",
+                               registry=r)
+        self.tokenize = Histogram("nanobert_tokenize_seconds", "Tokenizing one request",
+                                  buckets=seconds, registry=r)
+        self.queue = Histogram("nanobert_queue_seconds", "From queued to its first batch",
+                               buckets=seconds, registry=r)
+        self.inference = Histogram("nanobert_inference_seconds", "Running one batch",
+                                   buckets=seconds, registry=r)
+        self.batch_size = Histogram("nanobert_batch_size", "Sequences per batch",
+                                    buckets=[2 ** i for i in range(11)], registry=r)
+        self.batch_tokens = Histogram("nanobert_batch_tokens", "Real tokens per batch",
+                                      buckets=[2 ** i for i in range(4, 16)], registry=r)
+
+    # the Batcher's observer
+    def queued(self, seconds):
+        self.queue.observe(seconds)
+
+    def batch(self, sequences, tokens, seconds):
+        self.batch_size.observe(sequences)
+        self.batch_tokens.observe(tokens)
+        self.inference.observe(seconds)
+
+    def text(self) -> bytes:
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry)
+
+
+# ----------------------------------------------------------------------------------
+# The server state: models, batcher, tokenize thread, limits
+
+
+class Server:
+    def __init__(self, models: list, config: ServeConfig):
+        self.models = {m.name: m for m in models}
+        self.config = config
+        self.metrics = Metrics()
+        self.batcher: Optional[Batcher] = None
+        self.tokenizing: Optional[ThreadPoolExecutor] = None
+        self.in_flight = 0
+
+    def start(self):
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        self.batcher = Batcher(self.config.max_batch_tokens, self.metrics)
+        self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="nanobert-tokenize")
+
+    def stop(self):
+        """Finish the queued work, then end the threads (after uvicorn has drained)."""
+        if self.batcher is not None:
+            self.batcher.stop()
+            self.tokenizing.shutdown(wait=True)
+
+    def pick(self, body: dict, route: str) -> Served:
+        """The model a request names in 'model', or the first that serves `route`."""
+        name = read_str(body, "model")
+        serving = [m for m in self.models.values() if route in m.routes]
+        if name is None:
+            if not serving:
+                raise ApiError(404, f"no model served here does {route} "
+                                    f"(models: {self._list()})")
+            return serving[0]
+        if name not in self.models:
+            raise unprocessable("model", f"names no served model: {name!r} "
+                                         f"(models: {self._list()})")
+        m = self.models[name]
+        if route not in m.routes:
+            raise unprocessable("model", f"names {name!r}, a {m.task} model, which does not "
+                                         f"serve /{route} (it serves: {', '.join(m.routes)})")
+        return m
+
+    def _list(self) -> str:
+        return ", ".join(f"{n} ({m.task})" for n, m in self.models.items())
+
+    async def tokenized(self, fn, *args):
+        """Run a tokenizing function on the tokenize thread, timed."""
+        start = time.perf_counter()
+        out = await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
+        self.metrics.tokenize.observe(time.perf_counter() - start)
+        return out
+
+    async def run(self, m: Served, kind: str, items: list, lengths: list, group_extra=()):
+        """Queue items for the model's `kind` computation; their outputs, in order."""
+        return await self.batcher.submit((m.name, kind) + tuple(group_extra), items, lengths,
+                                         m.runner(kind))
+
+
+# ----------------------------------------------------------------------------------
+# Routes
+
+
+def check_truncation(m: Served, name: str, counts, truncate: bool, texts, pairs=None):
+    """422 for the first truncated input when the request says truncate: false."""
+    if truncate:
+        return
+    for i, cut in enumerate(counts.truncated):
+        if cut:
+            n = m.full_length(texts[i], pairs[i] if pairs else None)
+            raise unprocessable(f"{name}[{i}]", f"has {n} tokens, over the model's limit of "
+                                f"{m.max_length} (truncate is false)")
+
+
+def vector_rows(rows, normalize: bool, dimensions: Optional[int] = None) -> list:
+    """Unnormalised embeddings -> the requested ones: first `dimensions` features (the
+    Matryoshka cut), then L2-normalised, as in `embed.encode` (one torch call)."""
+    v = torch.from_numpy(np.stack(rows))
+    if dimensions is not None:
+        v = v[:, :dimensions]
+    if normalize:
+        v = torch.nn.functional.normalize(v, dim=-1)
+    return v.numpy()
+
+
+async def embed_inputs(server: Server, body: dict, field_name: str, normalize: bool):
+    m = server.pick(body, "embed")
+    texts, _, single = read_texts(body, field_name, server.config.max_client_batch)
+    truncate = read_bool(body, "truncate", True)
+    dimensions = read_int(body, "dimensions")
+    if dimensions is not None and dimensions > m.hidden_size:
+        raise unprocessable("dimensions", f"must be at most the model's {m.hidden_size}, "
+                                          f"got {dimensions}")
+    counts = await server.tokenized(m.count, texts)
+    check_truncation(m, field_name, counts, truncate, texts)
+    rows = await server.run(m, "embed", texts, counts.lengths)
+    return m, vector_rows(rows, normalize, dimensions), counts, single
+
+
+async def openai_embeddings(server: Server, body: dict) -> dict:
+    fmt = read_str(body, "encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise unprocessable("encoding_format", f"must be 'float' or 'base64', got {fmt!r}")
+    m, vecs, counts, _ = await embed_inputs(server, body, "input", normalize=True)
+    as_value = ((lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode("ascii"))
+                if fmt == "base64" else (lambda v: v.tolist()))
+    data = [{"object": "embedding", "index": i, "embedding": as_value(v), "truncated": cut}
+            for i, (v, cut) in enumerate(zip(vecs, counts.truncated))]
+    return {"object": "list", "data": data, "model": m.name, "usage": counts.usage()}
+
+
+async def embed(server: Server, body: dict) -> dict:
+    normalize = read_bool(body, "normalize", True)
+    m, vecs, counts, _ = await embed_inputs(server, body, "inputs", normalize)
+    return {"model": m.name, "embeddings": vecs.tolist(), "truncated": counts.truncated,
+            "usage": counts.usage()}
+
+
+async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, name: str):
+    counts = await server.tokenized(m.count, texts, pairs)
+    check_truncation(m, name, counts, truncate, texts, pairs)
+    items = list(zip(texts, pairs or [None] * len(texts)))
+    return await server.run(m, "logits", items, counts.lengths, (pairs is not None,)), counts
+
+
+async def classify(server: Server, body: dict) -> dict:
+    m = server.pick(body, "classify")
+    texts, pairs, _ = read_texts(body, "inputs", server.config.max_client_batch, pairs=True)
+    all_scores = read_bool(body, "return_all_scores", False)
+    truncate = read_bool(body, "truncate", True)
+    logits, counts = await logits_of(server, m, texts, pairs, truncate, "inputs")
+    results = [dict(m.label_scores(row, all_scores), truncated=cut)
+               for row, cut in zip(logits, counts.truncated)]
+    return {"model": m.name, "results": results, "usage": counts.usage()}
+
+
+async def rerank(server: Server, body: dict) -> dict:
+    m = server.pick(body, "rerank")
+    query = read_str(body, "query", required=True)
+    docs, _, _ = read_texts(body, "documents", server.config.max_client_batch)
+    top_n = read_int(body, "top_n", len(docs))
+    with_docs = read_bool(body, "return_documents", False)
+    truncate = read_bool(body, "truncate", True)
+    logits, counts = await logits_of(server, m, [query] * len(docs), docs, truncate, "documents")
+    scores = [m.relevance(row) for row in logits]
+    order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n]
+    results = [{"index": i, "relevance_score": scores[i], "truncated": counts.truncated[i],
+                **({"document": {"text": docs[i]}} if with_docs else {})} for i in order]
+    return {"model": m.name, "results": results, "usage": counts.usage()}
+
+
+async def ner(server: Server, body: dict) -> dict:
+    m = server.pick(body, "ner")
+    texts, _, _ = read_texts(body, "inputs", server.config.max_client_batch)
+    truncate = read_bool(body, "truncate", True)
+    counts = await server.tokenized(m.count, texts)
+    check_truncation(m, "inputs", counts, truncate, texts)
+    entities = await server.run(m, "ner", texts, counts.lengths)
+    results = [{"entities": ents, "truncated": cut}
+               for ents, cut in zip(entities, counts.truncated)]
+    return {"model": m.name, "results": results, "usage": counts.usage()}
+
+
+def read_questions(body: dict, limit: int) -> list:
+    """[(question, context)] from question + context, or inputs: [{question, context}]."""
+    if "inputs" not in body:
+        return [(read_str(body, "question", required=True),
+                 read_str(body, "context", required=True))]
+    items = body["inputs"]
+    if not isinstance(items, list) or not items:
+        raise unprocessable("inputs", "must be a non-empty list of {question, context} objects")
+    if len(items) > limit:
+        raise ApiError(413, f"batch of {len(items)} inputs is over the limit of {limit} "
+                            "(--max-client-batch)", "inputs")
+    out = []
+    for i, it in enumerate(items):
+        if not isinstance(it, dict):
+            raise unprocessable(f"inputs[{i}]", "must be an object with question and context")
+        for key in ("question", "context"):
+            if not isinstance(it.get(key), str):
+                raise unprocessable(f"inputs[{i}].{key}", "must be a string")
+        out.append((it["question"], it["context"]))
+    return out
+
+
+async def qa(server: Server, body: dict) -> dict:
+    m = server.pick(body, "qa")
+    pairs = read_questions(body, server.config.max_client_batch)
+    try:
+        examples, lengths, windows = await server.tokenized(m.qa_windows, pairs)
+    except NanobertError as e:
+        raise unprocessable("question", f"cannot be answered: {e}")
+    answers = await server.run(m, "qa", examples, lengths)
+    results = [dict(a, windows=n) for a, n in zip(answers, windows)]
+    return {"model": m.name, "results": results,
+            "usage": {"prompt_tokens": sum(lengths), "total_tokens": sum(lengths)}}
+
+
+async def tokenize(server: Server, body: dict) -> dict:
+    m = server.pick(body, "tokenize")
+    texts, pairs, _ = read_texts(body, "inputs", server.config.max_client_batch, pairs=True)
+    tokens = await server.tokenized(m.tokens, texts, pairs)
+    return {"model": m.name, "tokens": [t for t, _ in tokens],
+            "truncated": [cut for _, cut in tokens], "max_length": m.max_length}
+
+
+def info(server: Server):
+    from . import __version__
+    c = server.config
+    return json_response({
+        "version": __version__,
+        "models": [m.describe() for m in server.models.values()],
+        "limits": {"max_batch_tokens": c.max_batch_tokens,
+                   "max_concurrent_requests": c.max_concurrent_requests,
+                   "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit},
+        "routes": [f"{r.method} {r.path}" for r in ROUTES]})
+
+
+def health(server: Server):
+    return json_response({"status": "ok"})
+
+
+def metrics(server: Server):
+    from prometheus_client import CONTENT_TYPE_LATEST
+    from starlette.responses import Response
+    return Response(server.metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+
+@dataclass
+class Route:
+    method: str
+    path: str
+    handler: object          # POST: async (server, body) -> dict; GET: (server) -> Response
+    help: str
+    open: bool = field(default=False)   # answered without the API key
+
+
+ROUTES = [
+    Route("POST", "/v1/embeddings", openai_embeddings, "OpenAI-compatible embeddings"),
+    Route("POST", "/embed", embed, "embeddings (normalize, truncate, dimensions)"),
+    Route("POST", "/classify", classify, "label and scores of texts or [text, pair] lists"),
+    Route("POST", "/ner", ner, "entities with type, text, character offsets, score"),
+    Route("POST", "/qa", qa, "answer span of a question in a context of any length"),
+    Route("POST", "/rerank", rerank, "documents ordered by relevance to a query"),
+    Route("POST", "/tokenize", tokenize, "tokens with ids and character offsets"),
+    Route("GET", "/health", health, "liveness: 200 when up", open=True),
+    Route("GET", "/info", info, "models, tasks and limits"),
+    Route("GET", "/metrics", metrics, "Prometheus metrics"),
+]
+
+
+# ----------------------------------------------------------------------------------
+# The ASGI application
+
+
+def json_response(data, status: int = 200, headers: Optional[dict] = None):
+    from starlette.responses import Response
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return Response(text, status, headers, media_type="application/json")
+
+
+async def read_body(request, limit: int) -> dict:
+    """The JSON object of the request; 413 past `limit` bytes, 400 when not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "
+                            "(--payload-limit)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"payload of more than {limit} bytes is over the limit "
+                                f"(--payload-limit {limit})")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"body is not valid JSON ({str(e)[:100]})")
+    if not isinstance(body, dict):
+        raise ApiError(400, "body must be a JSON object")
+    return body
+
+
+def authorized(request, key: Optional[str]) -> bool:
+    if key is None:
+        return True
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+def endpoint(server: Server, route: Route):
+    """The Starlette endpoint of a route: API key, in-flight limit, body, metrics, and
+    every failure turned into a JSON answer (never a traceback)."""
+
+    async def handle(request):
+        start = time.perf_counter()
+        counted = False
+        try:
+            if not route.open and not authorized(request, server.config.api_key):
+                raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                               headers={"WWW-Authenticate": "Bearer"})
+            if route.method == "GET":
+                response = route.handler(server)
+            else:
+                if server.in_flight >= server.config.max_concurrent_requests:
+                    raise ApiError(429, f"{server.in_flight} requests in flight, the limit "
+                                        f"(--max-concurrent-requests {server.config.max_concurrent_requests}); "
+                                        "retry shortly", headers={"Retry-After": "1"})
+                server.in_flight += 1
+                counted = True
+                server.metrics.in_flight.inc()
+                body = await read_body(request, server.config.payload_limit)
+                response = json_response(await route.handler(server, body))
+        except ApiError as e:
+            response = json_response(e.body(), e.status, e.headers)
+        except NanobertError as e:   # found wrong only while computing
+            response = json_response(ApiError(422, str(e)).body(), 422)
+        except Exception as e:  # a bug: one line in the log and in the answer, no traceback
+            print(f"nanobert serve: error in {route.path}: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
+            response = json_response(ApiError(500, f"internal error ({type(e).__name__})").body(), 500)
+        finally:
+            if counted:
+                server.in_flight -= 1
+                server.metrics.in_flight.dec()
+        server.metrics.requests.labels(route.path, str(response.status_code)).inc()
+        server.metrics.latency.labels(route.path).observe(time.perf_counter() - start)
+        return response
+
+    return handle
+
+
+def make_app(server: Server):
+    """The Starlette app: the routes, JSON 404/405, and the server's threads started
+    and stopped with the app's lifespan (stop runs after uvicorn drained requests)."""
+    import contextlib
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.routing import Route as StarletteRoute
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server.start()
+        try:
+            yield
+        finally:
+            server.stop()
+
+    async def http_error(request, exc):
+        msg = {404: f"no route {request.url.path} (see GET /info)",
+               405: f"{request.method} is not allowed on {request.url.path}"}
+        return json_response(ApiError(exc.status_code, msg.get(exc.status_code, str(exc.detail))).body(),
+                             exc.status_code, getattr(exc, "headers", None))
+
+    routes = [StarletteRoute(r.path, endpoint(server, r), methods=[r.method]) for r in ROUTES]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+
+
+# ----------------------------------------------------------------------------------
+# Command line
+
+
+def serve_args(p):
+    d = ServeConfig()
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="model directory, 'minilm' or a hub name; NAME=PATH names it "
+                        "(default name: the directory's name)")
+    p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+                   help="real tokens per inference batch (requests are batched together up to it)")
+    p.add_argument("--max-concurrent-requests", type=int, default=d.max_concurrent_requests,
+                   help="requests in flight; more are answered 429 with Retry-After")
+    p.add_argument("--max-client-batch", type=int, default=d.max_client_batch,
+                   help="inputs (or rerank documents) per request; more are answered 413")
+    p.add_argument("--payload-limit", type=int, default=d.payload_limit,
+                   help="bytes per request body; more are answered 413")
+    p.add_argument("--api-key", default=d.api_key,
+                   help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help="torch threads for inference (default: torch's choice)")
+
+
+def config_from_args(args) -> ServeConfig:
+    if not 0 <= args.port <= 65535:
+        raise NanobertError(f"--port must be from 0 to 65535, got {args.port}")
+    for flag in ("max_batch_tokens", "max_concurrent_requests", "max_client_batch",
+                 "payload_limit", "threads"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise NanobertError("--api-key must not be empty")
+    return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
+                       args.max_client_batch, args.payload_limit, args.api_key, args.threads)
+
+
+def banner(server: Server) -> str:
+    c = server.config
+    lines = [f"nanobert serve: http://{c.host}:{c.port}", "models:"]
+    for m in server.models.values():
+        lines.append(f"  {m.name:<16} {m.task:<9} {m.summary()}")
+    lines.append("routes:")
+    for r in ROUTES:
+        lines.append(f"  {r.method:<5}{r.path:<16} {r.help}")
+    lines.append(f"limits: {c.max_batch_tokens} tokens per batch, {c.max_concurrent_requests} "
+                 f"requests in flight, {c.max_client_batch} inputs per request, "
+                 f"{c.payload_limit} bytes per body" + (", API key required" if c.api_key else ""))
+    return "\n".join(lines)
+
+
+def serve_cmd(args):
+    """Serve models over HTTP: embeddings (OpenAI-compatible), classify, NER, QA, rerank."""
+    try:
+        import uvicorn
+        import starlette  # noqa: F401
+        import prometheus_client  # noqa: F401
+    except ImportError as e:
+        raise NanobertError(f"serve needs {e.name}: pip install 'nanobert[serve]'")
+    config = config_from_args(args)
+    models = [load_served(spec) for spec in args.models]
+    names = [m.name for m in models]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise NanobertError(f"two models are named {dup!r}; name them with NAME=PATH")
+    server = Server(models, config)
+    print(banner(server), flush=True)
+    uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",
+                        timeout_graceful_shutdown=60, access_log=False)
+    # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that
+    # was there before it; this one lets the command finish (status 0, a clean stop)
+    stopped_by = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
+    uvicorn.Server(uv).run()
+    print(f"nanobert serve: stopped{' by ' + stopped_by[0] if stopped_by else ''}, "
+          "requests in flight answered", flush=True)
+    return 0

@@ -1,0 +1,223 @@
+"""The models a server answers with: a thin adapter over the offline code.
+
+A `Served` model is loaded once and then used from two threads: the tokenize thread
+counts tokens (its own `Tokenizer`, `counter`) and the inference thread computes
+batches through the public Python API (`nanobert.Encoder`, `nanobert.Predictor`),
+which runs what `nanobert embed` and `nanobert predict` run, so requests get exactly
+their answers. (A `tokenizers`
+tokenizer switches truncation on and off around each call, so two threads must not
+share one.)
+
+What a model serves follows from its head: a classification head serves /classify
+and, with one or two labels, /rerank (a pair classifier scores (query, document));
+a token head /ner; a QA head /qa; anything else (a bare encoder, a sentence-
+transformers checkpoint, an MLM) serves embeddings with its declared pooling.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from .files import NanobertError
+
+# model head -> what the server does with it; anything else embeds
+HEAD_TASKS = {"classify": "classify", "regression": "regression", "token": "ner", "qa": "qa"}
+TASK_ROUTES = {
+    "embed": ("embed", "tokenize"),
+    "classify": ("classify", "rerank", "tokenize"),
+    "regression": ("classify", "rerank", "tokenize"),
+    "ner": ("ner", "tokenize"),
+    "qa": ("qa", "tokenize"),
+}
+
+
+@dataclass
+class Counts:
+    """Token counts of a request's inputs, and which ones the limit cut."""
+    lengths: list
+    truncated: list
+
+    def usage(self) -> dict:
+        n = sum(self.lengths)
+        return {"prompt_tokens": n, "total_tokens": n}
+
+
+@dataclass
+class Served:
+    name: str
+    path: Path
+    engine: object                # a nanobert.Encoder or nanobert.Predictor (public API)
+    counter: object               # a Tokenizer for the tokenize thread only
+    task: str                     # a key of TASK_ROUTES
+    max_length: int
+    settings: dict = field(default_factory=dict)   # the fine-tuning settings (nanobert.json)
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    @property
+    def tokenizer(self):          # the inference thread's
+        return self.engine.tokenizer
+
+    @property
+    def pooling(self) -> Optional[str]:
+        return getattr(self.engine, "pooling", None)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def labels(self) -> list:
+        return [self.model.config.id2label[i] for i in sorted(self.model.config.id2label or {})]
+
+    @property
+    def routes(self) -> tuple:
+        routes = TASK_ROUTES[self.task]
+        if self.task == "classify" and len(self.labels) > 2:   # no "relevant" class to score
+            routes = tuple(r for r in routes if r != "rerank")
+        return routes
+
+    # ---- the tokenize thread ---------------------------------------------------------
+    def count(self, texts, pairs=None) -> Counts:
+        encs = self.counter.encode_batch(texts, pairs, max_length=self.max_length)
+        return Counts([len(e.ids) for e in encs], [bool(e.overflowing) for e in encs])
+
+    def full_length(self, text, pair=None) -> int:
+        return len(self.counter.encode_batch([text], None if pair is None else [pair],
+                                             max_length=1 << 30)[0].ids)
+
+    def tokens(self, texts, pairs=None) -> list:
+        """[(tokens, truncated)] per input; a token is {id, token, start, end, type, special}."""
+        encs = self.counter.encode_batch(texts, pairs, max_length=self.max_length)
+        return [([{"id": i, "token": t, "start": a, "end": b, "type": ty, "special": bool(s)}
+                  for i, t, (a, b), ty, s in zip(e.ids, e.tokens, e.offsets, e.type_ids,
+                                                 e.special_tokens_mask)],
+                 bool(e.overflowing)) for e in encs]
+
+    def qa_windows(self, pairs) -> tuple:
+        """(examples, tokens per example, windows per example) of [(question, context)]."""
+        from .data import QAExample
+        from .qa import make_windows
+        examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(pairs)]
+        windows = make_windows(self.counter, examples, self.settings["max_length"],
+                               self.settings["doc_stride"])
+        lengths, counts = [0] * len(examples), [0] * len(examples)
+        for w in windows:
+            lengths[w.example] += len(w.ids)
+            counts[w.example] += 1
+        return examples, lengths, counts
+
+    # ---- the inference thread --------------------------------------------------------
+    def runner(self, kind: str):
+        """`run(items) -> outputs` of one batch, through the offline functions."""
+        return getattr(self, f"_run_{kind}")
+
+    def _run_embed(self, texts) -> list:
+        # normalised per request afterwards: requests in one batch may differ
+        return list(self.engine.encode(texts, batch_size=len(texts), normalize=False))
+
+    def _run_logits(self, items) -> list:
+        # raw logits, not `predict`'s rounded probability: /rerank and all_scores need them
+        from .data import Example
+        from .finetune import encode_classification, run_batches
+        examples = [Example(t, p) for t, p in items]
+        features = encode_classification(self.tokenizer, examples, self.max_length)
+        return run_batches(self.model, features, len(features), self.tokenizer.pad_id or 0)
+
+    def _run_ner(self, texts) -> list:
+        return [r["entities"] for r in self.engine.predict(texts)]
+
+    def _run_qa(self, examples) -> list:
+        answers = []
+        for r in self.engine.predict(examples):
+            a = {k: r[k] for k in ("answer", "start", "end", "score", "probability")}
+            if not math.isfinite(a["score"]):   # no span found: JSON has no -inf
+                a["score"] = None
+            answers.append(a)
+        return answers
+
+    # ---- answers -----------------------------------------------------------------------
+    def label_scores(self, logits: torch.Tensor, all_scores: bool) -> dict:
+        """classify: label, probability (softmax, as `predict`), all of them on request;
+        regression: the score."""
+        if self.task == "regression":
+            return {"score": float(logits[0])}
+        probs = torch.softmax(logits, -1)
+        best = int(probs.argmax())
+        out = {"label": self.labels[best], "score": float(probs[best])}
+        if all_scores:
+            out["scores"] = {lab: float(p) for lab, p in zip(self.labels, probs)}
+        return out
+
+    def relevance(self, logits: torch.Tensor) -> float:
+        """A pair classifier's relevance: the single logit, or the probability of the
+        second (positive) class of two."""
+        if logits.shape[-1] == 1:
+            return float(logits[0])
+        return float(torch.softmax(logits, -1)[1])
+
+    def describe(self) -> dict:
+        d = {"name": self.name, "task": self.task, "routes": ["/" + r for r in self.routes],
+             "path": str(self.path), "max_length": self.max_length,
+             "hidden_size": self.hidden_size, "family": self.model.config.family}
+        if self.task in ("classify", "ner"):
+            d["labels"] = self.labels
+        if self.task == "embed":
+            d["pooling"] = self.pooling
+        if self.task == "qa":
+            d["doc_stride"] = self.settings["doc_stride"]
+        return d
+
+    def summary(self) -> str:
+        extra = {"embed": f"{self.hidden_size}-d, {self.pooling} pooling",
+                 "classify": "labels " + ", ".join(self.labels[:6]),
+                 "ner": f"{len(self.labels)} tags",
+                 "qa": f"windows of {self.max_length}, stride {self.settings.get('doc_stride')}",
+                 "regression": "one score"}[self.task]
+        return f"{extra}; max {self.max_length} tokens; {self.path}"
+
+
+def split_spec(spec: str) -> tuple:
+    """'NAME=PATH' -> (NAME, PATH); 'PATH' -> (its directory name, PATH)."""
+    name, sep, where = spec.partition("=")
+    if sep and name and "/" not in name:
+        return name, where
+    where = spec
+    return (where if where == "minilm" else Path(where.rstrip("/")).name or where), where
+
+
+def load_served(spec: str) -> Served:
+    """Load a model for serving; its task comes from its head (and nanobert.json): a
+    fine-tuned head becomes a `Predictor`, anything else an `Encoder`."""
+    import nanobert
+    from .checkpoint import resolve
+    name, where = split_spec(spec)
+    if not name:
+        raise NanobertError(f"{spec!r}: empty model name (use NAME=PATH)")
+    path = resolve(where)
+    model, tokenizer = nanobert.load(path)
+    task = HEAD_TASKS.get(model.head, "embed")
+    settings = {}
+    if task in ("classify", "ner", "qa"):
+        # one forward per batch: the batcher has already cut it to the token budget
+        engine = nanobert.Predictor(path, batch_size=1 << 30)
+        settings = engine.settings
+        max_length = settings["max_length"]
+    elif task == "regression":
+        from .finetune import TASKS
+        engine = SimpleNamespace(model=model.eval(), tokenizer=tokenizer)
+        max_length = min(TASKS["classify"].max_length, model.config.max_position_embeddings)
+    else:
+        from .embed import declared_max_length
+        max_length = min(declared_max_length(path) or tokenizer.model_max_length,
+                         model.config.max_position_embeddings)
+        engine = nanobert.Encoder(model, tokenizer, max_length=max_length, name=name)
+    return Served(name, path, engine, nanobert.Tokenizer.from_dir(path), task, max_length,
+                  settings)

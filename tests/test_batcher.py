@@ -1,0 +1,83 @@
+"""The token-budget batcher, without a server: what goes into each batch."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from nanobert.batcher import Batcher
+
+
+class Recorder:
+    """A `run` that records its batches; the first batch waits for `gate` so that the
+    jobs submitted meanwhile queue up behind it."""
+
+    def __init__(self):
+        self.batches, self.gate = [], threading.Event()
+
+    def __call__(self, items):
+        if not self.batches:
+            self.gate.wait(5)
+        self.batches.append(list(items))
+        return [f"out:{x}" for x in items]
+
+
+async def submit_all(batcher, run, jobs, gate=None):
+    """Submit jobs [(group, items, lengths)] in order, open the gate, gather outputs."""
+    tasks = []
+    for group, items, lengths in jobs:
+        tasks.append(asyncio.create_task(batcher.submit(group, items, lengths, run)))
+        await asyncio.sleep(0.01)     # queued in this order
+    if gate is not None:
+        gate.set()
+    return await asyncio.gather(*tasks)
+
+
+def test_batches_fill_to_the_token_budget_by_group_in_order():
+    b = Batcher(max_tokens=10)
+    run = Recorder()
+    jobs = [("m", ["first"], [3]),
+            ("m", ["a", "b"], [4, 4]), ("other", ["x"], [1]), ("m", ["c", "d"], [2, 5]),
+            ("m", ["huge"], [50])]
+    outs = asyncio.run(submit_all(b, run, jobs, run.gate))
+    b.stop(5)
+    assert outs == [[f"out:{x}" for x in items] for _, items, _ in jobs]
+    assert run.batches[0] == ["first"]
+    # a, b, c fit in 10 tokens; d (5) would not; the other group waits its turn
+    assert run.batches[1:] == [["a", "b", "c"], ["x"], ["d"], ["huge"]]
+
+
+def test_a_failing_batch_fails_its_requests_and_the_thread_goes_on():
+    b = Batcher(max_tokens=100)
+
+    def boom(items):
+        raise RuntimeError("bad batch")
+
+    async def go():
+        with pytest.raises(RuntimeError, match="bad batch"):
+            await b.submit("g", ["a"], [1], boom)
+        return await b.submit("g", ["b"], [1], lambda xs: [x.upper() for x in xs])
+
+    assert asyncio.run(go()) == ["B"]
+    b.stop(5)
+
+
+def test_stop_finishes_queued_work_first():
+    b = Batcher(max_tokens=2)
+    run = Recorder()
+
+    async def go():
+        task = asyncio.create_task(b.submit("g", list("abcdef"), [1] * 6, run))
+        await asyncio.sleep(0.01)
+        stopper = threading.Thread(target=b.stop)
+        stopper.start()
+        run.gate.set()
+        out = await task
+        stopper.join(5)
+        return out
+
+    assert asyncio.run(go()) == [f"out:{x}" for x in "abcdef"]
+    assert run.batches == [["a", "b"], ["c", "d"], ["e", "f"]]
+    with pytest.raises(ValueError):
+        Batcher(max_tokens=0)

@@ -1,0 +1,178 @@
+"""Bi-encoder losses against reference formulas, gradient caching against one big
+batch, and the sentence-transformers / transformers round trips."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nanobert
+from nanobert import biencoder as E
+from nanobert.data import Beir, TextRow
+from nanobert.files import NanobertError
+
+
+@pytest.fixture(autouse=True)
+def _threads(one_thread):
+    yield
+
+
+def test_mnrl_matches_the_formula():
+    g = torch.Generator().manual_seed(0)
+    a, p, n = (torch.randn(3, 5, generator=g) for _ in range(3))
+    cands = torch.cat([p, n])
+    loss = E.mnrl_loss(a, cands, scale=20.0)
+    ref = 0.0
+    for i in range(3):
+        sims = [20.0 * F.cosine_similarity(a[i], c, dim=0).item() for c in cands]
+        ref += -(sims[i] - math.log(sum(math.exp(s) for s in sims)))
+    assert loss.item() == pytest.approx(ref / 3, rel=1e-5)
+
+
+def test_cosent_matches_the_formula():
+    g = torch.Generator().manual_seed(1)
+    u, v = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    scores = torch.tensor([1.0, 3.0, 3.0, 0.5])
+    cos = [F.cosine_similarity(u[i], v[i], dim=0).item() for i in range(4)]
+    total = 1.0
+    for i in range(4):
+        for j in range(4):
+            if scores[i] > scores[j]:
+                total += math.exp(20.0 * (cos[j] - cos[i]))
+    assert E.cosent_loss(u, v, scores).item() == pytest.approx(math.log(total), rel=1e-5)
+    # equal scores only: no ordered pair, log(1) = 0
+    assert E.cosent_loss(u, v, torch.ones(4)).item() == 0.0
+
+
+def test_cosine_mse():
+    u = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    v = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    assert E.cosine_mse_loss(u, v, torch.tensor([1.0, 1.0])).item() == pytest.approx(0.5)
+
+
+def _tiny(tiny_config, dropout=0.0):
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = dropout
+    torch.manual_seed(0)
+    return nanobert.Bert(tiny_config, None)
+
+
+def _grads(model, loss_fn, batch, seed=0):
+    model.zero_grad()
+    torch.manual_seed(seed)
+    loss_fn(model, batch).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _pair_batch(B=8, T=10, seed=0):
+    from conftest import random_batch
+    a, b = random_batch(B, T, seed=seed), random_batch(B, T, seed=seed + 1)
+    return {"input_ids": a["input_ids"], "attention_mask": a["attention_mask"],
+            "rest_input_ids": b["input_ids"], "rest_attention_mask": b["attention_mask"],
+            "scores": torch.linspace(0, 5, B)}
+
+
+@pytest.mark.parametrize("kind", ["mnrl", "cosent"])
+def test_gradient_cache_equals_one_big_batch(tiny_config, kind):
+    model = _tiny(tiny_config)
+    batch = _pair_batch()
+    big = _grads(model, E.embed_loss_fn(E.EmbedLoss(kind)), batch)
+    cached = _grads(model, E.embed_loss_fn(E.EmbedLoss(kind, mini_batch=3)), batch)
+    assert big.keys() == cached.keys() and len(big) > 10
+    for n in big:
+        torch.testing.assert_close(cached[n], big[n], atol=1e-6, rtol=1e-4, msg=n)
+    # plain accumulation (each micro-batch its own loss) would give other gradients
+    half = {k: v[:4] if k != "rest_input_ids" and k != "rest_attention_mask" else v[:4]
+            for k, v in batch.items()}
+    small = _grads(model, E.embed_loss_fn(E.EmbedLoss(kind)), half)
+    assert any(not torch.allclose(small[n], big[n], atol=1e-4) for n in big)
+
+
+def test_gradient_cache_replays_dropout(tiny_config):
+    """With dropout on, the re-run of each mini-batch uses the masks of its first run:
+    the gradients equal those of embedding the mini-batches one after another."""
+    model = _tiny(tiny_config, dropout=0.3).train()
+    batch = _pair_batch()
+    spec = E.EmbedLoss("mnrl", mini_batch=4)
+    cached = _grads(model, E.embed_loss_fn(spec), batch, seed=7)
+
+    def sequential(m, b):
+        ids = torch.cat([b["input_ids"], b["rest_input_ids"]])
+        mask = torch.cat([b["attention_mask"], b["rest_attention_mask"]])
+        vecs = torch.cat([E.sentence_vectors(m, ids[i:i + 4], mask[i:i + 4])
+                          for i in range(0, 16, 4)])
+        return E.mnrl_loss(vecs[:8], vecs[8:])
+    ref = _grads(model, sequential, batch, seed=7)
+    for n in ref:
+        torch.testing.assert_close(cached[n], ref[n], atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_row_batches_and_loss_choice(minilm):
+    _, tok = minilm
+    rows = [TextRow((f"anchor {i}", f"positive number {i}", "neg")) for i in range(5)]
+    assert E.loss_for_rows(rows) == "mnrl"
+    batches = E.RowBatches(tok, rows, 16, batch_size=2, seed=0)
+    got = list(batches(0))
+    assert batches.steps_per_epoch == 3 and len(got) == 3
+    b = got[0]
+    assert b["input_ids"].shape[0] == 2 and b["rest_input_ids"].shape[0] == 4
+    assert b["input_ids"].shape[1] == b["rest_input_ids"].shape[1]
+    assert list(batches(0, 2))[0]["input_ids"].tolist() == got[2]["input_ids"].tolist()
+    scored = [TextRow(("a", "b"), 4.0), TextRow(("c", "d"), 2.0)]
+    assert E.loss_for_rows(scored) == "cosent"
+    assert E.scaled_scores(scored, "cosine_mse") == [1.0, 0.5]
+    with pytest.raises(NanobertError, match="single texts"):
+        E.loss_for_rows([TextRow(("a",))])
+    with pytest.raises(NanobertError, match="unknown loss"):
+        E.EmbedLoss("triplet")
+
+
+def test_beir_rows_holdout_and_labels():
+    beir = Beir({"d1": ("T", "one"), "d2": ("", "two"), "d3": ("", "three")},
+                {"q1": "first", "q2": "second"}, {"q1": {"d1": 1, "d3": 0}, "q2": {"d2": 2}})
+    rows = E.beir_rows(beir, ["q1", "q2"], negatives={"q1": ["d2"]})
+    assert rows[0].texts == ("first", "T one", "two") and len(rows) == 2
+    labelled = E.beir_rows(beir, ["q1"], negatives={"q1": ["d2", "d3"]}, labelled=True)
+    assert [(r.texts[1], r.score) for r in labelled] == [("T one", 1.0), ("two", 0.0), ("three", 0.0)]
+    train, held = E.query_split(beir, 0.5)
+    assert sorted(train + held) == ["q1", "q2"]
+    assert E.query_split(beir, 0.5) == (train, held)          # a function of the ids only
+    share = np.mean([E.held_out(str(i), 0.2) for i in range(2000)])
+    assert 0.17 < share < 0.23
+    with pytest.raises(NanobertError, match="holdout"):
+        E.query_split(beir, 1.0)
+
+
+def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
+    import sentence_transformers as st
+    from nanobert.embed import encode
+    model, tok = minilm
+    out = tmp_path / "st"
+    E.save_embedding_model(model, tok, out, pooling="mean", max_seq_length=128)
+    texts = ["A man is eating food.", "A plane is taking off.", "short", "x " * 200]
+    ours = encode(nanobert.load(out, head=None)[0], tok, texts)
+    theirs = st.SentenceTransformer(str(out), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    cls = tmp_path / "cls"
+    E.save_embedding_model(model, tok, cls, pooling="cls", max_seq_length=64, normalize=False)
+    ours = encode(nanobert.load(cls, head=None)[0], tok, texts, normalize=False)
+    theirs = st.SentenceTransformer(str(cls), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_reranker_loads_in_transformers(minilm_dir, tmp_path):
+    import transformers
+    from nanobert.checkpoint import save_model
+    model, tok = nanobert.load(minilm_dir, head="regression")
+    torch.manual_seed(0)
+    torch.nn.init.normal_(model.classifier.weight, std=0.1)
+    save_model(model.eval(), tmp_path / "ce", tokenizer=tok)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ce").eval()
+    batch = tok(["what is a plane?", "who eats?"], ["A plane is taking off.", "A man eats."])
+    with torch.no_grad():
+        ours = model(**batch).logits
+        theirs = hf(**batch).logits
+    assert ours.shape == theirs.shape == (2, 1)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)

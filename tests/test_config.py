@@ -1,0 +1,92 @@
+"""Configs and the flags generated from them: one description, three uses (flags,
+config back from flags, validation), and one-line errors with exit status 2."""
+import pytest
+
+from nanobert.cli import build_parser, main
+from nanobert.config import OneLineParser, add_flags, as_flags
+from nanobert.distill import DistillConfig
+from nanobert.files import NanobertError
+from nanobert.finetune import TASKS, FinetuneConfig
+from nanobert.pretrain import PretrainConfig
+
+FT = ["finetune", "--task", "ner", "--model", "m", "--train", "t", "--dev", "d", "--out", "o"]
+
+
+def parse(argv):
+    return build_parser().parse_args(argv)
+
+
+def test_flags_round_trip_into_the_config():
+    cfg = FinetuneConfig.from_args(parse(FT + ["--lr", "1e-4", "--text-pair-column", "b",
+                                               "--no-progress", "--early-stopping", "3"]))
+    assert (cfg.task, cfg.model, cfg.train, cfg.dev) == ("ner", "m", "t", "d")
+    assert cfg.trainer.lr == 1e-4 and cfg.trainer.out_dir == "o" and cfg.trainer.epochs == 3
+    assert cfg.trainer.early_stopping == 3 and cfg.trainer.progress is False
+    assert cfg.columns.given() == {"pair_column": "b"}
+    assert as_flags(cfg)["lr"] == 1e-4 and as_flags(cfg)["out"] == "o"
+
+
+def test_job_defaults_differ_where_the_jobs_do():
+    pre = PretrainConfig.from_args(parse(["pretrain", "--corpus", "c", "--out", "o"]))
+    assert pre.trainer.max_steps == 10000 and pre.trainer.lr == 1e-3 and pre.trainer.seed == 0
+    ab = PretrainConfig.from_args(parse(["ablate-masking", "--corpus", "c", "--out", "o"]))
+    assert ab.trainer.max_steps == 1000
+    dis = DistillConfig.from_args(parse(["distill", "--teacher", "t", "--corpus", "c",
+                                         "--out", "o", "--no-init"]))
+    assert dis.trainer.max_steps == 2000 and dis.init is False and dis.preset is None
+
+
+def test_replace_reaches_nested_fields_and_keeps_the_original():
+    cfg = FinetuneConfig(task="qa", model="m", train="t", dev="d")
+    new = cfg.replace(lr=3e-5, text_column="q", doc_stride=64)
+    assert new.trainer.lr == 3e-5 and new.columns.text_column == "q" and new.doc_stride == 64
+    assert cfg.trainer.lr == 2e-5 and cfg.columns.text_column is None
+    with pytest.raises(TypeError, match="no field"):
+        cfg.replace(learning_rate=1)
+    with pytest.raises(NanobertError, match="--doc-stride: got 0"):
+        cfg.replace(doc_stride=0)
+
+
+def test_task_choices_come_from_the_task_table():
+    assert set(FinetuneConfig.__dataclass_fields__["task"].metadata["choices"]) == set(TASKS)
+    with pytest.raises(NanobertError, match="--task: got 'nope', expected one of classify"):
+        FinetuneConfig(task="nope")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (FT + ["--lr", "nan"], "--lr: got nan, expected a finite number > 0"),
+    (FT + ["--batch-size", "0"], "--batch-size: got 0, expected an integer >= 1"),
+    (FT + ["--max-length", "1"], "--max-length: got 1, expected an integer >= 4"),
+    (FT + ["--epochs", "two"], "--epochs: got 'two', expected an integer >= 1"),
+    (["pretrain", "--corpus", "c", "--out", "o", "--steps", "-1"],
+     "--steps: got -1, expected an integer >= 1"),
+    (["pretrain", "--corpus", "c", "--out", "o", "--mask-prob", "1.5"],
+     "--mask-prob: got 1.5, expected a finite number > 0 and <= 1"),
+    (["pretrain", "--corpus", "c", "--out", "o", "--mask-split", "90/20/0"],
+     "--mask-split: got '90/20/0', expected three percentages"),
+    (["fill-mask", "--model", "m", "-k", "-3", "a [MASK]"],
+     "--top-k: got -3, expected an integer >= 1"),
+    (["tsne", "--model", "m", "--data", "d", "--out", "o.png", "--perplexity", "0"],
+     "--perplexity: got 0.0, expected a finite number > 0"),
+])
+def test_bad_values_give_one_line_and_status_2(argv, message, capsys):
+    try:                       # while parsing (argparse exits) or building the config
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"nanobert: error: {message}") and err.count("\n") == 1
+
+
+def test_help_shows_the_allowed_range(capsys):
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    out = capsys.readouterr().out
+    assert "peak learning rate [a finite number > 0]" in " ".join(out.split())
+
+
+def test_add_flags_skip_and_defaults():
+    p = OneLineParser(prog="x")
+    add_flags(p, PretrainConfig, skip=("mask_split",), max_steps=7)
+    args = p.parse_args(["--corpus", "a", "b", "--out", "o"])
+    assert args.steps == 7 and args.corpus == ["a", "b"] and not hasattr(args, "mask_split")

@@ -1,0 +1,102 @@
+"""Readers of STS, pair/triplet/reranking tables and BEIR folders (nanobert.data)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nanobert import data as D
+from nanobert.files import NanobertError
+
+
+def _write(path, text, newline="\n"):
+    path.write_bytes(text.replace("\n", newline).encode("utf-8"))
+    return path
+
+
+def test_sts_original_layout(tmp_path):
+    f = _write(tmp_path / "sts-dev.csv",
+               'main-captions\tMSRvid\t2012test\t0001\t5.000\tA "plane" takes off.\tA plane is taking off.\n'
+               "main-news\theadlines\t2016\t0012\t4\tDriver backs off\tDriver drives off\tsrc\tsrc\n"
+               "main-news\theadlines\t2016\t0013\t0.5\t\"unbalanced quote\tplain\n")
+    rows = D.read_text_rows(f)
+    assert [r.score for r in rows] == [5.0, 4.0, 0.5]
+    assert rows[0].texts == ('A "plane" takes off.', "A plane is taking off.")   # quotes literal
+    assert rows[1].texts == ("Driver backs off", "Driver drives off")   # extra fields ignored
+    assert rows[2].texts[0] == '"unbalanced quote' and rows[2].line == 3
+
+
+def test_sts_original_bad_lines(tmp_path):
+    short = _write(tmp_path / "a.csv", "g\tf\t2012\t1\t5.0\tone\ttwo\ng\tf\t2012\t2\t1.0\tonly one\n")
+    with pytest.raises(NanobertError, match=r"a.csv:2: expected at least 7"):
+        D.read_text_rows(short)
+    bad = _write(tmp_path / "b.csv", "g\tf\t2012\t1\t5.0\tone\ttwo\ng\tf\t2012\t2\tn/a\tx\ty\n")
+    with pytest.raises(NanobertError, match=r"b.csv:2: score 'n/a'"):
+        D.read_text_rows(bad)
+
+
+def test_glue_stsb_tsv(tmp_path):
+    f = _write(tmp_path / "dev.tsv",
+               "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+               "0\tmain-captions\tMSRvid\t2012test\t0000\tnone\tnone\tA man \"sings\".\tA man sings.\t5.000\n"
+               "1\tmain-captions\tMSRvid\t2012test\t0002\tnone\tnone\tA cat.\tA dog.\t0.800\n", "\r\n")
+    rows = D.read_text_rows(f)
+    assert rows[0].texts == ('A man "sings".', "A man sings.") and rows[1].score == 0.8
+    unlabelled = _write(tmp_path / "test.tsv", "index\tsentence1\tsentence2\n0\ta\tb\n")
+    assert D.read_text_rows(unlabelled)[0].score is None
+    with pytest.raises(NanobertError, match="no score column"):
+        D.read_text_rows(unlabelled, require_score=True)
+
+
+def test_triplets_rerank_rows_and_single_texts(tmp_path):
+    trip = _write(tmp_path / "t.jsonl", "\n".join(json.dumps(o) for o in [
+        {"anchor": "a", "positive": "p", "negative": "n"},
+        {"anchor": "b", "positive": "q", "negative": "m"}]) + "\n")
+    assert [r.texts for r in D.read_text_rows(trip)] == [("a", "p", "n"), ("b", "q", "m")]
+    rerank = _write(tmp_path / "r.csv", "query,document,label\nwho,him,1\nwho,her,0\n")
+    rows = D.read_text_rows(rerank)
+    assert rows[1].texts == ("who", "her") and rows[1].score == 0.0
+    single = _write(tmp_path / "s.tsv", "sentence\tscore\ngood\t0.9\nbad\t-1.5\n")
+    assert [(r.texts, r.score) for r in D.read_text_rows(single)] == [(("good",), 0.9), (("bad",), -1.5)]
+    named = _write(tmp_path / "n.tsv", "x\ty\tz\nu\tv\t2\n")
+    rows = D.read_text_rows(named, columns={"text": "x", "pair": "y", "score": "z"})
+    assert rows[0].texts == ("u", "v") and rows[0].score == 2.0
+    with pytest.raises(NanobertError, match="no text column"):
+        D.read_text_rows(named)
+    missing = _write(tmp_path / "m.jsonl", '{"anchor": "a", "positive": "p"}\n{"anchor": "b"}\n')
+    with pytest.raises(NanobertError, match="m.jsonl:2:"):
+        D.read_text_rows(missing)
+
+
+def _beir(tmp_path, qrels="query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n"):
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    _write(root / "corpus.jsonl", '{"_id": "d1", "title": "T", "text": "one"}\n'
+                                  '{"_id": "d2", "title": null, "text": "two"}\n')
+    _write(root / "queries.jsonl", '{"_id": "q1", "text": "first", "metadata": {}}\n'
+                                   '{"_id": "q2", "text": "second"}\n')
+    _write(root / "qrels" / "train.tsv", qrels, "\r\n")
+    return root
+
+
+def test_beir_folder(tmp_path):
+    root = _beir(tmp_path)
+    b = D.read_beir(root)
+    assert b.split == "train" and b.qrels == {"q1": {"d1": 1}, "q2": {"d2": 2}}
+    assert b.doc_text("d1") == "T one" and b.doc_text("d2") == "two"
+    _write(root / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq2\td1\t1\n")
+    assert D.beir_splits(root) == ["test", "train"] and D.read_beir(root).split == "test"
+    assert D.read_beir(root, "train").split == "train"
+    with pytest.raises(NanobertError, match=r"no qrels for split 'dev' \(available: test, train\)"):
+        D.read_beir(root, "dev")
+    with pytest.raises(NanobertError, match="not a BEIR folder"):
+        D.read_beir(tmp_path)
+
+
+def test_beir_bad_qrels(tmp_path):
+    root = _beir(tmp_path, "query-id\tcorpus-id\tscore\nq9\td1\t1\n")
+    with pytest.raises(NanobertError, match=r"train.tsv:2: query 'q9' is not in queries.jsonl"):
+        D.read_beir(root)
+    root2 = _beir(tmp_path / "x", "q1\td1\n")
+    with pytest.raises(NanobertError, match="train.tsv:1: expected query-id, corpus-id, score"):
+        D.read_beir(root2)

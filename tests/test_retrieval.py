@@ -1,0 +1,88 @@
+"""Retrieval metrics against hand-computed values, dense search, reranking, STS."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from nanobert import retrieval as R
+from nanobert.data import Beir, TextRow
+from nanobert.files import NanobertError
+
+
+def test_ndcg_mrr_recall_by_hand():
+    judged = {"d1": 2, "d2": 1, "d3": 0}
+    run = {"d3": 4.0, "d1": 3.0, "d4": 2.0, "d2": 1.0}
+    ranked = R.ranking(run)
+    assert ranked == ["d3", "d1", "d4", "d2"]
+    # DCG = 2/log2(3) + 1/log2(5) = 1.6925361; ideal = 2/log2(2) + 1/log2(3) = 2.6309298
+    assert R.ndcg_at(ranked, judged, 10) == pytest.approx(0.6433224, abs=1e-6)
+    # at 2 only d1 counts; the ideal top 2 is still (2, 1)
+    assert R.ndcg_at(ranked, judged, 2) == pytest.approx(1.2618595 / 2.6309298, abs=1e-6)
+    assert R.mrr_at(ranked, judged, 10) == 0.5
+    assert R.mrr_at(ranked, judged, 1) == 0.0          # d3 is judged but not relevant
+    assert R.recall_at(ranked, judged, 2) == 0.5
+    assert R.recall_at(ranked, judged, 100) == 1.0
+
+
+def test_linear_gain_not_exponential():
+    # trec_eval's nDCG uses the relevance itself as the gain: a single document of
+    # relevance 3 at rank 2 scores 3/log2(3) / 3 whatever the exponent would say
+    assert R.ndcg_at(["x", "a"], {"a": 3}, 10) == pytest.approx(1 / math.log2(3))
+
+
+def test_ties_by_doc_id_descending():
+    assert R.ranking({"a": 1.0, "b": 1.0, "c": 0.5, "d": 1.0}) == ["d", "b", "a", "c"]
+
+
+def test_retrieval_metrics_mean_over_judged_queries():
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"c": 1}}
+    run = {"q1": {"a": 0.9, "x": 0.1},      # perfect
+           "q2": {"x": 0.9, "b": 0.1},      # relevant at rank 2
+           "q3": {"q3": 0.99, "c": 0.5}}   # its own id is dropped, then c is first
+    m = R.retrieval_metrics(qrels, run)
+    assert m["mrr_at_10"] == pytest.approx((1 + 0.5 + 1) / 3)
+    assert m["ndcg_at_10"] == pytest.approx((1 + 1 / math.log2(3) + 1) / 3)
+    assert m["recall_at_100"] == 1.0
+    # a judged query missing from the run scores zero
+    assert R.retrieval_metrics({**qrels, "q4": {"d": 1}}, run)["recall_at_100"] == 0.75
+    with pytest.raises(NanobertError):
+        R.retrieval_metrics({}, run)
+
+
+def test_dense_run_top_k_and_rerank():
+    docs = np.array([[1, 0], [0, 1], [1, 1]], dtype=np.float32)
+    queries = np.array([[1, 0.1], [0, 1]], dtype=np.float32)
+    run = R.dense_run(queries, ["q1", "q2"], docs, ["a", "b", "c"], k=1)
+    assert R.ranking(run["q1"])[:2] == ["a", "c"]     # k + 1 kept for the identical-id rule
+    assert run["q2"]["b"] == pytest.approx(1.0)
+    # a reranker that prefers longer documents reverses q1's order
+    texts = {"a": "x", "b": "yy", "c": "zzz"}
+    reranked = R.rerank_run(run, lambda pairs: [len(d) for _, d in pairs],
+                            {"q1": "?", "q2": "?"}, texts.get, top_k=2)
+    assert R.ranking(reranked["q1"]) == ["c", "a"]
+
+
+def test_evaluate_beir_with_a_toy_encoder():
+    # bag-of-letters vectors: a query retrieves the document sharing its letters
+    def encode(texts):
+        return np.array([[t.count(ch) for ch in "abcxyz"] for t in texts], dtype=np.float32) + 1e-3
+    beir = Beir({"d1": ("", "aaa"), "d2": ("", "bbb"), "d3": ("t", "ccc")},
+                {"q1": "aa", "q2": "cc", "q3": "zz"}, {"q1": {"d1": 1}, "q2": {"d3": 1}}, "test")
+    m = R.evaluate_beir(encode, beir)
+    assert m["n_queries"] == 2 and m["ndcg_at_10"] == pytest.approx(1.0)
+    assert R.evaluate_beir(encode, beir, query_ids=["q2"])["n_queries"] == 1
+
+
+def test_evaluate_sts_correlations():
+    rows = [TextRow(("a", "a"), 5.0), TextRow(("a", "b"), 0.0), TextRow(("a", "ab"), 3.0)]
+
+    def encode(texts):
+        return np.array([[t.count("a"), t.count("b")] for t in texts], dtype=np.float32)
+    m = R.evaluate_sts(encode, rows)
+    assert m["spearman"] == pytest.approx(1.0) and m["n"] == 3
+    with pytest.raises(NanobertError, match="scored pairs"):
+        R.evaluate_sts(encode, [TextRow(("a",), 1.0)])
+    with pytest.raises(NanobertError, match="vary"):
+        R.correlations([1, 1], [0, 1])

@@ -1,0 +1,339 @@
+"""`nanobert serve`: a real server process on a free loopback port, spoken to over HTTP.
+
+One server holds `minilm` (embeddings) and small random classify / NER / QA models
+written to a temporary folder; a second one, with tight limits, shows the 429 and the
+drain on SIGTERM. Every answer is compared with the offline functions that
+`nanobert embed` and `nanobert predict` run.
+"""
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+httpx = pytest.importorskip("httpx")
+
+import nanobert  # noqa: E402
+from nanobert.checkpoint import save_model  # noqa: E402
+from nanobert.data import Example, QAExample  # noqa: E402
+from nanobert.finetune import load_finetuned, predict_classify, predict_ner_text, predict_qa  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "s3cret"
+WORDS = ("the a film movie was is great awful boring lovely plot actors john mary paris london "
+         "lives in met who where does what when and but not very").split()
+SENTENCES = ["A gripping, beautifully acted film.", "The plot is thin and the jokes fall flat.",
+             "John met Mary in Paris.", "Nothing happens for two hours.", "lovely!"]
+
+
+def tiny_model(out: Path, head: str, settings: dict, id2label=None, seed=0) -> Path:
+    rng = random.Random(seed)
+    corpus = [" ".join(rng.choices(WORDS, k=8)) for _ in range(200)] + ["? . , ! -"] * 3
+    tok = nanobert.Tokenizer.train(corpus, vocab_size=120, min_frequency=1)
+    torch.manual_seed(seed)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                          hidden_size=32, intermediate_size=64, id2label=id2label)
+    save_model(nanobert.Bert(cfg, head), out, tokenizer=tok,
+               extra_files={"nanobert.json": json.dumps(settings)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    return {
+        "sst": tiny_model(d / "sst", "classify", {"task": "classify", "max_length": 32},
+                          {0: "negative", 1: "positive"}),
+        "tags": tiny_model(d / "tags", "token", {"task": "ner", "max_length": 32},
+                           {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}, seed=1),
+        "reader": tiny_model(d / "reader", "qa", {"task": "qa", "max_length": 32,
+                                                   "doc_stride": 8}, seed=2),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    """A `nanobert serve` process and an HTTP client for it."""
+
+    def __init__(self, specs, *flags, key=None):
+        self.port = free_port()
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        cmd = [sys.executable, "-m", "nanobert", "serve", *specs, "--port", str(self.port),
+               "--threads", "1", *flags] + (["--api-key", key] if key else [])
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
+        self.banner = self._wait()
+
+    def _wait(self) -> str:
+        """The startup banner (printed once the models are loaded), then /health."""
+        lines = []
+        while not lines or not lines[-1].startswith("limits:"):
+            lines.append(self.proc.stdout.readline())
+            if not lines[-1] and self.proc.poll() is not None:
+                raise RuntimeError("server exited:\n" + "".join(lines))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if self.http.get("/health").status_code == 200:
+                    return "".join(lines)
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not answer /health in 60 s")
+
+    def post(self, path, body, **kw):
+        return self.http.post(path, json=body, **kw)
+
+    def metric(self, name: str) -> float:
+        text = self.http.get("/metrics").text
+        m = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.http.close()
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    s = Running(["minilm"] + [f"{n}={p}" for n, p in models.items()],
+                "--max-client-batch", "8", "--payload-limit", "20000", key=KEY)
+    yield s
+    s.close()
+
+
+# ----------------------------------------------------------------------------------
+# Answers equal the offline commands
+
+
+def test_startup_prints_models_and_routes(server):
+    out = server.banner
+    assert f"http://127.0.0.1:{server.port}" in out and "POST /v1/embeddings" in out
+    assert re.search(r"^  sst +classify +labels negative, positive", out, re.M)
+    info = server.http.get("/info").json()
+    tasks = {m["name"]: m["task"] for m in info["models"]}
+    assert tasks == {"minilm": "embed", "sst": "classify", "tags": "ner", "reader": "qa"}
+    assert info["limits"]["max_client_batch"] == 8 and info["limits"]["max_batch_tokens"] == 16384
+    assert "POST /v1/embeddings" in info["routes"]
+
+
+def test_embeddings_equal_nanobert_embed(server, tmp_path):
+    from nanobert.cli import main
+    texts = SENTENCES + ["word " * 400]            # the last one is cut at minilm's 256
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    assert main(["embed", "--model", "minilm", "--input", str(tmp_path / "in.txt"),
+                 "--out", str(tmp_path / "out.npy")]) == 0
+    offline = np.load(tmp_path / "out.npy")
+
+    r = server.post("/embed", {"inputs": texts})
+    assert r.status_code == 200, r.text
+    assert np.allclose(np.array(r.json()["embeddings"]), offline, atol=1e-5)
+    assert r.json()["truncated"] == [False] * 5 + [True]
+
+    r = server.post("/v1/embeddings", {"input": texts, "model": "minilm"}).json()
+    assert [d["index"] for d in r["data"]] == list(range(6)) and r["object"] == "list"
+    assert np.allclose(np.array([d["embedding"] for d in r["data"]]), offline, atol=1e-5)
+    assert r["usage"]["prompt_tokens"] > 256
+
+    r = server.post("/v1/embeddings", {"input": texts[0], "encoding_format": "base64",
+                                       "dimensions": 64}).json()
+    vec = np.frombuffer(base64.b64decode(r["data"][0]["embedding"]), dtype="<f4")
+    cut = offline[0, :64] / np.linalg.norm(offline[0, :64])
+    assert vec.shape == (64,) and np.allclose(vec, cut, atol=1e-5)
+
+    raw = np.array(server.post("/embed", {"inputs": texts[:2], "normalize": False}).json()["embeddings"])
+    assert np.allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), offline[:2], atol=1e-5)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+
+
+def test_openai_client_works_unchanged(server, minilm):
+    openai = pytest.importorskip("openai")
+    from nanobert.embed import encode
+    model, tok = minilm
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    offline = encode(model, tok, SENTENCES[:3])
+    for fmt in ({}, {"encoding_format": "float"}):    # untold, the client asks for base64
+        r = client.embeddings.create(model="minilm", input=SENTENCES[:3], **fmt)
+        assert np.allclose(np.array([d.embedding for d in r.data]), offline, atol=1e-5)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong").embeddings.create(
+            model="minilm", input="x")
+
+
+def test_classify_and_pairs_equal_predict(server, models):
+    model, tok, settings = load_finetuned(models["sst"])
+    probs = predict_classify(model, tok, [Example(t) for t in SENTENCES], settings["max_length"])
+    r = server.post("/classify", {"inputs": SENTENCES, "model": "sst",
+                                  "return_all_scores": True}).json()["results"]
+    for row, p in zip(r, probs):
+        assert row["label"] == ["negative", "positive"][int(p.argmax())]
+        assert abs(row["score"] - float(p.max())) < 1e-5
+        assert abs(row["scores"]["positive"] - float(p[1])) < 1e-5
+    pairs = [[a, b] for a, b in zip(SENTENCES, SENTENCES[1:])]
+    probs = predict_classify(model, tok, [Example(a, b) for a, b in pairs], settings["max_length"])
+    r = server.post("/classify", {"inputs": pairs}).json()["results"]
+    assert np.allclose([x["score"] for x in r], probs.max(-1).values.numpy(), atol=1e-5)
+    assert "scores" not in r[0]
+
+
+def test_rerank_scores_pairs_with_the_classifier(server, models):
+    model, tok, settings = load_finetuned(models["sst"])
+    docs = SENTENCES[:4]
+    probs = predict_classify(model, tok, [Example("is it good?", d) for d in docs],
+                             settings["max_length"])[:, 1]
+    r = server.post("/rerank", {"query": "is it good?", "documents": docs, "top_n": 3,
+                                "return_documents": True}).json()["results"]
+    best = torch.argsort(probs, descending=True)[:3].tolist()
+    assert [x["index"] for x in r] == best
+    assert np.allclose([x["relevance_score"] for x in r], probs[best].numpy(), atol=1e-5)
+    assert r[0]["document"]["text"] == docs[best[0]]
+
+
+def test_ner_entities_equal_predict(server, models):
+    model, tok, settings = load_finetuned(models["tags"])
+    texts = ["John met Mary in Paris and London.", "where does mary live"]
+    offline = predict_ner_text(model, tok, texts, settings["max_length"])
+    r = server.post("/ner", {"inputs": texts}).json()["results"]
+    assert [x["entities"] for x in r] == [[dict(e) for e in ents] for ents in offline]
+    for text, x in zip(texts, r):
+        for e in x["entities"]:
+            assert text[e["start"]:e["end"]] == e["text"]
+
+
+def test_qa_over_windows_equals_predict(server, models):
+    model, tok, settings = load_finetuned(models["reader"])
+    context = " ".join(random.Random(3).choices(WORDS, k=120))
+    offline = predict_qa(model, tok, [QAExample("0", "who lives in paris?", context)], settings)[0]
+    r = server.post("/qa", {"question": "who lives in paris?", "context": context}).json()
+    got = r["results"][0]
+    assert got["windows"] > 3                       # a long context, cut into windows
+    assert (got["answer"], got["start"], got["end"]) == (offline["answer"], offline["start"], offline["end"])
+    assert abs(got["score"] - offline["score"]) < 1e-4
+    assert context[got["start"]:got["end"]] == got["answer"]
+    two = server.post("/qa", {"inputs": [{"question": "who?", "context": context},
+                                         {"question": "where?", "context": "in paris"}]})
+    assert len(two.json()["results"]) == 2
+
+
+def test_tokenize_gives_ids_and_offsets(server):
+    r = server.post("/tokenize", {"inputs": "Hello, world!", "model": "minilm"}).json()
+    toks = r["tokens"][0]
+    assert toks[0]["token"] == "[CLS]" and toks[0]["special"] and toks[-1]["token"] == "[SEP]"
+    assert [t["token"] for t in toks[1:-1]] == ["hello", ",", "world", "!"]
+    assert [("Hello, world!"[t["start"]:t["end"]]) for t in toks[1:-1]] == ["Hello", ",", "world", "!"]
+
+
+def test_concurrent_requests_share_batches(server):
+    before = server.metric("nanobert_batch_size_count")
+    texts = [f"{s} number {i}" for i, s in enumerate(SENTENCES * 4)]
+    barrier = threading.Barrier(len(texts))
+
+    def one(t):
+        barrier.wait()
+        with httpx.Client(base_url=server.url, headers=server.http.headers, timeout=60) as c:
+            return c.post("/embed", json={"inputs": [t]}).json()["embeddings"][0]
+
+    with cf.ThreadPoolExecutor(len(texts)) as pool:
+        got = np.array(list(pool.map(one, texts)))
+    batches = server.metric("nanobert_batch_size_count") - before
+    assert batches < len(texts)                     # several requests per batch
+    alone = np.array(server.post("/embed", {"inputs": texts[:8]}).json()["embeddings"])
+    assert np.allclose(got[:8], alone, atol=1e-5)
+    assert server.metric('nanobert_requests_total{route="/embed",status="200"}') >= len(texts)
+
+
+# ----------------------------------------------------------------------------------
+# Every error status, each naming what is wrong
+
+
+@pytest.mark.parametrize("path, body, status, says", [
+    ("/embed", b"{not json", 400, "not valid JSON"),
+    ("/embed", b"[1, 2]", 400, "JSON object"),
+    ("/embed", {"input": ["x"]}, 422, "'inputs' is required"),
+    ("/embed", {"inputs": [1]}, 422, "'inputs[0]'"),
+    ("/embed", {"inputs": "x", "normalize": "yes"}, 422, "'normalize'"),
+    ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 422, "'encoding_format'"),
+    ("/v1/embeddings", {"input": "x", "dimensions": 999}, 422, "at most the model's 384"),
+    ("/v1/embeddings", {"input": "x", "model": "gpt-4"}, 422, "names no served model"),
+    ("/embed", {"inputs": "x", "model": "sst"}, 422, "does not serve /embed"),
+    ("/embed", {"inputs": ["word " * 300], "truncate": False}, 422, "over the model's limit of 256"),
+    ("/classify", {"inputs": [["a", "b"], "c"]}, 422, "'inputs[1]'"),
+    ("/rerank", {"documents": ["a"]}, 422, "'query' is required"),
+    ("/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, "'top_n'"),
+    ("/qa", {"inputs": [{"question": "q"}]}, 422, "'inputs[0].context'"),
+    ("/qa", {"question": "word " * 80, "context": "c"}, 422, "'question'"),
+    ("/embed", {"inputs": ["x"] * 9}, 413, "limit of 8 (--max-client-batch)"),
+    ("/embed", {"inputs": ["x" * 30000]}, 413, "limit of 20000 bytes"),
+    ("/nowhere", {}, 404, "no route /nowhere"),
+])
+def test_bad_requests_are_answered_with_the_field(server, path, body, status, says):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = server.http.post(path, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert says in err["message"] and err["code"] == status and "Traceback" not in r.text
+
+
+def test_method_and_api_key(server):
+    assert server.http.get("/embed").status_code == 405
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.post(server.url + "/embed", json={"inputs": "x"}, headers=headers)
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200       # open to probes
+    assert httpx.get(server.url + "/info").status_code == 401
+
+
+# ----------------------------------------------------------------------------------
+# Overload and shutdown, on a server of one request at a time
+
+
+def test_queue_full_is_429_and_sigterm_drains(models):
+    s = Running(["minilm"], "--max-concurrent-requests", "1", "--max-batch-tokens", "64")
+    try:
+        slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 32}   # 32 batches
+        with cf.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(s.post, "/embed", slow)
+            while s.metric("nanobert_requests_in_flight") < 1:
+                time.sleep(0.05)
+            busy = s.post("/embed", {"inputs": "x"})
+            assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
+            assert "--max-concurrent-requests 1" in busy.json()["error"]["message"]
+            s.proc.send_signal(signal.SIGTERM)          # while the first is still running
+            answer = first.result(timeout=120)
+        assert answer.status_code == 200 and len(answer.json()["embeddings"]) == 32
+        assert s.proc.wait(60) == 0
+    finally:
+        s.close()
+
+
+def test_bad_flag_is_one_line_and_status_2(models):
+    r = subprocess.run([sys.executable, "-m", "nanobert", "serve", "minilm", "--max-batch-tokens",
+                        "0"], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "--max-batch-tokens must be" in r.stderr
