@@ -18,6 +18,7 @@ transformers' pipelines:
 
     model, tokenizer = nanobert.load("minilm")           # the model itself (nn.Module)
 """
+from . import threads  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
 from .embed import Encoder
 from .files import NanobertError
 from .finetune import FinetuneConfig, Predictor, finetune
