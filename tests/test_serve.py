@@ -332,8 +332,16 @@ def test_queue_full_is_429_and_sigterm_drains(models):
         s.close()
 
 
-def test_bad_flag_is_one_line_and_status_2(models):
-    r = subprocess.run([sys.executable, "-m", "nanobert", "serve", "minilm", "--max-batch-tokens",
-                        "0"], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
-    assert "--max-batch-tokens must be" in r.stderr
+@pytest.mark.parametrize("flags, says", [
+    (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
+    (["--port", "BUSY"], "Address already in use"),
+])
+def test_bad_flag_is_one_line_and_status_2(flags, says, capsys):
+    from nanobert.cli import main
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        flags = [str(busy.getsockname()[1]) if f == "BUSY" else f for f in flags]
+        assert main(["serve", "minilm", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and says in err
