@@ -316,6 +316,8 @@ def test_method_and_api_key(server):
 def test_queue_full_is_429_and_sigterm_drains(models):
     s = Running(["minilm"], "--max-concurrent-requests", "1", "--max-batch-tokens", "64")
     try:
+        none = s.post("/classify", {"inputs": "x"})          # only an embedding model here
+        assert none.status_code == 404 and "no model served here" in none.text
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 32}   # 32 batches
         with cf.ThreadPoolExecutor(1) as pool:
             first = pool.submit(s.post, "/embed", slow)
@@ -324,8 +326,6 @@ def test_queue_full_is_429_and_sigterm_drains(models):
             busy = s.post("/embed", {"inputs": "x"})
             assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
             assert "--max-concurrent-requests 1" in busy.json()["error"]["message"]
-            none = s.post("/classify", {"inputs": "x"})      # only an embedding model here
-            assert none.status_code == 404 and "no model served here" in none.text
             s.proc.send_signal(signal.SIGTERM)          # while the first is still running
             answer = first.result(timeout=120)
         assert answer.status_code == 200 and len(answer.json()["embeddings"]) == 32
