@@ -412,15 +412,6 @@ def _columns(cols: dict) -> dict:
     return {names[k]: v for k, v in (cols or {}).items() if k in names and v}
 
 
-def looks_like_scores(labels: list) -> bool:
-    """Are these classification labels really scores (some number with a fraction)?"""
-    try:
-        values = [float(x) for x in labels]
-    except ValueError:
-        return False
-    return any(not v.is_integer() for v in values)
-
-
 def read_scored(path, cols=None, require=True) -> list:
     """Scored texts or pairs (regression): STS files, tables with a score column."""
     from .data import read_text_rows

@@ -146,7 +146,7 @@ def test_rerank_trains_loads_in_transformers_and_reranks_search(tiny_dir, tmp_pa
 @pytest.mark.parametrize("argv, message", [
     (["--task", "embed", "--holdout", "1.5"], "--holdout: got 1.5"),
     (["--task", "embed", "--loss", "mnrl"], "training rows are scored pairs; use cosent"),
-    (["--task", "classify", "--label-column", "score"], "use --task regress"),
+    (["--task", "classify", "--label-column", "score"], "--task regress"),
 ])
 def test_bad_values_are_one_line_errors(tiny_dir, tmp_path, capsys, argv, message):
     data = tmp_path / "glue.tsv"
