@@ -132,13 +132,13 @@ def param(default=dataclasses.MISSING, help: str = "", allowed: Optional[Range] 
 
 
 def _kind(f: dataclasses.Field) -> type:
-    """int, float, str, bool or list, from the annotation (a string under
-    `from __future__ import annotations`)."""
+    """int, float, bool, list or str, from the annotation ('Optional[int]' is int; under
+    `from __future__ import annotations` annotations are strings)."""
     t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    for name, kind in (("bool", bool), ("int", int), ("float", float), ("list", list)):
-        if name in t:
-            return kind
-    return str
+    t = t.strip()
+    if t.startswith("Optional[") and t.endswith("]"):
+        t = t[len("Optional["):-1]
+    return {"bool": bool, "int": int, "float": float, "list": list}.get(t, str)
 
 
 def _flag(f: dataclasses.Field, renamed: Optional[str] = None) -> str:
