@@ -80,8 +80,10 @@ def check_value(flag: str, value, kind: type = float, allowed: Optional[Range] =
         return
     if choices is not None and value not in choices:
         raise NanobertError(f"{flag}: got {value!r}, expected one of {', '.join(map(str, choices))}")
-    if allowed is not None and not allowed.contains(value):
-        raise NanobertError(f"{flag}: got {value}, expected {allowed.describe(kind)}")
+    wrong_type = isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float))
+    if allowed is not None and (wrong_type or not allowed.contains(value)):
+        shown = repr(value) if wrong_type else value
+        raise NanobertError(f"{flag}: got {shown}, expected {allowed.describe(kind)}")
 
 
 def checked(kind: type, allowed: Optional[Range] = None, flag: str = ""):
