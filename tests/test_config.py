@@ -90,3 +90,10 @@ def test_add_flags_skip_and_defaults():
     add_flags(p, PretrainConfig, skip=("mask_split",), max_steps=7)
     args = p.parse_args(["--corpus", "a", "b", "--out", "o"])
     assert args.steps == 7 and args.corpus == ["a", "b"] and not hasattr(args, "mask_split")
+
+
+def test_python_callers_get_the_same_checks_for_wrong_types():
+    with pytest.raises(NanobertError, match=r"--batch-size: got 2\.5, expected an integer >= 1"):
+        FinetuneConfig(task="ner", batch_size=2.5)
+    with pytest.raises(NanobertError, match=r"--lr: got '1e-4', expected a finite number > 0"):
+        FinetuneConfig(task="ner").replace(lr="1e-4")
