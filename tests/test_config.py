@@ -40,7 +40,7 @@ def test_replace_reaches_nested_fields_and_keeps_the_original():
     cfg = FinetuneConfig(task="qa", model="m", train="t", dev="d")
     new = cfg.replace(lr=3e-5, text_column="q", doc_stride=64)
     assert new.trainer.lr == 3e-5 and new.columns.text_column == "q" and new.doc_stride == 64
-    assert cfg.trainer.lr == 2e-5 and cfg.columns.text_column is None
+    assert cfg.trainer.lr == 5e-5 and cfg.columns.text_column is None
     with pytest.raises(TypeError, match="no field"):
         cfg.replace(learning_rate=1)
     with pytest.raises(NanobertError, match="--doc-stride: got 0"):
