@@ -83,11 +83,11 @@ def nb_parts(mode, tok, rows, spec, plan):
     hands to the Trainer (the same batches for the same seed, the same losses)."""
     if mode == "embed":
         scores = [r.score for r in rows] if spec["loss"] == "cosent" else None
-        batches = E.RowBatches(tok, rows, spec["max_length"], plan, scores)
+        batches = E.RowBatches(tok, rows, spec["max_length"], scores).batches(plan)
         return batches, E.embed_loss_fn(E.EmbedLoss(spec["loss"]))
     top = max(r.score for r in rows) if mode == "rerank" else 1.0
-    batches = E.RowBatches(tok, rows, spec["max_length"], plan, [r.score / top for r in rows],
-                           cross=True)
+    batches = E.RowBatches(tok, rows, spec["max_length"], [r.score / top for r in rows],
+                           cross=True).batches(plan)
     if mode == "rerank":
         return batches, E.rerank_loss_fn()
     return batches, lambda m, b: m(b["input_ids"], b["attention_mask"], b["token_type_ids"],
@@ -104,9 +104,9 @@ def nb_train(args, head, rows, out, spec, steps=None, epochs=1):
 
     def plan(lengths, epoch):
         return epoch_batches(lengths, spec["batch_size"], args.seed, epoch)
-    batches, loss_fn = nb_parts(spec["mode"], tok, rows, spec, plan)
+    (batches, steps_per_epoch), loss_fn = nb_parts(spec["mode"], tok, rows, spec, plan)
     t0 = time.time()
-    Trainer(model, nb_config(args, out, steps, epochs), batches, batches.steps_per_epoch,
+    Trainer(model, nb_config(args, out, steps, epochs), batches, steps_per_epoch,
             loss_fn=loss_fn).fit()
     return model.eval(), tok, time.time() - t0
 

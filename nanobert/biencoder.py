@@ -190,14 +190,14 @@ def scaled_scores(rows: list, loss: str) -> list:
 
 
 class RowBatches:
-    """Tokenized rows, cut into the batches of an epoch by `plan(lengths, epoch)` (the
-    fine-tuning batch plan: a seeded shuffle, optionally grouped by length). Bi-encoder
-    rows keep each text in its own sequence; `cross` joins (query, document) into one
-    sequence (cross-encoder, regression)."""
+    """Tokenized rows (the features of the embed and rerank tasks), cut into an epoch's
+    batches by a plan(lengths, epoch) -> [[row index, ...], ...] (the fine-tuning plan:
+    a seeded shuffle, optionally grouped by length). Bi-encoder rows keep each text in
+    its own sequence; `cross` joins (query, document) into one (cross-encoder)."""
 
-    def __init__(self, tok, rows: list, max_length: int, plan, scores: Optional[list] = None,
+    def __init__(self, tok, rows: list, max_length: int, scores: Optional[list] = None,
                  cross: bool = False):
-        self.tok, self.plan = tok, plan
+        self.tok = tok
         if cross:
             self.cols = [tok.encode_batch([r.texts[0] for r in rows], [r.texts[1] for r in rows],
                                           max_length=max_length)]
@@ -206,11 +206,16 @@ class RowBatches:
                          for c in range(len(rows[0].texts))]
         self.lengths = [max(len(col[i].ids) for col in self.cols) for i in range(len(rows))]
         self.scores = scores
-        self.steps_per_epoch = len(plan(self.lengths, 0))
 
-    def __call__(self, epoch: int, start: int = 0):
-        for idx in self.plan(self.lengths, epoch)[start:]:
-            yield self.collate(idx)
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batches(self, plan) -> tuple:
+        """(batches(epoch, start) for the Trainer, batches per epoch)."""
+        def batches(epoch, start=0):
+            for idx in plan(self.lengths, epoch)[start:]:
+                yield self.collate(idx)
+        return batches, len(plan(self.lengths, 0))
 
     def collate(self, idx: list) -> dict:
         encs = [col[i] for col in self.cols for i in idx]          # column by column
@@ -360,37 +365,40 @@ class RetrievalConfig(Config):
                           at_least(1))
 
 
-def embed_trainer(model, tok, data, settings: dict, plan) -> tuple:
-    """(batches, steps per epoch, loss_fn) of a bi-encoder run; the loss follows the
-    data unless `settings["loss"]` names one."""
-    rows = training_rows(model, tok, data, settings, labelled=False)
+def embed_features(tok, data, settings: dict, label2id=None) -> RowBatches:
+    """The rows of a bi-encoder run, tokenized; an explicit --loss must fit them."""
+    rows = training_rows(tok, data, settings, labelled=False)
     kind = settings.get("loss") or loss_for_rows(rows)
-    needs_scores = LOSSES[kind][1] if kind in LOSSES else False
-    if needs_scores != (rows[0].score is not None):
+    if LOSSES[kind][1] != (rows[0].score is not None):
         raise NanobertError(f"--loss {kind}: the training rows are "
                             f"{'scored pairs' if rows[0].score is not None else 'unscored'}; "
                             f"use {loss_for_rows(rows)}")
-    spec = EmbedLoss(kind, settings.get("pooling") or "mean", settings.get("scale") or 20.0,
-                     settings.get("mini_batch_size"))
-    scores = scaled_scores(rows, kind) if needs_scores else None
-    batches = RowBatches(tok, rows, settings["max_length"], plan, scores)
     print(f"embed: {len(rows)} training rows of {len(rows[0].texts)} text(s), loss {kind}, "
-          f"{spec.pooling} pooling", flush=True)
-    return batches, batches.steps_per_epoch, embed_loss_fn(spec)
+          f"{settings.get('pooling') or 'mean'} pooling", flush=True)
+    scores = scaled_scores(rows, kind) if rows[0].score is not None else None
+    return RowBatches(tok, rows, settings["max_length"], scores)
 
 
-def rerank_trainer(model, tok, data, settings: dict, plan) -> tuple:
-    """(batches, steps per epoch, loss_fn) of a cross-encoder run on (query, document,
-    label) rows, or on a BEIR folder's qrels with mined hard negatives."""
-    rows = training_rows(model, tok, data, settings, labelled=True)
+def embed_loss(cfg):
+    """loss(model, batch) of a bi-encoder run (cfg: the FinetuneConfig): scored batches
+    take --loss (CoSENT by default), the others MNRL."""
+    r = cfg.retrieval
+    scored = r.loss if r.loss in ("cosent", "cosine_mse") else "cosent"
+    by_kind = {kind: embed_loss_fn(EmbedLoss(kind, r.pooling, r.scale, r.mini_batch_size))
+               for kind in ("mnrl", scored)}
+    return lambda model, batch: by_kind[scored if "scores" in batch else "mnrl"](model, batch)
+
+
+def rerank_features(tok, data, settings: dict, label2id=None) -> RowBatches:
+    """(query, document) rows with labels scaled into [0, 1], or a BEIR folder's qrels
+    with hard negatives mined by the starting model."""
+    rows = training_rows(tok, data, settings, labelled=True)
     if any(len(r.texts) != 2 or r.score is None for r in rows):
         raise NanobertError("a reranker trains on (query, document, label) rows")
     top = max(r.score for r in rows)
     if min(r.score for r in rows) < 0 or top <= 0:
         raise NanobertError("reranking labels must be >= 0, some > 0 (relevance grades)")
-    batches = RowBatches(tok, rows, settings["max_length"], plan, [r.score / top for r in rows],
-                         cross=True)
-    return batches, batches.steps_per_epoch, rerank_loss_fn()
+    return RowBatches(tok, rows, settings["max_length"], [r.score / top for r in rows], cross=True)
 
 
 def embedding_writer(tok, settings: dict):
@@ -526,9 +534,10 @@ def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) ->
     return evaluate_beir(vectors, beir, query_ids=held or None)
 
 
+# what evaluate/predict need later (saved in nanobert.json); `model` is the starting model
 EMBED_SETTINGS = ("pooling", "loss", "scale", "mini_batch_size", "hard_negatives", "holdout",
-                  "split")
-RERANK_SETTINGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k")
+                  "split", "model")
+RERANK_SETTINGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k", "model")
 
 
 def embed_predict(model, tok, rows, settings, batch_size=64) -> list:
@@ -560,13 +569,14 @@ def embed_metric(dev) -> str:
     return "spearman" if isinstance(dev, list) and dev[0].score is not None else "ndcg_at_10"
 
 
-def _start_encoder(model, tok, max_length):
-    """The embedding function of the model being trained, before training (mining)."""
-    from .embed import encode
-    return lambda texts: encode(model, tok, texts, "mean", batch_size=64, max_length=max_length)
+def _start_encoder(name, max_length):
+    """The embedding function of the starting model (to mine hard negatives with)."""
+    from .embed import Encoder
+    encoder = Encoder(name, max_length=max_length)
+    return encoder.encode
 
 
-def training_rows(model, tok, data, settings, labelled: bool) -> list:
+def training_rows(tok, data, settings, labelled: bool) -> list:
     """Rows of a table as they are; a BEIR folder becomes (query, relevant document) rows
     of its training queries (not the held-out ones), with hard negatives mined by the
     starting model when asked (`hard_negatives`; a reranker always gets some)."""
@@ -578,8 +588,8 @@ def training_rows(model, tok, data, settings, labelled: bool) -> list:
     negatives = None
     if n:
         print(f"mining {n} hard negative(s) per query with the starting model", flush=True)
-        negatives = mine_negatives(_start_encoder(model, tok, settings["max_length"]), data,
-                                   train_q, n)
+        negatives = mine_negatives(_start_encoder(settings["model"], settings["max_length"]),
+                                   data, train_q, n)
     return beir_rows(data, train_q, negatives, labelled=labelled)
 
 

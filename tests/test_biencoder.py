@@ -114,9 +114,10 @@ def test_row_batches_and_loss_choice(minilm):
     rows = [TextRow((f"anchor {i}", f"positive number {i}", "neg")) for i in range(5)]
     assert E.loss_for_rows(rows) == "mnrl"
     plan = lambda lengths, epoch: [[4, 0], [1, 3], [2]] if epoch == 0 else [[0, 1, 2, 3, 4]]  # noqa: E731
-    batches = E.RowBatches(tok, rows, 16, plan)
+    features = E.RowBatches(tok, rows, 16)
+    batches, steps = features.batches(plan)
     got = list(batches(0))
-    assert batches.steps_per_epoch == 3 and len(got) == 3 and len(list(batches(1))) == 1
+    assert len(features) == 5 and steps == 3 and len(got) == 3 and len(list(batches(1))) == 1
     b = got[0]
     assert b["input_ids"].shape[0] == 2 and b["rest_input_ids"].shape[0] == 4
     assert b["input_ids"].shape[1] == b["rest_input_ids"].shape[1]
