@@ -532,7 +532,8 @@ class FinetuneConfig(Config):
               "trainer": {"out_dir": None, "epochs": None, "lr": None, "warmup_ratio": None,
                           "weight_decay": None, "max_steps": None, "eval_every": None,
                           "early_stopping": None, "seed": None, "grad_accum": None,
-                          "resume": None, "device": None, "progress": None}}
+                          "resume": None, "overwrite": None, "device": None,
+                          "progress": None}}
 
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""
@@ -555,8 +556,19 @@ def finetune(config, *args, **fields) -> dict:
     if not isinstance(config, FinetuneConfig):
         names = ("task", "model", "train", "dev", "out_dir")
         config = FinetuneConfig.create(**dict(zip(names, (config,) + args)), **fields)
-    from .train import Trainer
+    from . import rundir
+    from .config import as_flags
     cfg, task = config, get_task(config.task)
+    fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] + rundir.model_files(cfg.model),
+                            as_flags(cfg))
+    t = cfg.trainer
+    with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite):
+        return _finetune(cfg, task)
+
+
+def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
+    """The run itself, inside the output directory's life cycle (nanobert.rundir)."""
+    from .train import Trainer
     settings = cfg.settings(task)
     train, dev = _read_splits(task, cfg)
     model, tok = _model_for(task, cfg, train, settings["max_length"])

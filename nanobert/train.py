@@ -72,7 +72,10 @@ class TrainConfig(Config):
     device: str = param("auto", "cpu, cuda, cuda:1, ... (auto: cuda when available)")
     amp: str = param("auto", "mixed precision (auto: bf16/fp16 on CUDA, off on CPU)",
                      choices=("auto", "bf16", "fp16", "off", "no", "none", "fp32"))
-    resume: bool = param(False, "continue from OUT/checkpoint")
+    resume: bool = param(False, "continue the run in OUT from its checkpoint (same data and "
+                         "flags only)")
+    overwrite: bool = param(False, "start over in an OUT that holds another run's model or "
+                            "checkpoint (it is cleared first)")
     progress: bool = param(True, "a progress bar with loss and throughput")
 
 
