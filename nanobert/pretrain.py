@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import Config, add_flags, as_flags, at_least, checked, fraction, param
-from .files import NanobertError, atomic_path, write_text
+from .files import NanobertError, atomic_path, check_output_dir, write_text
 from .masking import IGNORE, Masker, fixed_masks, parse_split, split_name
 from .train import TrainConfig
 
@@ -236,6 +236,7 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
     t = cfg.trainer
     owner = contextlib.nullcontext()  # rank 0 alone owns the directory (and writes it)
     if rank == 0:
+        check_output_dir(run.out)  # before hashing the corpus
         command = "distill" if hasattr(cfg, "teacher") else "pretrain"
         owner = rundir.run(run.out, command, _fingerprint(cfg), t.resume, t.overwrite)
     with owner:
@@ -527,6 +528,7 @@ def ablate_masking_cmd(args):
         raise NanobertError(f"--splits: got {args.splits!r}, expected comma-separated "
                             f"splits like 80/10/10 ({e})")
     out = Path(cfg.trainer.out_dir)
+    check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     cache = cfg.cache_dir or str(out / "cache")
     rows, curves = [], {}

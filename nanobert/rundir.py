@@ -35,7 +35,8 @@ RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
 # what a finished run leaves: any of these makes a directory "another run's"
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "checkpoint")
-KEEP_ON_OVERWRITE = ("cache", LOCK_FILE)    # the tokenized-corpus cache is keyed by content
+# kept by --overwrite: the tokenized-corpus cache (keyed by content) and input data (demo)
+KEEP_ON_OVERWRITE = ("cache", "data", LOCK_FILE)
 # flags that change where or how visibly a run goes, not what it computes
 NOT_SHAPING = {"out", "out_dir", "resume", "overwrite", "progress", "no_progress", "device",
                "func", "command", "cache_dir", "log_every", "json", "save_every"}

@@ -1,14 +1,23 @@
 """The life cycle of an output directory (issue 11, class 1): unfinished runs are marked
 and refused, another run's directory is not silently reused, --resume continues only
-the same run, temporaries are cleaned; and output paths fail before any work (class 4)."""
+the same run, temporaries are cleaned."""
 from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 
-from nanobert.files import NanobertError, check_output_dir, check_output_file
+import nanobert
+from nanobert.cli import main
+from nanobert.files import NanobertError
 from nanobert.rundir import (RUN_FILE, clean_temporaries, differences, fingerprint, read_run,
                              require_finished, run)
 
@@ -141,65 +150,12 @@ def test_a_torn_run_file_counts_as_unfinished(tmp_path):
         require_finished(tmp_path)
 
 
-# ---- output paths (class 4) -------------------------------------------------------------
-
-def test_output_directories_fail_before_any_work(tmp_path):
-    f = tmp_path / "file"
-    f.write_text("x")
-    cases = {f: f"--out {f}: is a file; a directory is needed here",
-             f / "sub": f"--out {f / 'sub'}: {f} is a file, not a directory",
-             "/proc/nanobert-out": "--out /proc/nanobert-out: /proc is a virtual file system; "
-                                   "choose a directory on disk"}
-    for path, msg in cases.items():
-        with pytest.raises(NanobertError) as e:
-            check_output_dir(path)
-        assert str(e.value) == msg
-    check_output_dir(tmp_path / "new" / "deeper")
-    assert not (tmp_path / "new").exists()           # checking creates nothing
-
-
-def test_a_read_only_directory_is_refused(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    try:
-        if os.geteuid() == 0:  # root writes anyway: the probe then rightly succeeds
-            check_output_dir(ro / "out")
-        else:
-            with pytest.raises(NanobertError, match=f"cannot write in {ro}"):
-                check_output_dir(ro / "out")
-    finally:
-        ro.chmod(0o755)
-
-
-def test_output_files_and_image_formats(tmp_path):
-    images = (".png", ".pdf", ".svg")
-    with pytest.raises(NanobertError) as e:
-        check_output_file(tmp_path / "plot.bmp", "--out", images)
-    assert str(e.value) == (f"--out {tmp_path / 'plot.bmp'}: unsupported file type '.bmp' "
-                            "(choose one of .png, .pdf, .svg)")
-    with pytest.raises(NanobertError, match="is a directory; a file name is needed"):
-        check_output_file(tmp_path, "--out")
-    check_output_file(tmp_path / "a" / "plot.PNG", "--out", images)
-
-
 # ---- whole runs: SIGKILL at several moments, older runs, resume mismatch ---------------
 #
 # A killed run is a subprocess stopped with SIGKILL right after it prints a given line;
 # everything else runs in this process. Resuming must end with the very bytes of an
 # uninterrupted run, and nothing may load the directory in between.
 
-import random
-import re
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
-import torch
-
-import nanobert
-from nanobert.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 POS, NEG = "great good fun superb lovely".split(), "bad dull boring awful poor".split()
