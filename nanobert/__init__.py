@@ -18,6 +18,7 @@ transformers' pipelines:
 
     model, tokenizer = nanobert.load("minilm")           # the model itself (nn.Module)
 """
+from . import threads  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
 from .embed import Encoder
 from .files import NanobertError
 from .finetune import FinetuneConfig, Predictor, finetune
@@ -29,12 +30,15 @@ from .train import TrainConfig
 __version__ = "0.1.0"
 
 
-def load(name_or_dir, head="auto", **config_overrides):
+def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
     """(model, tokenizer) from a HF directory, the alias 'minilm', or a hub name.
-    head='auto' takes the checkpoint's head; None gives the bare encoder."""
+    head='auto' takes the checkpoint's head; None gives the bare encoder.
+    dtype="int8": int8 Linear layers for CPU inference (`nanobert.quantize`)."""
     from .checkpoint import load_model, resolve
+    from .quantize import to_dtype
     model = load_model(name_or_dir, head=head, **config_overrides)
-    return model, Tokenizer.from_dir(resolve(name_or_dir))
+    tokenizer = Tokenizer.from_dir(resolve(name_or_dir))
+    return to_dtype(model, dtype, tokenizer), tokenizer
 
 
 __all__ = ["Bert", "BertConfig", "BertModel", "Encoder", "FinetuneConfig", "NanobertError",

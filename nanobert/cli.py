@@ -29,11 +29,13 @@ COMMANDS = {
     "compare-gpt2": "nanobert.gpt2",
     "distill": "nanobert.distill",
     "serve": "nanobert.serve",
+    "export": "nanobert.export",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .config import OneLineParser
+    from .threads import add_threads_flag
     parser = OneLineParser(
         prog="nanobert", description="BERT-style encoders: pretrain, fine-tune, inspect, embed.")
     from . import __version__
@@ -53,16 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         getattr(module, f"{attr}_args")(p)
+        add_threads_flag(p)
         p.set_defaults(func=run)
     return parser
 
 
 def main(argv=None) -> int:
     from .files import NanobertError
+    from .threads import set_threads
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        set_threads(args.threads)
         return args.func(args) or 0
     except NanobertError as e:
         print(f"nanobert: error: {e}", file=sys.stderr)

@@ -64,12 +64,8 @@ def _encoder_rules(layer: str, names: dict, emb: str, extra=()):
 
 def _common_config(d: dict, **renames) -> dict:
     """BERT-named keys (or their renamed equivalents) that BertConfig takes directly."""
-    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "hidden_act", "hidden_dropout_prob",
-            "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-            "layer_norm_eps", "initializer_range", "pad_token_id")
     out = {}
-    for k in keys:
+    for k in BertConfig._HF_KEYS:
         src = renames.get(k, k)
         if src in d and d[src] is not None:
             out[k] = d[src]
@@ -80,21 +76,11 @@ def _common_config(d: dict, **renames) -> dict:
 
 
 def _labels(d: dict, kw: dict) -> dict:
-    if d.get("id2label") is not None:
-        kw["id2label"] = d["id2label"]
-    elif "num_labels" in d:
-        kw["num_labels"] = d["num_labels"]
-    if d.get("problem_type"):
-        kw["problem_type"] = d["problem_type"]
-    return kw
+    return {**kw, **BertConfig.labels_from_hf(d)}
 
 
 def _labels_out(c: BertConfig, d: dict) -> dict:
-    id2label = c.id2label or {i: f"LABEL_{i}" for i in range(c.num_labels)}
-    d["id2label"] = {str(i): lab for i, lab in id2label.items()}
-    d["label2id"] = {lab: i for i, lab in id2label.items()}
-    if c.problem_type:
-        d["problem_type"] = c.problem_type
+    d.update(c.labels_to_hf())
     return d
 
 

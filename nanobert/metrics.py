@@ -14,6 +14,8 @@ import string
 
 import numpy as np
 
+from .files import NanobertError
+
 
 def classification_metrics(gold, pred, num_labels=None) -> dict:
     """gold, pred: sequences of label ids. F1 is the positive class's for two labels
@@ -78,8 +80,16 @@ def squad_metrics(predictions: dict, golds: dict) -> dict:
 
 # ---- regression ---------------------------------------------------------------------
 
-def regression_metrics(gold, pred) -> dict:
+def correlations(gold, pred) -> dict:
+    """Pearson and Spearman correlation of two equal-length score lists (STS, regression)."""
     from scipy.stats import pearsonr, spearmanr
     gold, pred = np.asarray(gold, dtype=float), np.asarray(pred, dtype=float)
-    return {"pearson": float(pearsonr(gold, pred)[0]), "spearman": float(spearmanr(gold, pred)[0]),
-            "mse": float(np.mean((gold - pred) ** 2))}
+    if len(gold) < 2 or np.ptp(gold) == 0 or np.ptp(pred) == 0:
+        raise NanobertError("correlation needs at least two examples and scores that vary")
+    return {"pearson": float(pearsonr(gold, pred)[0]), "spearman": float(spearmanr(gold, pred)[0])}
+
+
+def regression_metrics(gold, pred) -> dict:
+    """The correlations and the mean squared error (for a regression task's dev set)."""
+    gold, pred = np.asarray(gold, dtype=float), np.asarray(pred, dtype=float)
+    return {**correlations(gold, pred), "mse": float(np.mean((gold - pred) ** 2))}

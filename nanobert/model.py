@@ -143,27 +143,41 @@ class BertConfig:
         if missing:
             raise KeyError(", ".join(missing))
         kw = {k: d[k] for k in cls._HF_KEYS if k in d}
-        if d.get("id2label") is not None:
-            kw["id2label"] = d["id2label"]
-        elif "num_labels" in d:
-            kw["num_labels"] = d["num_labels"]
-        for k in ("problem_type", "classifier_dropout"):
-            if d.get(k) is not None:
-                kw[k] = d[k]
+        kw.update(cls.labels_from_hf(d))
+        if d.get("classifier_dropout") is not None:
+            kw["classifier_dropout"] = d["classifier_dropout"]
         for k in ("attn_backend",) + cls._VARIANT_KEYS:
             if f"nanobert_{k}" in d:
                 kw[k] = d[f"nanobert_{k}"]
         return cls(**kw)
 
+    @staticmethod
+    def labels_from_hf(d: dict) -> dict:
+        """The label fields of a config.json of any family: id2label (or num_labels),
+        problem_type."""
+        kw = {}
+        if d.get("id2label") is not None:
+            kw["id2label"] = d["id2label"]
+        elif "num_labels" in d:
+            kw["num_labels"] = d["num_labels"]
+        if d.get("problem_type") is not None:
+            kw["problem_type"] = d["problem_type"]
+        return kw
+
+    def labels_to_hf(self) -> dict:
+        """id2label, label2id (and problem_type) as config.json writes them."""
+        id2label = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
+        d = {"id2label": {str(i): lab for i, lab in id2label.items()},
+             "label2id": {lab: i for i, lab in id2label.items()}}
+        if self.problem_type:
+            d["problem_type"] = self.problem_type
+        return d
+
     def to_hf_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self._HF_KEYS}
         d["model_type"] = "bert"
         d["position_embedding_type"] = "absolute"
-        id2label = self.id2label or {i: f"LABEL_{i}" for i in range(self.num_labels)}
-        d["id2label"] = {str(i): lab for i, lab in id2label.items()}
-        d["label2id"] = {lab: i for i, lab in id2label.items()}
-        if self.problem_type:
-            d["problem_type"] = self.problem_type
+        d.update(self.labels_to_hf())
         if self.classifier_dropout is not None:
             d["classifier_dropout"] = self.classifier_dropout
         d["nanobert_attn_backend"] = self.attn_backend
@@ -623,6 +637,11 @@ class MLMHead(nn.Module):
 HEADS = (None, "mlm", "pretraining", "classify", "regression", "token", "qa")
 
 
+def pair_loss(pair_logits, pair_labels, reduction: str = "mean") -> torch.Tensor:
+    """NSP/SOP: cross-entropy of the two-way sentence-pair classifier, (B, 2) vs (B,)."""
+    return F.cross_entropy(pair_logits.float(), pair_labels, reduction=reduction)
+
+
 @dataclass
 class Output:
     loss: Optional[torch.Tensor] = None
@@ -709,7 +728,7 @@ class Bert(nn.Module):
             if head == "pretraining":
                 out.pair_logits = self.pair(enc.pooler_output)                 # (B, 2)
                 if pair_labels is not None:
-                    pl = F.cross_entropy(out.pair_logits, pair_labels)
+                    pl = pair_loss(out.pair_logits, pair_labels)
                     out.loss = pl if out.loss is None else out.loss + pl
         elif head in ("classify", "regression"):
             out.logits = self.classifier(self.drop(enc.pooler_output))         # (B, C)

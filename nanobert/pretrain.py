@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from .config import Config, add_flags, as_flags, at_least, checked, fraction, param
 from .files import NanobertError, atomic_path, check_output_dir, write_text
 from .masking import IGNORE, Masker, fixed_masks, parse_split, split_name
+from .model import pair_loss
 from .train import TrainConfig
 
 OBJECTIVES = {"mlm": None, "mlm+nsp": "nsp", "mlm+sop": "sop"}
@@ -178,7 +179,7 @@ def mlm_loss_fn(world: int):
             dist.all_reduce(total)
             loss = loss * n * world / total
         if pair_labels is not None:
-            loss = loss + F.cross_entropy(out.pair_logits, pair_labels)
+            loss = loss + pair_loss(out.pair_logits, pair_labels)
         return loss
     return loss_fn
 
@@ -188,7 +189,7 @@ def evaluate_mlm(model, val_batches) -> dict:
     """MLM loss / accuracy / perplexity over the masked tokens of the validation rows
     (and the pair accuracy for NSP/SOP)."""
     device = next(model.parameters()).device
-    loss_sum, n, correct, pair_right, pairs, pair_loss = 0.0, 0, 0, 0, 0, 0.0
+    loss_sum, n, correct, pair_right, pairs, pair_sum = 0.0, 0, 0, 0, 0, 0.0
     for batch in val_batches:
         batch = {k: v.to(device) for k, v in batch.items()}
         pair_labels = batch.pop("pair_labels", None)
@@ -200,13 +201,13 @@ def evaluate_mlm(model, val_batches) -> dict:
         n += len(target)
         if pair_labels is not None:
             pair_right += (out.pair_logits.argmax(-1) == pair_labels).sum().item()
-            pair_loss += F.cross_entropy(out.pair_logits.float(), pair_labels, reduction="sum").item()
+            pair_sum += pair_loss(out.pair_logits, pair_labels, reduction="sum").item()
             pairs += len(pair_labels)
     loss = loss_sum / max(n, 1)
     m = {"loss": loss, "mlm_accuracy": correct / max(n, 1), "perplexity": math.exp(min(loss, 50))}
     if pairs:
         m["pair_accuracy"] = pair_right / pairs
-        m["pair_loss"] = pair_loss / pairs
+        m["pair_loss"] = pair_sum / pairs
     return m
 
 

@@ -25,21 +25,13 @@ import numpy as np
 import torch
 
 from .files import NanobertError
+from .metrics import correlations
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
 
 
 # ----------------------------------------------------------------------------------
 # Metrics
-
-
-def correlations(gold, pred) -> dict:
-    """Pearson and Spearman correlation of two equal-length score lists."""
-    from scipy.stats import pearsonr, spearmanr
-    gold, pred = np.asarray(gold, dtype=float), np.asarray(pred, dtype=float)
-    if len(gold) < 2 or np.ptp(gold) == 0 or np.ptp(pred) == 0:
-        raise NanobertError("correlation needs at least two examples and scores that vary")
-    return {"pearson": float(pearsonr(gold, pred)[0]), "spearman": float(spearmanr(gold, pred)[0])}
 
 
 def ranking(scores: dict) -> list:

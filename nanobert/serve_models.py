@@ -2,8 +2,9 @@
 
 A `Served` model is loaded once and then used from two threads: the tokenize thread
 counts tokens (its own `Tokenizer`, `counter`) and the inference thread computes
-batches through the offline functions with the model's own tokenizer, so requests
-get exactly what `nanobert embed` and `nanobert predict` give. (A `tokenizers`
+batches through the public Python API (`nanobert.Encoder`, `nanobert.Predictor`),
+which runs what `nanobert embed` and `nanobert predict` run, so requests get exactly
+their answers. (A `tokenizers`
 tokenizer switches truncation on and off around each call, so two threads must not
 share one.)
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -49,13 +51,23 @@ class Counts:
 class Served:
     name: str
     path: Path
-    model: object                 # a nanobert.Bert in eval mode
-    tokenizer: object             # used by the inference thread only
-    counter: object               # used by the tokenize thread only
+    engine: object                # a nanobert.Encoder or nanobert.Predictor (public API)
+    counter: object               # a Tokenizer for the tokenize thread only
     task: str                     # a key of TASK_ROUTES
     max_length: int
     settings: dict = field(default_factory=dict)   # the fine-tuning settings (nanobert.json)
-    pooling: Optional[str] = None
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    @property
+    def tokenizer(self):          # the inference thread's
+        return self.engine.tokenizer
+
+    @property
+    def pooling(self) -> Optional[str]:
+        return getattr(self.engine, "pooling", None)
 
     @property
     def hidden_size(self) -> int:
@@ -108,13 +120,11 @@ class Served:
         return getattr(self, f"_run_{kind}")
 
     def _run_embed(self, texts) -> list:
-        from .embed import encode
         # normalised per request afterwards: requests in one batch may differ
-        vecs = encode(self.model, self.tokenizer, texts, self.pooling, normalize=False,
-                      batch_size=len(texts), max_length=self.max_length)
-        return list(vecs)
+        return list(self.engine.encode(texts, batch_size=len(texts), normalize=False))
 
     def _run_logits(self, items) -> list:
+        # raw logits, not `predict`'s rounded probability: /rerank and all_scores need them
         from .data import Example
         from .finetune import encode_classification, run_batches
         examples = [Example(t, p) for t, p in items]
@@ -122,17 +132,15 @@ class Served:
         return run_batches(self.model, features, len(features), self.tokenizer.pad_id or 0)
 
     def _run_ner(self, texts) -> list:
-        from .finetune import predict_ner_text
-        return predict_ner_text(self.model, self.tokenizer, texts, self.max_length,
-                                batch_size=len(texts))
+        return [r["entities"] for r in self.engine.predict(texts)]
 
     def _run_qa(self, examples) -> list:
-        from .finetune import predict_qa
-        answers = predict_qa(self.model, self.tokenizer, examples, self.settings,
-                             batch_size=1 << 30)
-        for a in answers:   # no span found: JSON has no -inf
-            if not math.isfinite(a["score"]):
+        answers = []
+        for r in self.engine.predict(examples):
+            a = {k: r[k] for k in ("answer", "start", "end", "score", "probability")}
+            if not math.isfinite(a["score"]):   # no span found: JSON has no -inf
                 a["score"] = None
+            answers.append(a)
         return answers
 
     # ---- answers -----------------------------------------------------------------------
@@ -186,28 +194,30 @@ def split_spec(spec: str) -> tuple:
 
 
 def load_served(spec: str) -> Served:
-    """Load a model for serving; its task comes from its head (and nanobert.json)."""
+    """Load a model for serving; its task comes from its head (and nanobert.json): a
+    fine-tuned head becomes a `Predictor`, anything else an `Encoder`."""
     import nanobert
     from .checkpoint import resolve
-    from .tokenizer import Tokenizer
     name, where = split_spec(spec)
     if not name:
         raise NanobertError(f"{spec!r}: empty model name (use NAME=PATH)")
     path = resolve(where)
     model, tokenizer = nanobert.load(path)
     task = HEAD_TASKS.get(model.head, "embed")
-    settings, pooling = {}, None
+    settings = {}
     if task in ("classify", "ner", "qa"):
-        from .finetune import load_finetuned
-        model, tokenizer, settings = load_finetuned(path)
+        # one forward per batch: the batcher has already cut it to the token budget
+        engine = nanobert.Predictor(path, batch_size=1 << 30)
+        settings = engine.settings
         max_length = settings["max_length"]
     elif task == "regression":
         from .finetune import TASKS
+        engine = SimpleNamespace(model=model.eval(), tokenizer=tokenizer)
         max_length = min(TASKS["classify"].max_length, model.config.max_position_embeddings)
     else:
-        from .embed import declared_max_length, default_pooling
-        pooling = default_pooling(model)
+        from .embed import declared_max_length
         max_length = min(declared_max_length(path) or tokenizer.model_max_length,
                          model.config.max_position_embeddings)
-    return Served(name, path, model.eval(), tokenizer, Tokenizer.from_dir(path), task,
-                  max_length, settings, pooling)
+        engine = nanobert.Encoder(model, tokenizer, max_length=max_length, name=name)
+    return Served(name, path, engine, nanobert.Tokenizer.from_dir(path), task, max_length,
+                  settings)

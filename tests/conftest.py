@@ -1,6 +1,9 @@
 """Shared fixtures: small models and the offline `minilm` checkpoint."""
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -47,3 +50,44 @@ def random_batch(B=4, T=12, vocab=1000, seed=0, min_len=3):
     ids = ids * mask
     types = (torch.arange(T)[None] >= (lengths[:, None] // 2)).long() * mask
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+# ---- a small pretraining corpus (test_corpus, test_pretrain) ---------------------------
+
+WORDS = ("cat dog bird fish horse cow sheep goat lion tiger big small red blue happy sad "
+         "garden house river forest field city market school sees eats chases likes").split()
+
+
+def write_corpus(path: Path, n_docs=60, seed=0):
+    """Documents of 1-3 paragraphs of random sentences; a blank line ends each."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_docs):
+        for _ in range(rng.randint(1, 3)):
+            sents = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + "."
+                     for _ in range(rng.randint(2, 5))]
+            lines.append(" ".join(sents))
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    write_corpus(d / "a.txt", 40, seed=1)
+    (d / "sub").mkdir()
+    write_corpus(d / "sub" / "b.txt", 30, seed=2)
+    (d / ".hidden").write_text("ignored\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def loaded_corpus(corpus_dir, tmp_path_factory):
+    """(tokenizer, train, validation) of `corpus_dir` via load_corpus, and its cache dir."""
+    from nanobert.corpus import load_corpus
+    cache = tmp_path_factory.mktemp("cache")
+    return load_corpus([corpus_dir], None, vocab_size=120, val_fraction=0.1, seed=0,
+                       cache_dir=cache, log=lambda *a: None), cache
+
+

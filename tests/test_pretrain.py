@@ -1,4 +1,5 @@
-"""Pretraining: corpus reading, packing, NSP/SOP pairs, exact resume, fill-mask, DDP."""
+"""Pretraining: the run, exact resume, fill-mask, the masking ablation, DDP (the corpus,
+packing and pairs are in test_corpus.py)."""
 import json
 import os
 import random
@@ -10,47 +11,12 @@ import numpy as np
 import pytest
 
 from nanobert.cli import main
-from nanobert.corpus import (NSP, SOP, PretrainData, StreamingCorpus, corpus_files, holdout,
-                             iter_documents, load_corpus, make_pairs, pack)
 from nanobert.pretrain import PretrainConfig, run_pretrain
 
+from conftest import write_corpus
+
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = ("cat dog bird fish horse cow sheep goat lion tiger big small red blue happy sad "
-         "garden house river forest field city market school sees eats chases likes").split()
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
-
-
-def write_corpus(path: Path, n_docs=60, seed=0):
-    """Documents of 1-3 paragraphs of random sentences; a blank line ends each."""
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(n_docs):
-        for _ in range(rng.randint(1, 3)):
-            sents = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + "."
-                     for _ in range(rng.randint(2, 5))]
-            lines.append(" ".join(sents))
-        lines.append("")
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    write_corpus(d / "a.txt", 40, seed=1)
-    (d / "sub").mkdir()
-    write_corpus(d / "sub" / "b.txt", 30, seed=2)
-    (d / ".hidden").write_text("ignored\n")
-    return d
-
-
-@pytest.fixture(scope="module")
-def loaded(corpus_dir, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    return load_corpus([corpus_dir], None, vocab_size=120, val_fraction=0.1, seed=0,
-                       cache_dir=cache, log=lambda *a: None), cache
 
 
 def args_for(corpus, out, **kw):
@@ -72,98 +38,6 @@ def records(out, kind):
 
 
 # ---- reading and packing -------------------------------------------------------------
-
-def test_documents_and_files(corpus_dir, tmp_path):
-    files = corpus_files([corpus_dir])
-    assert [f.name for f in files] == ["a.txt", "b.txt"]      # sorted, recursive, no hidden
-    f = tmp_path / "d.txt"
-    f.write_text("one\ntwo\n\n  \nthree\n\n\nfour", encoding="utf-8")
-    assert list(iter_documents([f])) == [["one", "two"], ["three"], ["four"]]
-
-
-def test_holdout_is_seeded_and_disjoint():
-    tr, va = holdout(50, 0.1, seed=3)
-    assert len(va) == 5 and not set(tr) & set(va) and len(tr) + len(va) == 50
-    assert np.array_equal(holdout(50, 0.1, seed=3)[1], va)
-
-
-def test_tokenize_cache_and_pack(loaded):
-    (tok, train, val), cache = loaded
-    assert train.n_docs + val.n_docs == 70 and val.n_docs == 7
-    assert len(list(cache.glob("tokens-*.npz"))) == 1
-    spans = pack(train, 30)
-    assert (spans[:, 1] - spans[:, 0] <= 30).all() and (spans[:, 1] > spans[:, 0]).all()
-    # every token is in exactly one span, and no span crosses a document boundary
-    assert spans[0, 0] == 0 and spans[-1, 1] == train.n_tokens
-    assert (spans[1:, 0] == spans[:-1, 1]).all()
-    ends = train.sents[train.docs[1:]]
-    doc_of = np.searchsorted(ends, spans[:, 0], side="right")
-    assert (spans[:, 1] <= ends[doc_of]).all()
-
-
-def test_cache_hit_gives_the_same_corpus(corpus_dir, tmp_path):
-    logs = []
-    a = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
-    b = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
-    assert any("from cache" in m for m in logs)
-    assert np.array_equal(a[1].ids, b[1].ids) and a[0].tk.to_str() == b[0].tk.to_str()
-
-
-def test_mlm_rows(loaded):
-    (tok, train, _), _ = loaded
-    data = PretrainData(train, tok, seq_len=32)
-    b = data.rows(0, [0, 1, 2])
-    ids, mask = b["input_ids"], b["attention_mask"]
-    assert ids.shape == (3, 32) and (ids[:, 0] == tok.cls_id).all()
-    for r in range(3):
-        n = int(mask[r].sum())
-        assert ids[r, n - 1] == tok.sep_id and (ids[r, n:] == tok.pad_id).all()
-    assert sorted(data.order(0)) == list(range(len(data)))
-    assert not np.array_equal(data.order(0), data.order(1))
-
-
-@pytest.mark.parametrize("kind", [NSP, SOP])
-def test_pairs_balanced_and_correct(loaded, kind):
-    (tok, train, _), _ = loaded
-    chunks = pack(train, 29)
-    pairs = make_pairs(train, chunks, kind, np.random.default_rng(0))
-    assert len(pairs) > 150
-    labels = pairs[:, 4]
-    assert abs(labels.mean() - 0.5) < 0.1
-    ends = train.sents[train.docs[1:]]
-    doc = lambda t: int(np.searchsorted(ends, t, side="right"))  # noqa: E731
-    for a0, a1, b0, b1, y in pairs.tolist():
-        assert a1 > a0 and b1 > b0 and (a1 - a0) + (b1 - b0) <= 29
-        if kind == NSP:
-            if y == 0:
-                assert b0 == a1 and doc(a0) == doc(b0)              # B continues A
-            else:
-                assert doc(a0) != doc(b0)                           # B from another document
-        else:
-            assert doc(a0) == doc(b0)
-            assert (b0 == a1) if y == 0 else (b1 == a0)            # in order / swapped
-    # rows: [CLS] A [SEP] B [SEP], segment 1 on B
-    data = PretrainData(train, tok, 32, pairs=kind)
-    b = data.rows(0, [0])
-    ids, types = b["input_ids"][0], b["token_type_ids"][0]
-    a0, a1, b0, b1, y = data.pair_rows(0)[0].tolist()
-    la, lb = a1 - a0, b1 - b0
-    assert ids[la + 1] == tok.sep_id and ids[la + lb + 2] == tok.sep_id
-    assert types[:la + 2].sum() == 0 and (types[la + 2:la + lb + 3] == 1).all()
-    assert b["pair_labels"].tolist() == [y]
-
-
-def test_streaming_corpus_reads_everything_once_per_pass(corpus_dir, loaded):
-    (tok, _, _), _ = loaded
-    s = StreamingCorpus(corpus_files([corpus_dir]), tok, 32, val_fraction=0.1, seed=0, buffer=16)
-    val = s.validation(1000)
-    train = list(s._sequences(validation=False))
-    it = s.stream()
-    first_pass = [next(it) for _ in range(len(train))]
-    key = lambda x: x.tobytes()  # noqa: E731
-    assert sorted(map(key, first_pass)) == sorted(map(key, train))  # a shuffled full pass
-    assert val and all(len(x) <= 30 for x in train + val)
-
 
 # ---- bad input -------------------------------------------------------------------------
 

@@ -1,0 +1,146 @@
+"""`nanobert export`: a model as ONNX, for ONNX Runtime, OpenVINO or a serving stack.
+
+    nanobert export --format onnx runs/sst2 exported/sst2 [--dtype int8]
+
+OUT becomes a model directory: config.json, model.safetensors and the tokenizer files
+(so nanobert and transformers still load it), plus `model.onnx` (fp32) and, with
+`--dtype int8`, `model_quantized.onnx` (ONNX Runtime's dynamic int8 of the same graph:
+int8 weights per output channel, activations quantized per call).
+
+The graph takes input_ids, attention_mask and token_type_ids, each (batch, sequence)
+int64 with both axes dynamic (families without segments, DistilBERT and ModernBERT,
+take no token_type_ids), and returns the head's outputs under transformers' names
+(OUTPUTS). It is traced from the padded layout (`attn_backend="sdpa"`): the unpadded
+layout gathers a data-dependent number of tokens and loops over length groups in
+Python, which a static graph cannot hold. On real (non-padding) positions the outputs
+equal nanobert's to 1e-4; what a graph writes on padding positions is unspecified.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .files import NanobertError, atomic_path
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+BT, B = {0: "batch", 1: "sequence"}, {0: "batch"}
+# head -> its outputs, each with its dynamic axes
+OUTPUTS = {
+    None: {"last_hidden_state": BT, "pooler_output": B},
+    "mlm": {"logits": BT},
+    "pretraining": {"logits": BT, "pair_logits": B},
+    "classify": {"logits": B},
+    "regression": {"logits": B},
+    "token": {"logits": BT},
+    "qa": {"start_logits": BT, "end_logits": BT},
+}
+# families whose graphs are checked against nanobert (tests/test_export.py). DeBERTa's
+# relative-position index is traced with the example's length and fails on others.
+FAMILIES = ("bert", "roberta", "albert", "distilbert", "modernbert")
+OPSET = 17
+
+
+class _Graph(nn.Module):
+    """The model with plain tensor inputs and a tuple of the head's outputs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        out = self.model(input_ids, attention_mask, token_type_ids)
+        named = {"last_hidden_state": out.hidden.last_hidden_state,
+                 "pooler_output": out.hidden.pooler_output, "logits": out.logits,
+                 "pair_logits": out.pair_logits, "start_logits": out.start_logits,
+                 "end_logits": out.end_logits}
+        return tuple(named[k] for k in OUTPUTS[self.model.head])
+
+
+def check_exportable(model) -> None:
+    """A one-line NanobertError for a model the exporter does not cover."""
+    family, head = model.config.family, model.head
+    if getattr(model, "dtype_name", "float32") != "float32":
+        raise NanobertError("export takes the fp32 model; ask for int8 with --dtype int8 "
+                            "(ONNX Runtime quantizes the exported graph)")
+    if family not in FAMILIES:
+        raise NanobertError(f"ONNX export supports the families {', '.join(FAMILIES)}; "
+                            f"this model is {family}")
+    if head not in OUTPUTS:
+        raise NanobertError(f"ONNX export has no outputs for head {head!r}")
+
+
+def onnx_bytes(model, opset: int = OPSET) -> bytes:
+    """The fp32 ONNX graph of `model` (its weights are not changed)."""
+    check_exportable(model)
+    graph = _Graph(copy.deepcopy(model)).eval()
+    graph.model.config.attn_backend = "sdpa"    # the padded layout: a static graph
+    example = {"input_ids": torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0]]),
+               "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
+               "token_type_ids": torch.zeros(2, 4, dtype=torch.long)}
+    names = list(OUTPUTS[model.head])
+    axes = {k: BT for k in INPUTS} | OUTPUTS[model.head]
+    f = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        # the TorchScript exporter: the dynamo one needs onnxscript, which we do not ship
+        warnings.simplefilter("ignore")
+        torch.onnx.export(graph, tuple(example[k] for k in INPUTS), f, dynamo=False,
+                          input_names=list(INPUTS), output_names=names, dynamic_axes=axes,
+                          opset_version=opset)
+    return f.getvalue()
+
+
+def quantize_onnx(src: Path, dst: Path) -> None:
+    """ONNX Runtime's dynamic int8: int8 weights per channel, activations per call."""
+    import logging
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    root = logging.getLogger()
+    level, root.level = root.level, logging.ERROR  # its advice to pre-process the graph
+    try:
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True)
+    finally:
+        root.setLevel(level)
+
+
+def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
+    """Write the model directory `out_dir` with model.onnx (and model_quantized.onnx for
+    dtype "int8"). Returns the path of the graph asked for."""
+    from .checkpoint import save_model
+    if dtype not in ("float32", "int8"):
+        raise NanobertError(f"--dtype {dtype!r}: choose float32 or int8")
+    data = onnx_bytes(model)
+    out_dir = Path(out_dir)
+    save_model(model, out_dir, tokenizer=tokenizer)
+    with atomic_path(out_dir / "model.onnx") as tmp:
+        tmp.write_bytes(data)
+    if dtype == "float32":
+        return out_dir / "model.onnx"
+    with atomic_path(out_dir / "model_quantized.onnx") as tmp:
+        quantize_onnx(out_dir / "model.onnx", tmp)
+    return out_dir / "model_quantized.onnx"
+
+
+# --format values
+EXPORTERS = {"onnx": export_onnx}
+
+
+def export_args(p):
+    p.add_argument("model", help="model directory, 'minilm', or a hub name")
+    p.add_argument("out", help="directory to write (the model files plus the graph)")
+    p.add_argument("--format", choices=sorted(EXPORTERS), default="onnx",
+                   help="what to export to")
+    p.add_argument("--dtype", default="float32", choices=("float32", "int8"),
+                   help="int8: also write model_quantized.onnx (ONNX Runtime dynamic int8)")
+
+
+def export_cmd(args):
+    """Export a model to ONNX (dynamic batch and sequence axes; optional int8)."""
+    from . import load
+    model, tokenizer = load(args.model)
+    path = EXPORTERS[args.format](model, args.out, tokenizer, args.dtype)
+    print(f"wrote {path} (outputs: {', '.join(OUTPUTS[model.head])})")
+    return 0

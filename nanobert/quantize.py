@@ -1,0 +1,153 @@
+"""int8 inference: 8-bit weights, activations quantized on the fly, fp32 everywhere else.
+
+What `quantize(model, calibration)` changes: the four Linear layers of every block
+(fused QKV, the attention output, the FFN up and down projections), which hold 95% of
+the model's multiply-adds. Each weight matrix is rounded once to int8 with one scale
+per output row. At run time each input matrix is quantized to 8 bits with a scale from
+its own min and max (dynamic quantization), multiplied in int8 with int32 sums, and
+comes back as fp32 with the bias added, inside one fbgemm kernel. Embeddings,
+LayerNorm, softmax, GELU, the pooler and the task heads stay fp32, so the unpadded
+layout and the attention backends work unchanged.
+
+Outlier channels. One scale per input matrix is what makes the kernel fast, and BERT
+is hostile to it: a few hidden channels carry values 10-100x the others on special
+tokens ([CLS], [SEP]); in minilm channel 99 reaches 28 where the median token peaks
+near 3. That one value sets the scale of the whole batch, and the short sentences lose
+their precision (sentence-embedding cosine to fp32 fell to 0.97). So each Linear keeps
+the `OUTLIERS` input channels with the largest values on a calibration batch in fp32:
+they are zeroed before quantizing and added back as a rank-k fp32 product. The channels
+are a property of the weights (they appear on any text), so a few sentences find them.
+
+Why torch's own kernels (`torch.ops.quantized.linear_dynamic`, fbgemm) and not torchao:
+on this repository's 2-core AVX-512 VNNI machine a (800 x 384) @ (384 x 1536) product
+ran at about 330 G int8-ops/s through fbgemm and 45-100 through torchao 0.18's
+`Int8DynamicActivationInt8WeightConfig` in eager mode, which quantizes the activation
+in separate passes (docs/deploy.md). Without VNNI, fbgemm's 8-bit products pair up in
+16-bit sums that can saturate, so activations then use 7 bits (`reduce_range`).
+
+An int8 model is for inference only: its Linear layers have no gradients and it is
+not saved; keep the fp32 checkpoint and quantize when loading:
+`nanobert.load(name, dtype="int8")`.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from .files import NanobertError
+
+# the Linear layers of a block that are quantized (names inside nanobert.model.Block)
+QUANTIZED = ("attn.qkv", "attn.proj", "up", "down")
+OUTLIERS = 4  # input channels per Linear kept in fp32 (cosine to fp32 0.994 vs 0.970 with 0)
+
+# A few ordinary sentences: enough text to find the outlier channels (see above).
+CALIBRATION = [
+    "The film was shown at the festival last spring and nobody left before the end.",
+    "Is the train to the airport running late again?",
+    "She bought three apples, a loaf of bread and some cheese.",
+    "Prices rose by 4.5% in March, the fastest increase since 2019.",
+    "what a boring , predictable mess .",
+    "The committee will meet on Tuesday to discuss the new budget proposal.",
+    "He said he would call back, but he never did.",
+    "Quantum computers use qubits, which can be in a superposition of states.",
+]
+
+
+def _has_vnni() -> bool:
+    """Does the CPU have 8-bit dot products with 32-bit sums (AVX512-VNNI / AVX-VNNI)?"""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b: W int8 per output row, x quantized per call, except the input
+    channels `outliers`, which are multiplied in fp32."""
+
+    def __init__(self, linear: nn.Linear, outliers: torch.Tensor, reduce_range: bool):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float().clone()                       # (out, in)
+        self.register_buffer("outliers", outliers)                       # (k,)
+        self.register_buffer("w_outliers", w[:, outliers].t().contiguous())  # (k, out)
+        w[:, outliers] = 0
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()        # (out,)
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        with warnings.catch_warnings():  # torch marks its quantized tensors deprecated
+            warnings.simplefilter("ignore")
+            qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(qw, bias)
+        self.reduce_range = reduce_range
+
+    def forward(self, x):  # (..., in) fp32 -> (..., out) fp32
+        if not len(self.outliers):
+            return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+        big = x[..., self.outliers]                                      # (..., k)
+        y = torch.ops.quantized.linear_dynamic(x.index_fill(-1, self.outliers, 0),
+                                               self.packed, self.reduce_range)
+        y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]), self.w_outliers)
+        return y
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int8, {len(self.outliers)} fp32 channels")
+
+
+def _input_peaks(model: nn.Module, batch: dict) -> dict:
+    """(block index, layer name) -> the largest |input| of each channel on `batch`."""
+    peaks, hooks = {}, []
+    for i, block in enumerate(model.bert.blocks):
+        for name in QUANTIZED:
+            def hook(module, inputs, key=(i, name)):
+                peaks[key] = inputs[0].detach().abs().flatten(0, -2).amax(0)
+            hooks.append(block.get_submodule(name).register_forward_pre_hook(hook))
+    try:
+        with torch.inference_mode():
+            model.bert(**batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return peaks
+
+
+def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.Module:
+    """Swap the block Linear layers of a nanobert `Bert` for Int8Linear, in place, and
+    put it in eval mode. `tokenizer` encodes the calibration sentences that find the
+    outlier channels (none are kept without it). Returns the model."""
+    if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+        raise NanobertError("--dtype int8 needs torch's quantized CPU kernels (fbgemm), "
+                            "which this torch build lacks; use --dtype float32")
+    if getattr(model, "dtype_name", "float32") == "int8":
+        return model
+    model.eval()
+    peaks = _input_peaks(model, tokenizer(CALIBRATION)) if tokenizer and outliers else {}
+    reduce_range = not _has_vnni()
+    for i, block in enumerate(model.bert.blocks):
+        for name in QUANTIZED:
+            parent_name, _, attr = name.rpartition(".")
+            parent = block.get_submodule(parent_name)
+            linear = getattr(parent, attr)
+            keep = peaks[i, name].topk(outliers).indices.sort().values if peaks else \
+                torch.zeros(0, dtype=torch.long)
+            setattr(parent, attr, Int8Linear(linear, keep, reduce_range))
+    model.dtype_name = "int8"
+    return model
+
+
+# --dtype values: what each does to a loaded fp32 model (and its tokenizer)
+DTYPES = {
+    "float32": lambda model, tokenizer: model,
+    "int8": quantize,
+}
+
+
+def to_dtype(model: nn.Module, dtype: str, tokenizer=None) -> nn.Module:
+    if dtype not in DTYPES:
+        raise NanobertError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype](model, tokenizer)

@@ -1,0 +1,55 @@
+"""CPU threads: how many torch uses, and what its idle threads do while they wait.
+
+torch's CPU kernels run on an OpenMP team (GNU libgomp in the pip wheels). Between two
+parallel operators the idle threads spin on their core for a while before sleeping,
+which is free on an idle machine and a disaster on a busy one: when another process
+holds one of the two cores, every operator waits for a thread that is not running, and
+the spinning threads steal the time it needs. Measured on the 2-core machine of
+BENCHMARKS.md with other jobs running: minilm forward on 6 SST-2 batches took 4.2 s on
+1 thread, 17.5 s on 2 threads with the default waiting, and 4.4 s on 2 threads with
+OMP_WAIT_POLICY=PASSIVE (idle threads sleep at once). `bench/cpu_threads.py` measures
+it on your machine.
+
+So nanobert sets OMP_WAIT_POLICY=PASSIVE when it is imported (unless you set it
+yourself; it only takes effect if nanobert is imported before torch) and uses every
+core it may run on; `--threads N` (every command) or `set_threads(N)` overrides the
+count. One thread is the safe choice when several jobs share the cores by design.
+"""
+from __future__ import annotations
+
+import os
+
+# must happen before libgomp loads, i.e. before the first `import torch`
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (taskset / cgroup affinity), else all."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(n: int | None = None) -> int:
+    """Use `n` threads for torch's CPU kernels (None: every available core).
+    Returns the count set."""
+    import torch
+
+    from .files import NanobertError
+    if n is None:
+        n = available_cores()
+    if n < 1:
+        raise NanobertError(f"--threads {n}: must be 1 or more (this machine has "
+                            f"{available_cores()} cores)")
+    torch.set_num_threads(n)
+    return n
+
+
+def add_threads_flag(parser) -> None:
+    """The --threads flag every command takes (kept as is where a command has its own)."""
+    if "--threads" in parser._option_string_actions:
+        return
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads for torch (default: every available core; idle "
+                             "threads sleep, so a busy machine does not stall them)")

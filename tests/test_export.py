@@ -1,0 +1,94 @@
+"""ONNX export: every head of every supported family gives nanobert's outputs in ONNX
+Runtime, on shapes other than the one traced; the int8 graph stays close; what the
+exporter does not cover is refused in one line."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import nanobert
+from nanobert import NanobertError
+from nanobert.export import FAMILIES, INPUTS, OUTPUTS, export_onnx, onnx_bytes
+from nanobert.model import HEADS
+from conftest import random_batch
+
+ort = pytest.importorskip("onnxruntime")
+TOL = 1e-4
+VARIANT = {"bert": "tiny", "roberta": "roberta-tiny", "albert": "albert-tiny",
+           "distilbert": "distilbert-tiny", "modernbert": "modernbert-tiny"}
+
+
+def small_model(family, head):
+    torch.manual_seed(0)
+    extra = dict(local_attention=4) if family == "modernbert" else {}  # windows < length
+    cfg = nanobert.preset(VARIANT[family], vocab_size=99, hidden_size=32, num_attention_heads=4,
+                          intermediate_size=37, max_position_embeddings=80, **extra)
+    return nanobert.Bert(cfg, head).eval()
+
+
+def run_both(model, session, B=3, T=11, seed=1):
+    """ONNX Runtime's and nanobert's outputs, on real positions where per token."""
+    batch = random_batch(B=B, T=T, vocab=99, seed=seed)
+    if model.config.type_vocab_size < 2:  # one segment (RoBERTa) or none
+        batch["token_type_ids"].zero_()
+    feed = {i.name: batch[i.name].numpy() for i in session.get_inputs()}
+    if "token_type_ids" not in feed:  # families without segments
+        batch["token_type_ids"] = None
+    with torch.no_grad():
+        out = model(*(batch[k] for k in INPUTS))
+    refs = {"last_hidden_state": out.hidden.last_hidden_state,
+            "pooler_output": out.hidden.pooler_output, "logits": out.logits,
+            "pair_logits": out.pair_logits, "start_logits": out.start_logits,
+            "end_logits": out.end_logits}
+    mask = batch["attention_mask"].bool().numpy()
+    pairs = []
+    for name, got in zip([o.name for o in session.get_outputs()], session.run(None, feed)):
+        want = refs[name].numpy()
+        if got.ndim >= 2 and got.shape[:2] == mask.shape:
+            got, want = got[mask], want[mask]
+        pairs.append((name, got, want))
+    return pairs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("head", HEADS)
+def test_onnx_matches_nanobert_on_new_shapes(family, head, one_thread):
+    model = small_model(family, head)
+    session = ort.InferenceSession(onnx_bytes(model), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == list(OUTPUTS[head])
+    for B, T, seed in ((3, 11, 1), (1, 5, 2), (6, 23, 3)):  # traced with (2, 4)
+        for name, got, want in run_both(model, session, B, T, seed):
+            assert got.shape == want.shape, name
+            assert np.abs(got - want).max() < TOL, (name, B, T)
+
+
+def test_export_directory_and_int8(tmp_path, minilm, one_thread):
+    model, tok = minilm
+    path = export_onnx(model, tmp_path / "out", tok, dtype="int8")
+    assert path.name == "model_quantized.onnx"
+    for f in ("model.onnx", "config.json", "model.safetensors", "tokenizer.json"):
+        assert (tmp_path / "out" / f).is_file(), f
+    batch = tok(["a gripping , funny film .", "it is not good at all , sadly ."])
+    feed = {k: batch[k].numpy() for k in INPUTS}
+    with torch.no_grad():
+        want = model.bert(**batch).pooler_output.numpy()
+    fp32, int8 = (ort.InferenceSession(str(tmp_path / "out" / f),
+                                       providers=["CPUExecutionProvider"]).run(None, feed)[1]
+                  for f in ("model.onnx", "model_quantized.onnx"))
+    assert np.abs(fp32 - want).max() < TOL
+    cos = (int8 * want).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(want, axis=1)
+    assert 0.95 < cos.min() and np.abs(int8 - want).max() > 1e-6  # quantized, and close
+    reloaded, _ = nanobert.load(tmp_path / "out")                  # still a model directory
+    assert torch.equal(reloaded.bert.emb.tok.weight, model.bert.emb.tok.weight)
+
+
+def test_refusals_are_one_line(one_thread):
+    cfg = nanobert.preset("deberta-tiny", vocab_size=99, hidden_size=32, num_attention_heads=4,
+                          intermediate_size=37)
+    with pytest.raises(NanobertError, match="deberta-v2") as e:
+        onnx_bytes(nanobert.Bert(cfg, "classify"))
+    assert "\n" not in str(e.value)
+    int8 = nanobert.quantize.quantize(small_model("bert", "classify"))
+    with pytest.raises(NanobertError, match="fp32"):
+        onnx_bytes(int8)

@@ -1,0 +1,56 @@
+"""int8 inference: the block Linear layers become int8 with outlier channels in fp32;
+the results stay close to fp32 (and closer than without the outlier channels)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import nanobert
+from nanobert import NanobertError
+from nanobert.quantize import Int8Linear, quantize
+
+SENTENCES = ["cool ?", "oh come on .", "a gripping , funny and moving film about growing up .",
+             "the plot is thin and the jokes fall flat , but the cast is great fun to watch ."]
+
+
+def test_int8_linear_close_and_outliers_help(one_thread):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48)
+    x = torch.randn(40, 64)
+    x[:4, 7] = 60.0  # a massive channel on a few tokens, as BERT has on [CLS]/[SEP]
+    want = lin(x).detach()
+    plain = Int8Linear(lin, torch.zeros(0, dtype=torch.long), reduce_range=False)(x)
+    kept = Int8Linear(lin, torch.tensor([7]), reduce_range=False)(x)
+    err_plain, err_kept = ((y - want).abs().max().item() for y in (plain, kept))
+    assert err_kept < 0.05 * want.abs().max().item()
+    assert err_kept < err_plain / 3
+    assert kept.shape == want.shape and Int8Linear(lin, torch.tensor([7]), False)(
+        x.view(4, 10, 64)).shape == (4, 10, 48)
+
+
+def test_minilm_int8_embeddings_and_layers(minilm, one_thread):
+    model, tok = minilm
+    q = quantize(copy.deepcopy(model), tok)
+    block = q.bert.blocks[0]
+    assert all(isinstance(m, Int8Linear) for m in (block.attn.qkv, block.attn.proj,
+                                                   block.up, block.down))
+    assert isinstance(q.bert.pooler.dense, nn.Linear)          # heads stay fp32
+    assert len(block.up.outliers) == 4
+    batch = tok(SENTENCES)
+    with torch.inference_mode():
+        a, b = model.bert(**batch), q.bert(**batch)
+    m = batch["attention_mask"].unsqueeze(-1)
+    mean = [(h.last_hidden_state * m).sum(1) / m.sum(1) for h in (a, b)]
+    cos = torch.cosine_similarity(*mean)
+    assert cos.min() > 0.99, cos
+    assert (mean[0] - mean[1]).abs().max() > 1e-5               # really quantized
+
+
+def test_load_dtype(minilm_dir, one_thread):
+    model, _ = nanobert.load(minilm_dir, head=None, dtype="int8")
+    assert model.dtype_name == "int8" and not model.training
+    with pytest.raises(NanobertError, match="int8"):
+        nanobert.load(minilm_dir, dtype="int4")
