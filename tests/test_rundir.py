@@ -310,15 +310,18 @@ def pretrained(fixture_dir):
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("moment", [r"^model: ", r"^step 8: "])
-def test_pretrain_killed_over_an_older_model(fixture_dir, pretrained, tmp_path, capsys, moment):
-    """The older model's weights never sit beside the new vocabulary."""
+@pytest.mark.parametrize("moment, older", [(r"^model: ", True), (r"^step 8: ", True),
+                                           (r"^step 4: ", False)])
+def test_pretrain_killed_then_resumed(fixture_dir, pretrained, tmp_path, capsys, moment, older):
+    """Into a fresh directory, or over an older model: the older weights never sit
+    beside the new vocabulary, and the resumed run ends as if never stopped."""
     out = tmp_path / "run"
-    assert main(pt(fixture_dir, out, **{"--vocab-size": 50, "--steps": 4})) == 0  # older run
-    before = tree(out)
-    refused(capsys, pt(fixture_dir, out), "already holds a model")
-    assert tree(out) == before                 # the new vocabulary was not written
-    killed_at(moment, *pt(fixture_dir, out), "--overwrite")
+    if older:
+        assert main(pt(fixture_dir, out, **{"--vocab-size": 50, "--steps": 4})) == 0
+        before = tree(out)
+        refused(capsys, pt(fixture_dir, out), "already holds a model")
+        assert tree(out) == before             # the new vocabulary was not written
+    killed_at(moment, *pt(fixture_dir, out), *(["--overwrite"] if older else []))
     assert (out / "vocab.txt").read_bytes() == (pretrained / "vocab.txt").read_bytes()
     refused(capsys, ["fill-mask", "--model", str(out), "the [MASK] was good"],
             "the pretrain run writing this directory did not finish", "--resume")
