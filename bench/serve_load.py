@@ -12,7 +12,11 @@ Starlette app whose endpoint calls `SentenceTransformer.encode(texts,
 normalize_embeddings=True)` in the thread pool, as a FastAPI `def` endpoint does.
 
 Contestants alternate per setting (nanobert, peer, nanobert, peer ... with --rounds),
-so a change in the machine's load hits both. Then: overload (a nanobert server limited
+so a change in the machine's load hits both. Besides wall-clock throughput, each row
+records the server process's CPU time per answered request: on a machine shared with
+other jobs the scheduler shares a core per thread, so a server with forty busy threads
+(the peer's thread pool) takes a larger slice of a contended core than one with a
+single inference thread; CPU time per request is the cost that does not depend on it. Then: overload (a nanobert server limited
 to --overload-limit requests in flight, driven at 4x that concurrency: every request
 must get 200 or 429, none time out) and a soak (RSS of the nanobert server sampled
 while it serves for --soak seconds). Results: printed, and JSON in bench/results/.
@@ -113,6 +117,12 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -200,9 +210,13 @@ def compare(args, sentences) -> list:
                 for rnd in range(args.rounds):
                     order = list(servers) if rnd % 2 == 0 else list(servers)[::-1]
                     for kind in order:
-                        res = asyncio.run(drive(servers[kind][1], bodies, n, conc, args.timeout))
+                        proc, url = servers[kind]
+                        cpu = cpu_seconds(proc.pid)
+                        res = asyncio.run(drive(url, bodies, n, conc, args.timeout))
+                        cpu_ms = 1000 * (cpu_seconds(proc.pid) - cpu) / max(res["ok"], 1)
                         row = {"server": kind, "inputs": size, "concurrency": conc,
-                               "round": rnd, "load": load_average(), **res}
+                               "round": rnd, "load": load_average(),
+                               "server_cpu_ms_per_request": round(cpu_ms, 1), **res}
                         print(json.dumps(row), flush=True)
                         rows.append(row)
     finally:
@@ -254,19 +268,23 @@ def soak(args, sentences) -> dict:
 def table(rows: list) -> str:
     """Medians over rounds, nanobert vs peer per setting, with the throughput ratio."""
     lines = ["| inputs | concurrency | nanobert req/s | peer req/s | ratio | nanobert p50/p95/p99 ms "
-             "| peer p50/p95/p99 ms | failed (n/p) |", "|" + "---|" * 8]
+             "| peer p50/p95/p99 ms | failed (n/p) | server CPU ms/request (n/p) | CPU ratio |",
+             "|" + "---|" * 10]
     keys = sorted({(r["inputs"], r["concurrency"]) for r in rows})
     for size, conc in keys:
         med = {}
         for kind in ("nanobert", "peer"):
             rs = [r for r in rows if (r["server"], r["inputs"], r["concurrency"]) == (kind, size, conc)]
             med[kind] = {k: statistics.median(r[k] for r in rs)
-                         for k in ("req_per_s", "p50_ms", "p95_ms", "p99_ms", "failed")}
+                         for k in ("req_per_s", "p50_ms", "p95_ms", "p99_ms", "failed",
+                                   "server_cpu_ms_per_request")}
         n, p = med["nanobert"], med["peer"]
         lines.append(f"| {size} | {conc} | {n['req_per_s']:.1f} | {p['req_per_s']:.1f} | "
                      f"{n['req_per_s'] / p['req_per_s']:.2f}x | {n['p50_ms']:.0f}/{n['p95_ms']:.0f}/"
                      f"{n['p99_ms']:.0f} | {p['p50_ms']:.0f}/{p['p95_ms']:.0f}/{p['p99_ms']:.0f} | "
-                     f"{n['failed']:.0f}/{p['failed']:.0f} |")
+                     f"{n['failed']:.0f}/{p['failed']:.0f} | {n['server_cpu_ms_per_request']:.1f}/"
+                     f"{p['server_cpu_ms_per_request']:.1f} | "
+                     f"{p['server_cpu_ms_per_request'] / n['server_cpu_ms_per_request']:.2f}x |")
     return "\n".join(lines)
 
 

@@ -54,6 +54,9 @@ class ServeConfig:
     threads: Optional[int] = None       # torch threads of the inference thread
 
 
+KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
+
+
 class ApiError(Exception):
     """An answer other than 200: status, a one-line message, and the field at fault."""
 
@@ -572,6 +575,19 @@ def config_from_args(args) -> ServeConfig:
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads)
 
 
+def check_address(host: str, port: int):
+    """Fail before loading any model when the address cannot be listened on."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except OSError as e:
+        raise NanobertError(f"cannot listen on --host {host} --port {port} "
+                            f"({e.strerror or e})")
+
+
 def banner(server: Server) -> str:
     c = server.config
     lines = [f"nanobert serve: http://{c.host}:{c.port}", "models:"]
@@ -595,6 +611,7 @@ def serve_cmd(args):
     except ImportError as e:
         raise NanobertError(f"serve needs {e.name}: pip install 'nanobert[serve]'")
     config = config_from_args(args)
+    check_address(config.host, config.port)
     models = [load_served(spec) for spec in args.models]
     names = [m.name for m in models]
     dup = next((n for n in names if names.count(n) > 1), None)
@@ -602,8 +619,11 @@ def serve_cmd(args):
         raise NanobertError(f"two models are named {dup!r}; name them with NAME=PATH")
     server = Server(models, config)
     print(banner(server), flush=True)
+    # idle connections live longer than clients' pools keep them (httpx, aiohttp: 5 s;
+    # uvicorn's default is also 5 s), so a client never reuses one the server is closing
     uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",
-                        timeout_graceful_shutdown=60, access_log=False)
+                        timeout_graceful_shutdown=60, timeout_keep_alive=KEEP_ALIVE_S,
+                        access_log=False)
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that
     # was there before it; this one lets the command finish (status 0, a clean stop)
     stopped_by = []

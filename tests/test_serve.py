@@ -316,6 +316,8 @@ def test_method_and_api_key(server):
 def test_queue_full_is_429_and_sigterm_drains(models):
     s = Running(["minilm"], "--max-concurrent-requests", "1", "--max-batch-tokens", "64")
     try:
+        none = s.post("/classify", {"inputs": "x"})          # only an embedding model here
+        assert none.status_code == 404 and "no model served here" in none.text
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 32}   # 32 batches
         with cf.ThreadPoolExecutor(1) as pool:
             first = pool.submit(s.post, "/embed", slow)
@@ -332,8 +334,16 @@ def test_queue_full_is_429_and_sigterm_drains(models):
         s.close()
 
 
-def test_bad_flag_is_one_line_and_status_2(models):
-    r = subprocess.run([sys.executable, "-m", "nanobert", "serve", "minilm", "--max-batch-tokens",
-                        "0"], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
-    assert "--max-batch-tokens must be" in r.stderr
+@pytest.mark.parametrize("flags, says", [
+    (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
+    (["--port", "BUSY"], "Address already in use"),
+])
+def test_bad_flag_is_one_line_and_status_2(flags, says, capsys):
+    from nanobert.cli import main
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        flags = [str(busy.getsockname()[1]) if f == "BUSY" else f for f in flags]
+        assert main(["serve", "minilm", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and says in err
