@@ -263,9 +263,19 @@ def key_of(run: dict) -> str:
 
 
 def read_runs(path=RUNS) -> list:
+    """The finished runs; a (task, system, seed, recipe) finished twice (two sessions
+    racing) counts once: the first."""
     if not Path(path).is_file():
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    runs, seen = [], set()
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            k = (r["task"], r["system"], r["seed"], key_of(r))
+            if k not in seen:
+                seen.add(k)
+                runs.append(r)
+    return runs
 
 
 def counts(recipe: Recipe, train_path, dev_path, seed: int) -> dict:

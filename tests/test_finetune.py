@@ -163,6 +163,10 @@ def test_ner_overfits_and_predicts_char_spans(tiny_dir, tmp_path, capsys):
     ents = predict_ner_text(model, tok, [text], 24)[0]
     assert [(e["type"], text[e["start"]:e["end"]]) for e in ents] == [("PER", "Carol"), ("LOC", "Rome")]
     assert ents[0]["text"] == "Carol" and 0 < ents[0]["score"] <= 1
+    from nanobert import Predictor
+    tagger = Predictor(out)
+    assert tagger.predict(text) == {"text": text, "entities": ents}      # one in, one out
+    assert tagger.predict([text, "Alice met Bob"])[0]["entities"] == ents  # a list, a list
 
     transformers = pytest.importorskip("transformers")
     hf = transformers.BertForTokenClassification.from_pretrained(out).eval()
