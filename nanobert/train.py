@@ -146,6 +146,17 @@ def _resolve_amp(amp: str, device: torch.device):
     return torch.bfloat16, False
 
 
+def _forget_packed_weights(model: nn.Module):
+    """nanobert.model.Linear keeps a packed copy of its weight for CPU inference, keyed
+    by the weight's version counter; the fused AdamW kernel updates weights in place
+    without moving that counter, so after an update the copies are dropped (otherwise an
+    evaluation would run on the weights of an earlier step)."""
+    from .model import Linear
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.__dict__.pop("_packed", None)
+
+
 def _adamw(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over `param_groups`; the fused kernel (CUDA, and CPU since torch 2.4) is
     several times faster where it exists."""
@@ -254,6 +265,7 @@ class Trainer:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        _forget_packed_weights(self.model)
         self.step += 1
         return loss
 
