@@ -200,9 +200,10 @@ class RowBatches:
         self.tok = tok
         if cross:
             self.cols = [tok.encode_batch([r.texts[0] for r in rows], [r.texts[1] for r in rows],
-                                          max_length=max_length)]
+                                          max_length=max_length, report="training pairs")]
         else:
-            self.cols = [tok.encode_batch([r.texts[c] for r in rows], max_length=max_length)
+            self.cols = [tok.encode_batch([r.texts[c] for r in rows], max_length=max_length,
+                                          report="training texts")
                          for c in range(len(rows[0].texts))]
         self.lengths = [max(len(col[i].ids) for col in self.cols) for i in range(len(rows))]
         self.scores = scores
