@@ -52,12 +52,17 @@ def file_digest(path) -> dict:
     """Size and SHA-256 of a file's content (not its name: a moved file is the same data)."""
     h = hashlib.sha256()
     path = Path(path)
-    if not path.is_file():
+    # a data folder (BEIR: corpus, queries, qrels) is the files in it, by relative name
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    if not path.exists():
         raise NanobertError(f"{path}: no such file")
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"size": path.stat().st_size, "sha256": h.hexdigest()[:24]}
+    for name in files:
+        if path.is_dir():
+            h.update(str(name.relative_to(path)).encode() + b"\0")
+        with open(name, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return {"size": sum(f.stat().st_size for f in files), "sha256": h.hexdigest()[:24]}
 
 
 def fingerprint(task: str, data_files, flags: dict) -> dict:
