@@ -318,7 +318,7 @@ def one_run(name: str, system: str, seed: int, recipe: Recipe, args) -> dict:
 
 def mean_spread(xs) -> str:
     if not xs:
-        return "not run"
+        return "no finished run"
     m = statistics.mean(xs)
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
     seeds = f"{len(xs)} seed{'s' if len(xs) > 1 else ''}"
@@ -387,7 +387,7 @@ def write_table(runs: list, path=TABLE, benchmarks=ROOT / "BENCHMARKS.md"):
     between its two marker lines."""
     from nanobert.files import write_text
     note = (f"Mean ± sample standard deviation over seeds of the dev metric after the last "
-            f"epoch; 'not run' marks cells with no finished run. Table written {today()}.\n\n")
+            f"epoch; 'no finished run' marks cells without a finished run (running or not started). Table written {today()}.\n\n")
     write_text(path, "# Quality at real scale: nanobert vs transformers\n\nWritten by "
                "`python bench/quality_vs_hf.py --table` from `bench/results/quality_runs.jsonl`. "
                + note + table(runs) + "\n## Every run\n\n" + per_seed(runs))
