@@ -31,6 +31,7 @@ import torch
 from .batching import restore_order, sorted_batches
 from .config import at_least, checked
 from .files import NanobertError, atomic_path, read_lines
+from .quantize import add_dtype_flag
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
@@ -173,11 +174,11 @@ class Encoder:
 
     def __init__(self, model="minilm", tokenizer=None, pooling: Optional[str] = None,
                  normalize: bool = True, batch_size: int = 64, max_length: Optional[int] = None,
-                 name: str = ""):
+                 name: str = "", dtype: str = "float32"):
         if isinstance(model, (str, Path)):
             from . import load
             name = name or str(model)
-            model, tokenizer = load(model, head=None)
+            model, tokenizer = load(model, head=None, dtype=dtype)
         elif tokenizer is None:
             raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -201,7 +202,8 @@ class Encoder:
     def identity(self) -> str:
         """A string that changes when the model's weights or the settings change."""
         parts = [f"pooling={self.pooling}", f"normalize={self.normalize}",
-                 f"max_length={self.max_length}"]
+                 f"max_length={self.max_length}",
+                 f"dtype={getattr(self.model, 'dtype_name', 'float32')}"]
         source = getattr(self.model, "source_dir", None)
         if source is not None:
             source = Path(source).resolve()
@@ -326,12 +328,12 @@ def _common(p):
     p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64)
     p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=None,
                    help="truncate texts to this many tokens (default: the model's)")
+    add_dtype_flag(p)
 
 
 def _encoder(args) -> Encoder:
-    return Encoder.from_pretrained(args.model, pooling=args.pooling,
-                                   normalize=not args.no_normalize, batch_size=args.batch_size,
-                                   max_length=args.max_length)
+    return Encoder(args.model, pooling=args.pooling, normalize=not args.no_normalize,
+                   batch_size=args.batch_size, max_length=args.max_length, dtype=args.dtype)
 
 
 def embed_args(p):

@@ -666,12 +666,13 @@ def _reinit_new_head(model, seed):
 # Loading a fine-tuned directory, and predicting with it from Python
 
 
-def load_finetuned(model_dir):
-    """(model in eval mode, tokenizer, settings) of a directory written by finetune."""
+def load_finetuned(model_dir, dtype: str = "float32"):
+    """(model in eval mode, tokenizer, settings) of a directory written by finetune;
+    dtype "int8": its block Linear layers in int8 (nanobert.quantize)."""
     import nanobert
     from .checkpoint import resolve
     d = resolve(model_dir)
-    model, tok = nanobert.load(d)
+    model, tok = nanobert.load(d, dtype=dtype)
     settings = {}
     if (d / "nanobert.json").is_file():
         try:
@@ -687,7 +688,7 @@ def load_finetuned(model_dir):
     settings.setdefault("max_length", min(TASKS[task].max_length,
                                           model.config.max_position_embeddings))
     settings.setdefault("doc_stride", 128)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and dtype == "float32":
         model.cuda()
     return model.eval(), tok, settings
 
@@ -704,8 +705,8 @@ class Predictor:
     One input in, one result out; a list in, a list out. The results are the objects
     `nanobert predict --json` prints."""
 
-    def __init__(self, model_dir, batch_size: int = 64):
-        self.model, self.tokenizer, self.settings = load_finetuned(model_dir)
+    def __init__(self, model_dir, batch_size: int = 64, dtype: str = "float32"):
+        self.model, self.tokenizer, self.settings = load_finetuned(model_dir, dtype)
         self.task = TASKS[self.settings["task"]]
         self.batch_size = batch_size
 
@@ -740,9 +741,11 @@ def finetune_cmd(args):
 
 def _model_flags(p):
     from .config import add_flags, at_least, checked
+    from .quantize import add_dtype_flag
     p.add_argument("--model", required=True, help="a fine-tuned model directory")
     p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64,
                    help="examples per inference batch")
+    add_dtype_flag(p)
     add_flags(p, ColumnsConfig)
 
 
@@ -759,7 +762,7 @@ def evaluate_args(p):
 
 def evaluate_cmd(args):
     """Evaluate a fine-tuned model on a labelled file (accuracy/F1/MCC, entity F1, EM/F1)."""
-    model, tok, settings = load_finetuned(args.model)
+    model, tok, settings = load_finetuned(args.model, args.dtype)
     task = TASKS[settings["task"]]
     examples = task.read(args.data, _columns(args, settings), True)
     check_known_labels(task.name, examples, model, args.data)
@@ -791,7 +794,7 @@ def _predict_inputs(task: Task, args, settings) -> list:
 
 def predict_cmd(args):
     """Predict labels, entities or answers with a fine-tuned model."""
-    model, tok, settings = load_finetuned(args.model)
+    model, tok, settings = load_finetuned(args.model, args.dtype)
     task = TASKS[settings["task"]]
     if not args.texts and not args.input:
         raise NanobertError("give texts on the command line or --input FILE")

@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 
 from .files import NanobertError
+from .model import ACTIVATIONS
 
 # the Linear layers of a block that are quantized (names inside nanobert.model.Block)
 QUANTIZED = ("attn.qkv", "attn.proj", "up", "down")
@@ -85,14 +86,16 @@ class Int8Linear(nn.Module):
             self.packed = torch.ops.quantized.linear_prepack(qw, bias)
         self.reduce_range = reduce_range
 
-    def forward(self, x):  # (..., in) fp32 -> (..., out) fp32
+    def forward(self, x, act=None):  # (..., in) fp32 -> (..., out) fp32, then act
         if not len(self.outliers):
-            return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
-        big = x[..., self.outliers]                                      # (..., k)
-        y = torch.ops.quantized.linear_dynamic(x.index_fill(-1, self.outliers, 0),
-                                               self.packed, self.reduce_range)
-        y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]), self.w_outliers)
-        return y
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+        else:
+            big = x[..., self.outliers]                                  # (..., k)
+            y = torch.ops.quantized.linear_dynamic(x.index_fill(-1, self.outliers, 0),
+                                                   self.packed, self.reduce_range)
+            y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]),
+                                                 self.w_outliers)
+        return ACTIVATIONS[act](y) if act else y
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -151,3 +154,10 @@ def to_dtype(model: nn.Module, dtype: str, tokenizer=None) -> nn.Module:
     if dtype not in DTYPES:
         raise NanobertError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     return DTYPES[dtype](model, tokenizer)
+
+
+def add_dtype_flag(parser) -> None:
+    """--dtype for the inference commands (predict, evaluate, embed, search)."""
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="int8: int8 Linear layers with activations quantized per call "
+                             "(CPU; faster, slightly different numbers; docs/deploy.md)")
