@@ -30,7 +30,7 @@ import torch
 
 from .batching import restore_order, sorted_batches
 from .config import at_least, checked
-from .files import NanobertError, atomic_path, read_lines
+from .files import NanobertError, atomic_path, check_output_file, read_lines
 from .quantize import add_dtype_flag
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
@@ -115,7 +115,7 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     base.eval()
     device = next(base.parameters()).device
     pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
-    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length)
+    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
     batches = sorted_batches([len(e.ids) for e in encodings], batch_size)
     shown = batches
     if progress:
@@ -282,6 +282,21 @@ def _cache_paths(corpus: Path, key: str) -> list[Path]:
     return [corpus.parent / name, home / name]
 
 
+def _cached_array(path: Path, rows: int, width: int):
+    """The cached (rows, width) float array at `path`, or None when there is none or it
+    does not fit: unreadable, another shape (another model's width, another corpus), or
+    holding NaN/inf (a crash mid-write, a diverged model). A misfit is rebuilt."""
+    if not path.is_file():
+        return None
+    try:
+        emb = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    ok = (emb.ndim == 2 and emb.shape == (rows, width) and emb.dtype.kind == "f"
+          and bool(np.isfinite(emb).all()))
+    return emb if ok else None
+
+
 def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = False):
     """(texts, embeddings) of a corpus file; embeddings are read from the cache when the
     corpus bytes and the model/settings are unchanged, else computed and cached (beside
@@ -292,16 +307,13 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
     h.update(encoder.identity().encode())
     key = h.hexdigest()[:16]
     candidates = _cache_paths(corpus.resolve(), key)
+    width = encoder.model.config.hidden_size
     for c in candidates:
-        if c.is_file():
-            try:
-                emb = np.load(c, allow_pickle=False)
-                if emb.shape[0] == len(texts):
-                    if verbose:
-                        print(f"using cached embeddings {c}", file=sys.stderr)
-                    return texts, emb
-            except (OSError, ValueError):
-                pass  # unreadable cache: recompute
+        emb = _cached_array(c, len(texts), width)
+        if emb is not None:
+            if verbose:
+                print(f"using cached embeddings {c}", file=sys.stderr)
+            return texts, emb
     emb = encoder.encode(texts)
     for c in candidates:
         try:
@@ -345,6 +357,7 @@ def embed_args(p):
 
 def embed_cmd(args):
     """Sentence embeddings of a file's sentences, saved as a .npy array (n, hidden)."""
+    check_output_file(args.out, "--out")
     texts = read_texts(args.input)
     enc = _encoder(args)
     emb = enc.encode(texts)
