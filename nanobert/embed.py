@@ -329,9 +329,8 @@ def _common(p):
 
 
 def _encoder(args) -> Encoder:
-    return Encoder.from_pretrained(args.model, pooling=args.pooling,
-                                   normalize=not args.no_normalize, batch_size=args.batch_size,
-                                   max_length=args.max_length)
+    return Encoder(args.model, pooling=args.pooling, normalize=not args.no_normalize,
+                   batch_size=args.batch_size, max_length=args.max_length)
 
 
 def embed_args(p):

@@ -14,11 +14,16 @@ Task by task:
               sub-word (the others get -100, no loss); predictions go back to words
     qa        question + context in sliding windows (see nanobert.qa)
 
-Adding a task: write its functions (reader, features, evaluation, prediction) and add
-ONE `Task(...)` record to `TASKS` below; `--task NAME`, evaluate, predict, `Predictor`
-and the saved nanobert.json then work without further edits. `head` is a model head of
-nanobert.model (HEADS there); `saved_settings` lists the FinetuneConfig fields that evaluation
-and prediction need later (they are saved in nanobert.json).
+Adding a task: write its functions (reader, features, evaluation, prediction, printing)
+and add ONE `Task(...)` record to `TASKS` below; `--task NAME`, evaluate, predict,
+`Predictor` and the saved nanobert.json then work without further edits. `head` is a
+model head of nanobert.model (HEADS there; None for a bare encoder); `saved_settings`
+lists the FinetuneConfig fields that evaluation and prediction need later (saved in
+nanobert.json). A task that trains differently (a bi-encoder with in-batch negatives, a
+reranker) also sets `batcher` (its own batches), `loss` (its own loss function for the
+Trainer) and `writer` (its own output layout); their defaults are the feature-dict
+batches, the head's loss and an HF directory. Flags a new task needs are new fields of
+FinetuneConfig (`param(default, help, range)`), which also gives them their checks.
 
 Python callers:
 
@@ -402,20 +407,45 @@ def qa_inputs(path, columns=None) -> list:
     return D.read_squad(path, require_answers=False)
 
 
+def feature_batches(items: list, cfg, pad_id: int) -> tuple:
+    """(batches(epoch, start), batches per epoch) for the Trainer: the epoch's shuffled
+    batches of feature dicts from `start`, padded by `collate`."""
+    lengths = [len(it["input_ids"]) for it in items]
+
+    def batches(epoch, start):
+        plan = epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)
+        for idx in plan[start:]:
+            yield collate([items[i] for i in idx], pad_id)
+    return batches, -(-len(items) // cfg.batch_size)
+
+
+def model_writer(tok, settings: dict):
+    """save(model, dir): an HF directory with the tokenizer and nanobert.json (settings)."""
+    def save(model, out_dir):
+        from .checkpoint import save_model
+        save_model(model, out_dir, tokenizer=tok,
+                   extra_files={"nanobert.json": json.dumps(settings, indent=2) + "\n"})
+    return save
+
+
 @dataclass(frozen=True)
 class Task:
     """Everything that differs between fine-tuning tasks. The functions' signatures:
         read(path, columns: dict, require_labels) -> examples
-        labels(train examples) -> label names (id order), or None for a span task
-        features(tok, examples, settings, label2id) -> training feature dicts (`collate`)
+        labels(train examples) -> label names (id order), or None (span, score, vector)
+        features(tok, examples, settings, label2id) -> what `batcher` cuts into batches
         check(examples, model, path): raise on labels the model does not know
         evaluate(model, tok, examples, settings, batch_size, progress) -> metrics
         inputs(path, columns) -> examples of a `predict --input` file
         make_input(index, python value) -> one example (`Predictor.predict`)
         predict(model, tok, examples, settings, batch_size) -> one JSON-able dict each
-        show(result dict) -> the line(s) `predict` prints"""
+        show(result dict) -> the line(s) `predict` prints
+    and, where a task trains differently (a bi-encoder, a reranker):
+        batcher(features, cfg, pad_id) -> (batches(epoch, start), batches per epoch)
+        loss(cfg) -> loss(model, batch) for the Trainer (None: the head's own loss)
+        writer(tok, settings) -> save(model, out_dir)"""
     name: str
-    head: str                      # the model head (nanobert.model.HEADS)
+    head: Optional[str]            # the model head (nanobert.model.HEADS; None: no head)
     metric: str                    # dev metric that picks the best model ...
     max_length: int                # default --max-length
     read: Callable
@@ -429,6 +459,9 @@ class Task:
     show: Callable
     greater_is_better: bool = True  # ... and which way is better
     saved_settings: tuple = ()      # FinetuneConfig fields saved in nanobert.json
+    batcher: Callable = feature_batches
+    loss: Optional[Callable] = None
+    writer: Callable = model_writer
     help: str = ""
 
 
@@ -502,7 +535,11 @@ class ColumnsConfig(Config):
 
 
 def _finetune_trainer() -> TrainConfig:
-    return TrainConfig(epochs=3, lr=2e-5, seed=42)
+    # lr 5e-5, not BERT-base's 2e-5: small encoders such as minilm learn too slowly at
+    # 2e-5 (SST-2, 8,000 sentences, 1 epoch: dev accuracy 0.807 at 2e-5, 0.831 at 5e-5;
+    # bench/results/quality.md). With each task's max length (Task.max_length) and the
+    # best epoch kept, these defaults are the recipe of bench/quality_vs_hf.py.
+    return TrainConfig(epochs=3, lr=5e-5, seed=42)
 
 
 @dataclass
@@ -562,19 +599,25 @@ def finetune(config, *args, **fields) -> dict:
     model, tok = _model_for(task, cfg, train, settings["max_length"])
     check_known_labels(task.name, dev, model, cfg.dev)
     items = task.features(tok, train, settings, label2id(model))
-    steps_per_epoch = -(-len(items) // cfg.batch_size)
-    n_labels = len(model.config.id2label or {}) if task.labels else "span"
-    print(f"{task.name}: {len(train)} training examples ({len(items)} features), {len(dev)} dev "
-          f"examples, {n_labels} labels, {steps_per_epoch} batches of {cfg.batch_size} per epoch",
-          flush=True)
+    batches, steps_per_epoch = task.batcher(items, cfg, tok.pad_id or 0)
+    _report(task, train, dev, items, model, cfg, steps_per_epoch)
     _reinit_new_head(model, cfg.trainer.seed)
     if cfg.freeze_embeddings:  # the word embeddings are half of a small model: skip their update
         model.bert.emb.tok.weight.requires_grad_(False)
     trainer_cfg = cfg.trainer.replace(metric=task.metric, greater_is_better=task.greater_is_better,
                                       log_every=max(1, min(10, steps_per_epoch // 4)))
-    return Trainer(model, trainer_cfg, _batch_fn(items, cfg, tok.pad_id or 0), steps_per_epoch,
+    return Trainer(model, trainer_cfg, batches, steps_per_epoch,
                    evaluate=_dev_evaluation(task, tok, dev, settings, cfg.batch_size),
-                   save=_model_writer(tok, settings)).fit()
+                   save=task.writer(tok, settings),
+                   loss_fn=task.loss(cfg) if task.loss else None).fit()
+
+
+def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int):
+    """One line: what the run trains on."""
+    features = f" ({len(items)} features)" if isinstance(items, list) else ""
+    labels = f", {len(model.config.id2label or {})} labels" if task.labels else ""
+    print(f"{task.name}: {len(train)} training examples{features}, {len(dev)} dev examples"
+          f"{labels}, {steps_per_epoch} batches of {cfg.batch_size} per epoch", flush=True)
 
 
 def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
@@ -598,29 +641,10 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
     return model, tok
 
 
-def _batch_fn(items: list, cfg: FinetuneConfig, pad_id: int):
-    """batches(epoch, start) for the Trainer: the epoch's shuffled batches from `start`."""
-    lengths = [len(it["input_ids"]) for it in items]
-
-    def batches(epoch, start):
-        plan = epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)
-        for idx in plan[start:]:
-            yield collate([items[i] for i in idx], pad_id)
-    return batches
-
-
 def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int):
     def evaluate(model):
         return task.evaluate(model, tok, dev, settings, max(batch_size, 64), False)
     return evaluate
-
-
-def _model_writer(tok, settings: dict):
-    def save(model, out_dir):
-        from .checkpoint import save_model
-        save_model(model, out_dir, tokenizer=tok,
-                   extra_files={"nanobert.json": json.dumps(settings, indent=2) + "\n"})
-    return save
 
 
 def _reinit_new_head(model, seed):

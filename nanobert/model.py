@@ -249,6 +249,48 @@ ACTIVATIONS = {
     "swish": F.silu,
 }
 
+# Activations oneDNN can apply inside a Linear's output pass: name -> (post-op, algorithm)
+FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
+                     "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class Linear(nn.Linear):
+    """nn.Linear, plus a fast path for CPU inference, with an optional activation `act`
+    (a name of ACTIVATIONS) applied to the output.
+
+    Without autograd (torch.no_grad / inference_mode), on fp32 CPU tensors, the product
+    runs on a copy of the weight that oneDNN laid out once in its own blocked format, so
+    no call repacks the weight, and the activation is applied in the same pass over the
+    output. Measured on minilm's forward over SST-2: 1.2-1.3x (bench/results/speed.md).
+    The copy is rebuilt when the weight changes: an in-place update (optimizer step,
+    load_state_dict) moves the tensor's version counter, a new tensor its address."""
+
+    def forward(self, x, act: Optional[str] = None):
+        if not self._inference_on_cpu(x):
+            y = F.linear(x, self.weight, self.bias)
+            return ACTIVATIONS[act](y) if act else y
+        post, algorithm = FUSED_ACTIVATIONS.get(act, ("none", ""))
+        y = torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, post, [],
+                                               algorithm)
+        return ACTIVATIONS[act](y) if act and act not in FUSED_ACTIVATIONS else y
+
+    def _inference_on_cpu(self, x) -> bool:  # (not while tracing: ONNX has no such op)
+        return (ONEDNN and not torch.is_grad_enabled() and x.device.type == "cpu"
+                and x.dtype == self.weight.dtype == torch.float32 and x.numel() > 0
+                and not torch.jit.is_tracing())
+
+    def __getstate__(self):  # the packed copy is a cache: deepcopy and pickle skip it
+        state = dict(super().__getstate__())
+        state.pop("_packed", None)
+        return state
+
+    def _packed_weight(self):
+        key = (self.weight.data_ptr(), self.weight._version)
+        if getattr(self, "_packed", (None,))[0] != key:
+            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
+        return self._packed[1]
+
 
 # ----------------------------------------------------------------------------------
 # Batch layouts: how the tokens of a batch sit in memory, and how to attend over them
@@ -464,8 +506,8 @@ class SelfAttention(nn.Module):
     def __init__(self, c: BertConfig, local: bool = False):
         super().__init__()
         self.nh, self.hd = c.num_attention_heads, c.head_dim
-        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=c.bias)  # fused Q, K, V
-        self.proj = nn.Linear(c.hidden_size, c.hidden_size, bias=c.bias)
+        self.qkv = Linear(c.hidden_size, 3 * c.hidden_size, bias=c.bias)  # fused Q, K, V
+        self.proj = Linear(c.hidden_size, c.hidden_size, bias=c.bias)
         self.dropout_p = c.attention_probs_dropout_prob
         self.window = c.local_attention if local else 0
         self.rope_theta = None
@@ -515,17 +557,17 @@ class Block(nn.Module):
         self.attn = SelfAttention(c, local=c.is_local(layer))
         # pre-LN: the embeddings end in a LayerNorm already, so the first block skips one
         self.norm1 = nn.Identity() if c.pre_norm and layer == 0 else LayerNorm(c)
-        self.up = nn.Linear(c.hidden_size, c.intermediate_size * (2 if c.glu else 1), bias=c.bias)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.bias)
+        self.up = Linear(c.hidden_size, c.intermediate_size * (2 if c.glu else 1), bias=c.bias)
+        self.down = Linear(c.intermediate_size, c.hidden_size, bias=c.bias)
         self.norm2 = LayerNorm(c)
-        self.act = ACTIVATIONS[c.hidden_act]
+        self.act_name, self.act = c.hidden_act, ACTIVATIONS[c.hidden_act]
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def ffn(self, x):
         if self.glu:
             h, gate = self.up(x).chunk(2, dim=-1)
             return self.down(self.act(h) * gate)
-        return self.down(self.act(self.up(x)))
+        return self.down(self.up(x, act=self.act_name))
 
     def forward(self, x, layout: Layout, want_probs=False, rel=None):
         if self.pre_norm:

@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 
 from .files import NanobertError
+from .model import ACTIVATIONS
 
 # the Linear layers of a block that are quantized (names inside nanobert.model.Block)
 QUANTIZED = ("attn.qkv", "attn.proj", "up", "down")
@@ -85,14 +86,16 @@ class Int8Linear(nn.Module):
             self.packed = torch.ops.quantized.linear_prepack(qw, bias)
         self.reduce_range = reduce_range
 
-    def forward(self, x):  # (..., in) fp32 -> (..., out) fp32
+    def forward(self, x, act=None):  # (..., in) fp32 -> (..., out) fp32, then act
         if not len(self.outliers):
-            return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
-        big = x[..., self.outliers]                                      # (..., k)
-        y = torch.ops.quantized.linear_dynamic(x.index_fill(-1, self.outliers, 0),
-                                               self.packed, self.reduce_range)
-        y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]), self.w_outliers)
-        return y
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+        else:
+            big = x[..., self.outliers]                                  # (..., k)
+            y = torch.ops.quantized.linear_dynamic(x.index_fill(-1, self.outliers, 0),
+                                                   self.packed, self.reduce_range)
+            y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]),
+                                                 self.w_outliers)
+        return ACTIVATIONS[act](y) if act else y
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -357,6 +357,8 @@ class Trainer:
             (not cfg.eval_every and end_of_epoch) or last
         if evaluated:
             self._evaluate_and_keep_best()
+        # the step is complete: its RNG state is the boundary a checkpoint records (taken
+        # before saving, so the checkpoint holds the state the next step starts from)
         if (cfg.save_every and self.step % cfg.save_every == 0) or (not cfg.save_every and evaluated):
             self._boundary_rng = _rng_state()
             self._save_checkpoint()

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from nanobert.batching import (file_order_batches, inverse_order, pad_rows, restore_order,
-                               sorted_batches)
+from nanobert.batching import inverse_order, pad_rows, restore_order, sorted_batches
 
 
 def test_sorted_batches_group_similar_lengths_and_restore_order():
@@ -21,7 +20,6 @@ def test_sorted_batches_group_similar_lengths_and_restore_order():
 
 def test_batching_errors_and_edges():
     assert sorted_batches([], 4) == []
-    assert file_order_batches(5, 2) == [[0, 1], [2, 3], [4]]
     assert inverse_order([[2, 0], [1]]) == [1, 2, 0]
     with pytest.raises(ValueError):
         sorted_batches([1, 2], 0)

@@ -40,7 +40,7 @@ def test_replace_reaches_nested_fields_and_keeps_the_original():
     cfg = FinetuneConfig(task="qa", model="m", train="t", dev="d")
     new = cfg.replace(lr=3e-5, text_column="q", doc_stride=64)
     assert new.trainer.lr == 3e-5 and new.columns.text_column == "q" and new.doc_stride == 64
-    assert cfg.trainer.lr == 2e-5 and cfg.columns.text_column is None
+    assert cfg.trainer.lr == 5e-5 and cfg.columns.text_column is None
     with pytest.raises(TypeError, match="no field"):
         cfg.replace(learning_rate=1)
     with pytest.raises(NanobertError, match="--doc-stride: got 0"):
@@ -90,3 +90,10 @@ def test_add_flags_skip_and_defaults():
     add_flags(p, PretrainConfig, skip=("mask_split",), max_steps=7)
     args = p.parse_args(["--corpus", "a", "b", "--out", "o"])
     assert args.steps == 7 and args.corpus == ["a", "b"] and not hasattr(args, "mask_split")
+
+
+def test_python_callers_get_the_same_checks_for_wrong_types():
+    with pytest.raises(NanobertError, match=r"--batch-size: got 2\.5, expected an integer >= 1"):
+        FinetuneConfig(task="ner", batch_size=2.5)
+    with pytest.raises(NanobertError, match=r"--lr: got '1e-4', expected a finite number > 0"):
+        FinetuneConfig(task="ner").replace(lr="1e-4")

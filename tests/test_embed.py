@@ -203,3 +203,15 @@ def test_checkpoint_declared_pooling_is_the_default(tmp_path, tiny_config):
     assert not np.allclose(got, encode(model, tok, texts, pooling="mean"), atol=1e-3)
     assert Encoder(model, tok).pooling == "cls"
     assert Encoder(model, tok, pooling="mean").pooling == "mean"
+
+
+def test_one_text_gives_one_vector_and_keywords_override(encoder):
+    one = encoder.encode("A man is eating food.")
+    many = encoder.encode(["A man is eating food.", "A monkey is playing drums."], batch_size=1)
+    assert one.shape == (384,) and many.shape == (2, 384)
+    np.testing.assert_allclose(one, many[0], atol=1e-5)
+    raw = encoder.encode("A man is eating food.", normalize=False)
+    assert abs(np.linalg.norm(one) - 1) < 1e-5 and abs(np.linalg.norm(raw) - 1) > 1e-3
+    np.testing.assert_allclose(raw / np.linalg.norm(raw), one, atol=1e-5)
+    with pytest.raises(TypeError, match="needs its tokenizer"):
+        Encoder(encoder.model)

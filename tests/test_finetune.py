@@ -162,6 +162,10 @@ def test_ner_overfits_and_predicts_char_spans(tiny_dir, tmp_path, capsys):
     ents = predict_ner_text(model, tok, [text], 24)[0]
     assert [(e["type"], text[e["start"]:e["end"]]) for e in ents] == [("PER", "Carol"), ("LOC", "Rome")]
     assert ents[0]["text"] == "Carol" and 0 < ents[0]["score"] <= 1
+    from nanobert import Predictor
+    tagger = Predictor(out)
+    assert tagger.predict(text) == {"text": text, "entities": ents}      # one in, one out
+    assert tagger.predict([text, "Alice met Bob"])[0]["entities"] == ents  # a list, a list
 
     transformers = pytest.importorskip("transformers")
     hf = transformers.BertForTokenClassification.from_pretrained(out).eval()
@@ -196,10 +200,15 @@ def test_demo_on_user_files(tiny_dir, tmp_path, capsys):
     rc = cli.main(["demo", "--model", str(tiny_dir), "--train", str(train), "--dev", str(dev),
                    "--out", str(out), "--epochs", "2", "--batch-size", "8", "--max-length", "16"])
     text = capsys.readouterr().out
-    assert rc == 0 and "dev accuracy" in text and "predictions:" in text
+    assert rc == 0 and "held-out accuracy" in text
     for f in ("training_curve.png", "confusion_matrix.png", "config.json", "demo_results.json"):
         assert (out / f).is_file(), f
-    assert json.loads((out / "demo_results.json").read_text())["n_dev"] == 8
+    res = json.loads((out / "demo_results.json").read_text())
+    assert res["n_dev"] == 8 and res["shown"] == 8          # --show 10, but only 8 held out
+    # every dev example is printed once, with its gold label when the prediction is wrong
+    shown = [line for line in text.splitlines() if "right" in line or "WRONG (gold:" in line]
+    assert len(shown) == 8 + 1 and f"{res['shown_right']} of these 8 are right." in text
+    assert sum("WRONG" in line for line in shown) == 8 - res["shown_right"]
 
 
 def test_epoch_batches_are_seeded_and_grouped_by_length():

@@ -109,6 +109,16 @@ def test_qa_finetune_end_to_end(tiny_dir, tmp_path, capsys):
                    paras[2]["context"], "where does carol live"])
     pred = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and pred["answer"] == "rome"
+    rc = cli.main(["predict", "--model", str(out), "where does carol live"])   # no context
+    assert rc == 2 and "qa needs a context" in capsys.readouterr().err
+
+    from nanobert import Predictor
+    reader = Predictor(out)
+    one = reader.predict({"question": "where does carol live", "context": paras[2]["context"]})
+    assert one == pred                                  # what --json prints
+    two = reader.predict([("where does bob live", paras[1]["context"]),
+                          ("where does dave live", paras[3]["context"])])
+    assert [p["answer"] for p in two] == ["london", "oslo"]
 
     transformers = pytest.importorskip("transformers")
     hf = transformers.BertForQuestionAnswering.from_pretrained(out).eval()

@@ -1,0 +1,460 @@
+"""Quality at real scale: nanobert vs transformers fine-tuned with the same recipe on the
+WHOLE shared training sets, several seeds, mean ± spread, wall time and examples/s.
+
+    python bench/quality_vs_hf.py --tasks rte,mrpc --seeds 42,43,44
+    python bench/quality_vs_hf.py --tasks sst2 --seeds 42 --systems transformers
+    python bench/quality_vs_hf.py --table            # rewrite bench/results/quality.md
+
+Tasks (TASKS below holds each recipe; `--set lr=3e-5` tries a variant):
+    sst2       67,349 sentences -> the 872 dev sentences, accuracy
+    conll2003  14,041 sentences -> the 3,250 validation sentences, entity F1
+    squad      the 38 shared articles, split BY ARTICLE (first 30 train, last 8 held out),
+               windows of 384 tokens, stride 128 -> EM/F1 on the held-out questions
+    rte, mrpc  only a training file is shared: a fixed, seeded split (independent of the
+               training seed) holds out as many pairs as the GLUE dev sets have (277, 408)
+
+The same recipe on both sides: nanobert's tokenization and features are fed to the
+transformers model, batch by batch in the same order (finetune.epoch_batches with the
+same seed; length-grouped by default, which
+saves transformers' padding and changes neither side's recipe); the new head starts from the same seeded weights; AdamW with no decay on
+biases/LayerNorm, 10% linear warmup then linear decay (transformers' own
+get_linear_schedule_with_warmup on its side), clipping at 1.0; both evaluated after each
+epoch by the same evaluation code (finetune.evaluate_task). The headline metric is the
+one after the last epoch (`final`); the best epoch is recorded too. Dropout masks differ.
+
+Every finished (task, system, seed, recipe) run is appended as one JSON line to
+bench/results/quality_runs.jsonl; a run already there is skipped, so interrupted
+sessions resume and seeds accumulate. examples/s counts training only (evaluation time
+is taken out; nanobert's checkpoint writes stay in); wall_s is the whole run.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from speedlib import DATA, RESULTS, ROOT, machine, today  # noqa: E402  (puts ROOT on sys.path)
+
+import nanobert  # noqa: E402
+from nanobert import data as D  # noqa: E402
+# (the module, not the function that nanobert/__init__ exports under the same name)
+FT = importlib.import_module("nanobert.finetune")
+from nanobert.train import read_metrics  # noqa: E402
+
+RUNS = RESULTS / "quality_runs.jsonl"
+TABLE = RESULTS / "quality.md"
+SYSTEMS = ("nanobert", "transformers")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    kind: str            # finetune task: classify | ner | qa
+    metric: str          # the headline dev metric
+    epochs: int
+    lr: float
+    batch_size: int
+    max_length: int
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    doc_stride: int = 128
+    group_by_length: bool = True   # the same length-grouped batches on both sides
+    n_train: int = 0               # > 0: a seeded subset of the training set (quick checks)
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+
+# name -> (recipe, where the data comes from). RTE/MRPC: the usual GLUE recipe; SST-2:
+# the issue's recipe; CoNLL: the usual NER recipe; SQuAD: the usual 2 epochs at 384/128.
+TASKS = {
+    "rte": (Recipe("classify", "accuracy", 3, 5e-5, 16, 128), ("rte/train.tsv", 277)),
+    "mrpc": (Recipe("classify", "accuracy", 3, 5e-5, 16, 128),
+             ("mrpc/msr_paraphrase_train.txt", 408)),
+    "conll2003": (Recipe("ner", "f1", 3, 5e-5, 32, 128), ("conll2003/train.txt", "conll2003/valid.txt")),
+    "sst2": (Recipe("classify", "accuracy", 1, 5e-5, 32, 64), ("sst2/train.tsv", "sst2/dev.tsv")),
+    "squad": (Recipe("qa", "f1", 2, 5e-5, 32, 384), ("squad/train-38articles.json", 30)),
+}
+SPLIT_SEED = 1234          # the held-out split of RTE/MRPC, the same for every training seed
+
+
+# ----------------------------------------------------------------------------------
+# Data: train/dev files for a task (held-out splits written to the work directory)
+
+
+def held_out_pairs(path: Path, n_dev: int, work: Path) -> tuple:
+    """A fixed random split of a labelled pair file, written as JSON lines."""
+    ex = D.read_classification(path)
+    order = list(range(len(ex)))
+    random.Random(SPLIT_SEED).shuffle(order)
+    parts = {"dev": sorted(order[:n_dev]), "train": sorted(order[n_dev:])}
+    out = []
+    for name in ("train", "dev"):
+        p = work / f"{path.parent.name}_{name}.jsonl"
+        p.write_text("".join(json.dumps({"sentence1": ex[i].text_a, "sentence2": ex[i].text_b,
+                                         "label": ex[i].label}) + "\n" for i in parts[name]))
+        out.append(p)
+    return tuple(out)
+
+
+def held_out_articles(path: Path, n_train: int, work: Path) -> tuple:
+    """SQuAD articles 1..n_train to train on, the rest held out (no shared contexts)."""
+    doc = json.loads(path.read_text("utf-8"))
+    out = []
+    for name, arts in [("train", doc["data"][:n_train]), ("dev", doc["data"][n_train:])]:
+        p = work / f"squad_{name}.json"
+        p.write_text(json.dumps({"version": "1.1", "data": arts}))
+        out.append(p)
+    return tuple(out)
+
+
+def task_files(name: str, work: Path) -> tuple:
+    src, dev = TASKS[name][1]
+    if isinstance(dev, str):
+        return DATA / src, DATA / dev
+    if name == "squad":
+        return held_out_articles(DATA / src, dev, work)
+    return held_out_pairs(DATA / src, dev, work)
+
+
+# ----------------------------------------------------------------------------------
+# The two systems. Each returns {"epochs": [metrics after each epoch], "train_s", "n_*"}
+
+
+def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, work: Path) -> dict:
+    """nanobert's own `finetune`, exactly as a user calls it; evaluation time is measured
+    by timing the task's evaluation function, so it can be taken out of examples/s."""
+    eval_s = []
+    task = FT.TASKS[recipe.kind]
+
+    def timed(*a, **k):
+        t = time.time()
+        try:
+            return task.evaluate(*a, **k)
+        finally:
+            eval_s.append(time.time() - t)
+
+    out = work / "nanobert"
+    FT.TASKS[recipe.kind] = dataclasses.replace(task, evaluate=timed)
+    try:
+        FT.finetune(recipe.kind, model, str(train_path), str(dev_path), str(out),
+                    epochs=recipe.epochs, lr=recipe.lr, batch_size=recipe.batch_size,
+                    max_length=recipe.max_length, warmup_ratio=recipe.warmup_ratio,
+                    weight_decay=recipe.weight_decay, seed=seed, doc_stride=recipe.doc_stride,
+                    progress=False, group_by_length=recipe.group_by_length,
+                    max_train_examples=recipe.n_train or None)
+    finally:
+        FT.TASKS[recipe.kind] = task
+    recs = read_metrics(out / "metrics.jsonl")
+    evals = [{k: v for k, v in r.items() if k not in ("type", "epoch")}
+             for r in recs if r["type"] == "eval"]
+    last_train = [r for r in recs if r["type"] == "train"][-1]["elapsed"]
+    # the last train record is written before the final evaluation
+    return {"epochs": evals, "train_s": last_train - sum(eval_s[:-1])}
+
+
+class HFAdapter(torch.nn.Module):
+    """A transformers model seen through nanobert's evaluation code."""
+
+    def __init__(self, hf, ours):
+        super().__init__()
+        self.hf, self.config, self.head = hf, ours.config, ours.head
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return self.hf(input_ids=input_ids, attention_mask=attention_mask,
+                       token_type_ids=token_type_ids)
+
+
+def features(recipe: Recipe, train, model: str, seed: int):
+    """What nanobert's finetune builds before training: the model with its seeded new
+    head, the tokenizer and the training features."""
+    task = FT.TASKS[recipe.kind]
+    overrides = {"id2label": dict(enumerate(task.labels(train)))} if task.labels else {}
+    start, tok = nanobert.load(model, head=task.head, **overrides)
+    FT._reinit_new_head(start, seed)
+    settings = {"max_length": recipe.max_length, "doc_stride": recipe.doc_stride}
+    return start, tok, task.features(tok, train, settings, FT.label2id(start))
+
+
+def hf_model(recipe: Recipe, start, model: str):
+    """The transformers model for the task, its new head copied from nanobert's."""
+    import transformers
+    from nanobert.checkpoint import resolve
+    cls = {"classify": transformers.BertForSequenceClassification,
+           "ner": transformers.BertForTokenClassification,
+           "qa": transformers.BertForQuestionAnswering}[recipe.kind]
+    id2label = start.config.id2label
+    kw = {} if recipe.kind == "qa" else {"id2label": id2label,
+                                         "label2id": {v: k for k, v in id2label.items()}}
+    hf = cls.from_pretrained(str(resolve(model)), attn_implementation="sdpa", **kw)
+    head, ours = (hf.qa_outputs, start.qa) if recipe.kind == "qa" else (hf.classifier, start.classifier)
+    with torch.no_grad():
+        head.weight.copy_(ours.weight)
+        head.bias.copy_(ours.bias)
+    return hf
+
+
+def read_train(recipe: Recipe, path, seed: int) -> list:
+    return FT.select_examples(FT.read_task_data(recipe.kind, path), recipe.n_train or None, seed)
+
+
+def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str, work: Path) -> dict:
+    import transformers
+    train = read_train(recipe, train_path, seed)
+    dev = FT.read_task_data(recipe.kind, dev_path)
+    start, tok, items = features(recipe, train, model, seed)
+    hf = hf_model(recipe, start, model)
+    settings = {"task": recipe.kind, "max_length": recipe.max_length, "doc_stride": recipe.doc_stride,
+                "max_answer_length": 30, "n_best": 20}
+    no_decay = [p for n, p in hf.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    ids = {id(p) for p in no_decay}
+    opt = torch.optim.AdamW([{"params": [p for p in hf.parameters() if id(p) not in ids],
+                              "weight_decay": recipe.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, fused=True)
+    bs, lengths = recipe.batch_size, [len(it["input_ids"]) for it in items]
+    total = -(-len(items) // bs) * recipe.epochs
+    sched = transformers.get_linear_schedule_with_warmup(opt, int(recipe.warmup_ratio * total), total)
+    torch.manual_seed(seed)
+    evals, train_s, step = [], 0.0, 0
+    for epoch in range(recipe.epochs):
+        hf.train()
+        t0 = time.time()
+        for idx in FT.epoch_batches(lengths, bs, seed, epoch, recipe.group_by_length):
+            loss = hf(**FT.collate([items[i] for i in idx], tok.pad_id or 0)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            if step % 50 == 0:
+                print(f"  transformers step {step}/{total} loss {loss.item():.4f}", flush=True)
+        train_s += time.time() - t0
+        hf.eval()
+        res = FT.evaluate_task(recipe.kind, HFAdapter(hf, start), tok, dev, settings,
+                               batch_size=max(bs, 64))
+        evals.append({"step": step, **{k: v for k, v in res.items() if k not in ("task", "n")}})
+        print(f"  transformers epoch {epoch + 1}: {evals[-1]}", flush=True)
+    return {"epochs": evals, "train_s": train_s, "n_features": len(items)}
+
+
+RUNNERS = {"nanobert": run_nanobert, "transformers": run_transformers}
+
+
+# ----------------------------------------------------------------------------------
+# Results: one JSON line per run; resume; the markdown table
+
+
+def key_of(run: dict) -> str:
+    """The recipe key of a stored run, recomputed (fields added later take their defaults)."""
+    return Recipe(**run["recipe"]).key()
+
+
+def read_runs(path=RUNS) -> list:
+    """The finished runs; a (task, system, seed, recipe) finished twice (two sessions
+    racing) counts once: the first."""
+    if not Path(path).is_file():
+        return []
+    runs, seen = [], set()
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            k = (r["task"], r["system"], r["seed"], key_of(r))
+            if k not in seen:
+                seen.add(k)
+                runs.append(r)
+    return runs
+
+
+def counts(recipe: Recipe, train_path, dev_path, seed: int) -> dict:
+    train = read_train(recipe, train_path, seed)
+    dev = FT.read_task_data(recipe.kind, dev_path)
+    return {"n_train": len(train), "n_dev": len(dev)}
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def one_run(name: str, system: str, seed: int, recipe: Recipe, args) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"quality.{name}.{system}.{seed}."))
+    try:
+        train_path, dev_path = task_files(name, work)
+        load = os.getloadavg()[0]
+        t0 = time.time()
+        res = RUNNERS[system](recipe, train_path, dev_path, seed, args.model, work)
+        wall = time.time() - t0
+        n = counts(recipe, train_path, dev_path, seed)
+        if "n_features" not in res:  # (outside the timing: a second tokenization)
+            train = read_train(recipe, train_path, seed)
+            res["n_features"] = len(features(recipe, train, args.model, seed)[2])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    best = max(res["epochs"], key=lambda r: r.get(recipe.metric, float("-inf")))
+    return {"task": name, "system": system, "seed": seed,
+            "recipe": dataclasses.asdict(recipe), "metric": recipe.metric,
+            "final": res["epochs"][-1], "best": best, "per_epoch": res["epochs"], **n,
+            "n_features": res["n_features"], "train_s": round(res["train_s"], 1),
+            "examples_per_s": round(res["n_features"] * recipe.epochs / res["train_s"], 2),
+            "wall_s": round(wall, 1), "date": today(), "machine": machine(),
+            "load_at_start": load, "commit": git_commit()}
+
+
+def mean_spread(xs) -> str:
+    if not xs:
+        return "not run"
+    m = statistics.mean(xs)
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    seeds = f"{len(xs)} seed{'s' if len(xs) > 1 else ''}"
+    return f"{m:.3f} ± {sd:.3f} ({seeds})" if len(xs) > 1 else f"{m:.3f} ({seeds})"
+
+
+def describe(r: Recipe) -> str:
+    return (f"{r.epochs} ep, lr {r.lr:g}, batch {r.batch_size}, len {r.max_length}"
+            + (f", stride {r.doc_stride}" if r.kind == "qa" else "")
+            + (", length-grouped" if r.group_by_length else "")
+            + (f", {r.n_train} train examples" if r.n_train else ""))
+
+
+def verdict(ours: list, theirs: list) -> str:
+    """The difference of the means, and whether it is within the larger spread."""
+    if not ours or not theirs:
+        return "–"
+    d = statistics.mean(ours) - statistics.mean(theirs)
+    spread = max(statistics.stdev(x) if len(x) > 1 else 0.0 for x in (ours, theirs))
+    if len(ours) < 2 or len(theirs) < 2:
+        return f"{d:+.3f} (1 seed: no spread yet)"
+    return f"{d:+.3f} ({'within' if abs(d) <= spread else 'above' if d > 0 else 'BELOW'} spread)"
+
+
+def table(runs: list) -> str:
+    """BENCHMARKS.md's quality table from the runs of the current recipes."""
+    head = ("| task (dev metric) | recipe | nanobert | transformers | nanobert − transformers "
+            "| ex/s nanobert / transformers | wall min nanobert / transformers |\n"
+            "|---|---|---|---|---|---|---|\n")
+    rows = []
+    for name, (recipe, _) in TASKS.items():
+        mine = [r for r in runs if r["task"] == name and key_of(r) == recipe.key()]
+        cells, speed, wall, vals = {}, [], [], {}
+        for s in SYSTEMS:
+            rs = sorted((r for r in mine if r["system"] == s), key=lambda r: r["seed"])
+            vals[s] = [r["final"][recipe.metric] for r in rs]
+            cells[s] = mean_spread(vals[s])
+            speed.append(f"{statistics.median(r['examples_per_s'] for r in rs):.0f}" if rs else "–")
+            wall.append(f"{statistics.median(r['wall_s'] for r in rs) / 60:.1f}" if rs else "–")
+        desc = describe(recipe)
+        rows.append(f"| {name} ({recipe.metric}) | {desc} | {cells['nanobert']} | "
+                    f"{cells['transformers']} | {verdict(vals['nanobert'], vals['transformers'])} | "
+                    f"{' / '.join(speed)} | {' / '.join(wall)} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def per_seed(runs: list) -> str:
+    lines = ["| task | system | seed | final | best (step) | n train / dev | ex/s | wall s | load | date |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r["task"], key_of(r), r["system"], r["seed"])):
+        m = r["metric"]
+        recipe = Recipe(**r["recipe"])
+        extra = "" if recipe.key() == TASKS[r["task"]][0].key() else f" ({describe(recipe)})"
+        lines.append(f"| {r['task']}{extra} | {r['system']} | {r['seed']} | {r['final'][m]:.4f} | "
+                     f"{r['best'][m]:.4f} ({r['best'].get('step')}) | {r['n_train']} / {r['n_dev']} | "
+                     f"{r['examples_per_s']:.1f} | {r['wall_s']:.0f} | {r['load_at_start']:.1f} | "
+                     f"{r['date']} |")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN, END = "<!-- quality table: written by", "<!-- end of quality table -->"
+
+
+def write_table(runs: list, path=TABLE, benchmarks=ROOT / "BENCHMARKS.md"):
+    """bench/results/quality.md (the table and every run), and the table in BENCHMARKS.md
+    between its two marker lines."""
+    from nanobert.files import write_text
+    note = (f"Mean ± sample standard deviation over seeds of the dev metric after the last "
+            f"epoch; 'not run' marks cells with no finished run. Table written {today()}.\n\n")
+    write_text(path, "# Quality at real scale: nanobert vs transformers\n\nWritten by "
+               "`python bench/quality_vs_hf.py --table` from `bench/results/quality_runs.jsonl`. "
+               + note + table(runs) + "\n## Every run\n\n" + per_seed(runs))
+    text = benchmarks.read_text("utf-8") if benchmarks.is_file() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        first_line, _ = rest.split("\n", 1)
+        tail = rest.split(END, 1)[1]
+        write_text(benchmarks, head + BEGIN + first_line + "\n" + note + table(runs) + END + tail)
+    print(note + table(runs))
+
+
+def parse_set(pairs: list, recipe: Recipe) -> Recipe:
+    kinds = {f.name: f.type for f in dataclasses.fields(Recipe)}
+    changes = {}
+    for p in pairs:
+        k, _, v = p.partition("=")
+        if k not in kinds or k in ("kind", "metric"):
+            sys.exit(f"--set {p}: unknown recipe field (choose from "
+                     f"{', '.join(x for x in kinds if x not in ('kind', 'metric'))})")
+        if kinds[k] in ("bool", bool):
+            changes[k] = v.lower() in ("1", "true", "yes")
+        else:
+            changes[k] = float(v) if kinds[k] in ("float", float) else int(v)
+    return dataclasses.replace(recipe, **changes)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default="rte,mrpc,conll2003,sst2,squad")
+    p.add_argument("--seeds", default="42,43,44")
+    p.add_argument("--systems", default="nanobert,transformers")
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change the recipe (e.g. lr=3e-5); recorded as a variant")
+    p.add_argument("--results", default=str(RUNS), help="the JSON Lines file of runs")
+    p.add_argument("--table", action="store_true", help="only write bench/results/quality.md")
+    args = p.parse_args()
+    if args.table:
+        write_table(read_runs(args.results))
+        return 0
+    tasks, systems = args.tasks.split(","), args.systems.split(",")
+    for bad in [t for t in tasks if t not in TASKS] + [s for s in systems if s not in SYSTEMS]:
+        sys.exit(f"unknown task or system {bad!r} (tasks: {', '.join(TASKS)}; "
+                 f"systems: {', '.join(SYSTEMS)})")
+    if not DATA.is_dir():
+        print(f"skipped: {DATA} not found (the shared datasets are not available)")
+        return 0
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for name in tasks:
+        recipe = parse_set(args.set, TASKS[name][0])
+        for seed in seeds:
+            for system in systems:
+                done = {(r["task"], r["system"], r["seed"], key_of(r)) for r in read_runs(args.results)}
+                if (name, system, seed, recipe.key()) in done:
+                    print(f"{name} {system} seed {seed}: already in {args.results}")
+                    continue
+                print(f"== {name} {system} seed {seed} {recipe} ({today()}, load "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
+                rec = one_run(name, system, seed, recipe, args)
+                with open(args.results, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+                print(f"== {name} {system} seed {seed}: {recipe.metric} "
+                      f"{rec['final'][recipe.metric]:.4f} (best {rec['best'][recipe.metric]:.4f}), "
+                      f"{rec['examples_per_s']:.1f} ex/s, wall {rec['wall_s']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
