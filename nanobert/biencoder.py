@@ -197,9 +197,10 @@ class RowBatches:
         self.tok, self.batch_size, self.seed, self.cross = tok, batch_size, seed, cross
         if cross:
             self.cols = [tok.encode_batch([r.texts[0] for r in rows], [r.texts[1] for r in rows],
-                                          max_length=max_length)]
+                                          max_length=max_length, report="training pairs")]
         else:
-            self.cols = [tok.encode_batch([r.texts[c] for r in rows], max_length=max_length)
+            self.cols = [tok.encode_batch([r.texts[c] for r in rows], max_length=max_length,
+                                          report="training texts")
                          for c in range(len(rows[0].texts))]
         self.scores = scores
         self.n = len(rows)

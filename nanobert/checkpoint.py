@@ -30,7 +30,7 @@ HEAD_PREFIXES = ("mlm.", "pair.", "classifier.", "qa.", "bert.pooler.")
 
 def family_of(hf_config: dict, path) -> Family:
     model_type = hf_config.get("model_type", "bert")
-    if model_type not in BY_MODEL_TYPE:
+    if not isinstance(model_type, str) or model_type not in BY_MODEL_TYPE:
         raise NanobertError(f"{path}: model_type {model_type!r} is not supported "
                             f"(supported: {', '.join(BY_MODEL_TYPE)})")
     return BY_MODEL_TYPE[model_type]
@@ -172,8 +172,11 @@ CONFIG_RULES = {
                                          "dropout", "attention_dropout", "classifier_dropout")},
     **{k: (_FLOAT, 1e-30, 1.0) for k in ("layer_norm_eps", "norm_eps")},
     "initializer_range": (_FLOAT, 0.0, 10.0),
+    "num_labels": (_INT, 1, 1 << 20),
 }
+MAY_BE_NULL = ("classifier_dropout", "pad_token_id", "embedding_size")
 ACTIVATION_KEYS = ("hidden_act", "activation", "hidden_activation")
+TEXT_KEYS = ("problem_type", "position_embedding_type", "model_type")
 
 
 def validate_hf_config(hf: dict, path):
@@ -181,7 +184,7 @@ def validate_hf_config(hf: dict, path):
     built: its type and range, in one line naming the file and the key."""
     for key, (kind, lo, hi) in CONFIG_RULES.items():
         v = hf.get(key)
-        if v is None:
+        if v is None and (key not in hf or key in MAY_BE_NULL):
             continue
         ok = (isinstance(v, int) if kind == _INT else isinstance(v, (int, float))) \
             and not isinstance(v, bool) and lo <= v <= hi
@@ -189,14 +192,35 @@ def validate_hf_config(hf: dict, path):
             raise NanobertError(f"{path}: {key} must be {kind} from {lo:g} to {hi:g}, got {v!r}")
     for key in ACTIVATION_KEYS:
         v = hf.get(key)
-        if v is not None and (not isinstance(v, str) or v not in ACTIVATIONS):
+        if key in hf and (not isinstance(v, str) or v not in ACTIVATIONS):
             raise NanobertError(f"{path}: {key} {v!r} is not supported (supported: "
                                 f"{', '.join(ACTIVATIONS)})")
+    for key in TEXT_KEYS:
+        if hf.get(key) is not None and not isinstance(hf[key], str):
+            raise NanobertError(f"{path}: {key} must be a string, got {hf[key]!r}")
+    _validate_labels(hf, path)
+    pad, vocab = hf.get("pad_token_id"), hf.get("vocab_size")
+    if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab:
+        raise NanobertError(f"{path}: pad_token_id {pad} is not below vocab_size {vocab}")
     h = hf.get("hidden_size", hf.get("dim"))
     heads = hf.get("num_attention_heads", hf.get("n_heads"))
     if isinstance(h, int) and isinstance(heads, int) and h % heads:
         raise NanobertError(f"{path}: hidden_size {h} is not a multiple of num_attention_heads "
                             f"{heads}")
+
+
+def _validate_labels(hf: dict, path):
+    """id2label maps whole numbers 0..n-1 to names; architectures is a list of names."""
+    id2label = hf.get("id2label")
+    if id2label is not None:
+        ok = isinstance(id2label, dict) and all(
+            isinstance(k, (str, int)) and str(k).isdigit() for k in id2label)
+        if not ok or sorted(int(k) for k in id2label) != list(range(len(id2label))):
+            raise NanobertError(f"{path}: id2label must map 0..n-1 to label names, got "
+                                f"{str(id2label)[:80]}")
+    arch = hf.get("architectures")
+    if arch is not None and not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        raise NanobertError(f"{path}: architectures must be a list of class names, got {arch!r}")
 
 
 def infer_head(hf_config: dict, fam: Family, names) -> str | None:

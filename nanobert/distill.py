@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import add_flags, at_least, param, positive
-from .files import NanobertError
+from .files import NanobertError, check_output_dir
 from .model import Bert
 from .pretrain import PretrainConfig
 from .train import TrainConfig
@@ -149,6 +149,7 @@ def distill(cfg: DistillConfig) -> dict:
     """Distil `cfg.teacher` into a student; returns the best validation metrics."""
     from .checkpoint import resolve
     from .pretrain import run_pretrain
+    check_output_dir(cfg.trainer.out_dir)  # before loading the teacher
     teacher = _teacher(cfg)
     if cfg.tokenizer is None:
         cfg = cfg.replace(tokenizer=str(resolve(cfg.teacher)))  # the teacher's vocabulary

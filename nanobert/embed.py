@@ -30,7 +30,8 @@ import torch
 
 from .batching import restore_order, sorted_batches
 from .config import at_least, checked
-from .files import NanobertError, atomic_path, read_lines
+from .files import NanobertError, atomic_path, check_output_file, read_lines
+from .quantize import add_dtype_flag
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
@@ -114,7 +115,7 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     base.eval()
     device = next(base.parameters()).device
     pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
-    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length)
+    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
     batches = sorted_batches([len(e.ids) for e in encodings], batch_size)
     shown = batches
     if progress:
@@ -173,11 +174,11 @@ class Encoder:
 
     def __init__(self, model="minilm", tokenizer=None, pooling: Optional[str] = None,
                  normalize: bool = True, batch_size: int = 64, max_length: Optional[int] = None,
-                 name: str = ""):
+                 name: str = "", dtype: str = "float32"):
         if isinstance(model, (str, Path)):
             from . import load
             name = name or str(model)
-            model, tokenizer = load(model, head=None)
+            model, tokenizer = load(model, head=None, dtype=dtype)
         elif tokenizer is None:
             raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -201,7 +202,8 @@ class Encoder:
     def identity(self) -> str:
         """A string that changes when the model's weights or the settings change."""
         parts = [f"pooling={self.pooling}", f"normalize={self.normalize}",
-                 f"max_length={self.max_length}"]
+                 f"max_length={self.max_length}",
+                 f"dtype={getattr(self.model, 'dtype_name', 'float32')}"]
         source = getattr(self.model, "source_dir", None)
         if source is not None:
             source = Path(source).resolve()
@@ -280,6 +282,21 @@ def _cache_paths(corpus: Path, key: str) -> list[Path]:
     return [corpus.parent / name, home / name]
 
 
+def _cached_array(path: Path, rows: int, width: int):
+    """The cached (rows, width) float array at `path`, or None when there is none or it
+    does not fit: unreadable, another shape (another model's width, another corpus), or
+    holding NaN/inf (a crash mid-write, a diverged model). A misfit is rebuilt."""
+    if not path.is_file():
+        return None
+    try:
+        emb = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    ok = (emb.ndim == 2 and emb.shape == (rows, width) and emb.dtype.kind == "f"
+          and bool(np.isfinite(emb).all()))
+    return emb if ok else None
+
+
 def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = False):
     """(texts, embeddings) of a corpus file; embeddings are read from the cache when the
     corpus bytes and the model/settings are unchanged, else computed and cached (beside
@@ -290,16 +307,13 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
     h.update(encoder.identity().encode())
     key = h.hexdigest()[:16]
     candidates = _cache_paths(corpus.resolve(), key)
+    width = encoder.model.config.hidden_size
     for c in candidates:
-        if c.is_file():
-            try:
-                emb = np.load(c, allow_pickle=False)
-                if emb.shape[0] == len(texts):
-                    if verbose:
-                        print(f"using cached embeddings {c}", file=sys.stderr)
-                    return texts, emb
-            except (OSError, ValueError):
-                pass  # unreadable cache: recompute
+        emb = _cached_array(c, len(texts), width)
+        if emb is not None:
+            if verbose:
+                print(f"using cached embeddings {c}", file=sys.stderr)
+            return texts, emb
     emb = encoder.encode(texts)
     for c in candidates:
         try:
@@ -326,11 +340,12 @@ def _common(p):
     p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64)
     p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=None,
                    help="truncate texts to this many tokens (default: the model's)")
+    add_dtype_flag(p)
 
 
 def _encoder(args) -> Encoder:
     return Encoder(args.model, pooling=args.pooling, normalize=not args.no_normalize,
-                   batch_size=args.batch_size, max_length=args.max_length)
+                   batch_size=args.batch_size, max_length=args.max_length, dtype=args.dtype)
 
 
 def embed_args(p):
@@ -342,6 +357,7 @@ def embed_args(p):
 
 def embed_cmd(args):
     """Sentence embeddings of a file's sentences, saved as a .npy array (n, hidden)."""
+    check_output_file(args.out, "--out")
     texts = read_texts(args.input)
     enc = _encoder(args)
     emb = enc.encode(texts)

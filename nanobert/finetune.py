@@ -43,7 +43,7 @@ import torch
 from . import data as D
 from .batching import pad_rows, sorted_batches
 from .config import Config, at_least, param
-from .files import NanobertError
+from .files import NanobertError, check_output_dir
 from .train import TrainConfig
 
 # ----------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def label2id(model) -> dict:
 def encode_classification(tok, examples, max_length, label2id=None) -> list:
     texts = [e.text_a for e in examples]
     pairs = None if examples[0].text_b is None else [e.text_b or "" for e in examples]
-    encs = tok.encode_batch(texts, pairs, max_length=max_length)
+    encs = tok.encode_batch(texts, pairs, max_length=max_length, report="texts")
     items = []
     for e, enc in zip(examples, encs):
         item = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
@@ -114,11 +114,15 @@ def word_features(enc) -> dict:
 
 def encode_ner(tok, sentences, max_length, label2id=None) -> list:
     """Sub-word features of pre-split words; the word's tag on its first sub-word only."""
+    from .tokenizer import report_truncation
+    words = [s.words for s in sentences]
     tok.tk.enable_truncation(max_length)
     try:
-        encs = tok.tk.encode_batch([s.words for s in sentences], is_pretokenized=True)
+        encs = tok.tk.encode_batch(words, is_pretokenized=True)
     finally:
         tok.tk.no_truncation()
+    report_truncation(tok, encs, words, max_length, "sentences",
+                      is_pretokenized=True, flag=None)
     items = []
     for s, enc in zip(sentences, encs):
         item = word_features(enc)
@@ -225,7 +229,7 @@ def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress
 
 def predict_ner_text(model, tok, texts, max_length, batch_size=64) -> list:
     """Entities of raw texts: [{"type", "start", "end", "text", "score"}] per text."""
-    encs = tok.encode_batch(texts, max_length=max_length)
+    encs = tok.encode_batch(texts, max_length=max_length, report="texts")
     preds = word_predictions(model, [word_features(e) for e in encs], batch_size, tok.pad_id or 0)
     return [entities(text, enc, p, model.config.id2label)
             for text, enc, p in zip(texts, encs, preds)]
@@ -272,11 +276,11 @@ def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) ->
 # The tasks, function by function: labels, features, evaluation, prediction
 
 
-def classify_labels(train) -> list:
-    return D.label_set(train)
+def classify_labels(train, path=None) -> list:
+    return D.label_set(train, path)
 
 
-def ner_labels(train) -> list:
+def ner_labels(train, path=None) -> list:
     """O first, then B-/I- of each entity type, sorted by type."""
     tags = sorted({t for s in train for t in s.tags} - {"O"}, key=lambda t: (t[2:], t[:2]))
     return ["O"] + tags
@@ -389,14 +393,7 @@ def qa_input(i, x):
 def classify_inputs(path, columns: dict) -> list:
     """predict --input for classification: a labelled file when it looks like one (JSON
     Lines, MSRP, or a table whose header names a text column), else one text a line."""
-    fmt = D.detect_format(path)
-    if fmt in ("jsonl", "msrp", "tsv", "csv"):
-        first = next(t for _, t in D.read_lines(path) if t.strip())
-        header = first.split("\t" if fmt in ("tsv", "msrp") else ",")
-        known = any(h.strip().strip('"') in D.TEXT_COLUMNS + list(columns.values()) for h in header)
-        if fmt in ("jsonl", "msrp") or known:
-            return D.read_classification(path, require_label=False, **columns)
-    return text_lines(path, columns)
+    return D.read_inputs(path, columns)
 
 
 def text_lines(path, columns=None) -> list:
@@ -432,7 +429,7 @@ def model_writer(tok, settings: dict):
 class Task:
     """Everything that differs between fine-tuning tasks. The functions' signatures:
         read(path, columns: dict, require_labels) -> examples
-        labels(train examples) -> label names (id order), or None (span, score, vector)
+        labels(train examples, path) -> label names (id order), or None (span, score, vector)
         features(tok, examples, settings, label2id) -> what `batcher` cuts into batches
         check(examples, model, path): raise on labels the model does not know
         evaluate(model, tok, examples, settings, batch_size, progress) -> metrics
@@ -569,7 +566,8 @@ class FinetuneConfig(Config):
               "trainer": {"out_dir": None, "epochs": None, "lr": None, "warmup_ratio": None,
                           "weight_decay": None, "max_steps": None, "eval_every": None,
                           "early_stopping": None, "seed": None, "grad_accum": None,
-                          "resume": None, "device": None, "progress": None}}
+                          "resume": None, "overwrite": None, "device": None,
+                          "progress": None}}
 
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""
@@ -592,8 +590,20 @@ def finetune(config, *args, **fields) -> dict:
     if not isinstance(config, FinetuneConfig):
         names = ("task", "model", "train", "dev", "out_dir")
         config = FinetuneConfig.create(**dict(zip(names, (config,) + args)), **fields)
-    from .train import Trainer
+    from . import rundir
+    from .config import as_flags
     cfg, task = config, get_task(config.task)
+    check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
+    fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] + rundir.model_files(cfg.model),
+                            as_flags(cfg))
+    t = cfg.trainer
+    with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite):
+        return _finetune(cfg, task)
+
+
+def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
+    """The run itself, inside the output directory's life cycle (nanobert.rundir)."""
+    from .train import Trainer
     settings = cfg.settings(task)
     train, dev = _read_splits(task, cfg)
     model, tok = _model_for(task, cfg, train, settings["max_length"])
@@ -633,7 +643,7 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
     import nanobert
     overrides = {}
     if task.labels is not None:
-        overrides["id2label"] = dict(enumerate(task.labels(train)))
+        overrides["id2label"] = dict(enumerate(task.labels(train, cfg.train)))
     model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
     if model.config.max_position_embeddings < max_length:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "
@@ -666,12 +676,13 @@ def _reinit_new_head(model, seed):
 # Loading a fine-tuned directory, and predicting with it from Python
 
 
-def load_finetuned(model_dir):
-    """(model in eval mode, tokenizer, settings) of a directory written by finetune."""
+def load_finetuned(model_dir, dtype: str = "float32"):
+    """(model in eval mode, tokenizer, settings) of a directory written by finetune;
+    dtype "int8": its block Linear layers in int8 (nanobert.quantize)."""
     import nanobert
     from .checkpoint import resolve
     d = resolve(model_dir)
-    model, tok = nanobert.load(d)
+    model, tok = nanobert.load(d, dtype=dtype)
     settings = {}
     if (d / "nanobert.json").is_file():
         try:
@@ -687,7 +698,7 @@ def load_finetuned(model_dir):
     settings.setdefault("max_length", min(TASKS[task].max_length,
                                           model.config.max_position_embeddings))
     settings.setdefault("doc_stride", 128)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and dtype == "float32":
         model.cuda()
     return model.eval(), tok, settings
 
@@ -704,8 +715,8 @@ class Predictor:
     One input in, one result out; a list in, a list out. The results are the objects
     `nanobert predict --json` prints."""
 
-    def __init__(self, model_dir, batch_size: int = 64):
-        self.model, self.tokenizer, self.settings = load_finetuned(model_dir)
+    def __init__(self, model_dir, batch_size: int = 64, dtype: str = "float32"):
+        self.model, self.tokenizer, self.settings = load_finetuned(model_dir, dtype)
         self.task = TASKS[self.settings["task"]]
         self.batch_size = batch_size
 
@@ -740,9 +751,11 @@ def finetune_cmd(args):
 
 def _model_flags(p):
     from .config import add_flags, at_least, checked
+    from .quantize import add_dtype_flag
     p.add_argument("--model", required=True, help="a fine-tuned model directory")
     p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64,
                    help="examples per inference batch")
+    add_dtype_flag(p)
     add_flags(p, ColumnsConfig)
 
 
@@ -759,7 +772,7 @@ def evaluate_args(p):
 
 def evaluate_cmd(args):
     """Evaluate a fine-tuned model on a labelled file (accuracy/F1/MCC, entity F1, EM/F1)."""
-    model, tok, settings = load_finetuned(args.model)
+    model, tok, settings = load_finetuned(args.model, args.dtype)
     task = TASKS[settings["task"]]
     examples = task.read(args.data, _columns(args, settings), True)
     check_known_labels(task.name, examples, model, args.data)
@@ -791,7 +804,7 @@ def _predict_inputs(task: Task, args, settings) -> list:
 
 def predict_cmd(args):
     """Predict labels, entities or answers with a fine-tuned model."""
-    model, tok, settings = load_finetuned(args.model)
+    model, tok, settings = load_finetuned(args.model, args.dtype)
     task = TASKS[settings["task"]]
     if not args.texts and not args.input:
         raise NanobertError("give texts on the command line or --input FILE")

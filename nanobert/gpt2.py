@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .config import Config, add_flags, at_least, param
-from .files import NanobertError, write_text
+from .files import NanobertError, check_output_file, write_text
 from .finetune import ColumnsConfig
 
 TEMPLATE = " The sentiment is {}."
@@ -334,6 +334,8 @@ def compare_gpt2_args(p):
 def compare_gpt2_cmd(args):
     """Accuracy of a fine-tuned BERT classifier vs GPT-2 zero-shot (LM loss of verdicts)."""
     cfg = CompareConfig.from_args(args)
+    if args.out:
+        check_output_file(args.out, "--out")
     r = compare(cfg)
     table = markdown_table(r, Path(cfg.data).name)
     print(table, end="")

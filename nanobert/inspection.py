@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .config import Config, add_flags, at_least, checked, param, positive
-from .files import NanobertError, atomic_path
+from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file
 from .finetune import ColumnsConfig
 
 # ----------------------------------------------------------------------------------
@@ -43,7 +43,7 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
     try:
         max_length = min(max_length or tokenizer.model_max_length,
                          encoder.config.max_position_embeddings)
-        batch = tokenizer([text], None if pair is None else [pair], max_length)
+        batch = tokenizer([text], None if pair is None else [pair], max_length, report="texts")
         device = next(encoder.parameters()).device
         out = encoder(**{k: v.to(device) for k, v in batch.items()}, output_attentions=True)
     finally:
@@ -100,7 +100,8 @@ def _pyplot():
 def _save(fig, out):
     out = Path(out)
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, format=(out.suffix.lstrip(".") or "png"), dpi=120, bbox_inches="tight")
+        fig.savefig(tmp, format=(out.suffix.lstrip(".").lower() or "png"), dpi=120,
+                    bbox_inches="tight")
 
 
 def _norm(scale: str, vmax: float):
@@ -191,6 +192,7 @@ def attention_args(p):
 def attention_cmd(args):
     """Attention heatmaps for chosen layers and heads, or [CLS] attention across layers."""
     from . import load
+    check_output_file(args.out, "--out", IMAGE_SUFFIXES)
     model, tokenizer = load(args.model)
     tokens, probs = attention_maps(model, tokenizer, args.text, args.pair, args.max_length)
     L, nh = probs.shape[:2]
@@ -349,6 +351,7 @@ def tsne_cmd(args):
     (fixed seed) and plotted; the silhouette score is measured in the original space."""
     from . import load
     cfg = TsneConfig.from_args(args)
+    check_output_file(args.out, "--out", IMAGE_SUFFIXES)  # before minutes of t-SNE
     model, tokenizer = load(args.model)
     rep = tsne_report(model, tokenizer, args.data, cfg)
     points = tsne(rep["vectors"], cfg.seed, cfg.perplexity)

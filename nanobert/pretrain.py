@@ -17,6 +17,7 @@ N processes compute the same update as one (masks are keyed by sequence, not by 
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import Config, add_flags, as_flags, at_least, checked, fraction, param
-from .files import NanobertError, atomic_path, write_text
+from .files import NanobertError, atomic_path, check_output_dir, write_text
 from .masking import IGNORE, Masker, fixed_masks, parse_split, split_name
 from .model import pair_loss
 from .train import TrainConfig
@@ -97,7 +98,8 @@ class PretrainConfig(Config):
     nested = {"trainer": {"out_dir": None, "max_steps": "--steps", "lr": None,
                           "warmup_ratio": None, "weight_decay": None, "grad_accum": None,
                           "seed": None, "eval_every": None, "save_every": None,
-                          "resume": None, "device": None, "progress": None}}
+                          "resume": None, "overwrite": None, "device": None,
+                          "progress": None}}
 
     def __post_init__(self):
         super().__post_init__()
@@ -228,10 +230,36 @@ class _Run:
 def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) -> dict:
     """Pretrain as `cfg` says; returns the best validation metrics. Distillation
     reuses it all with its own student (`make_model(tokenizer)`) and `loss_fn`."""
-    from .train import Trainer
+    from . import rundir
     rank, world, local_rank = dist_info()
     run = _Run(cfg, Path(cfg.trainer.out_dir), rank, world, local_rank,
                log if rank == 0 else (lambda *a, **k: None))
+    t = cfg.trainer
+    owner = contextlib.nullcontext()  # rank 0 alone owns the directory (and writes it)
+    if rank == 0:
+        check_output_dir(run.out)  # before hashing the corpus
+        command = "distill" if hasattr(cfg, "teacher") else "pretrain"
+        owner = rundir.run(run.out, command, _fingerprint(cfg), t.resume, t.overwrite)
+    with owner:
+        return _pretrain(run, make_model, loss_fn)
+
+
+def _fingerprint(cfg: PretrainConfig) -> dict:
+    """The run's identity for --resume: corpus files, the tokenizer and config it starts
+    from, the teacher of a distillation, and the flags."""
+    from .corpus import corpus_files
+    from .rundir import fingerprint, model_files
+    files = corpus_files(cfg.corpus) + model_files(cfg.tokenizer or "") + \
+        model_files(getattr(cfg, "teacher", ""))
+    if cfg.model_config:
+        files.append(Path(cfg.model_config))
+    return fingerprint(cfg.objective, files, as_flags(cfg))
+
+
+def _pretrain(run: _Run, make_model, loss_fn) -> dict:
+    """The run itself, inside the output directory's life cycle (nanobert.rundir)."""
+    from .train import Trainer
+    cfg, world = run.cfg, run.world
     run.micro = _micro_batch_rows(cfg, world)
     _load_data(run)
     masker = Masker.for_tokenizer(run.tok, mask_prob=cfg.mask_prob, split=cfg.split,
@@ -501,6 +529,7 @@ def ablate_masking_cmd(args):
         raise NanobertError(f"--splits: got {args.splits!r}, expected comma-separated "
                             f"splits like 80/10/10 ({e})")
     out = Path(cfg.trainer.out_dir)
+    check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     cache = cfg.cache_dir or str(out / "cache")
     rows, curves = [], {}

@@ -154,3 +154,10 @@ def to_dtype(model: nn.Module, dtype: str, tokenizer=None) -> nn.Module:
     if dtype not in DTYPES:
         raise NanobertError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     return DTYPES[dtype](model, tokenizer)
+
+
+def add_dtype_flag(parser) -> None:
+    """--dtype for the inference commands (predict, evaluate, embed, search)."""
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="int8: int8 Linear layers with activations quantized per call "
+                             "(CPU; faster, slightly different numbers; docs/deploy.md)")

@@ -34,11 +34,12 @@ from .files import NanobertError, check_output_dir, write_text
 RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
 # what a finished run leaves: any of these makes a directory "another run's"
-MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "checkpoint", RUN_FILE)
-KEEP_ON_OVERWRITE = ("cache", LOCK_FILE)    # the tokenized-corpus cache is keyed by content
+MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "checkpoint")
+# kept by --overwrite: the tokenized-corpus cache (keyed by content) and input data (demo)
+KEEP_ON_OVERWRITE = ("cache", "data", LOCK_FILE)
 # flags that change where or how visibly a run goes, not what it computes
 NOT_SHAPING = {"out", "out_dir", "resume", "overwrite", "progress", "no_progress", "device",
-               "func", "command", "cache_dir", "log_every", "json"}
+               "func", "command", "cache_dir", "log_every", "json", "save_every"}
 # temporaries of files.atomic_path (.NAME.xxxxxxxx, .NAME.oldPID) and of save_model (.save.*)
 TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}|old\d+)|\.save\..+|\.old-run\..+")
 
@@ -51,6 +52,8 @@ def file_digest(path) -> dict:
     """Size and SHA-256 of a file's content (not its name: a moved file is the same data)."""
     h = hashlib.sha256()
     path = Path(path)
+    if not path.is_file():
+        raise NanobertError(f"{path}: no such file")
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
@@ -62,6 +65,16 @@ def fingerprint(task: str, data_files, flags: dict) -> dict:
     and the flags that shape the computation (`NOT_SHAPING` ones left out)."""
     shaping = {k: _plain(v) for k, v in sorted(flags.items()) if k not in NOT_SHAPING}
     return {"task": task, "data": [file_digest(f) for f in data_files], "flags": shaping}
+
+
+def model_files(name) -> list:
+    """The files that make a local model directory what it is (config and weights), so
+    that a retrained base model counts as other data; a hub name is its own flag."""
+    d = Path(str(name))
+    if not name or not d.is_dir():
+        return []
+    return [f for n in ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt",
+                        "tokenizer.json") if (f := d / n).is_file()]
 
 
 def _plain(v):
@@ -221,25 +234,27 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
 
 
 def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool):
-    """Decide whether this run may use the directory, clearing it when told to."""
+    """Decide whether this run may use the directory, clearing it when told to. A new
+    run stops at a model or a checkpoint (a run that died before writing either left
+    nothing to lose); --resume stops at any other run's record."""
     if resume and overwrite:
         raise NanobertError("--resume and --overwrite contradict each other: choose one")
-    rec = read_run(out_dir)
+    rec, holds = read_run(out_dir), _holds_a_run(out_dir)
     if overwrite:
-        clear(out_dir)
+        if holds or rec is not None:  # never empty a directory no run of ours wrote
+            clear(out_dir)
         return
     if resume:
+        if rec is None and holds:
+            raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
+                                "recorded; start over with --overwrite or choose another --out")
         if rec is not None and rec.get("fingerprint") != fp:
             diff = "; ".join(differences(rec.get("fingerprint") or {}, fp)) or "unknown run"
             raise NanobertError(f"--resume: {out_dir} holds another run ({diff}); resume with "
                                 "the same data and flags, or start over with --overwrite")
-        if rec is None and _holds_a_run(out_dir):
-            raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
-                                "recorded; start over with --overwrite or choose another --out")
         if (out_dir / "checkpoint").exists():
             check_checkpoint(out_dir / "checkpoint")
-        return
-    if _holds_a_run(out_dir):
+    elif holds:
         what = "an unfinished run" if rec and rec.get("status") != "finished" else "a model"
         raise NanobertError(f"--out {out_dir} already holds {what}; continue it with --resume, "
                             "start over with --overwrite, or choose another directory")

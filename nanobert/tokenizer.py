@@ -195,17 +195,21 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None,
                      max_length: Optional[int] = None, stride: int = 0,
-                     strategy: str = "longest_first"):
+                     strategy: str = "longest_first", report: Optional[str] = None):
         """A list of `tokenizers.Encoding`, truncated to max_length (default: the model's).
         With `stride` and strategy 'only_second', overflowing windows are kept on each
-        encoding's `.overflowing` (used for QA over long contexts)."""
+        encoding's `.overflowing` (used for QA over long contexts). `report` names the
+        inputs ("texts", "training examples") in a note on stderr when some were cut."""
         max_length = max_length or self.model_max_length
         self.tk.enable_truncation(max_length, stride=stride, strategy=strategy)
         try:
             inputs = list(texts) if pairs is None else list(zip(texts, pairs))
-            return self.tk.encode_batch(inputs)
+            encodings = self.tk.encode_batch(inputs)
         finally:
             self.tk.no_truncation()
+        if report:
+            report_truncation(self, encodings, inputs, max_length, report, flag=None)
+        return encodings
 
     def pad(self, encodings) -> dict:
         """Pad a list of encodings to the longest: input_ids, token_type_ids,
@@ -222,12 +226,13 @@ class Tokenizer:
             mask[i, :n] = 1
         return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
-    def __call__(self, texts, pairs=None, max_length: Optional[int] = None) -> dict:
+    def __call__(self, texts, pairs=None, max_length: Optional[int] = None,
+                 report: Optional[str] = None) -> dict:
         """Encode a batch and pad it to its longest member (dynamic padding)."""
         if isinstance(texts, str):
             texts = [texts]
             pairs = [pairs] if isinstance(pairs, str) else pairs
-        return self.pad(self.encode_batch(texts, pairs, max_length))
+        return self.pad(self.encode_batch(texts, pairs, max_length, report=report))
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -359,6 +364,8 @@ def report_truncation(tok: Tokenizer, encodings, inputs, max_length: int, what: 
     inputs were cut. Every command that truncates calls it, so no cut is silent."""
     import sys
     note = truncation_note(tok, encodings, inputs, max_length, what, is_pretokenized, flag)
-    if note:
+    said = tok.__dict__.setdefault("_notes", set())
+    if note and note not in said:  # the dev set, evaluated every epoch: said once
+        said.add(note)
         print(f"nanobert: note: {note}", file=sys.stderr, flush=True)
     return sum(1 for e in encodings if e.overflowing)

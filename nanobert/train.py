@@ -72,7 +72,10 @@ class TrainConfig(Config):
     device: str = param("auto", "cpu, cuda, cuda:1, ... (auto: cuda when available)")
     amp: str = param("auto", "mixed precision (auto: bf16/fp16 on CUDA, off on CPU)",
                      choices=("auto", "bf16", "fp16", "off", "no", "none", "fp32"))
-    resume: bool = param(False, "continue from OUT/checkpoint")
+    resume: bool = param(False, "continue the run in OUT from its checkpoint (same data and "
+                         "flags only)")
+    overwrite: bool = param(False, "start over in an OUT that holds another run's model or "
+                            "checkpoint (it is cleared first)")
     progress: bool = param(True, "a progress bar with loss and throughput")
 
 
@@ -141,6 +144,17 @@ def _resolve_amp(amp: str, device: torch.device):
     if amp == "fp16" or (amp == "auto" and not torch.cuda.is_bf16_supported()):
         return torch.float16, True
     return torch.bfloat16, False
+
+
+def _forget_packed_weights(model: nn.Module):
+    """nanobert.model.Linear keeps a packed copy of its weight for CPU inference, keyed
+    by the weight's version counter; the fused AdamW kernel updates weights in place
+    without moving that counter, so after an update the copies are dropped (otherwise an
+    evaluation would run on the weights of an earlier step)."""
+    from .model import Linear
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.__dict__.pop("_packed", None)
 
 
 def _adamw(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -251,6 +265,7 @@ class Trainer:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        _forget_packed_weights(self.model)
         self.step += 1
         return loss
 

@@ -126,3 +126,63 @@ def test_truncated_weights_and_checkpoint_files(copy, capsys, tmp_path):
         check_safetensors(ckpt / "optimizer.safetensors")
     (ckpt / "optimizer.safetensors").write_bytes(data)
     check_checkpoint(ckpt)  # whole again
+
+
+# ---- fuzzing the model-directory readers -------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nanobert.checkpoint import load_model
+from nanobert.tokenizer import Tokenizer
+
+CONFIG_VALUES = (st.none() | st.booleans() | st.integers(-2, 300) | st.floats()
+                 | st.sampled_from(["gelu", "relu", "big", "", "bert", "roberta", "albert",
+                                    "modernbert", "distilbert", "deberta-v2"])
+                 | st.lists(st.integers(0, 3), max_size=3) | st.dictionaries(st.text(max_size=3),
+                                                                             st.integers(), max_size=2))
+CONFIG_KEYS = ["hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+               "vocab_size", "max_position_embeddings", "type_vocab_size", "hidden_act",
+               "layer_norm_eps", "hidden_dropout_prob", "pad_token_id", "model_type",
+               "architectures", "id2label", "num_labels", "problem_type", "embedding_size",
+               "position_embedding_type", "classifier_dropout", "nanobert_attn_backend"]
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def test_fuzzed_config_json_loads_or_says_why(model_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("fuzz") / "m"
+    shutil.copytree(model_dir, d)
+    original = json.loads((model_dir / "config.json").read_text())
+
+    @FUZZ
+    @given(st.dictionaries(st.sampled_from(CONFIG_KEYS), CONFIG_VALUES, min_size=1, max_size=3),
+           st.sets(st.sampled_from(sorted(original)), max_size=2))
+    def run(changes, dropped):
+        cfg = {k: v for k, v in original.items() if k not in dropped}
+        (d / "config.json").write_text(json.dumps(dict(cfg, **changes)))
+        try:
+            load_model(d)
+        except NanobertError as e:
+            assert "\n" not in str(e)
+    run()
+
+
+def test_fuzzed_tokenizer_files_load_or_say_why(model_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("fuzz") / "t"
+    shutil.copytree(model_dir, d)
+    (d / "tokenizer.json").unlink()
+    vocab = (model_dir / "vocab.txt").read_bytes()
+
+    @FUZZ
+    @given(st.binary(max_size=40), st.integers(0, len(vocab)),
+           st.dictionaries(st.sampled_from(["model_max_length", "do_lower_case", "cls_token",
+                                            "mask_token", "pad_token"]), CONFIG_VALUES, max_size=2))
+    def run(noise, at, conf):
+        (d / "vocab.txt").write_bytes(vocab[:at] + noise + vocab[at:])
+        (d / "tokenizer_config.json").write_text(json.dumps(conf))
+        try:
+            Tokenizer.from_dir(d)
+        except NanobertError as e:
+            assert "\n" not in str(e)
+    run()

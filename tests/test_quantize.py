@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -54,3 +55,19 @@ def test_load_dtype(minilm_dir, one_thread):
     assert model.dtype_name == "int8" and not model.training
     with pytest.raises(NanobertError, match="int8"):
         nanobert.load(minilm_dir, dtype="int4")
+
+
+def test_cli_int8_embed_and_identity(tmp_path, one_thread):
+    from nanobert.cli import main
+    from nanobert.embed import Encoder
+    src = tmp_path / "s.txt"
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    outs = {}
+    for dtype in ("float32", "int8"):
+        assert main(["embed", "--input", str(src), "--out", str(tmp_path / f"{dtype}.npy"),
+                     "--dtype", dtype, "--threads", "1"]) == 0
+        outs[dtype] = np.load(tmp_path / f"{dtype}.npy")
+    cos = (outs["float32"] * outs["int8"]).sum(1)      # normalised vectors
+    assert cos.min() > 0.99 and not np.array_equal(outs["float32"], outs["int8"])
+    # cached corpus embeddings of one dtype are never served for the other
+    assert Encoder("minilm").identity() != Encoder("minilm", dtype="int8").identity()

@@ -1,14 +1,23 @@
 """The life cycle of an output directory (issue 11, class 1): unfinished runs are marked
 and refused, another run's directory is not silently reused, --resume continues only
-the same run, temporaries are cleaned; and output paths fail before any work (class 4)."""
+the same run, temporaries are cleaned."""
 from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 
-from nanobert.files import NanobertError, check_output_dir, check_output_file
+import nanobert
+from nanobert.cli import main
+from nanobert.files import NanobertError
 from nanobert.rundir import (RUN_FILE, clean_temporaries, differences, fingerprint, read_run,
                              require_finished, run)
 
@@ -63,11 +72,31 @@ def test_another_runs_directory_needs_overwrite_or_resume(tmp_path, data):
         assert (out / "cache" / "tokens.npz").read_text() == "kept"
 
 
+def test_a_run_that_died_before_writing_a_model_blocks_nothing(tmp_path, data):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with run(out, "finetune", fp(data)):
+            raise RuntimeError("bad data")
+    with run(out, "finetune", fp(data, lr=0.5)):   # no --overwrite needed: nothing to lose
+        pass
+    assert read_run(out)["fingerprint"]["flags"]["lr"] == 0.5
+
+
+def test_overwrite_never_empties_a_directory_no_run_wrote(tmp_path, data):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "todo.txt").write_text("mine")
+    with run(out, "finetune", fp(data), overwrite=True):
+        pass
+    assert (out / "todo.txt").read_text() == "mine"
+
+
 def test_resume_checks_the_fingerprint(tmp_path, data):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
         with run(out, "finetune", fp(data)):
-            raise RuntimeError
+            (out / "config.json").write_text("{}")   # the best model so far
+            raise RuntimeError("killed")
     with pytest.raises(NanobertError) as e:
         with run(out, "finetune", fp(data, lr=5e-3, seed=2), resume=True):
             pass
@@ -121,43 +150,182 @@ def test_a_torn_run_file_counts_as_unfinished(tmp_path):
         require_finished(tmp_path)
 
 
-# ---- output paths (class 4) -------------------------------------------------------------
-
-def test_output_directories_fail_before_any_work(tmp_path):
-    f = tmp_path / "file"
-    f.write_text("x")
-    cases = {f: f"--out {f}: is a file; a directory is needed here",
-             f / "sub": f"--out {f / 'sub'}: {f} is a file, not a directory",
-             "/proc/nanobert-out": "--out /proc/nanobert-out: /proc is a virtual file system; "
-                                   "choose a directory on disk"}
-    for path, msg in cases.items():
-        with pytest.raises(NanobertError) as e:
-            check_output_dir(path)
-        assert str(e.value) == msg
-    check_output_dir(tmp_path / "new" / "deeper")
-    assert not (tmp_path / "new").exists()           # checking creates nothing
+# ---- whole runs: SIGKILL at several moments, older runs, resume mismatch ---------------
+#
+# A killed run is a subprocess stopped with SIGKILL right after it prints a given line;
+# everything else runs in this process. Resuming must end with the very bytes of an
+# uninterrupted run, and nothing may load the directory in between.
 
 
-def test_a_read_only_directory_is_refused(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    try:
-        if os.geteuid() == 0:  # root writes anyway: the probe then rightly succeeds
-            check_output_dir(ro / "out")
-        else:
-            with pytest.raises(NanobertError, match=f"cannot write in {ro}"):
-                check_output_dir(ro / "out")
-    finally:
-        ro.chmod(0o755)
+ROOT = Path(__file__).resolve().parents[1]
+POS, NEG = "great good fun superb lovely".split(), "bad dull boring awful poor".split()
+FILL = "the movie film plot acting was is a and very".split()
 
 
-def test_output_files_and_image_formats(tmp_path):
-    images = (".png", ".pdf", ".svg")
-    with pytest.raises(NanobertError) as e:
-        check_output_file(tmp_path / "plot.bmp", "--out", images)
-    assert str(e.value) == (f"--out {tmp_path / 'plot.bmp'}: unsupported file type '.bmp' "
-                            "(choose one of .png, .pdf, .svg)")
-    with pytest.raises(NanobertError, match="is a directory; a file name is needed"):
-        check_output_file(tmp_path, "--out")
-    check_output_file(tmp_path / "a" / "plot.PNG", "--out", images)
+def killed_at(pattern: str, *argv) -> str:
+    """Run `nanobert *argv` in a subprocess, SIGKILL it as soon as a stdout line matches
+    `pattern`; returns what it printed. Fails if it ends before the line."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "nanobert.cli", *map(str, argv)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if re.search(pattern, line):
+            p.send_signal(signal.SIGKILL)
+            break
+    p.wait(timeout=120)
+    p.stdout.close()
+    assert p.returncode == -signal.SIGKILL, "".join(seen)
+    return "".join(seen)
+
+
+@pytest.fixture(scope="module")
+def fixture_dir(tmp_path_factory):
+    """A tiny base model and a small sentiment task."""
+    d = tmp_path_factory.mktemp("runs")
+    rng = random.Random(0)
+    rows = [(" ".join(rng.sample(FILL, 3) + [rng.choice(POS if y else NEG)]), y)
+            for y in (0, 1) * 12]
+    (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    (d / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows[:8]))
+    tok = nanobert.Tokenizer.train([t for t, _ in rows], vocab_size=60, min_frequency=1)
+    torch.manual_seed(0)
+    config = nanobert.preset("tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                             max_position_embeddings=32, num_hidden_layers=2)
+    nanobert.Bert(config).save_pretrained(d / "base", tokenizer=tok)
+    return d
+
+
+def ft(d, out, **changes) -> list:
+    """`nanobert finetune` with the tiny run's flags (changes: {"--lr": 1e-2, ...})."""
+    flags = {"--task": "classify", "--model": d / "base", "--train": d / "train.tsv",
+             "--dev": d / "dev.tsv", "--out": out, "--epochs": 4, "--batch-size": 4,
+             "--eval-every": 3, "--lr": 3e-3, "--max-length": 16, "--seed": 3, "--device": "cpu"}
+    flags.update(changes)
+    return ["finetune"] + [str(x) for kv in flags.items() for x in kv] + ["--no-progress"]
+
+
+def model_bytes(out) -> dict:
+    return {n: (out / n).read_bytes() for n in ("model.safetensors", "config.json", "vocab.txt")}
+
+
+def losses(out) -> list:
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [(r["type"], r["step"], r.get("loss"), r.get("accuracy")) for r in recs]
+
+
+@pytest.fixture(scope="module")
+def reference(fixture_dir):
+    """The uninterrupted fine-tuning run."""
+    out = fixture_dir / "reference"
+    assert main(ft(fixture_dir, out)) == 0
+    return out
+
+
+def refused(capsys, argv, *expected) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and all(e in err for e in expected), err
+    return err
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("moment", [r"^classify: \d+ training", r"^step 3: ", r"^step 12: "])
+def test_finetune_killed_then_resumed_ends_as_if_never_stopped(fixture_dir, reference, tmp_path,
+                                                              capsys, moment):
+    out = tmp_path / "run"
+    killed_at(moment, *ft(fixture_dir, out))
+    refused(capsys, ["evaluate", "--model", str(out), "--data", str(fixture_dir / "dev.tsv")],
+            f"{out}: the finetune run writing this directory did not finish", "--resume")
+    refused(capsys, ["predict", "--model", str(out), "good"], "did not finish")
+    if (out / "config.json").exists():  # a model to lose: a plain new run must not take it
+        refused(capsys, ft(fixture_dir, out), "already holds an unfinished run")
+    assert main(ft(fixture_dir, out) + ["--resume"]) == 0
+    assert model_bytes(out) == model_bytes(reference)
+    assert losses(out) == losses(reference)
+    assert main(["evaluate", "--model", str(out), "--data", str(fixture_dir / "dev.tsv")]) == 0
+    assert not [p for p in out.iterdir() if p.name.startswith((".checkpoint.", ".save."))]
+
+
+def tree(out) -> dict:
+    """Every file under `out` with its bytes."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_new_finetune_into_an_older_run(fixture_dir, reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(ft(fixture_dir, out, **{"--seed": 9, "--epochs": 1})) == 0   # the older run
+    before = tree(out)
+    refused(capsys, ft(fixture_dir, out), f"--out {out} already holds a model", "--overwrite")
+    assert tree(out) == before                                   # nothing written or mixed
+    killed_at(r"^step 3: ", *ft(fixture_dir, out), "--overwrite")
+    refused(capsys, ["evaluate", "--model", str(out), "--data", str(fixture_dir / "dev.tsv")],
+            "did not finish")                                    # never the older model
+    err = refused(capsys, ft(fixture_dir, out, **{"--lr": 1e-2}) + ["--resume"], "--resume:")
+    assert err == (f"nanobert: error: --resume: {out} holds another run (--lr 0.003 there, 0.01 "
+                   "now); resume with the same data and flags, or start over with --overwrite")
+    assert main(ft(fixture_dir, out) + ["--resume"]) == 0
+    assert model_bytes(out) == model_bytes(reference) and losses(out) == losses(reference)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_resume_refuses_other_data_and_a_truncated_checkpoint(fixture_dir, tmp_path, capsys):
+    data = tmp_path / "train.tsv"
+    data.write_bytes((fixture_dir / "train.tsv").read_bytes())
+    out = tmp_path / "run"
+    killed_at(r"^step 6: ", *ft(fixture_dir, out, **{"--train": data}))
+    data.write_text(data.read_text() + "an extra line\t1\n")
+    refused(capsys, ft(fixture_dir, out, **{"--train": data}) + ["--resume"],
+            "holds another run (data file 1 has other content")
+    data.write_bytes((fixture_dir / "train.tsv").read_bytes())
+    opt = out / "checkpoint" / "optimizer.safetensors"
+    opt.write_bytes(opt.read_bytes()[:-100])
+    refused(capsys, ft(fixture_dir, out, **{"--train": data}) + ["--resume"],
+            f"{opt}: truncated", "--overwrite")
+
+
+# ---- pretrain ---------------------------------------------------------------------------
+
+def pt(d, out, **changes) -> list:
+    flags = {"--corpus": d / "corpus.txt", "--out": out, "--preset": "tiny", "--steps": 12,
+             "--batch-size": 8, "--seq-len": 32, "--vocab-size": 70, "--eval-every": 4,
+             "--seed": 1, "--device": "cpu", "--lr": 2e-3}
+    flags.update(changes)
+    return ["pretrain"] + [str(x) for kv in flags.items() for x in kv] + ["--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(fixture_dir):
+    """A corpus and the uninterrupted pretraining run."""
+    rng = random.Random(1)
+    docs = [" ".join(" ".join(rng.sample(FILL + POS + NEG, 6)) + "." for _ in range(3))
+            for _ in range(40)]
+    (fixture_dir / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    out = fixture_dir / "pretrained"
+    assert main(pt(fixture_dir, out)) == 0
+    return out
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("moment, older", [(r"^model: ", True), (r"^step 8: ", True),
+                                           (r"^step 4: ", False)])
+def test_pretrain_killed_then_resumed(fixture_dir, pretrained, tmp_path, capsys, moment, older):
+    """Into a fresh directory, or over an older model: the older weights never sit
+    beside the new vocabulary, and the resumed run ends as if never stopped."""
+    out = tmp_path / "run"
+    if older:
+        assert main(pt(fixture_dir, out, **{"--vocab-size": 50, "--steps": 4})) == 0
+        before = tree(out)
+        refused(capsys, pt(fixture_dir, out), "already holds a model")
+        assert tree(out) == before             # the new vocabulary was not written
+    killed_at(moment, *pt(fixture_dir, out), *(["--overwrite"] if older else []))
+    assert (out / "vocab.txt").read_bytes() == (pretrained / "vocab.txt").read_bytes()
+    refused(capsys, ["fill-mask", "--model", str(out), "the [MASK] was good"],
+            "the pretrain run writing this directory did not finish", "--resume")
+    assert main(pt(fixture_dir, out) + ["--resume"]) == 0
+    assert model_bytes(out) == model_bytes(pretrained)
+    assert losses(out) == losses(pretrained)
+    assert main(["fill-mask", "--model", str(out), "the [MASK] was good"]) == 0

@@ -96,3 +96,23 @@ def test_the_cycle_finder_finds_cycles():
 def test_no_module_shadows_the_standard_library(path):
     import sys
     assert path.stem not in sys.stdlib_module_names or path.stem.startswith("__")
+
+
+# modules whose behaviour is tested elsewhere, and where
+NO_MIRROR = {
+    "__init__": "test_readme.py (the public API, through the README's examples)",
+    "__main__": "every CLI test (python -m nanobert)",
+    "cli": "every CLI test, test_config.py (one-line errors)",
+    "files": "test_rundir.py, test_readers.py (atomic writes, read_lines)",
+    "demo": "test_finetune.py (the demo's reader, split and run on user files)",
+    "serve_models": "test_serve.py (models as served)",
+    "threads": "test_serve.py and the CLI tests (--threads)",
+}
+
+
+def test_tests_mirror_modules():
+    """tests/test_X.py for nanobert/X.py, so the tests of a module are found by its name."""
+    tests = {p.stem[len("test_"):] for p in Path(__file__).parent.glob("test_*.py")}
+    missing = sorted(p.stem for p in PACKAGE.glob("*.py")
+                     if p.stem not in tests and p.stem not in NO_MIRROR)
+    assert not missing, f"modules without tests/test_<module>.py: {missing}"

@@ -212,3 +212,25 @@ def test_config_rejects_bad_values_with_the_flag_name():
         TrainConfig(out_dir="x", warmup_ratio=5)
     with pytest.raises(NanobertError, match=r"^--early-stopping: got 0, expected an integer >= 1"):
         TrainConfig(out_dir="x", early_stopping=0)
+
+
+def test_evaluation_sees_the_updated_weights(tmp_path):
+    """Inference (no autograd) may run on cached copies of the weights; after every
+    optimizer step (the fused AdamW kernel updates in place) it must see the new ones."""
+    batch = make_batch(5, 0)
+    seen = []
+
+    def evaluate(model):
+        with torch.inference_mode():
+            fast = model(**batch).logits
+        with torch.enable_grad():
+            slow = model(**batch).logits.detach()
+        seen.append((fast, slow))
+        return {"loss": 0.0}
+
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=3, lr=1e-2, progress=False)
+    Trainer(tiny_model(dropout=0.0), cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+            evaluate=evaluate).fit()
+    assert len(seen) == 3 and not torch.equal(seen[0][1], seen[-1][1])   # the weights moved
+    for fast, slow in seen:
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-4)

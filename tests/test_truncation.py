@@ -1,10 +1,15 @@
 """No silent truncation, no stale cache (issue 11, class 7): what max_length cuts is
-reported (how many inputs, by how much, one example)."""
+reported (how many inputs, by how much, one example) by every command that cuts, and
+an embedding cache that does not fit the model is rebuilt."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 import nanobert
+from nanobert.cli import main
+from nanobert.embed import Encoder, corpus_embeddings_cached
 from nanobert.tokenizer import report_truncation, truncation_note
 
 WORDS = "the a movie film was great good bad dull plot acting boring fun".split()
@@ -53,3 +58,72 @@ def test_report_prints_one_line_on_stderr(tok, capsys):
     assert report_truncation(tok, tok.encode_batch(texts, max_length=6), texts, 6) == 1
     err = capsys.readouterr().err
     assert err.startswith("nanobert: note: 1 of 1 inputs are longer than 6 tokens") and err.count("\n") == 1
+
+
+# ---- in the commands ------------------------------------------------------------------
+
+
+
+@pytest.fixture(scope="module")
+def model_dir(tok, tmp_path_factory):
+    d = tmp_path_factory.mktemp("trunc") / "tiny"
+    torch.manual_seed(0)
+    config = nanobert.preset("tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                             max_position_embeddings=32, num_hidden_layers=1)
+    nanobert.Bert(config).save_pretrained(d, tokenizer=tok)
+    return d
+
+
+def notes(capsys) -> list:
+    return [l for l in capsys.readouterr().err.splitlines() if l.startswith("nanobert: note:")]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_finetune_evaluate_predict_say_what_they_cut(tok, model_dir, tmp_path, capsys):
+    long = "the movie was great good fun and the plot was good"
+    rows = [(long if i % 3 == 0 else "good fun", i % 2) for i in range(12)]
+    data = tmp_path / "d.tsv"
+    data.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    out = tmp_path / "m"
+    assert main(["finetune", "--task", "classify", "--model", str(model_dir), "--train", str(data),
+                 "--dev", str(data), "--out", str(out), "--epochs", "3", "--max-length", "8",
+                 "--batch-size", "4", "--no-progress"]) == 0
+    got = notes(capsys)
+    n_long = len(tok.encode(long).ids)
+    assert got == [f"nanobert: note: 4 of 12 texts are longer than 8 tokens and were cut by "
+                   f"{n_long - 8} to {n_long - 8} tokens (the longest, #1, has {n_long}: "
+                   f"'{long}')"]                      # train and dev alike: said once
+    assert main(["predict", "--model", str(out), long, "good"]) == 0
+    assert notes(capsys) == [got[0].replace("4 of 12", "1 of 2")]
+
+
+def test_embed_and_attention_say_what_they_cut(model_dir, tmp_path, capsys):
+    texts = tmp_path / "t.txt"
+    texts.write_text("good fun\nthe movie was great good fun and dull\n")
+    assert main(["embed", "--model", str(model_dir), "--input", str(texts), "--out",
+                 str(tmp_path / "e.npy"), "--max-length", "6"]) == 0
+    assert notes(capsys)[0].startswith("nanobert: note: 1 of 2 texts are longer than 6 tokens")
+    assert main(["attention", "--model", str(model_dir), "--text", "the movie was great good fun",
+                 "--out", str(tmp_path / "a.png"), "--max-length", "5"]) == 0
+    assert notes(capsys)[0].startswith("nanobert: note: 1 of 1 texts are longer than 5 tokens")
+    assert main(["embed", "--model", str(model_dir), "--input", str(texts), "--out",
+                 str(tmp_path / "e.npy"), "--max-length", "16"]) == 0
+    assert notes(capsys) == []
+
+
+@pytest.mark.parametrize("bad", ["width", "rows", "nan", "garbage"])
+def test_a_cache_that_does_not_fit_is_rebuilt(model_dir, tmp_path, bad):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("good fun\nthe movie was dull\na boring plot\n")
+    enc = Encoder(str(model_dir), max_length=16)
+    _, fresh = corpus_embeddings_cached(enc, corpus)
+    (cache,) = tmp_path.glob("corpus.txt.nanobert-*.npy")
+    broken = {"width": np.zeros((3, 7), np.float32), "rows": np.zeros((2, fresh.shape[1]), np.float32),
+              "nan": np.full(fresh.shape, np.nan, np.float32)}.get(bad)
+    if broken is None:
+        cache.write_bytes(b"\x93NUMPY garbage")
+    else:
+        np.save(cache, broken)
+    _, again = corpus_embeddings_cached(enc, corpus)
+    np.testing.assert_array_equal(again, fresh)
+    np.testing.assert_array_equal(np.load(cache), fresh)       # and the cache is repaired
