@@ -233,7 +233,7 @@ def main():
         work = {f"{name} | {o}": (lambda run=run, o=o: run(batches[o]))
                 for name, (run, _) in runs.items() for o in batches}
         work["matmul peak"] = lambda: peaks.append(matmul_peak())
-        times = race(work, args.rounds, verbose=False)
+        times = race(work, args.rounds, warmup=0, verbose=False)  # the check above warmed up
     fpt = flop_per_token(nanobert.load("minilm", head=None)[0].config)
     lines = [f"## CPU inference side by side, minilm, SST-2 dev ({today()})", "",
              f"`python bench/cpu_infer_side_by_side.py --rounds {args.rounds} --threads "

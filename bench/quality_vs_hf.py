@@ -15,9 +15,9 @@ Tasks (TASKS below holds each recipe; `--set lr=3e-5` tries a variant):
 
 The same recipe on both sides: nanobert's tokenization and features are fed to the
 transformers model, batch by batch in the same order (finetune.epoch_batches with the
-same seed; length-grouped by default, which
-saves transformers' padding and changes neither side's recipe); the new head starts from the same seeded weights; AdamW with no decay on
-biases/LayerNorm, 10% linear warmup then linear decay (transformers' own
+same seed; length-grouped by default, which saves transformers' padding and is the same
+for both sides); the new head starts from the same seeded weights; AdamW with no decay
+on biases/LayerNorm, 10% linear warmup then linear decay (transformers' own
 get_linear_schedule_with_warmup on its side), clipping at 1.0; both evaluated after each
 epoch by the same evaluation code (finetune.evaluate_task). The headline metric is the
 one after the last epoch (`final`); the best epoch is recorded too. Dropout masks differ.
@@ -318,7 +318,7 @@ def one_run(name: str, system: str, seed: int, recipe: Recipe, args) -> dict:
 
 def mean_spread(xs) -> str:
     if not xs:
-        return "not run"
+        return "no finished run"
     m = statistics.mean(xs)
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
     seeds = f"{len(xs)} seed{'s' if len(xs) > 1 else ''}"
@@ -387,7 +387,8 @@ def write_table(runs: list, path=TABLE, benchmarks=ROOT / "BENCHMARKS.md"):
     between its two marker lines."""
     from nanobert.files import write_text
     note = (f"Mean ± sample standard deviation over seeds of the dev metric after the last "
-            f"epoch; 'not run' marks cells with no finished run. Table written {today()}.\n\n")
+            f"epoch; 'no finished run' marks cells without a finished run (running or not "
+            f"started). Table written {today()}.\n\n")
     write_text(path, "# Quality at real scale: nanobert vs transformers\n\nWritten by "
                "`python bench/quality_vs_hf.py --table` from `bench/results/quality_runs.jsonl`. "
                + note + table(runs) + "\n## Every run\n\n" + per_seed(runs))

@@ -275,16 +275,19 @@ def table(rows: list) -> str:
         med = {}
         for kind in ("nanobert", "peer"):
             rs = [r for r in rows if (r["server"], r["inputs"], r["concurrency"]) == (kind, size, conc)]
-            med[kind] = {k: statistics.median(r[k] for r in rs)
+            med[kind] = {k: None if any(r[k] is None for r in rs) else statistics.median(r[k] for r in rs)
                          for k in ("req_per_s", "p50_ms", "p95_ms", "p99_ms", "failed",
                                    "server_cpu_ms_per_request")}
         n, p = med["nanobert"], med["peer"]
-        lines.append(f"| {size} | {conc} | {n['req_per_s']:.1f} | {p['req_per_s']:.1f} | "
-                     f"{n['req_per_s'] / p['req_per_s']:.2f}x | {n['p50_ms']:.0f}/{n['p95_ms']:.0f}/"
-                     f"{n['p99_ms']:.0f} | {p['p50_ms']:.0f}/{p['p95_ms']:.0f}/{p['p99_ms']:.0f} | "
-                     f"{n['failed']:.0f}/{p['failed']:.0f} | {n['server_cpu_ms_per_request']:.1f}/"
-                     f"{p['server_cpu_ms_per_request']:.1f} | "
-                     f"{p['server_cpu_ms_per_request'] / n['server_cpu_ms_per_request']:.2f}x |")
+
+        def ms(r):
+            return "/".join("-" if r[k] is None else f"{r[k]:.0f}" for k in ("p50_ms", "p95_ms", "p99_ms"))
+
+        ratio = f"{n['req_per_s'] / p['req_per_s']:.2f}x" if p["req_per_s"] else "-"
+        n_cpu, p_cpu = n["server_cpu_ms_per_request"], p["server_cpu_ms_per_request"]
+        lines.append(f"| {size} | {conc} | {n['req_per_s']:.1f} | {p['req_per_s']:.1f} | {ratio} | "
+                     f"{ms(n)} | {ms(p)} | {n['failed']:.0f}/{p['failed']:.0f} | "
+                     f"{n_cpu:.1f}/{p_cpu:.1f} | {p_cpu / n_cpu:.2f}x |")
     return "\n".join(lines)
 
 

@@ -15,7 +15,9 @@ not requests: on the unpadded path the work of a batch is its number of tokens, 
 thirty short sentences cost about what two long ones do.
 
 A request may be larger than the budget; its items then go out in several batches
-and it is answered when the last of them is done. Items of different requests
+and it is answered when the last of them is done. A request whose client has gone
+(its awaiting task cancelled) leaves the queue: its items not yet run are dropped, so
+abandoned work does not delay the requests behind it. Items of different requests
 share a batch when they belong to the same group; `run` sees a plain list.
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Job:
     outputs: list = None
     left: int = 0
     started: bool = False
+    cancelled: bool = False       # set on the event loop, read by the inference thread
 
 
 class BatchObserver:
@@ -77,7 +80,11 @@ class Batcher:
         job = Job(group, list(items), list(lengths), run, loop.create_future(), loop)
         job.outputs, job.left = [None] * len(items), len(items)
         self._queue.put(job)
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:   # the client went away: its items are dropped
+            job.cancelled = True
+            raise
 
     def stop(self, timeout: Optional[float] = None):
         """Finish what is queued, then end the thread."""
@@ -110,11 +117,17 @@ class Batcher:
     def _cut(self, pending: deque) -> list:
         """The next batch: items of the oldest item's group, in arrival order, while
         they fit in the token budget (always at least one item)."""
+        while pending and pending[0][0].cancelled:
+            pending.popleft()
+        if not pending:
+            return []
         group = pending[0][0].group
         batch, tokens, rest = [], 0, deque()
         while pending:
             job, i = entry = pending.popleft()
             n = job.lengths[i]
+            if job.cancelled:
+                continue
             if job.group == group and (not batch or tokens + n <= self.max_tokens):
                 batch.append(entry)
                 tokens += n
@@ -124,6 +137,8 @@ class Batcher:
         return batch
 
     def _run_one(self, batch: list):
+        if not batch:
+            return
         start = time.perf_counter()
         for job, _ in batch:
             if not job.started:

@@ -468,6 +468,30 @@ def authorized(request, key: Optional[str]) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
+CLIENT_GONE = 499   # the status nginx logs when the client closed the connection first
+
+
+async def answer_unless_gone(request, work):
+    """The JSON answer of `work`, or, when the client disconnects first, cancel it (its
+    queued inputs are dropped) and log 499: nobody is waiting for that answer."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        from starlette.responses import Response
+        return Response(status_code=CLIENT_GONE)
+    return json_response(task.result())
+
+
 def endpoint(server: Server, route: Route):
     """The Starlette endpoint of a route: API key, in-flight limit, body, metrics, and
     every failure turned into a JSON answer (never a traceback)."""
@@ -490,7 +514,7 @@ def endpoint(server: Server, route: Route):
                 counted = True
                 server.metrics.in_flight.inc()
                 body = await read_body(request, server.config.payload_limit)
-                response = json_response(await route.handler(server, body))
+                response = await answer_unless_gone(request, route.handler(server, body))
         except ApiError as e:
             response = json_response(e.body(), e.status, e.headers)
         except NanobertError as e:   # found wrong only while computing

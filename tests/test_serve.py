@@ -319,6 +319,13 @@ def test_queue_full_is_429_and_sigterm_drains(models):
         none = s.post("/classify", {"inputs": "x"})          # only an embedding model here
         assert none.status_code == 404 and "no model served here" in none.text
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 32}   # 32 batches
+        with pytest.raises(httpx.ReadTimeout):                # a client that gives up ...
+            s.post("/embed", slow, timeout=1.0)
+        while s.metric("nanobert_requests_in_flight") > 0:
+            time.sleep(0.05)
+        # ... is logged 499, and the rest of its work is dropped from the queue
+        assert s.metric('nanobert_requests_total{route="/embed",status="499"}') == 1
+        assert s.metric("nanobert_batch_size_count") < 32
         with cf.ThreadPoolExecutor(1) as pool:
             first = pool.submit(s.post, "/embed", slow)
             while s.metric("nanobert_requests_in_flight") < 1:
