@@ -140,6 +140,8 @@ def export_args(p):
 def export_cmd(args):
     """Export a model to ONNX (dynamic batch and sequence axes; optional int8)."""
     from . import load
+    from .files import check_output_dir
+    check_output_dir(args.out, "OUT")            # before loading or tracing anything
     model, tokenizer = load(args.model)
     path = EXPORTERS[args.format](model, args.out, tokenizer, args.dtype)
     print(f"wrote {path} (outputs: {', '.join(OUTPUTS[model.head])})")

@@ -92,3 +92,13 @@ def test_refusals_are_one_line(one_thread):
     int8 = nanobert.quantize.quantize(small_model("bert", "classify"))
     with pytest.raises(NanobertError, match="fp32"):
         onnx_bytes(int8)
+
+
+def test_export_refuses_a_bad_out_before_loading(tmp_path, capsys):
+    from nanobert.cli import main
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    for out, why in [("/proc/nanobert-x", "/proc"), (str(afile), "is a file")]:
+        assert main(["export", "--format", "onnx", str(tmp_path / "no-such-model"), out]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and why in err and "OUT" in err
