@@ -38,7 +38,7 @@ import warnings
 from pathlib import Path
 
 import nanobert  # first: its thread policy (idle OpenMP threads sleep) precedes torch
-from speedlib import RESULTS, machine, need_data, race, read_sst2, today
+from speedlib import report, machine, need_data, race, read_sst2, today
 
 import numpy as np
 import torch
@@ -245,12 +245,7 @@ def main():
              "fp32 in file order: max |diff| of hidden states on real tokens, min cosine of "
              "mean-pooled sentence vectors over the 872 sentences.", ""]
     lines += table(quality, times, peaks, ("file", "sorted"), real, fpt, len(texts))
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS / "cpu_infer.md", "a", encoding="utf-8") as f:
-            f.write(text + "\n")
+    report(lines, "cpu_infer.md", write=not args.no_write)
 
 
 if __name__ == "__main__":

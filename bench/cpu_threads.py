@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 
-from speedlib import RESULTS, ROOT, need_data, today
+from speedlib import report, ROOT, need_data, today
 
 CHILD = """
 import os, sys, time
@@ -90,12 +90,7 @@ def main():
     for name in SETTINGS:
         a, b = (statistics.median(times[name, c]) for c in (False, True))
         lines.append(f"| {name} | {a:.2f} | {b:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS / "cpu_threads.md", "a", encoding="utf-8") as f:
-            f.write(text + "\n")
+    report(lines, "cpu_threads.md", write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from speedlib import (RESULTS, machine, maxdiff_real, median, need_data, race, ratio,
+from speedlib import (report, machine, maxdiff_real, median, need_data, race, ratio,
                       read_sst2, today)
 
 import torch
@@ -141,12 +141,7 @@ def main():
         lines.append(f"| {name} | {t:.2f} | {m / t:.1f} | {r:.2f}x | {diff:.1e} |")
     model.config.attn_backend = "sdpa"
 
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS / "speed_inference.md", "a", encoding="utf-8") as f:
-            f.write(text + "\n")
+    report(lines, "speed_inference.md", write=not args.no_write)
 
 
 if __name__ == "__main__":

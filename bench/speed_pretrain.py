@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from speedlib import RESULTS, machine, median, need_data, race, ratio, today
+from speedlib import report, machine, median, need_data, race, ratio, today
 
 import torch
 
@@ -128,12 +128,7 @@ def main():
             out.append(f"| {name} | {t:.2f} | {real / t:.0f} | "
                        f"{ratio(times, name, 'transformers sdpa'):.2f}x |")
         out.append("")
-    text = "\n".join(out) + "\n"
-    print(text)
-    if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS / "speed_pretrain.md", "a", encoding="utf-8") as f:
-            f.write(text + "\n")
+    report(out, "speed_pretrain.md", write=not args.no_write)
 
 
 class _Enc:

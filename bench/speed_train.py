@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from speedlib import (RESULTS, machine, median, need_data, race, ratio, read_sst2,
+from speedlib import (report, machine, median, need_data, race, ratio, read_sst2,
                       read_sst2_labels, today)
 
 import torch
@@ -123,12 +123,7 @@ def main():
         t = median(times[name])
         lines.append(f"| {name} | {t:.2f} | {steps / t:.2f} | "
                      f"{ratio(times, name, 'transformers sdpa'):.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS / "speed_train.md", "a", encoding="utf-8") as f:
-            f.write(text + "\n")
+    report(lines, "speed_train.md", write=not args.no_write)
 
 
 def hf_state_dict_grads(model) -> dict:

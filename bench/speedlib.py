@@ -68,6 +68,17 @@ def race(contestants: dict, rounds: int, warmup: int = 1, verbose: bool = True) 
     return times
 
 
+def report(lines, name: str, write: bool = True) -> str:
+    """Print a results block and (unless `write` is off) append it to bench/results/NAME."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        with open(RESULTS / name, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return text
+
+
 def median(xs):
     return statistics.median(xs)
 

@@ -40,6 +40,20 @@ def tiny_config():
                            attention_probs_dropout_prob=0.0, max_position_embeddings=128)
 
 
+def tiny_model_dir(d, words, vocab_size, punctuation):
+    """Save into `d` a small random BERT (no head, dropout off) whose WordPiece vocabulary is
+    trained on seeded 8-word sentences of `words` (plus one line of `punctuation`)."""
+    import random
+    from nanobert.checkpoint import save_model
+    corpus = [" ".join(random.Random(i).sample(words, 8)) for i in range(300)] + [punctuation] * 5
+    tok = nanobert.Tokenizer.train(corpus, vocab_size=vocab_size, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    save_model(nanobert.Bert(cfg), d, tokenizer=tok)
+    return d
+
+
 def random_batch(B=4, T=12, vocab=1000, seed=0, min_len=3):
     """ids/mask/types of B sequences with mixed lengths, right-padded to T."""
     g = torch.Generator().manual_seed(seed)

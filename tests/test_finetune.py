@@ -5,9 +5,8 @@ import random
 import pytest
 import torch
 
-import nanobert
+from conftest import tiny_model_dir
 from nanobert import cli
-from nanobert.checkpoint import save_model
 from nanobert.data import Sentence
 from nanobert.finetune import encode_ner, finetune, load_finetuned, predict_ner_text, word_predictions
 
@@ -26,13 +25,7 @@ def tiny_dir(tmp_path_factory):
     """A small random BERT with a WordPiece vocabulary trained on the fixture words."""
     d = tmp_path_factory.mktemp("tiny")
     words = POS + NEG + FILLER + NAMES + PLACES + ["lives", "in", "met", "who", "where", "does"]
-    corpus = [" ".join(random.Random(i).sample(words, 8)) for i in range(300)] + ["? . , -"] * 5
-    tok = nanobert.Tokenizer.train(corpus, vocab_size=200, min_frequency=1)
-    torch.manual_seed(0)
-    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
-                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    save_model(nanobert.Bert(cfg), d, tokenizer=tok)
-    return d
+    return tiny_model_dir(d, words, 200, "? . , -")
 
 
 def sentiment_rows(n, seed):

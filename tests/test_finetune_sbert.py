@@ -6,12 +6,11 @@ import json
 import random
 
 import pytest
-import torch
 
 import nanobert
+from conftest import tiny_model_dir
 from nanobert import cli
 from nanobert import biencoder as E
-from nanobert.checkpoint import save_model
 from nanobert.data import read_beir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,13 +25,7 @@ def tiny_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     words = SUBJECTS + VERBS + ["a", "the", "which", "about", "every", "day", "now", "market",
                                 "fell", "in", "park"]
-    corpus = [" ".join(random.Random(i).sample(words, 8)) for i in range(300)] + ["? . \" -"] * 5
-    tok = nanobert.Tokenizer.train(corpus, vocab_size=120, min_frequency=1)
-    torch.manual_seed(0)
-    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64,
-                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    save_model(nanobert.Bert(cfg), d, tokenizer=tok)
-    return d
+    return tiny_model_dir(d, words, 120, "? . \" -")
 
 
 def sts_file(path, n=24, seed=0):
