@@ -23,6 +23,7 @@ share a batch when they belong to the same group; `run` sees a plain list.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import queue
 import threading
 import time
@@ -59,6 +60,25 @@ class BatchObserver:
 _STOP = object()
 
 
+def heap_trimmer(min_interval: float = 1.0) -> Callable[[], None]:
+    """A function that hands freed heap memory back to the OS (glibc's malloc_trim), at
+    most every `min_interval` seconds; a no-op without glibc. Batches of ever-changing
+    shapes leave glibc's heap fragmented, and without this the server's RSS grows for
+    good (measured with minilm: +450 MB over 80 batches of 1-256 sentences)."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    last = [0.0]
+
+    def maybe_trim():
+        now = time.monotonic()
+        if now - last[0] >= min_interval:
+            last[0] = now
+            trim(0)
+    return maybe_trim
+
+
 class Batcher:
     """One inference thread fed by a queue; batches are cut by `max_tokens`."""
 
@@ -67,6 +87,7 @@ class Batcher:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self.max_tokens = max_tokens
         self.observer = observer or BatchObserver()
+        self._trim = heap_trimmer()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="nanobert-inference", daemon=True)
         self._thread.start()
@@ -157,6 +178,7 @@ class Batcher:
             job.left -= 1
             if error is not None or job.left == 0:
                 job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, error)
+        self._trim()   # after the answers are on their way, not before
 
 
 def _settle(future: asyncio.Future, outputs: list, error):

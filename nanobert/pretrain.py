@@ -55,10 +55,25 @@ def dist_info() -> tuple:
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def _barrier(world):
+def _meet(world: int, work=None):
+    """Every process runs `work` (or nothing), then they meet. A refusal (NanobertError)
+    in any process ends all of them with its message: a plain barrier would leave the
+    others waiting for a process that has already exited."""
+    error = None
+    try:
+        if work is not None:
+            work()
+    except NanobertError as e:
+        if world <= 1:
+            raise
+        error = str(e)
     if world > 1:
         import torch.distributed as dist
-        dist.barrier()
+        errors = [None] * world
+        dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e), None)
+        if first:
+            raise NanobertError(first)
 
 
 # ----------------------------------------------------------------------------------
@@ -235,12 +250,16 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
     run = _Run(cfg, Path(cfg.trainer.out_dir), rank, world, local_rank,
                log if rank == 0 else (lambda *a, **k: None))
     t = cfg.trainer
-    owner = contextlib.nullcontext()  # rank 0 alone owns the directory (and writes it)
-    if rank == 0:
-        check_output_dir(run.out)  # before hashing the corpus
-        command = "distill" if hasattr(cfg, "teacher") else "pretrain"
-        owner = rundir.run(run.out, command, _fingerprint(cfg), t.resume, t.overwrite)
+    owner = contextlib.ExitStack()  # rank 0 alone owns the directory (and writes it)
+
+    def own():
+        if rank == 0:
+            check_output_dir(run.out)  # before hashing the corpus
+            command = "distill" if hasattr(cfg, "teacher") else "pretrain"
+            owner.enter_context(rundir.run(run.out, command, _fingerprint(cfg), t.resume,
+                                           t.overwrite))
     with owner:
+        _meet(world, own)
         return _pretrain(run, make_model, loss_fn)
 
 
@@ -274,7 +293,7 @@ def _pretrain(run: _Run, make_model, loss_fn) -> dict:
     result = trainer.fit()
     if evaluate is None:  # no validation: keep the final weights
         save(trainer.model, run.out)
-    _barrier(world)
+    _meet(world)
     run.say("best validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                             for k, v in result.items()))
     run.say(f"model written to {run.out}")
@@ -300,17 +319,18 @@ def _load_data(run: _Run):
     cfg = run.cfg
     run.tok = _load_tokenizer(cfg, run.out)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else run.out / "cache"
+
+    def load():
+        if cfg.streaming:
+            _open_stream(run, cache_dir)
+        else:
+            run.tok, train_corpus, run.val_corpus = load_corpus(
+                cfg.corpus, run.tok, cfg.vocab_size, cfg.val_fraction, cfg.trainer.seed,
+                cache_dir, log=run.say)
+            run.data = PretrainData(train_corpus, run.tok, cfg.seq_len, cfg.pairs,
+                                    cfg.trainer.seed)
     for turn in (0, 1):
-        if (run.rank == 0) == (turn == 0):
-            if cfg.streaming:
-                _open_stream(run, cache_dir)
-            else:
-                run.tok, train_corpus, run.val_corpus = load_corpus(
-                    cfg.corpus, run.tok, cfg.vocab_size, cfg.val_fraction, cfg.trainer.seed,
-                    cache_dir, log=run.say)
-                run.data = PretrainData(train_corpus, run.tok, cfg.seq_len, cfg.pairs,
-                                        cfg.trainer.seed)
-        _barrier(run.world)
+        _meet(run.world, load if (run.rank == 0) == (turn == 0) else None)
 
 
 def _open_stream(run: _Run, cache_dir: Path):

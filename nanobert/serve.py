@@ -162,6 +162,9 @@ class Metrics:
                                     buckets=[2 ** i for i in range(11)], registry=r)
         self.batch_tokens = Histogram("nanobert_batch_tokens", "Real tokens per batch",
                                       buckets=[2 ** i for i in range(4, 16)], registry=r)
+        self.truncated = Counter("nanobert_truncated_inputs", "Inputs cut to the model's "
+                                 "max length (each is also marked truncated in its answer)",
+                                 registry=r)
 
     # the Batcher's observer
     def queued(self, seconds):
@@ -228,6 +231,7 @@ class Server:
         start = time.perf_counter()
         out = await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
         self.metrics.tokenize.observe(time.perf_counter() - start)
+        self.metrics.truncated.inc(sum(getattr(out, "truncated", ())))
         return out
 
     async def run(self, m: Served, kind: str, items: list, lengths: list, group_extra=()):

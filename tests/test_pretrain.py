@@ -193,3 +193,25 @@ def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
     assert [e["loss"] for e in two] == pytest.approx([e["loss"] for e in one], abs=1e-5)
     assert [e["loss"] for e in records(tmp_path / "two", "train")] == pytest.approx(
         [e["loss"] for e in records(tmp_path / "one", "train")], abs=1e-5)
+
+
+def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):
+    """Rank 0 alone checks the output directory; when it refuses (another run's model is
+    there), the other rank must stop with the same message, not wait at a barrier."""
+    flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "2", "--batch-size", "8",
+             "--seq-len", "32", "--vocab-size", "120", "--no-progress", "--attn-backend", "eager",
+             "--out", str(tmp_path / "run")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-m", "nanobert.cli", *flags], check=True, env=env,
+                   capture_output=True)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(30500 + os.getpid() % 1000), "-m", "nanobert.cli",
+                        *flags[:-2], "--steps", "3", "--out", str(tmp_path / "run")],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode != 0
+    ours = [line for line in r.stderr.splitlines() if line.startswith("nanobert: error:")]
+    assert len(ours) == 2 and "--overwrite" in ours[0], r.stderr[-2000:]   # both ranks say why
+    assert "nanobert/" not in "".join(line for line in r.stderr.splitlines()
+                                      if line.strip().startswith("File "))  # (torchrun's own report aside)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before

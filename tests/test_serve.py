@@ -151,10 +151,12 @@ def test_embeddings_equal_nanobert_embed(server, tmp_path):
                  "--out", str(tmp_path / "out.npy")]) == 0
     offline = np.load(tmp_path / "out.npy")
 
+    cut_before = server.metric("nanobert_truncated_inputs_total")
     r = server.post("/embed", {"inputs": texts})
     assert r.status_code == 200, r.text
     assert np.allclose(np.array(r.json()["embeddings"]), offline, atol=1e-5)
     assert r.json()["truncated"] == [False] * 5 + [True]
+    assert server.metric("nanobert_truncated_inputs_total") == cut_before + 1
 
     r = server.post("/v1/embeddings", {"input": texts, "model": "minilm"}).json()
     assert [d["index"] for d in r["data"]] == list(range(6)) and r["object"] == "list"
