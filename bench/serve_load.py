@@ -211,12 +211,16 @@ def compare(args, sentences) -> list:
                     order = list(servers) if rnd % 2 == 0 else list(servers)[::-1]
                     for kind in order:
                         proc, url = servers[kind]
-                        cpu = cpu_seconds(proc.pid)
+                        cpu, mine = cpu_seconds(proc.pid), time.process_time()
                         res = asyncio.run(drive(url, bodies, n, conc, args.timeout))
-                        cpu_ms = 1000 * (cpu_seconds(proc.pid) - cpu) / max(res["ok"], 1)
+                        per = 1000 / max(res["ok"], 1)
+                        cpu_ms = per * (cpu_seconds(proc.pid) - cpu)
                         row = {"server": kind, "inputs": size, "concurrency": conc,
                                "round": rnd, "load": load_average(),
-                               "server_cpu_ms_per_request": round(cpu_ms, 1), **res}
+                               "server_cpu_ms_per_request": round(cpu_ms, 1),
+                               # the load generator's own cost: a busy client slows both
+                               "client_cpu_ms_per_request": round(per * (time.process_time() - mine), 1),
+                               **res}
                         print(json.dumps(row), flush=True)
                         rows.append(row)
     finally:
