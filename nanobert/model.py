@@ -255,6 +255,15 @@ FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def onednn_rows(m: int) -> int:
+    """The row count a oneDNN product of `m` rows runs at: m rounded up to 5 significant
+    bits (at most 1/16 extra rows). oneDNN builds and keeps code per input shape; on the
+    unpadded path every batch has a new token count, and a server's memory grew without
+    bound (+360 MB in 10 minutes). Rounded, a few hundred shapes cover every batch."""
+    step = 1 << max(0, m.bit_length() - 5)
+    return -(-m // step) * step
+
+
 class Linear(nn.Linear):
     """nn.Linear, plus a fast path for CPU inference, with an optional activation `act`
     (a name of ACTIVATIONS) applied to the output.
@@ -271,8 +280,13 @@ class Linear(nn.Linear):
             y = F.linear(x, self.weight, self.bias)
             return ACTIVATIONS[act](y) if act else y
         post, algorithm = FUSED_ACTIVATIONS.get(act, ("none", ""))
-        y = torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, post, [],
-                                               algorithm)
+        rows = x.numel() // x.shape[-1]
+        x2, extra = x.reshape(rows, x.shape[-1]), onednn_rows(rows) - rows   # (M, K)
+        if extra:
+            x2 = F.pad(x2, (0, 0, 0, extra))                            # (M', K), zero rows
+        y = torch.ops.mkldnn._linear_pointwise(x2, self._packed_weight(), self.bias, post, [],
+                                               algorithm)[:rows]       # (M, N)
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
         return ACTIVATIONS[act](y) if act and act not in FUSED_ACTIVATIONS else y
 
     def _inference_on_cpu(self, x) -> bool:  # (not while tracing: ONNX has no such op)

@@ -76,3 +76,30 @@ def test_padding_does_not_change_outputs(tiny_config):
             full = model.bert(**batch).last_hidden_state[2, :n]
             single = model.bert(**alone).last_hidden_state[0]
         assert (full - single).abs().max() < 1e-5, backend
+
+
+def test_onednn_rows_bound_the_shapes_a_server_sees():
+    """Every token count of a 16k-token batch maps to one of a few hundred row counts,
+    none more than 1/16 above it (oneDNN keeps code per shape)."""
+    from nanobert.model import onednn_rows
+    counts = range(1, 16385)
+    rows = [onednn_rows(m) for m in counts]
+    assert all(m <= r <= m + m / 16 for m, r in zip(counts, rows))
+    assert len(set(rows)) < 200
+
+
+def test_fast_linear_equals_plain_linear_for_any_row_count():
+    import torch.nn.functional as F
+
+    from nanobert.model import ACTIVATIONS, Linear
+    torch.manual_seed(0)
+    lin = Linear(24, 40)
+    for shape in [(1, 24), (33, 24), (65, 24), (3, 11, 24)]:
+        x = torch.randn(shape)
+        for act in (None, "gelu"):
+            with torch.no_grad():
+                fast = lin(x, act)
+                ref = F.linear(x, lin.weight, lin.bias)
+                ref = ACTIVATIONS[act](ref) if act else ref
+            assert fast.shape == ref.shape
+            assert torch.allclose(fast, ref, atol=1e-5), (shape, act)
