@@ -24,6 +24,7 @@ CHILD = """
 import os, sys, time
 if os.environ.get("OMP_WAIT_POLICY") is None:
     import torch  # loads OpenMP before nanobert can choose the wait policy: torch's default
+                  # (or the GOMP_SPINCOUNT given)
 import nanobert, torch
 sys.path.insert(0, {bench!r})
 from speedlib import read_sst2
@@ -40,19 +41,20 @@ with torch.inference_mode():
 print(time.perf_counter() - t)
 """
 
-SETTINGS = {  # name -> (threads, OMP_WAIT_POLICY or None for torch's default)
-    "1 thread": (1, None),
-    "all threads, default waiting": (os.cpu_count(), None),
-    "all threads, PASSIVE (nanobert's default)": (os.cpu_count(), "PASSIVE"),
+SETTINGS = {  # name -> (threads, OpenMP environment; {} for torch's default)
+    "1 thread": (1, {}),
+    "all threads, default waiting": (os.cpu_count(), {}),
+    "all threads, PASSIVE": (os.cpu_count(), {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "all threads, GOMP_SPINCOUNT=10000": (os.cpu_count(), {"GOMP_SPINCOUNT": "10000"}),
+    "all threads, GOMP_SPINCOUNT=100000": (os.cpu_count(), {"GOMP_SPINCOUNT": "100000"}),
 }
 
 
 def measure(threads, policy, batches, dev, competitor: bool) -> float:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env["PYTHONPATH"] = str(ROOT)
-    if policy:
-        env["OMP_WAIT_POLICY"] = policy
+    env.update(policy)
     code = CHILD.format(bench=str(ROOT / "bench"), threads=threads, dev=str(dev),
                         batches=batches)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if competitor else None
