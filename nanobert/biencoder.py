@@ -277,13 +277,12 @@ def mine_negatives(encode, beir, query_ids: list, n: int, skip: int = 0) -> dict
     """{query: [doc ids]}: the `n` best-scoring unjudged documents of each query under
     `encode` (an embedding function), after skipping the `skip` best (likely unjudged
     positives)."""
-    from .retrieval import dense_run, ranking
     doc_ids = list(beir.corpus)
-    run = dense_run(encode([beir.queries[q] for q in query_ids]), query_ids,
+    run = R.dense_run(encode([beir.queries[q] for q in query_ids]), query_ids,
                     encode([beir.doc_text(d) for d in doc_ids]), doc_ids, k=n + skip + 10)
     out = {}
     for q in query_ids:
-        cands = [d for d in ranking(run[q]) if d not in beir.qrels[q] and d != q]
+        cands = [d for d in R.ranking(run[q]) if d not in beir.qrels[q] and d != q]
         out[q] = cands[skip:skip + n]
     return out
 
@@ -466,9 +465,8 @@ def _row_pairs(rows) -> list:
 def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) -> dict:
     pred = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
     gold = [r.score for r in rows]
-    from .retrieval import correlations
     mse = sum((p - g) ** 2 for p, g in zip(pred, gold)) / len(gold)
-    return {**correlations(gold, pred), "mse": mse}
+    return {**R.correlations(gold, pred), "mse": mse}
 
 
 def score_predict(model, tok, rows, settings, batch_size=64) -> list:
@@ -521,18 +519,17 @@ def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) ->
     """Scored pairs: Spearman/Pearson of the cosine. A BEIR folder (its held-out
     queries when `holdout` is set) or (query, positive) rows: nDCG@10, MRR@10, Recall."""
     from .embed import encode
-    from .retrieval import evaluate_beir, evaluate_sts
 
     def vectors(texts):
         return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size,
                       max_length=settings.get("eval_max_length"))
     if isinstance(data, list) and data[0].score is not None:
-        return evaluate_sts(vectors, data)
+        return R.evaluate_sts(vectors, data)
     if isinstance(data, list):
-        return evaluate_beir(vectors, rows_as_beir(data))
+        return R.evaluate_beir(vectors, rows_as_beir(data))
     beir = beir_split(data, settings, training=False)
     held = query_split(beir, settings.get("holdout") or 0.0)[1]
-    return evaluate_beir(vectors, beir, query_ids=held or None)
+    return R.evaluate_beir(vectors, beir, query_ids=held or None)
 
 
 # what evaluate/predict need later (saved in nanobert.json); `model` is the starting model
@@ -598,7 +595,6 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     """(query, document, label) rows: the documents of each query ranked by the model,
     nDCG@10 / MRR@10 against the labels. A BEIR folder: the retriever's top
     `rerank_k` per (held-out) query, reranked, then the retrieval metrics."""
-    from .retrieval import evaluate_beir, retrieval_metrics
 
     def scores(pairs):
         return R.pair_scores(model, tok, pairs, settings["max_length"], batch_size)
@@ -612,12 +608,12 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
             q = qids.setdefault(r.texts[0], f"q{len(qids)}")
             run.setdefault(q, {})[f"d{i}"] = s
             qrels.setdefault(q, {})[f"d{i}"] = int(r.score > 0) if r.score <= 1 else int(r.score)
-        return retrieval_metrics(qrels, run)
+        return R.retrieval_metrics(qrels, run)
     from .embed import Encoder
     retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm", batch_size=batch_size)
     data = beir_split(data, settings, training=False)
     held = query_split(data, settings.get("holdout") or 0.0)[1]
-    return evaluate_beir(retriever.encode, data, query_ids=held or None, rerank=scores,
+    return R.evaluate_beir(retriever.encode, data, query_ids=held or None, rerank=scores,
                          rerank_k=settings.get("rerank_k") or 100)
 
 

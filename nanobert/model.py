@@ -272,8 +272,9 @@ class Linear(nn.Linear):
     runs on a copy of the weight that oneDNN laid out once in its own blocked format, so
     no call repacks the weight, and the activation is applied in the same pass over the
     output. Measured on minilm over SST-2, interleaved: 1.2-1.3x (docs/speed.md).
-    The copy is rebuilt when the weight changes: an in-place update (optimizer step,
-    load_state_dict) moves the tensor's version counter, a new tensor its address."""
+    The copy is rebuilt when the weight changes: an in-place update (load_state_dict)
+    moves the tensor's version counter, a new tensor its address; the fused AdamW step
+    moves neither, so the Trainer drops the copies after each step."""
 
     def forward(self, x, act: Optional[str] = None):
         if not self._inference_on_cpu(x):
