@@ -586,6 +586,9 @@ class FinetuneConfig(Config):
         False, "batch examples of similar length together (less padding, faster)")
     freeze_embeddings: bool = param(
         False, "keep the word embeddings fixed (faster on CPU, small data)")
+    freeze_layers: int = param(
+        0, "keep all embeddings and the first N blocks fixed (no backward pass through "
+           "them: faster)", at_least(0))
     columns: ColumnsConfig = param(lambda: ColumnsConfig())
     trainer: TrainConfig = param(_finetune_trainer)
     retrieval: B.RetrievalConfig = param(lambda: B.RetrievalConfig())
@@ -643,6 +646,7 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     _reinit_new_head(model, cfg.trainer.seed)
     if cfg.freeze_embeddings:  # the word embeddings are half of a small model: skip their update
         model.bert.emb.tok.weight.requires_grad_(False)
+    freeze_layers(model, cfg.freeze_layers)
     metric = task.metric(dev) if callable(task.metric) else task.metric
     trainer_cfg = cfg.trainer.replace(metric=metric, greater_is_better=task.greater_is_better,
                                       log_every=max(1, min(10, steps_per_epoch // 4)))
@@ -650,6 +654,23 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
                    evaluate=_dev_evaluation(task, tok, dev, settings, cfg.batch_size),
                    save=task.writer(tok, settings),
                    loss_fn=task.loss(cfg) if task.loss else None).fit()
+
+
+def freeze_layers(model, n: int):
+    """Fix the embeddings and the first `n` blocks: nothing below block n needs a
+    gradient, so autograd keeps no graph there and the backward pass stops at block n
+    (6-layer minilm, n=3: a training step costs about 2/3)."""
+    if not n:
+        return
+    c = model.config
+    if len(model.bert.blocks) != c.num_hidden_layers:
+        raise NanobertError("--freeze-layers: this model shares block weights between "
+                            "layers (ALBERT), so its first blocks cannot be fixed alone")
+    if n >= c.num_hidden_layers:
+        raise NanobertError(f"--freeze-layers {n}: the model has {c.num_hidden_layers} "
+                            f"blocks; leave at least one to train")
+    for module in (model.bert.emb, *model.bert.blocks[:n]):
+        module.requires_grad_(False)
 
 
 def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int):

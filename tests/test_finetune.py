@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_model_dir
 from nanobert import cli
+from nanobert.files import NanobertError
 from nanobert.data import Sentence
 from nanobert.finetune import encode_ner, finetune, load_finetuned, predict_ner_text, word_predictions
 
@@ -218,3 +219,25 @@ def test_epoch_batches_are_seeded_and_grouped_by_length():
     def padded(batches):
         return sum(len(b) * max(lengths[i] for i in b) for b in batches)
     assert padded(grouped) < 0.7 * padded(plain)
+
+
+def test_freeze_layers_fixes_the_bottom_and_trains_the_top(tiny_dir, tmp_path):
+    from nanobert.checkpoint import read_weights
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(16, 0))
+    out = tmp_path / "model"
+    finetune("classify", str(tiny_dir), str(train), str(train), str(out), epochs=2,
+                      lr=1e-2, batch_size=8, max_length=16, freeze_layers=1, progress=False)
+    before = read_weights(tiny_dir)
+    after = {k.removeprefix("bert."): v for k, v in read_weights(out).items()}
+    frozen = [k for k in before if "embeddings" in k or ".layer.0." in k]
+    trained = [k for k in before if ".layer.1." in k and k.endswith("weight")]
+    assert frozen and trained
+    for k in frozen:
+        torch.testing.assert_close(after[k], before[k], rtol=0, atol=0, msg=k)
+    assert all(not torch.equal(after[k], before[k]) for k in trained)
+    # a run that would leave nothing to train, and a negative count, are refused
+    for n, why in ((2, "leave at least one"), (-1, "--freeze-layers")):
+        with pytest.raises(NanobertError, match=why):
+            finetune("classify", str(tiny_dir), str(train), str(train),
+                              str(tmp_path / f"m{n}"), epochs=1, max_length=16,
+                              freeze_layers=n, progress=False)
