@@ -5,7 +5,7 @@
 
 Both servers run `minilm` (all-MiniLM-L6-v2) with the same torch threads and answer
 the same OpenAI-style POST /v1/embeddings requests: real SST-2 dev sentences, 1 or 8
-per request, from a closed-loop client at concurrency 1, 8, 32 and 128. The peer is
+per request, from a closed-loop client (aiohttp) at concurrency 1, 8, 32 and 128. The peer is
 what people write today when infinity-emb is not an option (its wheel pins numpy<2,
 sentence-transformers<4 and uvicorn<0.33, which would replace this environment's): a
 Starlette app whose endpoint calls `SentenceTransformer.encode(texts,
@@ -98,14 +98,15 @@ def start(kind: str, threads: int, extra=(), cpus=None) -> tuple:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
-    import httpx
+    import urllib.request
     for _ in range(600):
         if proc.poll() is not None:
             raise SystemExit(f"{kind} server exited: {proc.stderr.read().decode()[-2000:]}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:   # refused while starting (URLError is an OSError)
             time.sleep(0.2)
     raise SystemExit(f"{kind} server did not start")
 
@@ -123,6 +124,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def http_parser() -> str:
+    """What uvicorn parses HTTP with in both servers (its default picks httptools if present)."""
+    try:
+        import httptools  # noqa: F401
+        return "httptools"
+    except ImportError:
+        return "h11"
+
+
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -133,25 +143,28 @@ def load_average() -> str:
 
 async def drive(url: str, bodies: list, n: int, concurrency: int, timeout: float,
                 duration: float = None) -> dict:
-    import httpx
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    """`concurrency` workers, each sending its next request when the last is answered.
+    aiohttp, not httpx: at 128 connections httpx's pool cost the client 16 ms of CPU per
+    request (aiohttp: 0.3 ms), so the client, not the server, set the pace."""
+    import aiohttp
     latencies, statuses, refused = [], Counter(), []
     counter = iter(range(n if duration is None else 1 << 60))
     stop_at = None if duration is None else time.perf_counter() + duration
     headers = {"content-type": "application/json"}
 
-    async def worker(client):
+    async def worker(session):
         for i in counter:
             if stop_at is not None and time.perf_counter() > stop_at:
                 return
             t = time.perf_counter()
             try:
-                r = await client.post("/v1/embeddings", content=bodies[i % len(bodies)],
-                                      headers=headers)
-                status = r.status_code
-            except httpx.TimeoutException:
+                async with session.post("/v1/embeddings", data=bodies[i % len(bodies)],
+                                        headers=headers) as r:
+                    await r.read()
+                    status = r.status
+            except asyncio.TimeoutError:
                 status = "timeout"
-            except httpx.HTTPError as e:
+            except aiohttp.ClientError as e:
                 status = type(e).__name__
             statuses[status] += 1
             if status == 200:
@@ -159,9 +172,11 @@ async def drive(url: str, bodies: list, n: int, concurrency: int, timeout: float
             elif status == 429:
                 refused.append(time.perf_counter() - t)
 
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(url, connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         start = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         wall = time.perf_counter() - start
     out = summarise(latencies, statuses, wall)
     if refused:
@@ -246,25 +261,41 @@ def overload(args, sentences) -> dict:
 
 
 def soak(args, sentences) -> dict:
+    """RSS of a nanobert server under steady load. A warm-up of --soak-warmup seconds of
+    the same load comes first (sampled too, reported apart): the first minutes of any
+    server see new batch shapes, whose kernels oneDNN builds once and keeps (at most 176
+    row counts, `nanobert.model.onednn_rows`); the soak then shows whether memory keeps
+    growing once those have been seen."""
     proc, url = start("nanobert", args.threads, cpus=args.server_cpus)
     bodies = request_bodies(sentences, 8)
-    samples = []
+    warm, samples, results = [], [], []
+
+    def sample(at, into):
+        into.append((round(at), round(rss_mb(proc.pid), 1)))
+
     try:
-        asyncio.run(drive(url, bodies, 200, 32, args.timeout))            # warm
-        samples.append((0, round(rss_mb(proc.pid), 1)))
-        step = max(5.0, args.soak / 10)
-        done, results = 0.0, []
-        while done < args.soak:
-            results.append(asyncio.run(drive(url, bodies, 0, 32, args.timeout, duration=step)))
-            done += step
-            samples.append((round(done), round(rss_mb(proc.pid), 1)))
+        asyncio.run(drive(url, bodies, 200, 32, args.timeout))            # first requests
+        sample(0, warm)
+        for phase, seconds, into in (("warm-up", args.soak_warmup, warm), ("soak", args.soak, samples)):
+            step, done = max(5.0, min(60.0, seconds / 10)), 0.0
+            if phase == "soak":
+                sample(0, into)
+            while done < seconds:
+                res = asyncio.run(drive(url, bodies, 0, 32, args.timeout, duration=step))
+                if phase == "soak":
+                    results.append(res)
+                done += step
+                sample(done, into)
     finally:
         proc.terminate()
         proc.wait()
     ok = sum(r["ok"] for r in results)
-    out = {"seconds": args.soak, "concurrency": 32, "inputs": 8, "requests_ok": ok,
-           "failed": sum(r["failed"] for r in results), "rss_mb": samples,
-           "rss_growth_mb": round(samples[-1][1] - samples[0][1], 1), "load": load_average()}
+    out = {"seconds": args.soak, "warmup_seconds": args.soak_warmup, "concurrency": 32,
+           "inputs": 8, "requests_ok": ok, "failed": sum(r["failed"] for r in results),
+           "rss_mb_warmup": warm, "rss_mb": samples,
+           "rss_growth_mb": round(samples[-1][1] - samples[0][1], 1),
+           "rss_range_mb": [min(v for _, v in samples), max(v for _, v in samples)],
+           "load": load_average()}
     print(json.dumps({"soak": out}), flush=True)
     return out
 
@@ -307,6 +338,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="client timeout per request (s)")
     ap.add_argument("--overload-limit", type=int, default=32)
     ap.add_argument("--soak", type=float, default=600.0, help="seconds of the soak (0: skip)")
+    ap.add_argument("--soak-warmup", type=float, default=180.0,
+                    help="seconds of the same load before the soak's first sample")
     ap.add_argument("--skip-compare", action="store_true")
     ap.add_argument("--server-cpus", default="0",
                     help="CPUs the servers are pinned to ('' : no pinning); the client gets the others")
@@ -318,18 +351,29 @@ def main():
     if not DATA.is_file():
         print(f"skipped: {DATA} not found (the SST-2 dev set)")
         return 0
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        raise SystemExit("serve_load.py drives the servers with aiohttp: pip install 'nanobert[bench]'")
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.server_cpus = {int(c) for c in args.server_cpus.split(",") if c}
     client = set(range(os.cpu_count())) - args.server_cpus
     if args.server_cpus and client:   # the client on the other cores: it does not steal the servers'
         os.sched_setaffinity(0, client)
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    try:  # the client's event loop in C as well: its CPU per request caps what it can drive
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
     sentences = read_sentences()
     result = {"command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, load {load_average()} at start; servers "
                          f"pinned to CPUs {sorted(args.server_cpus) or 'all'}, "
                          f"{args.threads} torch thread(s) each",
+              "event_loop": type(asyncio.new_event_loop()).__module__,
+              "http": http_parser(),
               "sentences": len(sentences)}
     if not args.skip_compare:
         result["rows"] = compare(args, sentences)

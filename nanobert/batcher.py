@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import queue
 import threading
 import time
@@ -58,6 +59,24 @@ class BatchObserver:
 
 
 _STOP = object()
+
+
+# How much less CPU the inference thread gets than the event loop when both want it.
+INFERENCE_NICE = 5
+
+
+def lower_priority(nice: int = INFERENCE_NICE) -> bool:
+    """Raise the calling thread's nice value by `nice` (Linux: a thread id is a process id
+    for setpriority). On a busy core the scheduler then prefers the event loop, which
+    only needs short slices, to read new requests, refuse what is over the limits with a
+    quick 429 and send answers, while the long batch computations take what is left.
+    Only ever lowers the priority (no privilege needed). False where not supported."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+        return True
+    except (AttributeError, OSError):
+        return False
 
 
 def heap_trimmer(min_interval: float = 1.0) -> Callable[[], None]:
@@ -114,6 +133,7 @@ class Batcher:
 
     # ---- the inference thread ------------------------------------------------------
     def _loop(self):
+        lower_priority()
         pending: deque = deque()      # (job, item index), oldest first
         stopping = False
         while pending or not stopping:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 
@@ -123,3 +124,25 @@ def test_heap_trimmer_runs_at_most_once_per_interval(monkeypatch):
     for _ in range(5):
         trim()
     assert calls == [0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_the_inference_thread_runs_at_a_lower_priority_than_the_event_loop():
+    from nanobert.batcher import INFERENCE_NICE
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = {}
+
+    def run(items):
+        tid = threading.get_native_id()
+        seen["inference"] = os.getpriority(os.PRIO_PROCESS, tid)
+        return items
+
+    async def go():
+        b = Batcher(100)
+        try:
+            return await b.submit("g", ["a"], [1], run)
+        finally:
+            b.stop()
+    assert asyncio.run(go()) == ["a"]
+    assert seen["inference"] == min(19, main_before + INFERENCE_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
