@@ -372,7 +372,7 @@ def main():
               "machine": f"{os.cpu_count()} CPUs, load {load_average()} at start; servers "
                          f"pinned to CPUs {sorted(args.server_cpus) or 'all'}, "
                          f"{args.threads} torch thread(s) each",
-              "event_loop": type(asyncio.new_event_loop()).__module__,
+              "event_loop": type(asyncio.get_event_loop_policy()).__module__,
               "http": http_parser(),
               "sentences": len(sentences)}
     if not args.skip_compare:

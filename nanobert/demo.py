@@ -156,12 +156,19 @@ def demo_cmd(args):
 
 
 def half_the_blocks(model: str) -> int:
-    """The demo's default --freeze-layers: half of the model's blocks (none for models
-    that share one block's weights between layers, such as ALBERT)."""
-    from .checkpoint import read_config, resolve
-    hf = read_config(resolve(model))
-    n = hf.get("num_hidden_layers")
-    return n // 2 if isinstance(n, int) and "num_hidden_groups" not in hf else 0
+    """The demo's default --freeze-layers: half of the model's blocks, read through its
+    family's config mapping (DistilBERT says n_layers); none for models that share
+    block weights between layers (ALBERT), or when the config is unreadable (loading the
+    model then says why)."""
+    from .checkpoint import family_of, read_config, resolve
+    model_dir = resolve(model)
+    hf = read_config(model_dir)
+    try:
+        kw = family_of(hf, model_dir / "config.json").from_hf(hf)
+    except (KeyError, TypeError, ValueError):
+        return 0
+    n, groups = kw.get("num_hidden_layers"), kw.get("num_layer_groups")
+    return n // 2 if isinstance(n, int) and groups in (None, n) else 0
 
 
 def write_tweet_split(args, train_path, dev_path) -> int:
