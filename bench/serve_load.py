@@ -213,7 +213,9 @@ def read_sentences() -> list:
 
 
 def compare(args, sentences) -> list:
-    servers = {k: start(k, args.threads, cpus=args.server_cpus) for k in ("nanobert", "peer")}
+    servers = {k: start(k, args.threads, cpus=args.server_cpus,
+                        extra=("--dtype", args.dtype) if k == "nanobert" else ())
+               for k in ("nanobert", "peer")}
     rows = []
     try:
         for size in args.sizes:
@@ -335,6 +337,8 @@ def main():
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per setting")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each server")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "int8"),
+                    help="nanobert's --dtype in the comparison (the peer is always fp32)")
     ap.add_argument("--timeout", type=float, default=60.0, help="client timeout per request (s)")
     ap.add_argument("--overload-limit", type=int, default=32)
     ap.add_argument("--soak", type=float, default=600.0, help="seconds of the soak (0: skip)")
@@ -371,7 +375,7 @@ def main():
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, load {load_average()} at start; servers "
                          f"pinned to CPUs {sorted(args.server_cpus) or 'all'}, "
-                         f"{args.threads} torch thread(s) each",
+                         f"{args.threads} torch thread(s) each; nanobert {args.dtype}, peer float32",
               "event_loop": type(asyncio.get_event_loop_policy()).__module__,
               "http": http_parser(),
               "sentences": len(sentences)}

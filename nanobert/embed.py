@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .batching import restore_order, sorted_batches
+from .batching import forward_tokens, restore_order, sorted_batches
 from .config import at_least, checked
 from .files import NanobertError, atomic_path, check_output_file, read_lines
 from .quantize import add_dtype_flag
@@ -116,7 +116,8 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     device = next(base.parameters()).device
     pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
     encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
-    batches = sorted_batches([len(e.ids) for e in encodings], batch_size)
+    batches = sorted_batches([len(e.ids) for e in encodings], batch_size,
+                             max_tokens=forward_tokens(device))
     shown = batches
     if progress:
         from tqdm.auto import tqdm

@@ -42,7 +42,7 @@ import torch
 
 from . import biencoder as B
 from . import data as D
-from .batching import pad_rows, sorted_batches
+from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, param
 from .files import NanobertError, check_output_dir
 from .train import TrainConfig
@@ -186,7 +186,8 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
     model.eval()
     dev = next(model.parameters()).device
     out = [None] * len(items)
-    groups = sorted_batches([len(it["input_ids"]) for it in items], batch_size)
+    groups = sorted_batches([len(it["input_ids"]) for it in items], batch_size,
+                            max_tokens=forward_tokens(dev))
     if progress:
         from tqdm.auto import tqdm
         groups = tqdm(groups, desc="predicting", unit="batch", leave=False)

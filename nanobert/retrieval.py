@@ -149,7 +149,7 @@ def evaluate_sts(encode: Callable, rows: list) -> dict:
 def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64) -> list:
     """The one logit of a cross-encoder / regression model for each (text, text_pair)
     (text_pair may be None), in input order."""
-    from .batching import restore_order, sorted_batches
+    from .batching import forward_tokens, restore_order, sorted_batches
     if not pairs:
         return []
     was_training = model.training
@@ -157,7 +157,8 @@ def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int 
     device = next(model.parameters()).device
     second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
     encs = tok.encode_batch([a for a, _ in pairs], second, max_length=max_length)
-    groups = sorted_batches([len(e.ids) for e in encs], batch_size)
+    groups = sorted_batches([len(e.ids) for e in encs], batch_size,
+                            max_tokens=forward_tokens(device))
     out = []
     try:
         for idx in groups:

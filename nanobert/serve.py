@@ -52,6 +52,7 @@ class ServeConfig:
     payload_limit: int = 2_000_000      # bytes of request body; more: 413
     api_key: Optional[str] = None       # when set, every route but /health needs it
     threads: Optional[int] = None       # torch threads of the inference thread
+    dtype: str = "float32"              # or "int8": int8 Linear layers (nanobert.quantize)
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -600,6 +601,8 @@ def serve_args(p):
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
+    from .quantize import add_dtype_flag
+    add_dtype_flag(p)
 
 
 def config_from_args(args) -> ServeConfig:
@@ -613,7 +616,8 @@ def config_from_args(args) -> ServeConfig:
     if args.api_key is not None and not args.api_key.strip():
         raise NanobertError("--api-key must not be empty")
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
-                       args.max_client_batch, args.payload_limit, args.api_key, args.threads)
+                       args.max_client_batch, args.payload_limit, args.api_key, args.threads,
+                       args.dtype)
 
 
 def check_address(host: str, port: int):
@@ -653,7 +657,7 @@ def serve_cmd(args):
         raise NanobertError(f"serve needs {e.name}: pip install 'nanobert[serve]'")
     config = config_from_args(args)
     check_address(config.host, config.port)
-    models = [load_served(spec) for spec in args.models]
+    models = [load_served(spec, config.dtype) for spec in args.models]
     names = [m.name for m in models]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:

@@ -166,7 +166,8 @@ class Served:
     def describe(self) -> dict:
         d = {"name": self.name, "task": self.task, "routes": ["/" + r for r in self.routes],
              "path": str(self.path), "max_length": self.max_length,
-             "hidden_size": self.hidden_size, "family": self.model.config.family}
+             "hidden_size": self.hidden_size, "family": self.model.config.family,
+             "dtype": getattr(self.model, "dtype_name", "float32")}
         if self.task in ("classify", "ner"):
             d["labels"] = self.labels
         if self.task == "embed":
@@ -181,7 +182,8 @@ class Served:
                  "ner": f"{len(self.labels)} tags",
                  "qa": f"windows of {self.max_length}, stride {self.settings.get('doc_stride')}",
                  "regression": "one score"}[self.task]
-        return f"{extra}; max {self.max_length} tokens; {self.path}"
+        dtype = getattr(self.model, "dtype_name", "float32")
+        return f"{extra}; max {self.max_length} tokens; {dtype}; {self.path}"
 
 
 def split_spec(spec: str) -> tuple:
@@ -193,21 +195,23 @@ def split_spec(spec: str) -> tuple:
     return (where if where == "minilm" else Path(where.rstrip("/")).name or where), where
 
 
-def load_served(spec: str) -> Served:
+def load_served(spec: str, dtype: str = "float32") -> Served:
     """Load a model for serving; its task comes from its head (and nanobert.json): a
-    fine-tuned head becomes a `Predictor`, anything else an `Encoder`."""
+    fine-tuned head becomes a `Predictor`, anything else an `Encoder`. `dtype` as for
+    `nanobert.load` ("int8": int8 Linear layers)."""
     import nanobert
     from .checkpoint import resolve
     name, where = split_spec(spec)
     if not name:
         raise NanobertError(f"{spec!r}: empty model name (use NAME=PATH)")
     path = resolve(where)
-    model, tokenizer = nanobert.load(path)
+    model, tokenizer = nanobert.load(path, dtype=dtype)
     task = HEAD_TASKS.get(model.head, "embed")
     settings = {}
     if task in ("classify", "ner", "qa"):
         # one forward per batch: the batcher has already cut it to the token budget
-        engine = nanobert.Predictor(path, batch_size=1 << 30)
+        del model                       # the Predictor loads its own, with its settings
+        engine = nanobert.Predictor(path, batch_size=1 << 30, dtype=dtype)
         settings = engine.settings
         max_length = settings["max_length"]
     elif task == "regression":

@@ -343,6 +343,28 @@ def test_queue_full_is_429_and_sigterm_drains(models):
         s.close()
 
 
+def test_int8_server_equals_offline_int8(models):
+    """--dtype int8 serves what `nanobert.load(dtype="int8")` and `Predictor(dtype="int8")`
+    compute offline; /info says which."""
+    from nanobert.embed import encode
+    s = Running(["minilm", f"sst={models['sst']}"], "--dtype", "int8")
+    try:
+        info = {m["name"]: m["dtype"] for m in s.http.get("/info").json()["models"]}
+        assert info == {"minilm": "int8", "sst": "int8"} and "int8" in s.banner
+        model, tok = nanobert.load("minilm", head=None, dtype="int8")
+        offline = encode(model, tok, SENTENCES[:3])
+        served = np.array(s.post("/embed", {"inputs": SENTENCES[:3]}).json()["embeddings"])
+        assert np.allclose(served, offline, atol=1e-5)
+        fp32, _ = nanobert.load("minilm", head=None)
+        assert not np.allclose(served, encode(fp32, tok, SENTENCES[:3]), atol=1e-5)
+        probs = nanobert.Predictor(models["sst"], dtype="int8").predict(SENTENCES)
+        r = s.post("/classify", {"inputs": SENTENCES, "model": "sst"}).json()["results"]
+        assert [x["label"] for x in r] == [p["label"] for p in probs]
+        assert np.allclose([x["score"] for x in r], [p["probability"] for p in probs], atol=1e-4)
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
     (["--port", "BUSY"], "Address already in use"),
