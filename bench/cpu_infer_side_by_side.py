@@ -37,8 +37,8 @@ import time
 import warnings
 from pathlib import Path
 
-import nanobert  # first: its thread policy (idle OpenMP threads sleep) precedes torch
-from speedlib import report, machine, need_data, race, read_sst2, today
+from speedlib import report, machine, need_data, race, read_sst2, today  # puts ROOT on sys.path
+import nanobert  # noqa: E402  before torch: its thread policy (idle OpenMP threads sleep)
 
 import numpy as np
 import torch
