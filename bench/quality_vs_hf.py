@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -72,9 +73,13 @@ class Recipe:
     doc_stride: int = 128
     group_by_length: bool = True   # the same length-grouped batches on both sides
     n_train: int = 0               # > 0: a seeded subset of the training set (quick checks)
+    pooling: str = "cls"           # classify: the head reads [CLS] or the mean of the tokens
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        d = dataclasses.asdict(self)
+        if d["pooling"] == "cls":  # keys of runs recorded before the field existed
+            del d["pooling"]
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
 # name -> (recipe, where the data comes from). RTE/MRPC: the usual GLUE recipe; SST-2:
@@ -154,7 +159,8 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     max_length=recipe.max_length, warmup_ratio=recipe.warmup_ratio,
                     weight_decay=recipe.weight_decay, seed=seed, doc_stride=recipe.doc_stride,
                     progress=False, group_by_length=recipe.group_by_length,
-                    max_train_examples=recipe.n_train or None)
+                    max_train_examples=recipe.n_train or None,
+                    pooling=recipe.pooling if recipe.kind == "classify" else None)
     finally:
         FT.TASKS[recipe.kind] = task
     recs = read_metrics(out / "metrics.jsonl")
@@ -168,13 +174,27 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
 class HFAdapter(torch.nn.Module):
     """A transformers model seen through nanobert's evaluation code."""
 
-    def __init__(self, hf, ours):
+    def __init__(self, hf, ours, pooling="cls"):
         super().__init__()
-        self.hf, self.config, self.head = hf, ours.config, ours.head
+        self.hf, self.config, self.head, self.pooling = hf, ours.config, ours.head, pooling
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        return self.hf(input_ids=input_ids, attention_mask=attention_mask,
-                       token_type_ids=token_type_ids)
+        return hf_forward(self.hf, self.pooling, input_ids=input_ids,
+                          attention_mask=attention_mask, token_type_ids=token_type_ids)
+
+
+def hf_forward(hf, pooling: str, labels=None, **inputs):
+    """transformers' own forward, or for pooling="mean" its BertForSequenceClassification
+    with the [CLS] vector replaced by the mean of the real tokens' vectors (the same
+    pooler dense + tanh, dropout and classifier after it), as nanobert's mean pooling."""
+    if pooling == "cls":
+        return hf(**inputs, labels=labels)
+    h = hf.bert(**inputs).last_hidden_state                        # (B, T, H)
+    m = inputs["attention_mask"].unsqueeze(-1).to(h.dtype)         # (B, T, 1)
+    pooled = hf.bert.pooler.activation(hf.bert.pooler.dense((h * m).sum(1) / m.sum(1)))
+    logits = hf.classifier(hf.dropout(pooled))                     # (B, C)
+    loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+    return types.SimpleNamespace(loss=loss, logits=logits)
 
 
 def features(recipe: Recipe, train, model: str, seed: int):
@@ -232,7 +252,8 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
         hf.train()
         t0 = time.time()
         for idx in FT.epoch_batches(lengths, bs, seed, epoch, recipe.group_by_length):
-            loss = hf(**FT.collate([items[i] for i in idx], tok.pad_id or 0)).loss
+            loss = hf_forward(hf, recipe.pooling, **FT.collate([items[i] for i in idx],
+                                                               tok.pad_id or 0)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
             opt.step()
@@ -243,7 +264,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
                 print(f"  transformers step {step}/{total} loss {loss.item():.4f}", flush=True)
         train_s += time.time() - t0
         hf.eval()
-        res = FT.evaluate_task(recipe.kind, HFAdapter(hf, start), tok, dev, settings,
+        res = FT.evaluate_task(recipe.kind, HFAdapter(hf, start, recipe.pooling), tok, dev, settings,
                                batch_size=max(bs, 64))
         evals.append({"step": step, **{k: v for k, v in res.items() if k not in ("task", "n")}})
         print(f"  transformers epoch {epoch + 1}: {evals[-1]}", flush=True)
@@ -329,7 +350,8 @@ def describe(r: Recipe) -> str:
     return (f"{r.epochs} ep, lr {r.lr:g}, batch {r.batch_size}, len {r.max_length}"
             + (f", stride {r.doc_stride}" if r.kind == "qa" else "")
             + (", length-grouped" if r.group_by_length else "")
-            + (f", {r.n_train} train examples" if r.n_train else ""))
+            + (f", {r.n_train} train examples" if r.n_train else "")
+            + (f", {r.pooling} pooling" if r.pooling != "cls" else ""))
 
 
 def verdict(ours: list, theirs: list) -> str:
@@ -411,6 +433,8 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
                      f"{', '.join(x for x in kinds if x not in ('kind', 'metric'))})")
         if kinds[k] in ("bool", bool):
             changes[k] = v.lower() in ("1", "true", "yes")
+        elif kinds[k] in ("str", str):
+            changes[k] = v
         else:
             changes[k] = float(v) if kinds[k] in ("float", float) else int(v)
     return dataclasses.replace(recipe, **changes)

@@ -345,8 +345,11 @@ class RetrievalConfig(Config):
     loss: Optional[str] = param(None, "embed: the loss (default: from the data: mnrl for "
                                 "pairs, triplets and BEIR folders, cosent for scored pairs)",
                                 choices=("mnrl", "cosent", "cosine_mse"))
-    pooling: str = param("mean", "embed: how token vectors become the sentence vector",
-                         choices=POOLINGS)
+    pooling: Optional[str] = param(
+        None, "how token vectors become the one vector of a text (pair): embed: mean "
+        "(default) or cls; classify, regress: the pooling the starting checkpoint declares "
+        "(minilm: mean), else cls (BERT's [CLS], what transformers runs); rerank: cls",
+        choices=POOLINGS)
     scale: float = param(20.0, "embed: inverse temperature of the cosine (MNRL, CoSENT)",
                          positive())
     mini_batch_size: Optional[int] = param(
@@ -384,7 +387,7 @@ def embed_loss(cfg):
     take --loss (CoSENT by default), the others MNRL."""
     r = cfg.retrieval
     scored = r.loss if r.loss in ("cosent", "cosine_mse") else "cosent"
-    by_kind = {kind: embed_loss_fn(EmbedLoss(kind, r.pooling, r.scale, r.mini_batch_size))
+    by_kind = {kind: embed_loss_fn(EmbedLoss(kind, r.pooling or "mean", r.scale, r.mini_batch_size))
                for kind in ("mnrl", scored)}
     return lambda model, batch: by_kind[scored if "scores" in batch else "mnrl"](model, batch)
 

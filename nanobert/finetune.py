@@ -9,7 +9,7 @@
     predict:   label + probability; entities with character spans; answer + score.
 
 Task by task:
-    classify  [CLS] text [SEP] (pair [SEP]) ──► label (cross-entropy on the pooled [CLS])
+    classify  [CLS] text [SEP] (pair [SEP]) ──► label (cross-entropy on the pooled vector)
     ner       words ──► sub-words; the tag is learnt and predicted on each word's FIRST
               sub-word (the others get -100, no loss); predictions go back to words
     qa        question + context in sliding windows (see nanobert.qa)
@@ -494,7 +494,7 @@ TASKS = {t.name: t for t in [
          features=B.regress_features, check=None, evaluate=B.regress_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
          show=B.score_show,
-         help="a score per text or text pair, MSE on the pooled [CLS] (Pearson, Spearman)"),
+         help="a score per text or text pair, MSE on the pooled vector (Pearson, Spearman)"),
     Task("embed", None, B.embed_metric, 128, read=B.read_pairs_or_beir, labels=None,
          features=B.embed_features, check=None, evaluate=B.embed_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.embed_predict,
@@ -627,6 +627,7 @@ def finetune(config, *args, **fields) -> dict:
     from .config import as_flags
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
+    cfg = cfg.replace(retrieval=cfg.retrieval.replace(pooling=sentence_pooling(task, cfg)))
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] + rundir.model_files(cfg.model),
                             as_flags(cfg))
     t = cfg.trainer
@@ -680,6 +681,12 @@ def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int):
     labels = f", {len(model.config.id2label or {})} labels" if task.labels else ""
     print(f"{task.name}: {len(train)} training examples{features}, {len(dev)} dev examples"
           f"{labels}, {steps_per_epoch} batches of {cfg.batch_size} per epoch", flush=True)
+    c = model.config
+    if model.head in POOLED_HEADS and c.classifier_pooling == "mean" and c.family != "modernbert":
+        print(f"{task.name}: the head reads the mean of the token vectors (--pooling mean); "
+              f"transformers' {c.family} models read [CLS], so load the result with nanobert "
+              f"or its ONNX export (--pooling cls: a checkpoint transformers runs as is)",
+              flush=True)
 
 
 def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
@@ -690,12 +697,39 @@ def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
     return train, dev
 
 
+POOLED_HEADS = ("classify", "regression")   # heads on one vector per text (pair)
+
+
+def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
+    """How a text becomes one vector: --pooling, else the task's default. embed pools
+    the mean; classify and regress pool as the starting checkpoint was trained to (a
+    sentence-transformers model such as minilm declares mean pooling; its [CLS] vector
+    was never trained) and otherwise keep the model's own (BERT's [CLS]); rerank keeps
+    [CLS], the cross-encoder format sentence-transformers loads. None: the model's own."""
+    given = cfg.retrieval.pooling
+    if task.head not in POOLED_HEADS and task.name != "embed":
+        if given:
+            raise NanobertError(f"--pooling: a {task.name} model predicts per token "
+                                f"and pools nothing")
+        return None
+    if given or task.name == "embed":
+        return given or "mean"
+    if task.name == "rerank":
+        return None
+    from .checkpoint import resolve
+    from .embed import declared_pooling
+    declared = declared_pooling(resolve(cfg.model))
+    return declared if declared in B.POOLINGS else None
+
+
 def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
     """The model with the task's head (labels from the training data) and its tokenizer."""
     import nanobert
     overrides = {}
     if task.labels is not None:
         overrides["id2label"] = dict(enumerate(task.labels(train, cfg.train)))
+    if task.head in POOLED_HEADS and cfg.retrieval.pooling:
+        overrides["classifier_pooling"] = cfg.retrieval.pooling
     model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
     if model.config.max_position_embeddings < max_length:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "

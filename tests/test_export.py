@@ -63,6 +63,18 @@ def test_onnx_matches_nanobert_on_new_shapes(family, head, one_thread):
             assert np.abs(got - want).max() < TOL, (name, B, T)
 
 
+def test_onnx_mean_pooled_classifier(one_thread):
+    """finetune's mean pooling (a sentence-transformers start) survives the export."""
+    model = small_model("bert", "classify")
+    model.config.classifier_pooling = "mean"
+    session = ort.InferenceSession(onnx_bytes(model), providers=["CPUExecutionProvider"])
+    for name, got, want in run_both(model, session, 4, 13, 5):
+        assert np.abs(got - want).max() < TOL, name
+    model.config.classifier_pooling = "cls"  # the check can fail: [CLS] gives other logits
+    name, got, want = run_both(model, session, 4, 13, 5)[-1]
+    assert name == "logits" and np.abs(got - want).max() > TOL
+
+
 def test_export_directory_and_int8(tmp_path, minilm, one_thread):
     model, tok = minilm
     path = export_onnx(model, tmp_path / "out", tok, dtype="int8")

@@ -49,6 +49,48 @@ def last_json(capsys):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+def test_pooling_follows_the_checkpoint_and_mean_pooling_round_trips(tiny_dir, tmp_path, capsys):
+    """classify/regress pool as the starting checkpoint declares (a sentence-transformers
+    model: mean), else [CLS]; --pooling overrides; the choice is saved with the model."""
+    import shutil
+    from nanobert.finetune import TASKS, FinetuneConfig, sentence_pooling
+    st = tmp_path / "st"
+    shutil.copytree(tiny_dir, st)
+    (st / "1_Pooling").mkdir()
+    (st / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+
+    def pooling(task, model, **kw):
+        cfg = FinetuneConfig.create(task=task, model=str(model), train="t", dev="d",
+                                    out_dir="o", **kw)
+        return sentence_pooling(TASKS[task], cfg)
+
+    assert pooling("classify", st) == "mean" and pooling("regress", st) == "mean"
+    assert pooling("classify", tiny_dir) is None            # the model's own: BERT's [CLS]
+    assert pooling("classify", st, pooling="cls") == "cls"
+    assert pooling("rerank", st) is None                     # cross-encoders read [CLS]
+    assert pooling("embed", tiny_dir) == "mean"
+    with pytest.raises(NanobertError, match="--pooling"):
+        pooling("ner", tiny_dir, pooling="mean")
+
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(24, 0))
+    out = tmp_path / "model"
+    rc = cli.main(["finetune", "--task", "classify", "--model", str(st), "--train", str(train),
+                   "--dev", str(train), "--out", str(out), "--epochs", "12", "--lr", "3e-3",
+                   "--batch-size", "8", "--max-length", "16", "--no-progress"])
+    assert rc == 0 and "reads the mean of the token vectors" in capsys.readouterr().out
+    model, tok, _ = load_finetuned(out)
+    assert model.config.classifier_pooling == "mean"
+    batch = tok(["the movie was great", "a dull plot and boring acting ."])
+    with torch.inference_mode():
+        logits = model(**batch).logits
+        h = model.bert(**batch).last_hidden_state                       # (B, T, H)
+        m = batch["attention_mask"].unsqueeze(-1).float()
+        mean = model.classifier(model.bert.pooler((h * m).sum(1) / m.sum(1)))
+    torch.testing.assert_close(logits, mean, atol=1e-5, rtol=1e-4)
+    rc = cli.main(["evaluate", "--model", str(out), "--data", str(train), "--json"])
+    assert rc == 0 and last_json(capsys)["accuracy"] >= 0.9
+
+
 def test_classify_overfits_evaluates_predicts_and_loads_in_transformers(tiny_dir, tmp_path, capsys):
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(24, 0))
     out = tmp_path / "model"
