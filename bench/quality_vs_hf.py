@@ -92,6 +92,9 @@ TASKS = {
     "sst2": (Recipe("classify", "accuracy", 1, 5e-5, 32, 64), ("sst2/train.tsv", "sst2/dev.tsv")),
     "squad": (Recipe("qa", "f1", 2, 5e-5, 32, 384), ("squad/train-38articles.json", 30)),
 }
+# variants with their own row in the table: what nanobert's finetune does by default
+# where the task's recipe differs (minilm declares mean pooling; see docs/finetune.md)
+SHOWN_VARIANTS = [("sst2", {"pooling": "mean"})]
 SPLIT_SEED = 1234          # the held-out split of RTE/MRPC, the same for every training seed
 
 
@@ -371,7 +374,9 @@ def table(runs: list) -> str:
             "| ex/s nanobert / transformers | wall min nanobert / transformers |\n"
             "|---|---|---|---|---|---|---|\n")
     rows = []
-    for name, (recipe, _) in TASKS.items():
+    shown = [(name, recipe) for name, (recipe, _) in TASKS.items()]
+    shown += [(name, dataclasses.replace(TASKS[name][0], **change)) for name, change in SHOWN_VARIANTS]
+    for name, recipe in sorted(shown, key=lambda x: list(TASKS).index(x[0])):
         mine = [r for r in runs if r["task"] == name and key_of(r) == recipe.key()]
         cells, speed, wall, vals = {}, [], [], {}
         for s in SYSTEMS:

@@ -683,10 +683,8 @@ def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int):
           f"{labels}, {steps_per_epoch} batches of {cfg.batch_size} per epoch", flush=True)
     c = model.config
     if model.head in POOLED_HEADS and c.classifier_pooling == "mean" and c.family != "modernbert":
-        print(f"{task.name}: the head reads the mean of the token vectors (--pooling mean); "
-              f"transformers' {c.family} models read [CLS], so load the result with nanobert "
-              f"or its ONNX export (--pooling cls: a checkpoint transformers runs as is)",
-              flush=True)
+        print(f"{task.name}: mean pooling (--pooling cls for [CLS], the vector transformers' "
+              f"{c.family} classifiers read; nanobert and its ONNX export run either)", flush=True)
 
 
 def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
