@@ -682,7 +682,7 @@ def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int):
     print(f"{task.name}: {len(train)} training examples{features}, {len(dev)} dev examples"
           f"{labels}, {steps_per_epoch} batches of {cfg.batch_size} per epoch", flush=True)
     c = model.config
-    if model.head in POOLED_HEADS and c.classifier_pooling == "mean" and c.family != "modernbert":
+    if model.head in POOLED_HEADS and c.classifier_pooling == "mean" and not hf_pools_mean(c):
         print(f"{task.name}: mean pooling (--pooling cls for [CLS], the vector transformers' "
               f"{c.family} classifiers read; nanobert and its ONNX export run either)", flush=True)
 
@@ -698,6 +698,13 @@ def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
 POOLED_HEADS = ("classify", "regression")   # heads on one vector per text (pair)
 
 
+def hf_pools_mean(c) -> bool:
+    """Does transformers read this family's pooling setting (only if its config.json
+    carries it: ModernBERT), or always [CLS]?"""
+    from .families import FAMILIES
+    return "classifier_pooling" in FAMILIES[c.family].to_hf(c)
+
+
 def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
     """How a text becomes one vector: --pooling, else the task's default. embed pools
     the mean; classify and regress pool as the starting checkpoint was trained to (a
@@ -705,15 +712,15 @@ def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
     was never trained) and otherwise keep the model's own (BERT's [CLS]); rerank keeps
     [CLS], the cross-encoder format sentence-transformers loads. None: the model's own."""
     given = cfg.retrieval.pooling
-    if task.head not in POOLED_HEADS and task.name != "embed":
+    if task.name == "embed":
+        return given or "mean"
+    if task.head not in POOLED_HEADS:
         if given:
             raise NanobertError(f"--pooling: a {task.name} model predicts per token "
                                 f"and pools nothing")
         return None
-    if given or task.name == "embed":
-        return given or "mean"
-    if task.name == "rerank":
-        return None
+    if given or task.name == "rerank":
+        return given
     from .checkpoint import resolve
     from .embed import declared_pooling
     declared = declared_pooling(resolve(cfg.model))
