@@ -53,11 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
         run = getattr(module, f"{attr}_cmd")
         doc = (run.__doc__ or "").strip()
         p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsHelp)
         getattr(module, f"{attr}_args")(p)
         add_threads_flag(p)
         p.set_defaults(func=run)
     return parser
+
+
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends '(default: X)' only where it tells something: not for flags that are off
+    or unset by default, nor where the help already states its default."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in h:
+            return h
+        return super()._get_help_string(action)
 
 
 def main(argv=None) -> int:

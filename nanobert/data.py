@@ -439,6 +439,12 @@ def read_squad(path, require_answers=True) -> list:
         raise data_error(path, 1, "expected SQuAD JSON or JSON Lines with question/context")
     if not out:
         raise data_error(path, None, "no questions")
+    seen = set()
+    for ex in out:  # predictions and scores are keyed by id: a repeat would hide a question
+        if ex.id in seen:
+            raise data_error(path, None, f"question id {ex.id!r} is used twice (ids must be "
+                                         "unique: answers are matched to questions by id)")
+        seen.add(ex.id)
     return out
 
 

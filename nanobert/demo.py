@@ -108,21 +108,25 @@ def plot_confusion(gold, pred, labels, out_png):
 
 
 def demo_args(p):
+    from .config import at_least, checked, positive
+    count = checked(int, at_least(1))
     p.add_argument("--out", default="runs/demo", help="output directory")
-    p.add_argument("--model", default="minilm")
+    p.add_argument("--model", default="minilm", help="the model to fine-tune")
     p.add_argument("--train", help="your own training file (any classification format)")
     p.add_argument("--dev", help="your own dev file (with --train)")
-    p.add_argument("--n-train", type=int, default=3000, help="tweets to train on")
-    p.add_argument("--n-dev", type=int, default=500, help="held-out tweets")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--max-length", type=int, default=48)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--freeze-layers", type=int, default=None, metavar="N",
+    p.add_argument("--n-train", type=count, default=3000, help="tweets to train on")
+    p.add_argument("--n-dev", type=count, default=500, help="held-out tweets")
+    p.add_argument("--epochs", type=count, default=2, help="passes over the training tweets")
+    p.add_argument("--max-length", type=checked(int, at_least(4)), default=48,
+                   help="max tokens per tweet")
+    p.add_argument("--batch-size", type=count, default=16, help="examples per batch")
+    p.add_argument("--lr", type=checked(float, positive()), default=1e-4,
+                   help="peak learning rate")
+    p.add_argument("--freeze-layers", type=checked(int, at_least(0)), default=None, metavar="N",
                    help="blocks at the bottom kept fixed (default: half of them; minilm: 3 "
                         "of 6, which makes a training step cost about 2/3)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--show", type=int, default=10,
+    p.add_argument("--seed", type=checked(int), default=42, help="the split, the head, the order")
+    p.add_argument("--show", type=checked(int, at_least(0)), default=10,
                    help="held-out examples to print with their gold labels (drawn at random)")
 
 
@@ -134,8 +138,6 @@ def demo_cmd(args):
     check_output_dir(out)
     if bool(args.train) != bool(args.dev):
         raise NanobertError("give both --train and --dev (or neither, for the tweet demo)")
-    if args.show < 0:
-        raise NanobertError(f"--show must be 0 or more, got {args.show}")
     if args.train:
         train_path, dev_path = args.train, args.dev
         print(f"demo: fine-tuning {args.model} on {train_path}, evaluating on {dev_path}")

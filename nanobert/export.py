@@ -141,7 +141,11 @@ def export_cmd(args):
     """Export a model to ONNX (dynamic batch and sequence axes; optional int8)."""
     from . import load
     from .files import check_output_dir
-    check_output_dir(args.out, "OUT")            # before loading or tracing anything
+    out = Path(args.out)
+    if out.suffix.lower() == ".onnx" and not out.is_dir():
+        raise NanobertError(f"OUT {out} names a file, but OUT is a directory (the model files "
+                            f"plus model.onnx): try {out.with_suffix('')}")
+    check_output_dir(out, "OUT")                 # before loading or tracing anything
     model, tokenizer = load(args.model)
     path = EXPORTERS[args.format](model, args.out, tokenizer, args.dtype)
     print(f"wrote {path} (outputs: {', '.join(OUTPUTS[model.head])})")

@@ -25,11 +25,19 @@ def data_error(path, line, msg) -> NanobertError:
 
 def read_lines(path):
     """Yield (line_number, text) of a UTF-8 text file, without line endings. A leading
-    byte-order mark is dropped; bad UTF-8 is reported with its line number."""
+    byte-order mark is dropped; a UTF-16 file (what spreadsheets save as 'Unicode text')
+    is read when it starts with its byte-order mark; bad UTF-8 is reported with its line
+    number."""
     path = Path(path)
+    if path.is_dir():
+        raise NanobertError(f"{path}: is a directory, expected a file")
     if not path.is_file():
         raise NanobertError(f"{path}: no such file")
     with open(path, "rb") as f:
+        if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+            yield from _utf16_lines(path, f)
+            return
+        f.seek(0)
         for n, raw in enumerate(f, 1):
             try:
                 text = raw.decode("utf-8")
@@ -38,6 +46,21 @@ def read_lines(path):
             if n == 1:
                 text = text.lstrip("\ufeff")
             yield n, text.rstrip("\r\n")
+
+
+def _utf16_lines(path, f):
+    f.seek(0)
+    raw = f.read()
+    try:
+        text = raw.decode("utf-16")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].decode("utf-16", errors="replace").count("\n") + 1
+        raise data_error(path, line, f"not valid UTF-16 ({e.reason})")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, 1):
+        yield n, line.rstrip("\r")
 
 
 @contextlib.contextmanager

@@ -110,7 +110,9 @@ def test_export_refuses_a_bad_out_before_loading(tmp_path, capsys):
     from nanobert.cli import main
     afile = tmp_path / "a_file"
     afile.write_text("x")
-    for out, why in [("/proc/nanobert-x", "/proc"), (str(afile), "is a file")]:
+    for out, why in [("/proc/nanobert-x", "/proc"), (str(afile), "is a file"),
+                     (str(tmp_path / "m.onnx"), f"try {tmp_path / 'm'}")]:
         assert main(["export", "--format", "onnx", str(tmp_path / "no-such-model"), out]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and why in err and "OUT" in err
+    assert not (tmp_path / "m.onnx").exists()

@@ -96,6 +96,20 @@ def test_bad_utf8_empty_and_unknown_formats(tmp_path):
     assert "no examples" in error_of(D.read_classification, header)
 
 
+def test_utf16_with_bom_is_read_and_a_directory_is_named(tmp_path):
+    # spreadsheets save "Unicode text" as UTF-16 with a byte-order mark, CRLF line ends
+    text = "sentence\tlabel\r\ncafé au lait\t1\r\nnaïve\t0\r\n"
+    for enc in ("utf-16-le", "utf-16-be"):
+        bom = "\ufeff".encode(enc)
+        p = write(tmp_path, f"{enc}.tsv", bom + text.encode(enc))
+        ex = D.read_classification(p)
+        assert [(e.text_a, e.label, e.line) for e in ex] == [("café au lait", "1", 2),
+                                                             ("naïve", "0", 3)]
+    odd = write(tmp_path, "odd16.tsv", "\ufeffsentence\tlabel\n".encode("utf-16-le") + b"\x00")
+    assert "not valid UTF-16" in error_of(D.read_classification, odd)
+    assert error_of(D.read_classification, tmp_path) == f"{tmp_path}: is a directory, expected a file"
+
+
 # ---- JSON Lines -----------------------------------------------------------------------
 
 def test_jsonl_pair_column_is_decided_over_all_lines(tmp_path):
@@ -172,6 +186,17 @@ def test_squad_jsonl_answers_are_found_or_refused(tmp_path):
                          {"id": "a2", "question": "Who?", "context": "Ann met Bob.",
                           "answers": ["Carl"]}])
     assert error_of(D.read_squad, p).startswith(f"{p}:2: question 'a2': answer 'Carl' does not occur")
+
+
+def test_squad_repeated_question_ids_are_refused(tmp_path):
+    # answers are matched to questions by id: a repeat would silently drop a question
+    rows = [dict(id="a1", question=q, context="Ann met Bob.", answers=[a])
+            for q, a in [("Who?", "Bob"), ("Who met?", "Ann")]]
+    p = jsonl(tmp_path, rows)
+    assert error_of(D.read_squad, p).startswith(f"{p}: question id 'a1' is used twice")
+    no_ids = jsonl(tmp_path, [{"question": "Who?", "context": "Ann met Bob.", "answers": ["Bob"]}] * 2,
+                   name="n.jsonl")
+    assert [e.id for e in D.read_squad(no_ids)] == ["1", "2"]   # line numbers stand in
 
 
 # ---- CoNLL ----------------------------------------------------------------------------
