@@ -4,6 +4,12 @@ WHOLE shared training sets, several seeds, mean ± spread, wall time and example
     python bench/quality_vs_hf.py --tasks rte,mrpc --seeds 42,43,44
     python bench/quality_vs_hf.py --tasks sst2 --seeds 42 --systems transformers
     python bench/quality_vs_hf.py --table            # rewrite bench/results/quality.md
+    python bench/quality_vs_hf.py --tasks conll2003 --seeds 1 --set n_train=640
+        --set epochs=1 --set dropout=0 --results /tmp/d.jsonl   # (one line) the two loops, step by step
+
+`--set dropout=0` is the diagnostic: every dropout off on both sides, every step's loss
+recorded ("losses" in the run's line), and the transformers side on nanobert's schedule
+(transformers' own runs its first step at lr 0); the losses then agree at every step.
 
 Tasks (TASKS below holds each recipe; `--set lr=3e-5` tries a variant):
     sst2       67,349 sentences -> the 872 dev sentences, accuracy
@@ -44,6 +50,7 @@ import tempfile
 import time
 import types
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -74,11 +81,13 @@ class Recipe:
     group_by_length: bool = True   # the same length-grouped batches on both sides
     n_train: int = 0               # > 0: a seeded subset of the training set (quick checks)
     pooling: str = "cls"           # classify: the head reads [CLS] or the mean of the tokens
+    dropout: Optional[float] = None  # diagnostics: every dropout of both models set to this
 
     def key(self) -> str:
         d = dataclasses.asdict(self)
-        if d["pooling"] == "cls":  # keys of runs recorded before the field existed
-            del d["pooling"]
+        for k, default in (("pooling", "cls"), ("dropout", None)):
+            if d[k] == default:  # keys of runs recorded before the field existed
+                del d[k]
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -156,6 +165,14 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
 
     out = work / "nanobert"
     FT.TASKS[recipe.kind] = dataclasses.replace(task, evaluate=timed)
+    load, trainer = nanobert.load, nanobert.train.Trainer
+    if recipe.dropout is not None:  # the diagnostic: every dropout set, every step's loss
+        nanobert.load = lambda *a, **k: load(*a, **k, **dropouts(recipe.dropout))
+
+        class EveryStep(trainer):
+            def __init__(self, model, cfg, *a, **k):
+                super().__init__(model, cfg.replace(log_every=1), *a, **k)
+        nanobert.train.Trainer = EveryStep
     try:
         FT.finetune(recipe.kind, model, str(train_path), str(dev_path), str(out),
                     epochs=recipe.epochs, lr=recipe.lr, batch_size=recipe.batch_size,
@@ -166,12 +183,19 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     pooling=recipe.pooling if recipe.kind == "classify" else None)
     finally:
         FT.TASKS[recipe.kind] = task
+        nanobert.load, nanobert.train.Trainer = load, trainer
     recs = read_metrics(out / "metrics.jsonl")
     evals = [{k: v for k, v in r.items() if k not in ("type", "epoch")}
              for r in recs if r["type"] == "eval"]
     last_train = [r for r in recs if r["type"] == "train"][-1]["elapsed"]
     # the last train record is written before the final evaluation
-    return {"epochs": evals, "train_s": last_train - sum(eval_s[:-1])}
+    losses = [(r["step"], r["loss"]) for r in recs if r["type"] == "train"]
+    return {"epochs": evals, "train_s": last_train - sum(eval_s[:-1]), "losses": losses}
+
+
+def dropouts(p: float) -> dict:
+    """Config overrides (the same names in nanobert's and transformers' BERT configs)."""
+    return {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p, "classifier_dropout": p}
 
 
 class HFAdapter(torch.nn.Module):
@@ -221,6 +245,8 @@ def hf_model(recipe: Recipe, start, model: str):
     id2label = start.config.id2label
     kw = {} if recipe.kind == "qa" else {"id2label": id2label,
                                          "label2id": {v: k for k, v in id2label.items()}}
+    if recipe.dropout is not None:
+        kw.update(dropouts(recipe.dropout))
     hf = cls.from_pretrained(str(resolve(model)), attn_implementation="sdpa", **kw)
     head, ours = (hf.qa_outputs, start.qa) if recipe.kind == "qa" else (hf.classifier, start.classifier)
     with torch.no_grad():
@@ -248,9 +274,15 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
                              {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, fused=True)
     bs, lengths = recipe.batch_size, [len(it["input_ids"]) for it in items]
     total = -(-len(items) // bs) * recipe.epochs
-    sched = transformers.get_linear_schedule_with_warmup(opt, int(recipe.warmup_ratio * total), total)
+    warmup = int(recipe.warmup_ratio * total)
+    if recipe.dropout is None:
+        sched = transformers.get_linear_schedule_with_warmup(opt, warmup, total)
+    else:  # the diagnostic: nanobert's schedule (transformers' first step runs at lr 0)
+        from nanobert.train import lr_factor
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, total, warmup))
     torch.manual_seed(seed)
-    evals, train_s, step = [], 0.0, 0
+    evals, train_s, step, losses, window = [], 0.0, 0, [], []
+    log_every = 1 if recipe.dropout is not None else max(1, min(10, total // recipe.epochs // 4))
     for epoch in range(recipe.epochs):
         hf.train()
         t0 = time.time()
@@ -263,6 +295,10 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
+            window.append(loss.item())
+            if step % log_every == 0 or step == total:  # windows as nanobert's metrics.jsonl
+                losses.append((step, sum(window) / len(window)))
+                window = []
             if step % 50 == 0:
                 print(f"  transformers step {step}/{total} loss {loss.item():.4f}", flush=True)
         train_s += time.time() - t0
@@ -271,7 +307,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
                                batch_size=max(bs, 64))
         evals.append({"step": step, **{k: v for k, v in res.items() if k not in ("task", "n")}})
         print(f"  transformers epoch {epoch + 1}: {evals[-1]}", flush=True)
-    return {"epochs": evals, "train_s": train_s, "n_features": len(items)}
+    return {"epochs": evals, "train_s": train_s, "n_features": len(items), "losses": losses}
 
 
 RUNNERS = {"nanobert": run_nanobert, "transformers": run_transformers}
@@ -337,7 +373,7 @@ def one_run(name: str, system: str, seed: int, recipe: Recipe, args) -> dict:
             "n_features": res["n_features"], "train_s": round(res["train_s"], 1),
             "examples_per_s": round(res["n_features"] * recipe.epochs / res["train_s"], 2),
             "wall_s": round(wall, 1), "date": today(), "machine": machine(),
-            "load_at_start": load, "commit": git_commit()}
+            "load_at_start": load, "commit": git_commit(), "losses": res.get("losses")}
 
 
 def mean_spread(xs) -> str:
@@ -354,7 +390,8 @@ def describe(r: Recipe) -> str:
             + (f", stride {r.doc_stride}" if r.kind == "qa" else "")
             + (", length-grouped" if r.group_by_length else "")
             + (f", {r.n_train} train examples" if r.n_train else "")
-            + (f", {r.pooling} pooling" if r.pooling != "cls" else ""))
+            + (f", {r.pooling} pooling" if r.pooling != "cls" else "")
+            + (f", dropout {r.dropout:g}" if r.dropout is not None else ""))
 
 
 def verdict(ours: list, theirs: list) -> str:
@@ -436,7 +473,9 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
         if k not in kinds or k in ("kind", "metric"):
             sys.exit(f"--set {p}: unknown recipe field (choose from "
                      f"{', '.join(x for x in kinds if x not in ('kind', 'metric'))})")
-        if kinds[k] in ("bool", bool):
+        if kinds[k] in ("Optional[float]",):
+            changes[k] = float(v)
+        elif kinds[k] in ("bool", bool):
             changes[k] = v.lower() in ("1", "true", "yes")
         elif kinds[k] in ("str", str):
             changes[k] = v
