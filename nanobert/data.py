@@ -141,6 +141,29 @@ def _jsonl_objects(path: Path):
         yield n, obj
 
 
+def is_iob_tag(tag: str) -> bool:
+    return tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2)
+
+
+def looks_like_conll(path, sample: int = 50) -> bool:
+    """Whether a file that could be one text a line is CoNLL columns instead: it starts
+    with -DOCSTART-, or each of its first non-blank lines is a token followed by columns
+    ending in an IOB tag."""
+    seen = 0
+    for _, text in read_lines(path):
+        cols = text.split()
+        if not cols:
+            continue
+        if seen == 0 and cols[0] == "-DOCSTART-":
+            return True
+        if len(cols) < 2 or not is_iob_tag(cols[-1]):
+            return False
+        seen += 1
+        if seen >= sample:
+            break
+    return seen > 0
+
+
 def detect_format(path, plain_text: bool = False) -> str:
     """'jsonl' | 'json' | 'tsv' | 'csv' | 'msrp' | 'conll', from the file's content; with
     `plain_text`, a file that is none of these is 'text' (one input a line)."""
@@ -399,7 +422,7 @@ def read_conll(path, require_tags=True) -> list:
             if len(cols) < 2:
                 raise data_error(path, n, "expected a token and a tag (CoNLL columns)")
             tag = cols[-1]
-            if not (tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2)):
+            if not is_iob_tag(tag):
                 raise data_error(path, n, f"tag {tag!r} is not IOB (O, B-TYPE or I-TYPE)")
             tags.append(tag)
         words.append(cols[0])

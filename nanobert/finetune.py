@@ -402,6 +402,15 @@ def text_lines(path, columns=None) -> list:
     return [D.Example(t) for _, t in D.read_lines(path) if t.strip()]
 
 
+def ner_inputs(path, columns=None) -> list:
+    """One text a line; a CoNLL file (a labelled test set, say) gives its sentences, the
+    tokens joined by spaces (the tags are not read)."""
+    if D.looks_like_conll(path):
+        return [D.Example(" ".join(s.words), line=s.line)
+                for s in D.read_conll(path, require_tags=False)]
+    return text_lines(path)
+
+
 def qa_inputs(path, columns=None) -> list:
     return D.read_squad(path, require_answers=False)
 
@@ -482,7 +491,7 @@ TASKS = {t.name: t for t in [
     Task("ner", "token", "f1", 128,
          read=lambda path, cols, req: D.read_conll(path, require_tags=req),
          labels=ner_labels, features=ner_features, check=ner_check, evaluate=ner_evaluate,
-         inputs=text_lines, make_input=text_input, predict=ner_predict, show=ner_show,
+         inputs=ner_inputs, make_input=text_input, predict=ner_predict, show=ner_show,
          help="a tag per word, CoNLL files (entity F1)"),
     Task("qa", "qa", "f1", 384,
          read=lambda path, cols, req: D.read_squad(path, require_answers=req),

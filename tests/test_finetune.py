@@ -194,6 +194,13 @@ def test_ner_overfits_and_predicts_char_spans(tiny_dir, tmp_path, capsys):
     assert rc == 0 and res["task"] == "ner" and res["n"] == 16
     assert min(res["precision"], res["recall"], res["f1"]) >= 0.9
 
+    # predict on the labelled CoNLL file itself: its sentences, not its lines, are the inputs
+    rc = cli.main(["predict", "--model", str(out), "--input", str(data), "--json"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert rc == 0 and len(lines) == 16
+    assert all(len(r["text"].split()) == 4 and "NN" not in r["text"] for r in lines)
+    assert sum(e["type"] == "PER" for r in lines for e in r["entities"]) >= 16
+
     model, tok, settings = load_finetuned(out)
     text = "Carol lives in Rome"
     ents = predict_ner_text(model, tok, [text], 24)[0]

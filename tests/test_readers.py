@@ -110,6 +110,13 @@ def test_utf16_with_bom_is_read_and_a_directory_is_named(tmp_path):
     assert error_of(D.read_classification, tmp_path) == f"{tmp_path}: is a directory, expected a file"
 
 
+def test_looks_like_conll_tells_columns_from_text(tmp_path):
+    assert D.looks_like_conll(write(tmp_path, "a.txt", "-DOCSTART- -X- O\n\nEU NNP B-ORG\n"))
+    assert D.looks_like_conll(write(tmp_path, "b.txt", "\nEU B-ORG\nrejects O\n\nPeter I-PER\n"))
+    assert not D.looks_like_conll(write(tmp_path, "c.txt", "EU rejects German call\nPeter O\n"))
+    assert not D.looks_like_conll(write(tmp_path, "d.txt", "EU B-ORG\nrejects\n"))
+
+
 # ---- JSON Lines -----------------------------------------------------------------------
 
 def test_jsonl_pair_column_is_decided_over_all_lines(tmp_path):
