@@ -265,6 +265,10 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
     dev = FT.read_task_data(recipe.kind, dev_path)
     start, tok, items = features(recipe, train, model, seed)
     hf = hf_model(recipe, start, model)
+    # on a GPU, as nanobert's Trainer does by default: the model there, bf16 autocast
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    hf.to(device)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     settings = {"task": recipe.kind, "max_length": recipe.max_length, "doc_stride": recipe.doc_stride,
                 "max_answer_length": 30, "n_best": 20}
     no_decay = [p for n, p in hf.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
@@ -287,8 +291,9 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
         hf.train()
         t0 = time.time()
         for idx in FT.epoch_batches(lengths, bs, seed, epoch, recipe.group_by_length):
-            loss = hf_forward(hf, recipe.pooling, **FT.collate([items[i] for i in idx],
-                                                               tok.pad_id or 0)).loss
+            batch = FT.collate([items[i] for i in idx], tok.pad_id or 0)
+            with amp:
+                loss = hf_forward(hf, recipe.pooling, **{k: v.to(device) for k, v in batch.items()}).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
             opt.step()

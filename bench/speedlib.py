@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+DATA = Path(os.environ.get("NANOBERT_DATA") or ROOT.parent / "shared" / "data")  # (env: elsewhere)
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
@@ -94,7 +94,8 @@ def machine() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"{cores}-core CPU ({platform.processor() or platform.machine()}), shared; "
             f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-            f"load average at start {load:.1f}")
+            f"load average at start {load:.1f}"
+            + (f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""))
 
 
 def today() -> str:

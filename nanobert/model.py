@@ -14,7 +14,8 @@ Three attention backends, chosen by one config field, `attn_backend`:
   "unpadded" padding is dropped once, right after the embedding lookup: every
              token-wise operation (projections, FFN, LayerNorm, heads) runs on the
              N real tokens only, and attention runs per sequence with no padding
-             (one SDPA call per distinct length; flash-attn varlen on CUDA).
+             (CPU: one SDPA call per distinct length; CUDA: flash-attn varlen when
+             installed, else one padded SDPA call, as kernel launches cost more there).
 The blocks do not know which one runs: they hand q, k, v to a `Layout`, which
 knows how the batch is laid out and how to attend over it.
 
@@ -369,7 +370,7 @@ class UnpaddedLayout(Layout):
 
     The sequences are stored longest first (ties keep batch order), so sequences of
     equal length sit side by side and attention is one SDPA call per distinct length
-    (on CUDA with flash-attn installed, one varlen kernel for the whole batch):
+    (on CUDA: one varlen flash-attn kernel when installed, else one padded SDPA call):
       order (B,)         batch row of the i-th stored sequence
       lengths (B,)       length of the i-th stored sequence (non-increasing)
       cu_seqlens (B+1,)  where the i-th stored sequence starts in the (N, ...) tensor
@@ -385,6 +386,7 @@ class UnpaddedLayout(Layout):
         self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0))               # (B + 1,)
         rows, cols = self.mask[self.order].nonzero(as_tuple=True)             # (N,) each
         self.index = self.order[rows] * self.T + cols                         # (N,)
+        self.rows_cols = rows, cols
         N = rows.shape[0]
         # where each batch row's first token is stored (B,)
         self.starts = self.cu_seqlens[:-1][self.order.argsort()].clamp(max=max(N - 1, 0))
@@ -421,6 +423,9 @@ class UnpaddedLayout(Layout):
             out = flash_attn_varlen_func(q, k, v, cu, cu, self.max_seqlen, self.max_seqlen,
                                          dropout_p=dropout_p, softmax_scale=scale, window_size=w)
             return out, None
+        if q.is_cuda and not want_probs and len(self.groups) > 1:
+            # a GPU pays per kernel launch, not per padded FLOP: one call beats a loop
+            return self.attend_in_one_call(q, k, v, dropout_p, window, scale), None
         outs, probs = [], None
         if want_probs:
             probs = q.new_zeros(self.B, q.shape[1], self.T, self.T)
@@ -441,6 +446,26 @@ class UnpaddedLayout(Layout):
         if not outs:
             return torch.zeros_like(q), probs
         return (torch.cat(outs) if len(outs) > 1 else outs[0]), probs
+
+
+    def attend_in_one_call(self, q, k, v, dropout_p: float, window: int = 0, scale=None):
+        """Attention as one SDPA call: q, k, v (N, nh, hd) scattered into a padded
+        (B, nh, L, hd) grid (L the longest length), keys past each length masked, and the
+        real tokens gathered back (N, nh, hd)."""
+        rows, cols = self.rows_cols
+        B, L, (nh, hd) = self.B, self.max_seqlen, q.shape[1:]
+        at = rows * L + cols                                                  # (N,)
+
+        def grid(t):  # (N, nh, hd) -> (B, nh, L, hd)
+            return t.new_zeros(B * L, nh, hd).index_copy(0, at, t).view(B, L, nh, hd).transpose(1, 2)
+        keep = torch.arange(L, device=q.device)[None] < self.lengths[:, None]  # (B, L)
+        keep[:, 0] = True  # (an empty sequence attends somewhere finite; nothing reads it)
+        mask = keep[:, None, None, :]                                         # (B, 1, 1, L)
+        if window:
+            mask = mask & _band(L, window, q.device)
+        o = F.scaled_dot_product_attention(grid(q), grid(k), grid(v), attn_mask=mask,
+                                           dropout_p=dropout_p, scale=scale)  # (B, nh, L, hd)
+        return o.transpose(1, 2).reshape(B * L, nh, hd)[at]
 
 
 def _band(T, window, device):

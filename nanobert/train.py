@@ -217,6 +217,8 @@ class Trainer:
             return model
         from torch.nn.parallel import DistributedDataParallel
         # (every parameter must reach the loss: see pretrain.mlm_loss_fn for the pooler)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current one
+            self.device = torch.device("cuda", torch.cuda.current_device())
         return DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 

@@ -190,3 +190,24 @@ def test_grouped_attention_equals_per_sequence():
         ref = torch.softmax(qs @ ks.transpose(-1, -2) / hd ** 0.5, -1) @ vs
         assert (out[start:start + L].transpose(0, 1) - ref).abs().max() <= TOL
         start += L
+
+
+@pytest.mark.parametrize("window", [0, 2])
+def test_one_call_attention_equals_the_per_length_loop(window):
+    """On a GPU (without flash-attn) the unpadded layout attends in one padded SDPA call
+    instead of one call per distinct length; both give the same values and gradients,
+    with a sliding window and with an all-padding row in the batch."""
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
+                         [0, 0, 0, 0, 0]])
+    layout = UnpaddedLayout(mask)
+    n = int(mask.sum())
+    q, k, v = (torch.randn(n, 4, 8, requires_grad=True) for _ in range(3))
+    loop, _ = layout.attend(q, k, v, 0.0, False, window=window)       # (on CPU: the loop)
+    one = layout.attend_in_one_call(q, k, v, 0.0, window=window)
+    torch.testing.assert_close(one, loop, atol=1e-6, rtol=1e-5)
+    w = torch.randn_like(loop)
+    for a, b in zip(torch.autograd.grad((loop * w).sum(), (q, k, v)),
+                    torch.autograd.grad((one * w).sum(), (q, k, v))):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
