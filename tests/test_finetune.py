@@ -79,6 +79,7 @@ def test_pooling_follows_the_checkpoint_and_mean_pooling_round_trips(tiny_dir, t
                    "--batch-size", "8", "--max-length", "16", "--no-progress"])
     assert rc == 0 and "classify: mean pooling" in capsys.readouterr().out
     model, tok, _ = load_finetuned(out)
+    model.cpu()  # (load_finetuned puts it on the GPU where there is one)
     assert model.config.classifier_pooling == "mean"
     batch = tok(["the movie was great", "a dull plot and boring acting ."])
     with torch.inference_mode():
@@ -120,6 +121,7 @@ def test_classify_overfits_evaluates_predicts_and_loads_in_transformers(tiny_dir
     hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
     assert hf.config.id2label == {0: "bad", 1: "good"}
     model, tok, _ = load_finetuned(out)
+    model.cpu()  # (load_finetuned puts it on the GPU where there is one)
     batch = tok(["the movie was great", "a dull plot and boring acting"])
     with torch.inference_mode():
         ours = model(**batch).logits
@@ -202,6 +204,7 @@ def test_ner_overfits_and_predicts_char_spans(tiny_dir, tmp_path, capsys):
     assert sum(e["type"] == "PER" for r in lines for e in r["entities"]) >= 16
 
     model, tok, settings = load_finetuned(out)
+    model.cpu()  # (load_finetuned puts it on the GPU where there is one)
     text = "Carol lives in Rome"
     ents = predict_ner_text(model, tok, [text], 24)[0]
     assert [(e["type"], text[e["start"]:e["end"]]) for e in ents] == [("PER", "Carol"), ("LOC", "Rome")]

@@ -123,6 +123,7 @@ def test_qa_finetune_end_to_end(tiny_dir, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     hf = transformers.BertForQuestionAnswering.from_pretrained(out).eval()
     model, tok, _ = load_finetuned(out)
+    model.cpu()  # (load_finetuned puts it on the GPU where there is one)
     batch = tok(["where does bob live"], [paras[1]["context"]], max_length=24)
     with torch.inference_mode():
         o = model(**batch)

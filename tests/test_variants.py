@@ -78,6 +78,7 @@ def test_finetune_every_family(tmp_path, variant):
     # detail can flip: the exact score is not what this test is about
     assert max(r["accuracy"] for r in metrics if r["type"] == "eval") >= 0.85
     model, tok2, _ = load_finetuned(out)
+    model.cpu()  # (load_finetuned puts it on the GPU where there is one)
     assert model.config.family == config.family
     ref = FAMILY_CLASSIFIERS[variant].from_pretrained(out).eval()
     batch = tok2(["the movie was great", "a dull plot and boring acting"])
