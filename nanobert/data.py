@@ -182,6 +182,8 @@ def detect_format(path, plain_text: bool = False) -> str:
         return "tsv"
     if "," in first:
         return "csv"
+    if path.suffix.lower() in (".tsv", ".csv"):  # a one-column file: its header names it
+        return path.suffix.lower()[1:]
     if len(first.split()) >= 2 or s.startswith("-DOCSTART-"):
         return "conll"
     if plain_text:

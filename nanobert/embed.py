@@ -268,7 +268,7 @@ LABELLED_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")
 
 
 def read_texts(path) -> list[str]:
-    """Texts to embed: a labelled classification file (.tsv/.csv/.jsonl, or an MSRP
+    """Texts to embed: a classification file, labels optional (.tsv/.csv/.jsonl, or an MSRP
     file: its text column, pairs joined by a space) or plain text, one sentence per
     line (blank lines are skipped)."""
     path = Path(path)
@@ -278,7 +278,7 @@ def read_texts(path) -> list[str]:
     if path.suffix.lower() in LABELLED_SUFFIXES or lines[0].split("\t")[:2] == ["Quality", "#1 ID"]:
         from .data import read_classification  # (not finetune: it imports the embed tasks)
         return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}"
-                for e in read_classification(path)]
+                for e in read_classification(path, require_label=False)]
     return lines
 
 

@@ -215,3 +215,23 @@ def test_one_text_gives_one_vector_and_keywords_override(encoder):
     np.testing.assert_allclose(raw / np.linalg.norm(raw), one, atol=1e-5)
     with pytest.raises(TypeError, match="needs its tokenizer"):
         Encoder(encoder.model)
+
+
+def test_texts_to_embed_from_any_table_labels_optional(tmp_path):
+    """A one-column CSV (its header names the text column), a table without labels, and
+    plain lines are all texts to embed; a table whose header names no text column is
+    refused with the columns it has."""
+    from nanobert.embed import read_texts
+    one = tmp_path / "one.csv"
+    one.write_text("text\nhello there\nworld\n")
+    assert read_texts(one) == ["hello there", "world"]
+    two = tmp_path / "two.tsv"
+    two.write_text("sentence\tsource\nthe first\tweb\nthe second\tbook\n")
+    assert read_texts(two) == ["the first", "the second"]
+    plain = tmp_path / "plain.txt"
+    plain.write_text("text\nhello there\n")            # not a table: every line is a text
+    assert read_texts(plain) == ["text", "hello there"]
+    odd = tmp_path / "odd.csv"
+    odd.write_text("a,label\nx,1\n")
+    with pytest.raises(NanobertError, match="no text column"):
+        read_texts(odd)

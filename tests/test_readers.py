@@ -117,6 +117,15 @@ def test_looks_like_conll_tells_columns_from_text(tmp_path):
     assert not D.looks_like_conll(write(tmp_path, "d.txt", "EU B-ORG\nrejects\n"))
 
 
+def test_one_column_table_is_read_by_its_suffix(tmp_path):
+    # no delimiter on the header line: the .csv/.tsv suffix says it is a table
+    p = write(tmp_path, "texts.csv", "text\nhello there\nworld\n")
+    assert D.detect_format(p) == "csv"
+    assert [e.text_a for e in D.read_classification(p, require_label=False)] == ["hello there", "world"]
+    assert "no label column" in error_of(D.read_classification, p)
+    assert D.detect_format(write(tmp_path, "texts.tsv", "sentence\nhi\n")) == "tsv"
+
+
 # ---- JSON Lines -----------------------------------------------------------------------
 
 def test_jsonl_pair_column_is_decided_over_all_lines(tmp_path):
