@@ -286,7 +286,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, total, warmup))
     torch.manual_seed(seed)
     evals, train_s, step, losses, window = [], 0.0, 0, [], []
-    log_every = 1 if recipe.dropout is not None else max(1, min(10, total // recipe.epochs // 4))
+    log_every = 1 if recipe.dropout is not None else FT.log_every(total // recipe.epochs)
     for epoch in range(recipe.epochs):
         hf.train()
         t0 = time.time()

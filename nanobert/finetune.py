@@ -660,7 +660,7 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     freeze_layers(model, cfg.freeze_layers)
     metric = task.metric(dev) if callable(task.metric) else task.metric
     trainer_cfg = cfg.trainer.replace(metric=metric, greater_is_better=task.greater_is_better,
-                                      log_every=max(1, min(10, steps_per_epoch // 4)))
+                                      log_every=log_every(steps_per_epoch))
     return Trainer(model, trainer_cfg, batches, steps_per_epoch,
                    evaluate=_dev_evaluation(task, tok, dev, settings, cfg.batch_size),
                    save=task.writer(tok, settings),
@@ -755,6 +755,11 @@ def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int)
     def evaluate(model):
         return task.evaluate(model, tok, dev, settings, max(batch_size, 64), False)
     return evaluate
+
+
+def log_every(steps_per_epoch: int) -> int:
+    """Steps between training-loss records: 10, or fewer so an epoch has 4 or more."""
+    return max(1, min(10, steps_per_epoch // 4))
 
 
 def _reinit_new_head(model, seed):

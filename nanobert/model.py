@@ -387,6 +387,7 @@ class UnpaddedLayout(Layout):
         rows, cols = self.mask[self.order].nonzero(as_tuple=True)             # (N,) each
         self.index = self.order[rows] * self.T + cols                         # (N,)
         self.rows_cols = rows, cols
+        self._grid = None   # (grid index, key mask) of attend_in_one_call, made on first use
         N = rows.shape[0]
         # where each batch row's first token is stored (B,)
         self.starts = self.cu_seqlens[:-1][self.order.argsort()].clamp(max=max(N - 1, 0))
@@ -447,20 +448,20 @@ class UnpaddedLayout(Layout):
             return torch.zeros_like(q), probs
         return (torch.cat(outs) if len(outs) > 1 else outs[0]), probs
 
-
     def attend_in_one_call(self, q, k, v, dropout_p: float, window: int = 0, scale=None):
         """Attention as one SDPA call: q, k, v (N, nh, hd) scattered into a padded
         (B, nh, L, hd) grid (L the longest length), keys past each length masked, and the
         real tokens gathered back (N, nh, hd)."""
-        rows, cols = self.rows_cols
         B, L, (nh, hd) = self.B, self.max_seqlen, q.shape[1:]
-        at = rows * L + cols                                                  # (N,)
+        if self._grid is None:  # the same for every layer of the batch
+            rows, cols = self.rows_cols
+            keep = torch.arange(L, device=q.device)[None] < self.lengths[:, None]  # (B, L)
+            keep[:, 0] = True  # (an empty sequence attends somewhere finite; nothing reads it)
+            self._grid = rows * L + cols, keep[:, None, None, :]          # (N,), (B, 1, 1, L)
+        at, mask = self._grid
 
         def grid(t):  # (N, nh, hd) -> (B, nh, L, hd)
             return t.new_zeros(B * L, nh, hd).index_copy(0, at, t).view(B, L, nh, hd).transpose(1, 2)
-        keep = torch.arange(L, device=q.device)[None] < self.lengths[:, None]  # (B, L)
-        keep[:, 0] = True  # (an empty sequence attends somewhere finite; nothing reads it)
-        mask = keep[:, None, None, :]                                         # (B, 1, 1, L)
         if window:
             mask = mask & _band(L, window, q.device)
         o = F.scaled_dot_product_attention(grid(q), grid(k), grid(v), attn_mask=mask,
