@@ -1,21 +1,29 @@
-"""The GPU benchmark's smoke mode runs end to end on CPU."""
+"""The GPU benchmark's smoke mode runs end to end on CPU; the quality benchmark refuses
+a bad recipe change before it trains anything."""
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
+def bench_module(name):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod   # (its dataclasses look their module up there)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_gpu_benchmark_smoke_mode(capsys):
-    spec = importlib.util.spec_from_file_location("speed_gpu", BENCH / "speed_gpu.py")
     sys.path.insert(0, str(BENCH))
     try:
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = bench_module("speed_gpu")
         threads = torch.get_num_threads()
         assert mod.main(["--smoke", "--no-write"]) == 0
     finally:
@@ -25,3 +33,22 @@ def test_gpu_benchmark_smoke_mode(capsys):
     for name in ("nanobert unpadded", "nanobert sdpa", "transformers sdpa"):
         assert f"| 32 | {name} |" in out
     assert "MFU" in out
+
+
+def test_quality_recipe_changes_are_checked(capsys):
+    sys.path.insert(0, str(BENCH))
+    try:
+        q = bench_module("quality_vs_hf")
+    finally:
+        sys.path.remove(str(BENCH))
+    base = q.TASKS["sst2"][0]
+    r = q.parse_set(["dropout=0", "n_train=640", "pooling=mean", "group_by_length=no"], base)
+    assert (r.dropout, r.n_train, r.pooling, r.group_by_length) == (0.0, 640, "mean", False)
+    assert r.key() != base.key() and q.parse_set([], base).key() == base.key()
+    for bad, why in [("lr=abc", "expected a number"), ("n_train=1.5", "expected an integer"),
+                     ("bogus=1", "unknown recipe field"), ("pooling=max", "cls or mean"),
+                     ("dropout=1.5", "[0, 1)")]:
+        with pytest.raises(SystemExit) as e:
+            q.parse_set([bad], base)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and why in err and err.count("\n") == 1
