@@ -32,6 +32,7 @@ from .batching import forward_tokens, restore_order, sorted_batches
 from .config import at_least, checked
 from .files import NanobertError, atomic_path, check_output_file, read_lines
 from .quantize import add_dtype_flag
+from .threads import map_on_cores
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
@@ -118,15 +119,16 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
     batches = sorted_batches([len(e.ids) for e in encodings], batch_size,
                              max_tokens=forward_tokens(device))
-    shown = batches
-    if progress:
-        from tqdm.auto import tqdm
-        shown = tqdm(batches, desc="encoding", unit="batch", leave=False)
-    outs = []
+
+    def forward(idx):
+        batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
+        return vector(base(**batch), batch["attention_mask"]).float().cpu()
     try:
-        for idx in shown:
-            batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
-            outs.append(vector(base(**batch), batch["attention_mask"]).float().cpu())
+        outs = map_on_cores(forward, batches, cpu=device.type == "cpu")
+        if progress:
+            from tqdm.auto import tqdm
+            outs = tqdm(outs, total=len(batches), desc="encoding", unit="batch", leave=False)
+        outs = list(outs)
     finally:
         base.train(was_training)
     return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)

@@ -45,6 +45,7 @@ from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, param
 from .files import NanobertError, check_output_dir
+from .threads import map_on_cores
 from .train import TrainConfig
 
 # ----------------------------------------------------------------------------------
@@ -188,15 +189,19 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
     out = [None] * len(items)
     groups = sorted_batches([len(it["input_ids"]) for it in items], batch_size,
                             max_tokens=forward_tokens(dev))
-    if progress:
-        from tqdm.auto import tqdm
-        groups = tqdm(groups, desc="predicting", unit="batch", leave=False)
-    for idx in groups:
+
+    def forward(idx):
         batch = collate([{k: items[i][k] for k in ("input_ids", "token_type_ids")} for i in idx],
                         pad_id)
         o = model(**{k: v.to(dev) for k, v in batch.items()})
-        for row, i in enumerate(idx):
-            out[i] = take(o, row, len(items[i]["input_ids"]))
+        return [take(o, row, len(items[i]["input_ids"])) for row, i in enumerate(idx)]
+    results = map_on_cores(forward, groups, cpu=dev.type == "cpu")
+    if progress:
+        from tqdm.auto import tqdm
+        results = tqdm(results, total=len(groups), desc="predicting", unit="batch", leave=False)
+    for idx, taken in zip(groups, results):
+        for i, t in zip(idx, taken):
+            out[i] = t
     model.train(was_training)
     return out
 

@@ -27,6 +27,7 @@ import torch
 
 from .files import NanobertError
 from .metrics import correlations
+from .threads import map_on_cores
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
 
@@ -159,11 +160,12 @@ def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int 
     encs = tok.encode_batch([a for a, _ in pairs], second, max_length=max_length)
     groups = sorted_batches([len(e.ids) for e in encs], batch_size,
                             max_tokens=forward_tokens(device))
-    out = []
+
+    def forward(idx):
+        batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
+        return model(**batch).logits[:, 0].float().cpu()
     try:
-        for idx in groups:
-            batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
-            out.append(model(**batch).logits[:, 0].float().cpu())
+        out = list(map_on_cores(forward, groups, cpu=device.type == "cpu"))
     finally:
         model.train(was_training)
     return restore_order(groups, torch.cat(out)).tolist()

@@ -137,6 +137,29 @@ def test_unpadded_equals_padded_minilm(minilm):
     a, b = res["sdpa"], res["unpadded"]
     assert ((a.last_hidden_state - b.last_hidden_state) * mask).abs().max() <= TOL
     assert (a.pooler_output - b.pooler_output).abs().max() <= TOL
+    # the CPU fast path ran with spare rows (the 89 tokens rounded to 92), cut off again
+    assert (b.layout.N, b.layout.spare) == (int(mask.sum()), 3)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_spare_rows_change_nothing(pooling):
+    """With and without the spare zero rows of the CPU fast path (round_rows): the same
+    hidden states, pooled vectors and per-token heads, in inference."""
+    model = make_model("token", classifier_pooling=pooling).eval()
+    model.config.attn_backend = "unpadded"
+    batch = random_batch(B=5, T=20, seed=0)   # 65 real tokens: rounded up to 68
+    with torch.inference_mode():
+        fast = model(**batch)
+        plain_round = UnpaddedLayout.round_rows
+        UnpaddedLayout.round_rows = lambda self, x: x
+        try:
+            plain = model(**batch)
+        finally:
+            UnpaddedLayout.round_rows = plain_round
+    assert fast.hidden.layout.spare > 0 and plain.hidden.layout.spare == 0
+    torch.testing.assert_close(fast.logits, plain.logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(fast.hidden.pooler_output, plain.hidden.pooler_output,
+                               atol=1e-6, rtol=0)
 
 
 # ---- the unpadded layout itself (round trips, as FlexBERT's unpad/pad tests)
