@@ -211,6 +211,16 @@ def table(runs, times, peaks, orders, real, fpt, n) -> list:
                                                          times[f"{base} | {order}"]))
             cells += [f"{n / t:.0f}", f"{r:.2f}", f"{floor / t:.0%}"]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {diff:.1e} | {cos:.4f} |")
+    lines.append("")
+    for fast, slow in (("nanobert int8", "ONNX Runtime dynamic int8"),
+                       ("nanobert fp32", "ONNX Runtime fp32")):
+        said = []
+        for order in orders:
+            per_round = [b / f for f, b in zip(times[f"{fast} | {order}"],
+                                               times[f"{slow} | {order}"])]
+            said.append(f"{order} order {statistics.median(per_round):.2f}x (rounds: "
+                        + ", ".join(f"{r:.2f}" for r in per_round) + ")")
+        lines.append(f"- {fast} / {slow}: " + "; ".join(said))
     return lines
 
 

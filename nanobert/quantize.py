@@ -95,6 +95,8 @@ class Int8Linear(nn.Module):
                                                    self.packed, self.reduce_range)
             y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]),
                                                  self.w_outliers)
+        if act == "gelu":            # y is ours: the exact GELU in place, no new buffer
+            return torch._C._nn.gelu_(y)
         return ACTIVATIONS[act](y) if act else y
 
     def extra_repr(self):
