@@ -76,3 +76,13 @@ def test_embeddings_and_predictions_equal_one_thread(minilm_dir, two_threads):
     torch.set_num_threads(1)
     np.testing.assert_allclose(two, enc.encode(texts, batch_size=4), atol=1e-6)
     torch.testing.assert_close(p2, predict_classify(cls, tok, examples, 32, batch_size=4))
+
+
+def test_int8_embeddings_equal_one_thread(minilm_dir, two_threads):
+    import nanobert
+    model, tok = nanobert.load(minilm_dir, dtype="int8")
+    texts = [f"sentence number {i} " + "with more words " * (i % 7) for i in range(24)]
+    enc = Encoder(model, tok, max_length=64)
+    two = enc.encode(texts, batch_size=3)
+    torch.set_num_threads(1)
+    np.testing.assert_allclose(two, enc.encode(texts, batch_size=3), atol=1e-6)
