@@ -494,11 +494,15 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
                 changes[k] = float(v) if "float" in kind else int(v)
         except ValueError:
             refuse(p, f"expected {'a number' if 'float' in kind else 'an integer'}")
-    bad = {"pooling": lambda x: x not in ("cls", "mean"),
-           "dropout": lambda x: not 0 <= x < 1}
+    positive = ("epochs", "lr", "batch_size", "max_length", "doc_stride")
+    bad = {"pooling": (lambda x: x not in ("cls", "mean"), "pooling is cls or mean"),
+           "dropout": (lambda x: not 0 <= x < 1, "dropout is in [0, 1)"),
+           **{k: (lambda x: x <= 0, f"{k} must be above 0") for k in positive},
+           **{k: (lambda x: x < 0, f"{k} must be 0 or more")
+              for k in ("warmup_ratio", "weight_decay", "n_train")}}
     for k, v in changes.items():
-        if k in bad and bad[k](v):
-            refuse(f"{k}={v}", "pooling is cls or mean" if k == "pooling" else "dropout is in [0, 1)")
+        if k in bad and bad[k][0](v):
+            refuse(f"{k}={v}", bad[k][1])
     return dataclasses.replace(recipe, **changes)
 
 

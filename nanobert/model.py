@@ -392,7 +392,7 @@ class UnpaddedLayout(Layout):
         self.rows_cols = rows, cols
         self._grid = None   # (grid index, key mask) of attend_in_one_call, made on first use
         self.N = N = rows.shape[0]
-        self.spare = 0      # zero rows after the N tokens (round_rows), read by nothing
+        self.spare = 0      # zero rows after the N tokens (round_rows); `real` cuts them off
         # where each batch row's first token is stored (B,)
         self.starts = self.cu_seqlens[:-1][self.order.argsort()].clamp(max=max(N - 1, 0))
         # runs of equal length, [(length, count), ...]: the one host sync of a batch

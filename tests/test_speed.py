@@ -47,7 +47,8 @@ def test_quality_recipe_changes_are_checked(capsys):
     assert r.key() != base.key() and q.parse_set([], base).key() == base.key()
     for bad, why in [("lr=abc", "expected a number"), ("n_train=1.5", "expected an integer"),
                      ("bogus=1", "unknown recipe field"), ("pooling=max", "cls or mean"),
-                     ("dropout=1.5", "[0, 1)")]:
+                     ("dropout=1.5", "[0, 1)"), ("batch_size=0", "batch_size must be above 0"),
+                     ("warmup_ratio=-0.1", "warmup_ratio must be 0 or more")]:
         with pytest.raises(SystemExit) as e:
             q.parse_set([bad], base)
         err = capsys.readouterr().err
