@@ -39,7 +39,7 @@ import time
 import warnings
 from pathlib import Path
 
-from speedlib import report, machine, need_data, race, read_sst2, today  # puts ROOT on sys.path
+from speedlib import positive_int, report, machine, need_data, race, read_sst2, today  # puts ROOT on sys.path
 import nanobert  # noqa: E402  before torch: its thread policy (idle OpenMP threads sleep)
 from nanobert.threads import map_on_cores  # noqa: E402
 
@@ -226,8 +226,8 @@ def table(runs, times, peaks, orders, real, fpt, n) -> list:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--threads", type=positive_int, default=None,
                     help="threads for every runtime (default: nanobert's default)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args()

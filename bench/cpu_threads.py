@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 
-from speedlib import report, ROOT, need_data, today
+from speedlib import positive_int, report, ROOT, need_data, today
 
 CHILD = """
 import os, sys, time
@@ -70,7 +70,7 @@ def measure(threads, policy, batches, dev, competitor: bool) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from speedlib import (report, machine, maxdiff_real, median, need_data, race, ratio,
+from speedlib import (positive_int, report, machine, maxdiff_real, median, need_data, race, ratio,
                       read_sst2, today)
 
 import torch
@@ -28,7 +28,7 @@ import torch
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--embed-n", type=int, default=5000)
     ap.add_argument("--embed-rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 
-from speedlib import report, machine, median, need_data, race, ratio, today
+from speedlib import positive_int, report, machine, median, need_data, race, ratio, today
 
 import torch
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--steps", type=int, default=4, help="steps per round")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=128)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from speedlib import RESULTS, machine, median, race, today
+from speedlib import positive_int, RESULTS, machine, median, race, today
 
 import torch
 
@@ -39,7 +39,7 @@ def batch_with_padding(B, T, frac, vocab, seed=0):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads for all contestants (default: torch's default)")
     ap.add_argument("--no-write", action="store_true")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from speedlib import (report, machine, median, need_data, race, ratio, read_sst2,
+from speedlib import (positive_int, report, machine, median, need_data, race, ratio, read_sst2,
                       read_sst2_labels, today)
 
 import torch
@@ -28,7 +28,7 @@ import torch
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--steps", type=int, default=8, help="training steps per round")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=64)

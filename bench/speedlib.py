@@ -22,6 +22,19 @@ RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
 
+def positive_int(text: str) -> int:
+    """argparse type for counts (--rounds, --threads): a bad one is argparse's one-line
+    error and exit status 2."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
+
+
 def need_data(*parts) -> Path:
     """The path under ../shared/data, or exit 0 with a message when it is absent."""
     p = DATA.joinpath(*parts)

@@ -53,3 +53,17 @@ def test_quality_recipe_changes_are_checked(capsys):
             q.parse_set([bad], base)
         err = capsys.readouterr().err
         assert e.value.code == 2 and why in err and err.count("\n") == 1
+
+
+def test_bench_counts_are_checked(capsys):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import argparse
+        from speedlib import positive_int
+    finally:
+        sys.path.remove(str(BENCH))
+    assert positive_int("3") == 3
+    for bad in ("0", "-2", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_int(bad)
+
