@@ -17,6 +17,11 @@ their precision (sentence-embedding cosine to fp32 fell to 0.97). So each Linear
 the `OUTLIERS` input channels with the largest values on a calibration batch in fp32:
 they are zeroed before quantizing and added back as a rank-k fp32 product. The channels
 are a property of the weights (they appear on any text), so a few sentences find them.
+Only the layers that have them pay for this: a Linear whose largest input channel peaks
+under `OUTLIER_RATIO` x its median channel's peak (in minilm every attention output
+projection, and the FFN down projection of the last two blocks) runs plain int8, which
+measured 7% faster over SST-2 dev with the same cosine to fp32 (0.995). The zeroing is
+done in place on the input and undone after the product (no copy of the activations).
 
 Why torch's own kernels (`torch.ops.quantized.linear_dynamic`, fbgemm) and not torchao:
 on this repository's 2-core AVX-512 VNNI machine a (800 x 384) @ (384 x 1536) product
@@ -43,6 +48,7 @@ from .model import ACTIVATIONS
 # the Linear layers of a block that are quantized (names inside nanobert.model.Block)
 QUANTIZED = ("attn.qkv", "attn.proj", "up", "down")
 OUTLIERS = 4  # input channels per Linear kept in fp32 (cosine to fp32 0.994 vs 0.970 with 0)
+OUTLIER_RATIO = 5.0  # ... in the Linear layers whose top input channel peaks above this x median
 
 # A few ordinary sentences: enough text to find the outlier channels (see above).
 CALIBRATION = [
@@ -90,14 +96,24 @@ class Int8Linear(nn.Module):
         if not len(self.outliers):
             y = torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
         else:
-            big = x[..., self.outliers]                                  # (..., k)
-            y = torch.ops.quantized.linear_dynamic(x.index_fill(-1, self.outliers, 0),
-                                                   self.packed, self.reduce_range)
-            y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]),
-                                                 self.w_outliers)
+            y = self._with_outliers(x)
         if act == "gelu":            # y is ours: the exact GELU in place, no new buffer
             return torch._C._nn.gelu_(y)
         return ACTIVATIONS[act](y) if act else y
+
+    def _with_outliers(self, x):
+        big = x.index_select(-1, self.outliers)                          # (..., k)
+        if torch.is_grad_enabled() or torch.is_inference_mode_enabled() != x.is_inference():
+            zeroed = x.index_fill(-1, self.outliers, 0)                  # a copy
+        else:   # the channels zeroed in place and put back below: no copy of x
+            zeroed = x.index_fill_(-1, self.outliers, 0)
+        try:
+            y = torch.ops.quantized.linear_dynamic(zeroed, self.packed, self.reduce_range)
+        finally:
+            if zeroed is x:
+                x.index_copy_(-1, self.outliers, big)
+        y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]), self.w_outliers)
+        return y
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -121,6 +137,15 @@ def _input_peaks(model: nn.Module, batch: dict) -> dict:
     return peaks
 
 
+def outlier_channels(peaks: torch.Tensor, k: int) -> torch.Tensor:
+    """The k input channels to keep in fp32, by their calibration peaks (in order), or
+    none when the largest peak is under OUTLIER_RATIO x the median one."""
+    top = peaks.topk(min(k, len(peaks)))
+    if not len(top.values) or top.values[0] <= OUTLIER_RATIO * peaks.median():
+        return torch.zeros(0, dtype=torch.long)
+    return top.indices.sort().values
+
+
 def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.Module:
     """Swap the block Linear layers of a nanobert `Bert` for Int8Linear, in place, and
     put it in eval mode. `tokenizer` encodes the calibration sentences that find the
@@ -138,7 +163,7 @@ def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.M
             parent_name, _, attr = name.rpartition(".")
             parent = block.get_submodule(parent_name)
             linear = getattr(parent, attr)
-            keep = peaks[i, name].topk(outliers).indices.sort().values if peaks else \
+            keep = outlier_channels(peaks[i, name], outliers) if peaks else \
                 torch.zeros(0, dtype=torch.long)
             setattr(parent, attr, Int8Linear(linear, keep, reduce_range))
     model.dtype_name = "int8"

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import nanobert
 from nanobert import NanobertError
-from nanobert.quantize import Int8Linear, quantize
+from nanobert.quantize import OUTLIER_RATIO, Int8Linear, outlier_channels, quantize
 
 SENTENCES = ["cool ?", "oh come on .", "a gripping , funny and moving film about growing up .",
              "the plot is thin and the jokes fall flat , but the cast is great fun to watch ."]
@@ -32,6 +32,36 @@ def test_int8_linear_close_and_outliers_help(one_thread):
         x.view(4, 10, 64)).shape == (4, 10, 48)
 
 
+def test_outliers_zeroed_in_place_leave_the_input_as_it_was(one_thread):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48)
+    q = Int8Linear(lin, torch.tensor([3, 7]), reduce_range=False)
+    x = torch.randn(2, 20, 64)
+    x[:, 0, 7] = 60.0
+    with torch.no_grad():                       # in place, then put back
+        before = x.clone()
+        y_inplace = q(x)
+        assert torch.equal(x, before)
+    with torch.inference_mode():                # an inference tensor, in place
+        xi = x.clone()
+        y_inference = q(xi)
+        assert torch.equal(xi, before)
+    y_copy = q(x)                               # autograd on: a copy, x untouched
+    assert torch.equal(x, before)
+    assert torch.equal(y_inplace, y_copy) and torch.equal(y_inference, y_copy)
+    with torch.no_grad():                       # an inference tensor outside inference mode
+        assert torch.equal(q(xi), y_copy) and torch.equal(xi, before)
+
+
+def test_outlier_channels_only_where_a_channel_stands_out():
+    flat = torch.linspace(1.0, 2.0, 100)
+    assert len(outlier_channels(flat, 4)) == 0
+    peaks = flat.clone()
+    peaks[[10, 50]] = OUTLIER_RATIO * 1.5 * flat.median()
+    assert outlier_channels(peaks, 4).tolist() == [10, 50, 98, 99]   # the top 4, in order
+    assert outlier_channels(peaks, 1).tolist() in ([10], [50])
+
+
 def test_minilm_int8_embeddings_and_layers(minilm, one_thread):
     model, tok = minilm
     q = quantize(copy.deepcopy(model), tok)
@@ -40,6 +70,8 @@ def test_minilm_int8_embeddings_and_layers(minilm, one_thread):
                                                    block.up, block.down))
     assert isinstance(q.bert.pooler.dense, nn.Linear)          # heads stay fp32
     assert len(block.up.outliers) == 4
+    # most of minilm's attention output projections see no outlier channel: plain int8
+    assert sum(len(b.attn.proj.outliers) == 0 for b in q.bert.blocks) >= 4
     batch = tok(SENTENCES)
     with torch.inference_mode():
         a, b = model.bert(**batch), q.bert(**batch)
