@@ -2,6 +2,7 @@
 a bad recipe change before it trains anything."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -58,7 +59,6 @@ def test_quality_recipe_changes_are_checked(capsys):
 def test_bench_counts_are_checked(capsys):
     sys.path.insert(0, str(BENCH))
     try:
-        import argparse
         from speedlib import positive_int
     finally:
         sys.path.remove(str(BENCH))
