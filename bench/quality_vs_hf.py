@@ -488,13 +488,16 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
         kind = str(getattr(kinds[k], "__name__", kinds[k]))
         try:
             if kind == "bool":
+                if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                    raise ValueError(v)
                 changes[k] = v.lower() in ("1", "true", "yes")
             elif kind == "str":
                 changes[k] = v
             else:
                 changes[k] = float(v) if "float" in kind else int(v)
         except ValueError:
-            refuse(p, f"expected {'a number' if 'float' in kind else 'an integer'}")
+            refuse(p, "expected true or false" if kind == "bool" else
+                   f"expected {'a number' if 'float' in kind else 'an integer'}")
     positive = ("epochs", "lr", "batch_size", "max_length", "doc_stride")
     bad = {"pooling": (lambda x: x not in ("cls", "mean"), "pooling is cls or mean"),
            "dropout": (lambda x: not 0 <= x < 1, "dropout is in [0, 1)"),

@@ -36,6 +36,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from speedlib import positive_int, positive_ints
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"
 if not DATA.is_file():
@@ -328,24 +330,35 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def cpu_set(text: str) -> set:
+    """argparse type of --server-cpus: '0,1' -> {0, 1}, '' -> no pinning."""
+    cpus = set()
+    for c in filter(None, text.split(",")):
+        if not c.isdigit() or int(c) >= os.cpu_count():
+            raise argparse.ArgumentTypeError(f"{c!r} is not a CPU of this machine "
+                                             f"(0-{os.cpu_count() - 1})")
+        cpus.add(int(c))
+    return cpus
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=2000,
+    ap.add_argument("--requests", type=positive_int, default=2000,
                     help="requests of 1 input per setting and server; of k inputs, 2/k as many "
                          "(2000: 500 requests of 8 inputs, 4000 sentences)")
-    ap.add_argument("--sizes", default="1,8", help="inputs per request")
-    ap.add_argument("--concurrency", default="1,8,32,128")
-    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per setting")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of each server")
+    ap.add_argument("--sizes", type=positive_ints, default="1,8", help="inputs per request")
+    ap.add_argument("--concurrency", type=positive_ints, default="1,8,32,128")
+    ap.add_argument("--rounds", type=positive_int, default=1, help="alternating rounds per setting")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads of each server")
     ap.add_argument("--dtype", default="float32", choices=("float32", "int8"),
                     help="nanobert's --dtype in the comparison (the peer is always fp32)")
     ap.add_argument("--timeout", type=float, default=60.0, help="client timeout per request (s)")
-    ap.add_argument("--overload-limit", type=int, default=32)
+    ap.add_argument("--overload-limit", type=positive_int, default=32)
     ap.add_argument("--soak", type=float, default=600.0, help="seconds of the soak (0: skip)")
     ap.add_argument("--soak-warmup", type=float, default=180.0,
                     help="seconds of the same load before the soak's first sample")
     ap.add_argument("--skip-compare", action="store_true")
-    ap.add_argument("--server-cpus", default="0",
+    ap.add_argument("--server-cpus", type=cpu_set, default="0",
                     help="CPUs the servers are pinned to ('' : no pinning); the client gets the others")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"))
     ap.add_argument("--peer-server", type=int, help=argparse.SUPPRESS)
@@ -359,12 +372,9 @@ def main():
         import aiohttp  # noqa: F401
     except ImportError:
         raise SystemExit("serve_load.py drives the servers with aiohttp: pip install 'nanobert[bench]'")
-    args.sizes = [int(x) for x in args.sizes.split(",")]
-    args.server_cpus = {int(c) for c in args.server_cpus.split(",") if c}
     client = set(range(os.cpu_count())) - args.server_cpus
     if args.server_cpus and client:   # the client on the other cores: it does not steal the servers'
         os.sched_setaffinity(0, client)
-    args.concurrency = [int(x) for x in args.concurrency.split(",")]
     try:  # the client's event loop in C as well: its CPU per request caps what it can drive
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())

@@ -35,6 +35,12 @@ def positive_int(text: str) -> int:
     return n
 
 
+def positive_ints(text: str) -> list:
+    """argparse type for comma-separated counts ('1,8,32'); a bad one is argparse's
+    one-line error naming the flag, exit status 2."""
+    return [positive_int(x) for x in text.split(",")]
+
+
 def need_data(*parts) -> Path:
     """The path under ../shared/data, or exit 0 with a message when it is absent."""
     p = DATA.joinpath(*parts)

@@ -49,7 +49,8 @@ def test_quality_recipe_changes_are_checked(capsys):
     for bad, why in [("lr=abc", "expected a number"), ("n_train=1.5", "expected an integer"),
                      ("bogus=1", "unknown recipe field"), ("pooling=max", "cls or mean"),
                      ("dropout=1.5", "[0, 1)"), ("batch_size=0", "batch_size must be above 0"),
-                     ("warmup_ratio=-0.1", "warmup_ratio must be 0 or more")]:
+                     ("warmup_ratio=-0.1", "warmup_ratio must be 0 or more"),
+                     ("group_by_length=maybe", "expected true or false")]:
         with pytest.raises(SystemExit) as e:
             q.parse_set([bad], base)
         err = capsys.readouterr().err
@@ -59,11 +60,14 @@ def test_quality_recipe_changes_are_checked(capsys):
 def test_bench_counts_are_checked(capsys):
     sys.path.insert(0, str(BENCH))
     try:
-        from speedlib import positive_int
+        from speedlib import positive_int, positive_ints
     finally:
         sys.path.remove(str(BENCH))
-    assert positive_int("3") == 3
+    assert positive_int("3") == 3 and positive_ints("1,8,32") == [1, 8, 32]
     for bad in ("0", "-2", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             positive_int(bad)
+    for bad in ("1,x", "8,0", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_ints(bad)
 
