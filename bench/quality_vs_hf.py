@@ -82,10 +82,11 @@ class Recipe:
     n_train: int = 0               # > 0: a seeded subset of the training set (quick checks)
     pooling: str = "cls"           # classify: the head reads [CLS] or the mean of the tokens
     dropout: Optional[float] = None  # diagnostics: every dropout of both models set to this
+    head_lr_scale: float = 1.0     # the head (pooler + task layer) at this multiple of lr
 
     def key(self) -> str:
         d = dataclasses.asdict(self)
-        for k, default in (("pooling", "cls"), ("dropout", None)):
+        for k, default in (("pooling", "cls"), ("dropout", None), ("head_lr_scale", 1.0)):
             if d[k] == default:  # keys of runs recorded before the field existed
                 del d[k]
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
@@ -104,7 +105,8 @@ TASKS = {
 # variants with their own row in the table: what nanobert's finetune does by default
 # where the task's recipe differs (minilm declares mean pooling; see docs/finetune.md)
 SHOWN_VARIANTS = [("sst2", {"pooling": "mean"}), ("sst2", {"pooling": "mean", "batch_size": 16}),
-                  ("sst2", {"pooling": "mean", "group_by_length": False})]
+                  ("sst2", {"pooling": "mean", "group_by_length": False}),
+                  ("sst2", {"pooling": "mean", "head_lr_scale": 10.0})]
 SPLIT_SEED = 1234          # the held-out split of RTE/MRPC, the same for every training seed
 
 
@@ -180,7 +182,7 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     max_length=recipe.max_length, warmup_ratio=recipe.warmup_ratio,
                     weight_decay=recipe.weight_decay, seed=seed, doc_stride=recipe.doc_stride,
                     progress=False, group_by_length=recipe.group_by_length,
-                    max_train_examples=recipe.n_train or None,
+                    max_train_examples=recipe.n_train or None, head_lr_scale=recipe.head_lr_scale,
                     pooling=recipe.pooling if recipe.kind == "classify" else None)
     finally:
         FT.TASKS[recipe.kind] = task
@@ -256,6 +258,20 @@ def hf_model(recipe: Recipe, start, model: str):
     return hf
 
 
+def hf_param_groups(hf, recipe: Recipe) -> list:
+    """nanobert's AdamW groups on the transformers model: no decay on biases and
+    LayerNorm; the pooler and task layer (outside hf.bert but its pooler) at
+    head_lr_scale x lr (each group's lr is what the scheduler multiplies)."""
+    body = {id(p) for n, p in hf.bert.named_parameters() if not n.startswith("pooler.")}
+    groups = {}
+    for n, p in hf.named_parameters():
+        decays = not (n.endswith("bias") or "LayerNorm" in n)
+        groups.setdefault((decays, id(p) not in body), []).append(p)
+    return [{"params": ps, "weight_decay": recipe.weight_decay if decays else 0.0,
+             "lr": recipe.lr * (recipe.head_lr_scale if head else 1.0)}
+            for (decays, head), ps in groups.items()]
+
+
 def read_train(recipe: Recipe, path, seed: int) -> list:
     return FT.select_examples(FT.read_task_data(recipe.kind, path), recipe.n_train or None, seed)
 
@@ -272,11 +288,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     settings = {"task": recipe.kind, "max_length": recipe.max_length, "doc_stride": recipe.doc_stride,
                 "max_answer_length": 30, "n_best": 20}
-    no_decay = [p for n, p in hf.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    ids = {id(p) for p in no_decay}
-    opt = torch.optim.AdamW([{"params": [p for p in hf.parameters() if id(p) not in ids],
-                              "weight_decay": recipe.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, fused=True)
+    opt = torch.optim.AdamW(hf_param_groups(hf, recipe), lr=recipe.lr, fused=True)
     bs, lengths = recipe.batch_size, [len(it["input_ids"]) for it in items]
     total = -(-len(items) // bs) * recipe.epochs
     warmup = int(recipe.warmup_ratio * total)
@@ -397,7 +409,8 @@ def describe(r: Recipe) -> str:
             + (", length-grouped" if r.group_by_length else "")
             + (f", {r.n_train} train examples" if r.n_train else "")
             + (f", {r.pooling} pooling" if r.pooling != "cls" else "")
-            + (f", dropout {r.dropout:g}" if r.dropout is not None else ""))
+            + (f", dropout {r.dropout:g}" if r.dropout is not None else "")
+            + (f", head lr x{r.head_lr_scale:g}" if r.head_lr_scale != 1 else ""))
 
 
 def verdict(ours: list, theirs: list) -> str:
@@ -498,7 +511,7 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
         except ValueError:
             refuse(p, "expected true or false" if kind == "bool" else
                    f"expected {'a number' if 'float' in kind else 'an integer'}")
-    positive = ("epochs", "lr", "batch_size", "max_length", "doc_stride")
+    positive = ("epochs", "lr", "batch_size", "max_length", "doc_stride", "head_lr_scale")
     bad = {"pooling": (lambda x: x not in ("cls", "mean"), "pooling is cls or mean"),
            "dropout": (lambda x: not 0 <= x < 1, "dropout is in [0, 1)"),
            **{k: (lambda x: x <= 0, f"{k} must be above 0") for k in positive},

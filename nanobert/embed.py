@@ -113,7 +113,8 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     if not texts:
         return np.zeros((0, base.config.hidden_size), dtype=np.float32)
     was_training = base.training
-    base.eval()
+    if was_training:   # (a walk over every module: not on every call of a server)
+        base.eval()
     device = next(base.parameters()).device
     pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
     encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
@@ -130,7 +131,8 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
             outs = tqdm(outs, total=len(batches), desc="encoding", unit="batch", leave=False)
         outs = list(outs)
     finally:
-        base.train(was_training)
+        if was_training:
+            base.train()
     return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)
 
 

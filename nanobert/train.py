@@ -58,6 +58,9 @@ class TrainConfig(Config):
                                         at_least(0))
     grad_accum: int = param(1, "micro-batches per optimizer step", at_least(1))
     max_grad_norm: float = param(1.0, "gradient norm clip (0: no clipping)", at_least(0))
+    head_lr_scale: float = param(1.0, "the head (pooler and task layer) learns at this multiple "
+                                 "of the lr: it starts untrained, the encoder does not",
+                                 positive())
     seed: int = param(42, "random seed (data order, new weights, dropout)", at_least(0))
     log_every: int = param(10, "steps between 'train' records in metrics.jsonl", at_least(1))
     eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
@@ -83,23 +86,36 @@ class TrainConfig(Config):
 # Pieces: parameter groups, the learning-rate schedule, RNG state
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list:
-    """Two AdamW groups: weight decay on weight matrices and embeddings; none on biases
-    and LayerNorm parameters. Tied parameters appear once."""
+def param_groups(model: nn.Module, weight_decay: float, head_lr_scale: float = 1.0) -> list:
+    """AdamW groups: weight decay on weight matrices and embeddings; none on biases
+    and LayerNorm parameters. Tied parameters appear once. With head_lr_scale != 1 the
+    head's parameters (`head_parameters`) get groups of their own whose "lr_scale" the
+    schedule multiplies in."""
     no_decay = set()
     for module in model.modules():
         if isinstance(module, nn.LayerNorm):
             no_decay.update(id(p) for p in module.parameters(recurse=False))
-    decay, plain = [], []
+    head = head_parameters(model) if head_lr_scale != 1 else set()
+    groups = {}   # (decays, in head) -> parameters, in model order
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in no_decay or name.endswith("bias"):
-            plain.append(p)
-        else:
-            decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": plain, "weight_decay": 0.0}]
+        if p.requires_grad:
+            decays = not (id(p) in no_decay or name.endswith("bias"))
+            groups.setdefault((decays, id(p) in head), []).append(p)
+    return [{"params": groups[decays, in_head], "weight_decay": weight_decay if decays else 0.0,
+             "lr_scale": head_lr_scale if in_head else 1.0}
+            for in_head in (False, True) for decays in (True, False) if (decays, in_head) in groups]
+
+
+def head_parameters(model: nn.Module) -> set:
+    """ids of what sits on top of the encoder's blocks: the pooler and the task layers
+    (everything outside `model.bert` but its pooler). A bare encoder has no head."""
+    body = getattr(model, "bert", None)
+    if body is None:
+        return set()
+    inside = {id(p) for p in body.parameters()}
+    pooler = getattr(body, "pooler", None)
+    inside -= {id(p) for p in pooler.parameters()} if pooler is not None else set()
+    return {id(p) for p in model.parameters()} - inside
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -160,7 +176,7 @@ def _forget_packed_weights(model: nn.Module):
 def _adamw(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over `param_groups`; the fused kernel (CUDA, and CPU since torch 2.4) is
     several times faster where it exists."""
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.head_lr_scale)
     try:
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
     except (RuntimeError, TypeError):
@@ -254,7 +270,7 @@ class Trainer:
         loss = self._accumulate(micro_batches)
         lr = self.cfg.lr * lr_factor(self.step, self.total_steps, self.warmup)
         for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         # (max_norm inf: the norm is measured for the divergence guard, nothing is scaled)

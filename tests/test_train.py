@@ -76,6 +76,32 @@ def test_no_decay_groups():
     assert not any(n.endswith("bias") for n in d)
 
 
+def test_head_groups_learn_at_their_scale(tmp_path):
+    """head_lr_scale: the pooler and classifier get groups of their own, and one step
+    moves them as AdamW at scale x lr would (the first Adam step is lr x sign(grad))."""
+    model = tiny_model(dropout=0.0)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = param_groups(model, 0.01, head_lr_scale=10)
+    head = {names[id(p)] for g in groups if g["lr_scale"] == 10 for p in g["params"]}
+    assert head == {"bert.pooler.dense.weight", "bert.pooler.dense.bias",
+                    "classifier.weight", "classifier.bias"}
+    assert sum(len(g["params"]) for g in groups) == len(names)
+    assert len(param_groups(model, 0.01)) == 2          # scale 1: the two groups as before
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = TrainConfig(out_dir=str(tmp_path), lr=1e-4, warmup_steps=0, max_steps=1,
+                      weight_decay=0.0, max_grad_norm=0, head_lr_scale=10, progress=False)
+    Trainer(model, cfg, lambda e, s: iter([make_batch(0, 0)][s:]), steps_per_epoch=1).fit()
+    lr = 1e-4 * lr_factor(0, 1, 0)
+    for n, p in model.named_parameters():
+        moved = (p.detach() - before[n]).abs()
+        if n == "classifier.weight":
+            assert moved.max().item() == pytest.approx(10 * lr, rel=1e-2)
+        elif n == "bert.blocks.0.up.weight":
+            assert moved.max().item() == pytest.approx(lr, rel=1e-2)
+    with pytest.raises(NanobertError, match=r"^--head-lr-scale: got 0, expected a finite number > 0$"):
+        TrainConfig(out_dir="x", head_lr_scale=0)
+
+
 def test_grad_accumulation_matches_one_big_batch(tmp_path):
     """One batch of 8 vs two micro-batches of 4: the same gradient reaches AdamW."""
     big = make_batch(0, 0, B=8)
