@@ -459,6 +459,7 @@ def test_int8_server_equals_offline_int8(models):
 
 @pytest.mark.parametrize("flags, says", [
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
+    (["--body-timeout", "nan"], "--body-timeout must be a number of seconds > 0, got nan"),
     (["--port", "BUSY"], "Address already in use"),
 ])
 def test_bad_flag_is_one_line_and_status_2(flags, says, capsys):
