@@ -23,6 +23,8 @@ import asyncio
 import base64
 import hmac
 import json
+import math
+import re
 import signal
 import sys
 import time
@@ -53,6 +55,7 @@ class ServeConfig:
     api_key: Optional[str] = None       # when set, every route but /health needs it
     threads: Optional[int] = None       # torch threads of the inference thread
     dtype: str = "float32"              # or "int8": int8 Linear layers (nanobert.quantize)
+    body_timeout: float = 30.0          # seconds to receive a request's body; then 408
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -68,7 +71,8 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found",
-                413: "payload_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
+                405: "invalid_request_error", 408: "timeout", 413: "payload_too_large",
+                422: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed",
                 503: "unavailable"}.get(self.status, "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.status}}
@@ -83,8 +87,10 @@ def unprocessable(param: str, what: str) -> ApiError:
 
 
 def _get(body: dict, name: str, kind, default, what: str):
-    value = body.get(name, default)
-    if value is None and default is None:
+    value = body.get(name)
+    if value is None:            # absent or null: the default
+        value = default
+    if value is None:
         return None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise unprocessable(name, f"must be {what}")
@@ -103,7 +109,7 @@ def read_int(body, name, default=None, lo=1):
 
 
 def read_str(body, name, default=None, required=False):
-    if required and name not in body:
+    if required and body.get(name) is None:
         raise unprocessable(name, "is required")
     return _get(body, name, str, default, "a string")
 
@@ -372,8 +378,11 @@ async def qa(server: Server, body: dict) -> dict:
     pairs = read_questions(body, server.config.max_client_batch)
     try:
         examples, lengths, windows = await server.tokenized(m.qa_windows, pairs)
-    except NanobertError as e:
-        raise unprocessable("question", f"cannot be answered: {e}")
+    except NanobertError:
+        i = await server.tokenized(m.first_unwindowed, pairs)
+        raise unprocessable(f"inputs[{i}].question" if "inputs" in body else "question",
+                            f"is too long for the model's windows of {m.max_length} tokens "
+                            f"(doc stride {m.settings['doc_stride']}): shorten it")
     answers = await server.run(m, "qa", examples, lengths)
     results = [dict(a, windows=n) for a, n in zip(answers, windows)]
     return {"model": m.name, "results": results,
@@ -396,7 +405,8 @@ def info(server: Server):
         "models": [m.describe() for m in server.models.values()],
         "limits": {"max_batch_tokens": c.max_batch_tokens,
                    "max_concurrent_requests": c.max_concurrent_requests,
-                   "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit},
+                   "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit,
+                   "body_timeout": c.body_timeout},
         "routes": [f"{r.method} {r.path}" for r in ROUTES]})
 
 
@@ -456,12 +466,27 @@ def _json_writer():
 to_json = _json_writer()
 
 
-async def read_body(request, limit: int) -> dict:
-    """The JSON object of the request; 413 past `limit` bytes, 400 when not JSON."""
+async def read_body(request, limit: int, timeout: float) -> dict:
+    """The JSON object of the request; 413 past `limit` bytes, 408 when the body takes
+    over `timeout` seconds to arrive (a stalled client would hold its place in flight
+    for good), 400 when not JSON, 422 for a string that is not Unicode."""
+    from starlette.requests import ClientDisconnect
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "
                             "(--payload-limit)")
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await _receive(request, limit)
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {timeout:g} s (--body-timeout)",
+                       headers={"Connection": "close"})
+    except ClientDisconnect:
+        raise ApiError(CLIENT_GONE, "the client disconnected before sending the whole body")
+    return parse_json(raw)
+
+
+async def _receive(request, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -469,13 +494,51 @@ async def read_body(request, limit: int) -> dict:
             raise ApiError(413, f"payload of more than {limit} bytes is over the limit "
                                 f"(--payload-limit {limit})")
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")   # the escape that may start one
+
+
+def parse_json(raw: bytes) -> dict:
+    """A request body -> its JSON object. Strict JSON (no NaN or Infinity); nesting too
+    deep for the parser is a 400, a string with a lone surrogate (valid JSON, but no
+    text: no tokenizer or JSON writer takes it) a 422 naming the field."""
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"body is not valid JSON ({str(e)[:100]})")
+    except RecursionError:
+        raise ApiError(400, "body is not valid JSON (nested too deeply)")
     if not isinstance(body, dict):
         raise ApiError(400, "body must be a JSON object")
+    if LONE_SURROGATE.search(raw):
+        where = not_unicode(body)
+        if where is not None:
+            raise unprocessable(where, "is not valid Unicode (a lone surrogate escape)")
     return body
+
+
+def not_unicode(value, path: str = "") -> Optional[str]:
+    """The path (`inputs[2]`, `inputs[0].context`) of the first string in `value` that
+    cannot be UTF-8 encoded, else None. Iterative: nesting costs no stack."""
+    stack = [(path, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(v, dict):
+            stack.extend(reversed([(f"{where}.{k}" if where else k, x) for k, x in v.items()]))
+        elif isinstance(v, list):
+            stack.extend(reversed([(f"{where}[{i}]", x) for i, x in enumerate(v)]))
+    return None
 
 
 def authorized(request, key: Optional[str]) -> bool:
@@ -531,7 +594,8 @@ def endpoint(server: Server, route: Route):
                 server.in_flight += 1
                 counted = True
                 server.metrics.in_flight.inc()
-                body = await read_body(request, server.config.payload_limit)
+                body = await read_body(request, server.config.payload_limit,
+                                       server.config.body_timeout)
                 response = await answer_unless_gone(request, route.handler(server, body))
         except ApiError as e:
             response = json_response(e.body(), e.status, e.headers)
@@ -599,6 +663,9 @@ def serve_args(p):
                    help="bytes per request body; more are answered 413")
     p.add_argument("--api-key", default=d.api_key,
                    help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--body-timeout", type=float, default=d.body_timeout, metavar="SECONDS",
+                   help="time to receive a request's body; a slower one is answered 408 (a "
+                        "stalled client would otherwise hold its place in flight)")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
     from .quantize import add_dtype_flag
@@ -613,11 +680,14 @@ def config_from_args(args) -> ServeConfig:
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
+    if not (math.isfinite(args.body_timeout) and args.body_timeout > 0):
+        raise NanobertError(f"--body-timeout must be a number of seconds > 0, "
+                            f"got {args.body_timeout}")
     if args.api_key is not None and not args.api_key.strip():
         raise NanobertError("--api-key must not be empty")
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
-                       args.dtype)
+                       args.dtype, args.body_timeout)
 
 
 def check_address(host: str, port: int):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -114,6 +113,16 @@ class Served:
             counts[w.example] += 1
         return examples, lengths, counts
 
+    def first_unwindowed(self, pairs) -> int:
+        """The index of the first (question, context) whose windows cannot be cut (its
+        question leaves no room for the context)."""
+        for i, pair in enumerate(pairs):
+            try:
+                self.qa_windows([pair])
+            except NanobertError:
+                return i
+        return 0
+
     # ---- the inference thread --------------------------------------------------------
     def runner(self, kind: str):
         """`run(items) -> outputs` of one batch, through the offline functions."""
@@ -208,20 +217,20 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
     model, tokenizer = nanobert.load(path, dtype=dtype)
     task = HEAD_TASKS.get(model.head, "embed")
     settings = {}
-    if task in ("classify", "ner", "qa"):
-        # one forward per batch: the batcher has already cut it to the token budget
+    if task != "embed":
+        # one forward per batch: the batcher has already cut it to the token budget; a
+        # regression head too, so that its max length is the one it was trained with
         del model                       # the Predictor loads its own, with its settings
         engine = nanobert.Predictor(path, batch_size=1 << 30, dtype=dtype)
         settings = engine.settings
         max_length = settings["max_length"]
-    elif task == "regression":
-        from .finetune import TASKS
-        engine = SimpleNamespace(model=model.eval(), tokenizer=tokenizer)
-        max_length = min(TASKS["classify"].max_length, model.config.max_position_embeddings)
     else:
         from .embed import declared_max_length
         max_length = min(declared_max_length(path) or tokenizer.model_max_length,
                          model.config.max_position_embeddings)
         engine = nanobert.Encoder(model, tokenizer, max_length=max_length, name=name)
+    # a note on stderr for every cut input would fill the log and keep every note said
+    # (to say it once) for good; the answers and the metrics say what was cut
+    engine.tokenizer.quiet = True
     return Served(name, path, engine, nanobert.Tokenizer.from_dir(path), task, max_length,
                   settings)

@@ -107,6 +107,7 @@ class Tokenizer:
         self.tk = tk
         self.model_max_length = model_max_length
         self.lowercase = lowercase
+        self.quiet = False     # True: no truncation notes (a server counts and answers them)
         vocab = tk.get_vocab()
         self.specials = specials or BERT_TOKENS             # role -> token string
         for role, token in self.specials.items():            # pad_id, cls_id, mask_id, ...
@@ -363,6 +364,8 @@ def report_truncation(tok: Tokenizer, encodings, inputs, max_length: int, what: 
     """Print `truncation_note` on stderr (when something was cut); returns how many
     inputs were cut. Every command that truncates calls it, so no cut is silent."""
     import sys
+    if tok.quiet:
+        return sum(1 for e in encodings if e.overflowing)
     note = truncation_note(tok, encodings, inputs, max_length, what, is_pretokenized, flag)
     said = tok.__dict__.setdefault("_notes", set())
     if note and note not in said:  # the dev set, evaluated every epoch: said once

@@ -62,6 +62,8 @@ def models(tmp_path_factory):
                            {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}, seed=1),
         "reader": tiny_model(d / "reader", "qa", {"task": "qa", "max_length": 32,
                                                    "doc_stride": 8}, seed=2),
+        "cross": tiny_model(d / "cross", "regression", {"task": "rerank", "max_length": 16},
+                            seed=4),
     }
 
 
@@ -123,7 +125,8 @@ class Running:
 @pytest.fixture(scope="module")
 def server(models):
     s = Running(["minilm"] + [f"{n}={p}" for n, p in models.items()],
-                "--max-client-batch", "8", "--payload-limit", "20000", key=KEY)
+                "--max-client-batch", "8", "--payload-limit", "20000", "--body-timeout", "2",
+                key=KEY)
     yield s
     s.close()
 
@@ -138,7 +141,8 @@ def test_startup_prints_models_and_routes(server):
     assert re.search(r"^  sst +classify +labels negative, positive", out, re.M)
     info = server.http.get("/info").json()
     tasks = {m["name"]: m["task"] for m in info["models"]}
-    assert tasks == {"minilm": "embed", "sst": "classify", "tags": "ner", "reader": "qa"}
+    assert tasks == {"minilm": "embed", "sst": "classify", "tags": "ner", "reader": "qa",
+                     "cross": "regression"}
     assert info["limits"]["max_client_batch"] == 8 and info["limits"]["max_batch_tokens"] == 16384
     assert "POST /v1/embeddings" in info["routes"]
 
@@ -217,6 +221,38 @@ def test_rerank_scores_pairs_with_the_classifier(server, models):
     assert r[0]["document"]["text"] == docs[best[0]]
 
 
+def test_regression_reranker_cuts_at_its_trained_max_length(server, models):
+    """A regression head (finetune --task regress / rerank) is served with the max length
+    it was fine-tuned with (nanobert.json), as `Predictor` uses it, not a default."""
+    docs = ["the film was great and the actors were lovely in paris " * 3, "boring plot"]
+    offline = nanobert.Predictor(models["cross"]).predict([("is it good?", d) for d in docs])
+    r = server.post("/rerank", {"query": "is it good?", "documents": docs, "model": "cross"})
+    got = {x["index"]: x for x in r.json()["results"]}
+    assert np.allclose([got[i]["relevance_score"] for i in range(2)],
+                       [o["score"] for o in offline], atol=1e-5)
+    assert got[0]["truncated"] and not got[1]["truncated"]       # 16 tokens, not 64
+    r = server.post("/classify", {"inputs": [["is it good?", docs[0]]], "model": "cross"})
+    assert abs(r.json()["results"][0]["score"] - offline[0]["score"]) < 1e-5
+
+
+def test_null_is_the_default(server):
+    """An optional field sent as null (as some clients do) takes its default; a required
+    one sent as null is missing (422 naming it, never a 500)."""
+    plain = server.post("/embed", {"inputs": "x"}).json()["embeddings"]
+    nulls = {"normalize": None, "truncate": None, "dimensions": None, "model": None}
+    assert server.post("/embed", {"inputs": "x", **nulls}).json()["embeddings"] == plain
+    r = server.post("/v1/embeddings", {"input": "x", "encoding_format": None, "dimensions": None})
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+    r = server.post("/rerank", {"query": "q", "documents": ["a", "b"], "top_n": None,
+                                "return_documents": None, "model": "sst"})
+    assert r.status_code == 200 and len(r.json()["results"]) == 2
+    for path, body, name in [("/qa", {"question": None, "context": "x"}, "question"),
+                             ("/qa", {"question": "q", "context": None}, "context"),
+                             ("/rerank", {"query": None, "documents": ["a"]}, "query")]:
+        r = server.post(path, body)
+        assert r.status_code == 422 and r.json()["error"]["param"] == name, r.text
+
+
 def test_ner_entities_equal_predict(server, models):
     model, tok, settings = load_finetuned(models["tags"])
     texts = ["John met Mary in Paris and London.", "where does mary live"]
@@ -249,6 +285,8 @@ def test_tokenize_gives_ids_and_offsets(server):
     assert toks[0]["token"] == "[CLS]" and toks[0]["special"] and toks[-1]["token"] == "[SEP]"
     assert [t["token"] for t in toks[1:-1]] == ["hello", ",", "world", "!"]
     assert [("Hello, world!"[t["start"]:t["end"]]) for t in toks[1:-1]] == ["Hello", ",", "world", "!"]
+    pair = server.http.post("/tokenize", content=rb'{"inputs": "\ud83d\ude00 ok", "model": "minilm"}')
+    assert pair.status_code == 200 and pair.json()["tokens"][0][1]["end"] == 1   # one emoji
 
 
 def test_concurrent_requests_share_batches(server):
@@ -290,6 +328,17 @@ def test_concurrent_requests_share_batches(server):
     ("/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, "'top_n'"),
     ("/qa", {"inputs": [{"question": "q"}]}, 422, "'inputs[0].context'"),
     ("/qa", {"question": "word " * 80, "context": "c"}, 422, "'question'"),
+    ("/qa", {"inputs": [{"question": "q", "context": "c"}, {"question": "word " * 80,
+                                                            "context": "c"}]}, 422,
+     "'inputs[1].question' is too long for the model's windows of 32 tokens"),
+    ("/embed", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
+    ("/embed", b'{"inputs": {"a": [[[[' + b"[" * 3000 + b"]" * 3000 + b"]]]]}}", 400, "nested"),
+    ("/embed", b'{"inputs": NaN}', 400, "NaN is not JSON"),
+    ("/embed", rb'{"inputs": ["ok", "a\ud800"]}', 422, "'inputs[1]' is not valid Unicode"),
+    ("/tokenize", rb'{"inputs": [["a", "\udfff"]]}', 422, "'inputs[0][1]' is not valid"),
+    ("/rerank", rb'{"query": "\udc00", "documents": ["a"]}', 422, "'query' is not valid"),
+    ("/qa", rb'{"inputs": [{"question": "q", "context": "\ud83d"}]}', 422,
+     "'inputs[0].context' is not valid Unicode"),
     ("/embed", {"inputs": ["x"] * 9}, 413, "limit of 8 (--max-client-batch)"),
     ("/embed", {"inputs": ["x" * 30000]}, 413, "limit of 20000 bytes"),
     ("/nowhere", {}, 404, "no route /nowhere"),
@@ -303,7 +352,8 @@ def test_bad_requests_are_answered_with_the_field(server, path, body, status, sa
 
 
 def test_method_and_api_key(server):
-    assert server.http.get("/embed").status_code == 405
+    r = server.http.get("/embed")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         r = httpx.post(server.url + "/embed", json={"inputs": "x"}, headers=headers)
         assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
@@ -343,6 +393,48 @@ def test_queue_full_is_429_and_sigterm_drains(models):
         s.close()
 
 
+def stalled_post(port: int, body: bytes = b'{"inputs": "x"}', keep: int = 5) -> socket.socket:
+    """A connection that sends the headers and the first `keep` bytes of `body`, then stops."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body[:keep])
+    return s
+
+
+def test_stalled_or_vanished_body_frees_its_place(models):
+    """A client that stops sending its body is answered 408 after --body-timeout (before,
+    it held its place in flight for good, and with it every other request got 429); one
+    that disconnects mid-body is a 499, not a 500. Neither, nor a truncated input, writes
+    a line to the server's log."""
+    s = Running(["minilm"], "--max-concurrent-requests", "1", "--body-timeout", "1")
+    try:
+        stalled = stalled_post(s.port)
+        while s.metric("nanobert_requests_in_flight") < 1:
+            time.sleep(0.05)
+        assert s.post("/embed", {"inputs": "x"}).status_code == 429      # its place is taken
+        answer = b""
+        while chunk := stalled.recv(4096):          # until the server closes it
+            answer += chunk
+        stalled.close()
+        assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer
+        assert s.post("/embed", {"inputs": "x"}).status_code == 200      # ... and free again
+        gone = stalled_post(s.port)
+        time.sleep(0.2)
+        gone.close()
+        deadline = time.time() + 10
+        while s.metric('nanobert_requests_total{route="/embed",status="499"}') < 1:
+            assert time.time() < deadline, "the disconnect was not counted as 499"
+            time.sleep(0.05)
+        assert s.metric('nanobert_requests_total{route="/embed",status="500"}') == 0
+        r = s.post("/embed", {"inputs": ["word " * 300, "and another " * 200]})
+        assert r.status_code == 200 and r.json()["truncated"] == [True, True]
+        s.proc.send_signal(signal.SIGTERM)
+        log = s.proc.communicate(timeout=60)[0]
+        assert "error in" not in log and "note:" not in log, log
+    finally:
+        s.close()
+
+
 def test_int8_server_equals_offline_int8(models):
     """--dtype int8 serves what `nanobert.load(dtype="int8")` and `Predictor(dtype="int8")`
     compute offline; /info says which."""
@@ -367,6 +459,7 @@ def test_int8_server_equals_offline_int8(models):
 
 @pytest.mark.parametrize("flags, says", [
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
+    (["--body-timeout", "nan"], "--body-timeout must be a number of seconds > 0, got nan"),
     (["--port", "BUSY"], "Address already in use"),
 ])
 def test_bad_flag_is_one_line_and_status_2(flags, says, capsys):

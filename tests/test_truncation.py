@@ -60,6 +60,20 @@ def test_report_prints_one_line_on_stderr(tok, capsys):
     assert err.startswith("nanobert: note: 1 of 1 inputs are longer than 6 tokens") and err.count("\n") == 1
 
 
+def test_a_quiet_tokenizer_counts_but_says_and_keeps_nothing(tok, capsys):
+    """What the server sets: a note per request would fill its log, and the notes kept
+    (to say each once) would grow with every distinct input."""
+    texts = [f"the movie was great good fun {i} " * 4 for i in range(3)]
+    said = set(tok.__dict__.get("_notes", ()))
+    tok.quiet = True
+    try:
+        assert report_truncation(tok, tok.encode_batch(texts, max_length=6), texts, 6) == 3
+        tok.encode_batch(texts, max_length=6, report="texts")
+    finally:
+        tok.quiet = False
+    assert capsys.readouterr().err == "" and tok.__dict__.get("_notes", set()) == said
+
+
 # ---- in the commands ------------------------------------------------------------------
 
 
