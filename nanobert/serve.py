@@ -251,15 +251,19 @@ class Server:
 # Routes
 
 
-def check_truncation(m: Served, name: str, counts, truncate: bool, texts, pairs=None):
-    """422 for the first truncated input when the request says truncate: false."""
+def check_truncation(m: Served, name: str, counts, truncate: bool, texts, pairs=None,
+                     sent=None):
+    """422 for the first truncated input when the request says truncate: false. `texts`
+    and `pairs` as clipped (Served.clip); `sent`: the characters of each input as sent."""
     if truncate:
         return
     for i, cut in enumerate(counts.truncated):
         if cut:
             n = m.full_length(texts[i], pairs[i] if pairs else None)
-            raise unprocessable(f"{name}[{i}]", f"has {n} tokens, over the model's limit of "
-                                f"{m.max_length} (truncate is false)")
+            kept = len(texts[i]) + len(pairs[i] if pairs else "")
+            more = "over " if sent is not None and sent[i] > kept else ""
+            raise unprocessable(f"{name}[{i}]", f"has {more}{n} tokens, over the model's limit "
+                                f"of {m.max_length} (truncate is false)")
 
 
 def vector_rows(rows, normalize: bool, dimensions: Optional[int] = None) -> list:
@@ -281,9 +285,10 @@ async def embed_inputs(server: Server, body: dict, field_name: str, normalize: b
     if dimensions is not None and dimensions > m.hidden_size:
         raise unprocessable("dimensions", f"must be at most the model's {m.hidden_size}, "
                                           f"got {dimensions}")
-    counts = await server.tokenized(m.count, texts)
-    check_truncation(m, field_name, counts, truncate, texts)
-    rows = await server.run(m, "embed", texts, counts.lengths)
+    clipped, _ = m.clip(texts)
+    counts = await server.tokenized(m.count, clipped)
+    check_truncation(m, field_name, counts, truncate, clipped, sent=list(map(len, texts)))
+    rows = await server.run(m, "embed", clipped, counts.lengths)
     return m, vector_rows(rows, normalize, dimensions), counts, single
 
 
@@ -307,9 +312,11 @@ async def embed(server: Server, body: dict) -> dict:
 
 
 async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, name: str):
-    counts = await server.tokenized(m.count, texts, pairs)
-    check_truncation(m, name, counts, truncate, texts, pairs)
-    items = list(zip(texts, pairs or [None] * len(texts)))
+    clipped, clipped_pairs = m.clip(texts, pairs)
+    counts = await server.tokenized(m.count, clipped, clipped_pairs)
+    sent = [len(t) + len(p or "") for t, p in zip(texts, pairs or [None] * len(texts))]
+    check_truncation(m, name, counts, truncate, clipped, clipped_pairs, sent)
+    items = list(zip(clipped, clipped_pairs or [None] * len(texts)))
     return await server.run(m, "logits", items, counts.lengths, (pairs is not None,)), counts
 
 
@@ -343,9 +350,10 @@ async def ner(server: Server, body: dict) -> dict:
     m = server.pick(body, "ner")
     texts, _, _ = read_texts(body, "inputs", server.config.max_client_batch)
     truncate = read_bool(body, "truncate", True)
-    counts = await server.tokenized(m.count, texts)
-    check_truncation(m, "inputs", counts, truncate, texts)
-    entities = await server.run(m, "ner", texts, counts.lengths)
+    clipped, _ = m.clip(texts)
+    counts = await server.tokenized(m.count, clipped)
+    check_truncation(m, "inputs", counts, truncate, clipped, sent=list(map(len, texts)))
+    entities = await server.run(m, "ner", clipped, counts.lengths)
     results = [{"entities": ents, "truncated": cut}
                for ents, cut in zip(entities, counts.truncated)]
     return {"model": m.name, "results": results, "usage": counts.usage()}
@@ -392,7 +400,7 @@ async def qa(server: Server, body: dict) -> dict:
 async def tokenize(server: Server, body: dict) -> dict:
     m = server.pick(body, "tokenize")
     texts, pairs, _ = read_texts(body, "inputs", server.config.max_client_batch, pairs=True)
-    tokens = await server.tokenized(m.tokens, texts, pairs)
+    tokens = await server.tokenized(m.tokens, *m.clip(texts, pairs))
     return {"model": m.name, "tokens": [t for t, _ in tokens],
             "truncated": [cut for _, cut in tokens], "max_length": m.max_length}
 

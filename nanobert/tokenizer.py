@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -336,6 +337,45 @@ def _merge_word(words, i, f, pair, merged, count, where, heap):
 
 # ----------------------------------------------------------------------------------
 # Saying what truncation cut
+
+
+# ----------------------------------------------------------------------------------
+# Clipping very long texts before they are tokenized
+
+WORD_RUN = re.compile(r"[^ ]+")   # what lies between plain spaces
+CLIP_MIN_CHARS = 16               # a text under this many characters per kept run is left whole
+
+
+def clip_text(text: str, keep: int) -> str:
+    """A prefix of `text` whose first `keep` tokens are those of `text`, for any of the
+    tokenizers here (WordPiece, byte-level BPE, SentencePiece), and which still has at
+    least `keep` tokens. Tokenizing costs time in the length of the text, truncating
+    does not help with that, and a server must not spend seconds on one long input.
+
+    Why it is safe: the prefix ends at a plain space after `keep` runs of characters
+    that each hold a letter or a digit. No tokenizer here joins a token across a plain
+    space, none drops a letter or digit, so each such run gives at least one token, and
+    the tokens before the cut are the same with or without what follows it."""
+    if len(text) <= CLIP_MIN_CHARS * keep:
+        return text
+    n = 0
+    for run in WORD_RUN.finditer(text):
+        if any(c.isalnum() for c in run.group()):
+            n += 1
+            if n == keep:
+                return text[:run.end()]
+    return text
+
+
+def clip_pair(a: str, b: str, max_length: int) -> tuple:
+    """clip_text for a (text, pair) cut to max_length tokens together, longest first:
+    that cut depends only on the shorter side and on which side is longer, so a side is
+    clipped only to more tokens than the whole other side can have (4 per character:
+    byte-level BPE)."""
+    if b is None:
+        return clip_text(a, max_length + 1), None
+    return (clip_text(a, max_length + 1 + 4 * len(b)),
+            clip_text(b, max_length + 1 + 4 * len(a)))
 
 
 def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: str = "inputs",

@@ -289,6 +289,35 @@ def test_tokenize_gives_ids_and_offsets(server):
     assert pair.status_code == 200 and pair.json()["tokens"][0][1]["end"] == 1   # one emoji
 
 
+def test_long_inputs_are_clipped_without_changing_answers(server, models):
+    """Far over the token limit, an input is cut at a safe place before it is tokenized
+    (tokenizer.clip_text: a 2 MB string took the tokenizer 10-20 s, twice); what the
+    model reads, the answers and the truncated flag stay those of the whole text."""
+    from nanobert.embed import encode
+    long = " ".join(random.Random(5).choices(WORDS, k=3000))          # ~19,000 characters
+    minilm_model, minilm_tok = nanobert.load("minilm")
+    offline = encode(minilm_model, minilm_tok, [long])
+    r = server.post("/embed", {"inputs": [long, SENTENCES[0]]}).json()
+    assert np.allclose(r["embeddings"][0], offline[0], atol=1e-5)
+    assert r["truncated"] == [True, False] and r["usage"]["prompt_tokens"] > 256
+
+    model, tok, settings = load_finetuned(models["tags"])
+    ner = predict_ner_text(model, tok, [long], settings["max_length"])[0]
+    got = server.post("/ner", {"inputs": [long]}).json()["results"][0]
+    assert got["entities"] == [dict(e) for e in ner] and got["truncated"]
+
+    model, tok, settings = load_finetuned(models["sst"])
+    probs = predict_classify(model, tok, [Example("is it good?", long)], settings["max_length"])
+    r = server.post("/rerank", {"query": "is it good?", "documents": [long, "fine"],
+                                "return_documents": True}).json()["results"]
+    first = next(x for x in r if x["index"] == 0)
+    assert abs(first["relevance_score"] - float(probs[0, 1])) < 1e-5
+    assert first["document"]["text"] == long and first["truncated"]  # the document as sent
+
+    cut = server.post("/embed", {"inputs": long, "truncate": False})
+    assert cut.status_code == 422 and "has over" in cut.json()["error"]["message"]
+
+
 def test_concurrent_requests_share_batches(server):
     before = server.metric("nanobert_batch_size_count")
     texts = [f"{s} number {i}" for i, s in enumerate(SENTENCES * 4)]

@@ -74,3 +74,71 @@ def test_train_new_vocabulary(tmp_path):
     assert again.encode("the lazy fox").ids == enc.ids
     ref = hf.AutoTokenizer.from_pretrained(tmp_path)
     assert ref("the lazy fox")["input_ids"] == enc.ids
+
+
+# ---- clipping long texts before tokenizing (the server's guard, tokenizer.clip_text) ----
+
+PIECES = ["word", "Zürich", "東京タワー", "3.14%", "!!!", "\u200b", "\u0301", "\x1c", "a\u200bb",
+          "🙂", "--", "naïve", "\t", "\n", "  ", "x" * 120, "\u00a0", "ﬁne", "Ⅻ", "٣"]
+
+
+def _hard_text(seed: int, n: int = 600) -> str:
+    """Words, CJK, punctuation, zero-width and combining marks, controls, odd spaces."""
+    import random
+    rnd = random.Random(seed)
+    return "".join(rnd.choice(PIECES) + rnd.choice([" ", " ", "", "  ", "\t"]) for _ in range(n))
+
+
+def _tokenizers(minilm_dir, tmp_path):
+    """WordPiece (minilm), byte-level BPE and a SentencePiece-style unigram, all offline."""
+    from tokenizers import ByteLevelBPETokenizer, SentencePieceUnigramTokenizer
+    from tokenizers import Tokenizer as HFTokenizer
+    corpus = [_hard_text(s, 80) for s in range(30)] + ["the cat sat on the mat"] * 20
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=400, min_frequency=1)
+    uni = SentencePieceUnigramTokenizer()
+    uni.train_from_iterator(corpus, vocab_size=200)
+    return {"wordpiece": HFTokenizer.from_file(str(minilm_dir / "tokenizer.json")),
+            "byte-level bpe": bpe, "unigram": uni}
+
+
+def test_clip_keeps_the_tokens_a_truncated_text_gives(minilm_dir, tmp_path):
+    from nanobert.tokenizer import clip_text
+    # runs that give no token (zero-width, lone accents: dropped), and a control that
+    # Python calls whitespace but WordPiece deletes ("a\x1cb" is one word, "ab")
+    traps = ["\u200b " * 3000 + "word " * 3000, "\u0301 " * 3000 + "x " * 3000, "a\x1cb " * 3000]
+    cases = [(_hard_text(100 + seed), 20 + 7 * seed) for seed in range(12)]
+    cases += [(t, keep) for t in traps for keep in (21, 64)]
+    for name, tk in _tokenizers(minilm_dir, tmp_path).items():
+        for seed, (text, keep) in enumerate(cases):
+            clipped = clip_text(text, keep)
+            assert text.startswith(clipped) and len(clipped) < len(text), (name, seed)
+            whole = tk.encode(text, add_special_tokens=False)
+            cut = tk.encode(clipped, add_special_tokens=False)
+            assert len(cut.ids) >= keep, (name, seed)
+            assert cut.ids[:keep] == whole.ids[:keep], (name, seed)
+            assert cut.offsets[:keep] == whole.offsets[:keep], (name, seed)
+    import time
+    huge, start = "word, " * 350_000, time.perf_counter()           # 2 MB: seconds to tokenize
+    assert len(clip_text(huge, 257)) < 2000 and time.perf_counter() - start < 0.5
+    assert clip_text("short text", 5) == "short text"           # short: left whole
+    spaceless = "東" * 5000                                        # nowhere safe to cut
+    assert clip_text(spaceless, 10) == spaceless
+
+
+def test_clip_pair_gives_the_same_truncated_pairs(minilm_dir):
+    """A pair cut to max_length tokens, longest first: the clipped pair encodes the same
+    (one side long; both long is left whole)."""
+    from nanobert.tokenizer import clip_pair
+    tok = Tokenizer.from_dir(minilm_dir)
+    cases = [(_hard_text(1), "a short query?"), ("who?", _hard_text(2)),
+             (_hard_text(3, 300), "x " * 200), (_hard_text(4), _hard_text(5))]
+    for max_length in (16, 31, 128):
+        a, b = zip(*cases)
+        cut = [clip_pair(x, y, max_length) for x, y in cases]
+        whole = tok.encode_batch(list(a), list(b), max_length=max_length)
+        clipped = tok.encode_batch([x for x, _ in cut], [y for _, y in cut], max_length=max_length)
+        for w, c in zip(whole, clipped):
+            assert c.ids == w.ids and c.offsets == w.offsets and bool(c.overflowing)
+    assert clip_pair(_hard_text(4), _hard_text(5), 16) == (_hard_text(4), _hard_text(5))
+    assert len(clip_pair(_hard_text(6), None, 16)[0]) < len(_hard_text(6))
