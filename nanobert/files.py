@@ -27,25 +27,38 @@ def read_lines(path):
     """Yield (line_number, text) of a UTF-8 text file, without line endings. A leading
     byte-order mark is dropped; a UTF-16 file (what spreadsheets save as 'Unicode text')
     is read when it starts with its byte-order mark; bad UTF-8 is reported with its line
-    number."""
+    number, and so is a NUL byte (binary data, or UTF-16 without its mark, which decodes
+    as 'valid' UTF-8 with a NUL between letters)."""
     path = Path(path)
     if path.is_dir():
         raise NanobertError(f"{path}: is a directory, expected a file")
+    if path.exists() and not path.is_file():  # a pipe (<(...), /dev/stdin) or a device
+        raise NanobertError(f"{path}: not a regular file (a pipe or a device); save the data "
+                            "to a file and pass its path")
     if not path.is_file():
         raise NanobertError(f"{path}: no such file")
     with open(path, "rb") as f:
         if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
-            yield from _utf16_lines(path, f)
-            return
-        f.seek(0)
-        for n, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise data_error(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start})")
-            if n == 1:
-                text = text.lstrip("\ufeff")
-            yield n, text.rstrip("\r\n")
+            lines = _utf16_lines(path, f)
+        else:
+            f.seek(0)
+            lines = _utf8_lines(path, f)
+        for n, text in lines:
+            if "\x00" in text:
+                raise data_error(path, n, "binary data (NUL byte), not a text file (UTF-16 "
+                                 "without a byte-order mark? save it as UTF-8)")
+            yield n, text
+
+
+def _utf8_lines(path, f):
+    for n, raw in enumerate(f, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise data_error(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start})")
+        if n == 1:
+            text = text.lstrip("\ufeff")
+        yield n, text.rstrip("\r\n")
 
 
 def _utf16_lines(path, f):
