@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .config import Config, add_flags, at_least, checked, param, positive
+from .config import Config, add_flags, at_least, checked, param, positive, seed_range
 from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file
 from .finetune import ColumnsConfig
 
@@ -298,7 +298,7 @@ class TsneConfig(Config):
                         "mean", choices=("cls", "pooled", "mean"))
     metric: str = param("cosine", "distance for the silhouette score",
                         choices=("cosine", "euclidean"))
-    seed: int = param(0, "random seed of the sample and of t-SNE", at_least(0))
+    seed: int = param(0, "random seed of the sample and of t-SNE", seed_range())
     perplexity: float = param(30.0, "t-SNE perplexity (capped at (n - 1) / 3)", positive())
     batch_size: int = param(64, "inference batch size", at_least(1))
     max_length: int = param(128, "truncate texts to this many tokens", at_least(4))

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .config import Config, at_least, fraction, param, positive
+from .config import Config, at_least, fraction, param, positive, seed_range
 from .files import NanobertError, atomic_path
 
 
@@ -58,7 +58,7 @@ class TrainConfig(Config):
                                         at_least(0))
     grad_accum: int = param(1, "micro-batches per optimizer step", at_least(1))
     max_grad_norm: float = param(1.0, "gradient norm clip (0: no clipping)", at_least(0))
-    seed: int = param(42, "random seed (data order, new weights, dropout)", at_least(0))
+    seed: int = param(42, "random seed (data order, new weights, dropout)", seed_range())
     log_every: int = param(10, "steps between 'train' records in metrics.jsonl", at_least(1))
     eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
                                       at_least(1))
