@@ -141,10 +141,27 @@ def check_output_dir(path, flag: str = "--out"):
         _writable_ancestor(path, flag)
 
 
-def check_output_file(path, flag: str = "--out", suffixes=None):
+def check_not_input(out, inputs, flag: str = "--out", keep=()):
+    """`out` is none of the paths the command reads, nor a directory holding one (but
+    under its entries named in `keep`): writing or clearing it would destroy its input."""
+    target = Path(out).resolve()
+    for given in inputs:
+        if not given or not Path(str(given)).exists():  # a hub name or an alias
+            continue
+        src = Path(str(given)).resolve()
+        if src == target:
+            raise NanobertError(f"{flag} {out}: is the input {given}; writing it would "
+                                f"destroy it (choose another {flag})")
+        if target in src.parents and src.relative_to(target).parts[0] not in keep:
+            raise NanobertError(f"{flag} {out}: holds the input {given}, which clearing it "
+                                f"would delete (choose another {flag})")
+
+
+def check_output_file(path, flag: str = "--out", suffixes=None, inputs=()):
     """`path` can be written as a file (and, with `suffixes`, has one of them: an image
-    format matplotlib can save, say)."""
+    format matplotlib can save, say), and is none of `inputs`."""
     path = Path(path)
+    check_not_input(path, inputs, flag)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise NanobertError(f"{flag} {path}: unsupported file type {path.suffix or '(none)'!r} "
                             f"(choose one of {', '.join(suffixes)})")

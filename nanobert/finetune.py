@@ -645,7 +645,8 @@ def finetune(config, *args, **fields) -> dict:
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] + rundir.model_files(cfg.model),
                             as_flags(cfg))
     t = cfg.trainer
-    with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite):
+    with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite,
+                    reads=[cfg.model, cfg.train, cfg.dev]):
         return _finetune(cfg, task)
 
 

@@ -335,7 +335,7 @@ def compare_gpt2_cmd(args):
     """Accuracy of a fine-tuned BERT classifier vs GPT-2 zero-shot (LM loss of verdicts)."""
     cfg = CompareConfig.from_args(args)
     if args.out:
-        check_output_file(args.out, "--out")
+        check_output_file(args.out, "--out", inputs=[cfg.data])
     r = compare(cfg)
     table = markdown_table(r, Path(cfg.data).name)
     print(table, end="")

@@ -351,7 +351,7 @@ def tsne_cmd(args):
     (fixed seed) and plotted; the silhouette score is measured in the original space."""
     from . import load
     cfg = TsneConfig.from_args(args)
-    check_output_file(args.out, "--out", IMAGE_SUFFIXES)  # before minutes of t-SNE
+    check_output_file(args.out, "--out", IMAGE_SUFFIXES, [args.data])  # before minutes of t-SNE
     model, tokenizer = load(args.model)
     rep = tsne_report(model, tokenizer, args.data, cfg)
     points = tsne(rep["vectors"], cfg.seed, cfg.perplexity)
