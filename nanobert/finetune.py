@@ -288,9 +288,14 @@ def classify_labels(train, path=None) -> list:
 
 
 def ner_labels(train, path=None) -> list:
-    """O first, then B-/I- of each entity type, sorted by type."""
-    tags = sorted({t for s in train for t in s.tags} - {"O"}, key=lambda t: (t[2:], t[:2]))
-    return ["O"] + tags
+    """O first, then B-/I- of each entity type, sorted by type: both for every type the
+    training data has, so a dev or test file with I-MISC is scored even when the training
+    sample's MISC entities were all one word long."""
+    types = sorted({t[2:] for s in train for t in s.tags} - {""})
+    if not types:  # else the dev file's first entity was blamed as an unknown tag
+        raise D.data_error(path or "the training file", None, "no entities in the training "
+                           "data (every tag is O): a tagger needs B-/I- tags to learn from")
+    return ["O"] + [f"{p}-{t}" for t in types for p in ("B", "I")]
 
 
 def classify_features(tok, examples, settings, l2i):
