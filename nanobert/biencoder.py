@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -436,8 +437,8 @@ def read_scored(path, cols=None, require=True) -> list:
 def read_pairs_or_beir(path, cols=None, require=True):
     """Training / evaluation data of a bi-encoder or a reranker: a BEIR folder (a
     `Beir`) or a table of rows."""
-    from .data import is_beir_dir, read_beir, read_text_rows
-    if is_beir_dir(path):
+    from .data import read_beir, read_text_rows
+    if Path(path).is_dir():  # a BEIR folder, or one that says what it lacks
         return read_beir(path)
     return read_text_rows(path, columns=_columns(cols))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,6 +22,12 @@ def data_error(path, line, msg) -> NanobertError:
     """An error that points at a place in a file: 'path:line: msg'."""
     where = f"{path}:{line}" if line else f"{path}"
     return NanobertError(f"{where}: {msg}")
+
+
+def note(msg: str):
+    """Tell the user something they should know but that stops nothing (rows skipped,
+    texts cut): one line on stderr."""
+    print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
 
 
 def read_lines(path):
