@@ -251,12 +251,18 @@ def balanced_sample(labels: Sequence[str], n: int, seed: int = 0) -> list[int]:
     return sorted(picked)
 
 
-def silhouette(vectors: np.ndarray, labels, metric: str = "cosine") -> float:
+def silhouette(vectors: np.ndarray, labels, metric: str = "cosine", where="the sample") -> float:
     """Silhouette score of the labels in the given space (-1..1; higher = better
     separated clusters)."""
     from sklearn.metrics import silhouette_score
-    if len(set(labels)) < 2:
-        raise NanobertError("silhouette needs at least two different labels in the sample")
+    k = len(set(labels))
+    if k < 2:
+        raise NanobertError(f"{where}: silhouette needs at least two different labels in the "
+                            "sample")
+    if k >= len(labels):  # every example its own label: scikit-learn raised a ValueError
+        raise NanobertError(f"{where}: silhouette needs a label with two examples or more "
+                            f"(the sample has {len(labels)} examples of {k} labels: raise --n, or "
+                            "give more examples)")
     return float(silhouette_score(vectors, list(labels), metric=metric))
 
 
@@ -314,13 +320,16 @@ def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None
     cfg = (config or TsneConfig()).replace(**fields)
     ex = read_labelled(data_path, **cfg.columns.given())
     idx = balanced_sample(ex["labels"], cfg.n, cfg.seed)
+    if len(idx) < 5:  # before embedding anything
+        raise NanobertError(f"{data_path}: t-SNE needs at least 5 examples, the sample has "
+                            f"{len(idx)} (of {len(ex['labels'])} in the file; --n {cfg.n})")
     texts = [ex["texts"][i] for i in idx]
     pairs = [ex["pairs"][i] for i in idx]
     labels = [ex["labels"][i] for i in idx]
     vecs = sentence_vectors(model, tokenizer, texts, pairs, cfg.vector, cfg.batch_size,
                             cfg.max_length)
     return {"indices": idx, "labels": labels, "vectors": vecs,
-            "silhouette": silhouette(vecs, labels, cfg.metric)}
+            "silhouette": silhouette(vecs, labels, cfg.metric, data_path)}
 
 
 def tsne_args(p):
