@@ -453,6 +453,15 @@ def beir_split(beir, settings: dict, training: bool):
     return beir.select(split)
 
 
+def scores_vary_check(rows, model, path):
+    """Evaluation data scored by correlation needs two scores or more that differ (else
+    the run failed at its first evaluation, naming no file)."""
+    scores = {r.score for r in rows if r.score is not None} if isinstance(rows, list) else None
+    if scores is not None and len(scores) < 2 and any(r.score is not None for r in rows):
+        raise NanobertError(f"{path}: every score is {next(iter(scores))}: the correlations "
+                            "(Pearson, Spearman) need scores that vary")
+
+
 def regress_features(tok, rows, settings, label2id=None) -> list:
     """Token features of scored texts / pairs, the float score as `labels`."""
     second = [r.texts[1] for r in rows] if len(rows[0].texts) == 2 else None
