@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -436,8 +437,8 @@ def read_scored(path, cols=None, require=True) -> list:
 def read_pairs_or_beir(path, cols=None, require=True):
     """Training / evaluation data of a bi-encoder or a reranker: a BEIR folder (a
     `Beir`) or a table of rows."""
-    from .data import is_beir_dir, read_beir, read_text_rows
-    if is_beir_dir(path):
+    from .data import read_beir, read_text_rows
+    if Path(path).is_dir():  # a BEIR folder, or one that says what it lacks
         return read_beir(path)
     return read_text_rows(path, columns=_columns(cols))
 
@@ -450,6 +451,15 @@ def beir_split(beir, settings: dict, training: bool):
     if not split and (training or settings.get("holdout")) and "train" in beir_splits(beir.root):
         split = "train"
     return beir.select(split)
+
+
+def scores_vary_check(rows, model, path):
+    """Evaluation data scored by correlation needs two scores or more that differ (else
+    the run failed at its first evaluation, naming no file)."""
+    scores = {r.score for r in rows if r.score is not None} if isinstance(rows, list) else None
+    if scores is not None and len(scores) < 2 and any(r.score is not None for r in rows):
+        raise NanobertError(f"{path}: every score is {next(iter(scores))}: the correlations "
+                            "(Pearson, Spearman) need scores that vary")
 
 
 def regress_features(tok, rows, settings, label2id=None) -> list:

@@ -53,11 +53,22 @@ class Range:
 
     def describe(self, kind: type) -> str:
         what = "an integer" if kind is int else "a finite number"
-        lo = None if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
-        hi = None if self.hi is None else f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        lo = None if self.lo is None else f"{'>' if self.lo_open else '>='} {_shown(self.lo)}"
+        hi = None if self.hi is None else f"{'<' if self.hi_open else '<='} {_shown(self.hi)}"
         if lo and hi:
             return f"{what} {lo} and {hi}"
         return f"{what} {lo or hi}" if (lo or hi) else what
+
+
+def _shown(x) -> str:
+    """A bound as written: whole numbers in full (4294967295, not 4.29497e+09)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def seed_range() -> Range:
+    """What every random generator takes (numpy's legacy seeding stops at 2**32 - 1;
+    a larger seed was a traceback from torch.manual_seed)."""
+    return Range(0, 2**32 - 1)
 
 
 def at_least(n) -> Range:

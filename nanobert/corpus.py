@@ -51,6 +51,9 @@ def corpus_files(paths: Sequence) -> list:
             files.extend(found)
         elif p.is_file():
             files.append(p)
+        elif p.exists():  # a pipe would be read up by the corpus hash, then be empty
+            raise NanobertError(f"{p}: not a regular file (a pipe or a device); save the "
+                                "text to a file and pass its path")
         else:
             raise NanobertError(f"{p}: no such file or directory")
     return files
@@ -61,9 +64,7 @@ def iter_documents(files: Sequence) -> Iterator[list]:
     document. Bad UTF-8 and text-less files raise an error naming the file and line."""
     for f in files:
         doc, any_text = [], False
-        for lineno, line in read_lines(f):
-            if "\x00" in line:
-                raise NanobertError(f"{f}:{lineno}: binary data (NUL byte), not a text corpus")
+        for _, line in read_lines(f):  # (a NUL byte is refused there: binary data)
             line = line.strip()
             if line:
                 doc.append(line)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .files import NanobertError, data_error, read_lines
+from .files import NanobertError, data_error, note, read_lines
 
 csv.field_size_limit(1 << 26)
 
@@ -708,13 +708,17 @@ def beir_splits(root) -> list:
 
 
 def _read_beir_jsonl(path: Path, fields: tuple) -> dict:
-    out = {}
+    out, first = {}, {}
     for n, obj in _jsonl_objects(path):
         if "_id" not in obj or not all(isinstance(obj.get(f) or "", str) for f in fields):
             raise data_error(path, n, f"expected an object with '_id' and string {', '.join(fields)}")
         if "text" not in obj:
             raise data_error(path, n, "missing field 'text'")
         key = str(obj["_id"])
+        if key in first:  # the later one silently replaced the earlier
+            raise data_error(path, n, f"_id {key!r} is used twice (first on line {first[key]}); "
+                             "ids must be unique")
+        first[key] = n
         out[key] = tuple(obj.get(f) or "" for f in fields) if len(fields) > 1 else obj["text"]
     if not out:
         raise data_error(path, None, "empty file")
@@ -748,8 +752,9 @@ def read_beir(root, split: Optional[str] = None) -> Beir:
     then train, whichever exists)."""
     root = Path(root)
     if not is_beir_dir(root):
+        missing = [n for n in ("corpus.jsonl", "queries.jsonl", "qrels/") if not (root / n).exists()]
         raise NanobertError(f"{root}: not a BEIR folder (expected corpus.jsonl, queries.jsonl "
-                            "and qrels/*.tsv)")
+                            f"and qrels/*.tsv{'; missing ' + ', '.join(missing) if missing else ''})")
     splits = beir_splits(root)
     if not splits:
         raise NanobertError(f"{root / 'qrels'}: no qrels .tsv files")
@@ -758,4 +763,19 @@ def read_beir(root, split: Optional[str] = None) -> Beir:
         raise NanobertError(f"{root}: no qrels for split {split!r} (available: {', '.join(splits)})")
     corpus = _read_beir_jsonl(root / "corpus.jsonl", ("title", "text"))
     queries = _read_beir_jsonl(root / "queries.jsonl", ("text",))
-    return Beir(corpus, queries, read_qrels(root / "qrels" / f"{split}.tsv", queries), split, root)
+    beir = Beir(corpus, queries, read_qrels(root / "qrels" / f"{split}.tsv", queries), split, root)
+    _check_judged_docs(beir, root / "qrels" / f"{split}.tsv")
+    return beir
+
+
+def _check_judged_docs(beir: Beir, path: Path):
+    """Judged documents missing from the corpus can never be retrieved: none there is
+    another corpus's qrels (every score 0); some (as in a few BEIR sets) get a note."""
+    judged = {d for docs in beir.qrels.values() for d in docs}
+    missing = sorted(judged - set(beir.corpus))
+    if missing and len(missing) == len(judged):
+        raise data_error(path, None, f"none of the {len(judged)} judged documents is in "
+                         f"corpus.jsonl (e.g. {missing[0]!r}): qrels of another corpus?")
+    if missing:
+        note(f"{path}: {len(missing)} of {len(judged)} judged documents are not in corpus.jsonl "
+             f"(e.g. {missing[0]!r}); they count as relevant and never retrieved")

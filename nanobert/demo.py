@@ -108,7 +108,7 @@ def plot_confusion(gold, pred, labels, out_png):
 
 
 def demo_args(p):
-    from .config import at_least, checked, positive
+    from .config import at_least, checked, positive, seed_range
     count = checked(int, at_least(1))
     p.add_argument("--out", default="runs/demo", help="output directory")
     p.add_argument("--model", default="minilm", help="the model to fine-tune")
@@ -125,7 +125,7 @@ def demo_args(p):
     p.add_argument("--freeze-layers", type=checked(int, at_least(0)), default=None, metavar="N",
                    help="blocks at the bottom kept fixed (default: half of them; minilm: 3 "
                         "of 6, which makes a training step cost about 2/3)")
-    p.add_argument("--seed", type=checked(int), default=42, help="the split, the head, the order")
+    p.add_argument("--seed", type=checked(int, seed_range(), "--seed"), default=42, help="the split, the head, the order")
     p.add_argument("--show", type=checked(int, at_least(0)), default=10,
                    help="held-out examples to print with their gold labels (drawn at random)")
 

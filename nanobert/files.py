@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,29 +24,48 @@ def data_error(path, line, msg) -> NanobertError:
     return NanobertError(f"{where}: {msg}")
 
 
+def note(msg: str):
+    """Tell the user something they should know but that stops nothing (rows skipped,
+    texts cut): one line on stderr."""
+    print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
+
+
 def read_lines(path):
     """Yield (line_number, text) of a UTF-8 text file, without line endings. A leading
     byte-order mark is dropped; a UTF-16 file (what spreadsheets save as 'Unicode text')
     is read when it starts with its byte-order mark; bad UTF-8 is reported with its line
-    number."""
+    number, and so is a NUL byte (binary data, or UTF-16 without its mark, which decodes
+    as 'valid' UTF-8 with a NUL between letters)."""
     path = Path(path)
     if path.is_dir():
         raise NanobertError(f"{path}: is a directory, expected a file")
+    if path.exists() and not path.is_file():  # a pipe (<(...), /dev/stdin) or a device
+        raise NanobertError(f"{path}: not a regular file (a pipe or a device); save the data "
+                            "to a file and pass its path")
     if not path.is_file():
         raise NanobertError(f"{path}: no such file")
     with open(path, "rb") as f:
         if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
-            yield from _utf16_lines(path, f)
-            return
-        f.seek(0)
-        for n, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise data_error(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start})")
-            if n == 1:
-                text = text.lstrip("\ufeff")
-            yield n, text.rstrip("\r\n")
+            lines = _utf16_lines(path, f)
+        else:
+            f.seek(0)
+            lines = _utf8_lines(path, f)
+        for n, text in lines:
+            if "\x00" in text:
+                raise data_error(path, n, "binary data (NUL byte), not a text file (UTF-16 "
+                                 "without a byte-order mark? save it as UTF-8)")
+            yield n, text
+
+
+def _utf8_lines(path, f):
+    for n, raw in enumerate(f, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise data_error(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start})")
+        if n == 1:
+            text = text.lstrip("\ufeff")
+        yield n, text.rstrip("\r\n")
 
 
 def _utf16_lines(path, f):
@@ -128,10 +148,27 @@ def check_output_dir(path, flag: str = "--out"):
         _writable_ancestor(path, flag)
 
 
-def check_output_file(path, flag: str = "--out", suffixes=None):
+def check_not_input(out, inputs, flag: str = "--out", keep=()):
+    """`out` is none of the paths the command reads, nor a directory holding one (but
+    under its entries named in `keep`): writing or clearing it would destroy its input."""
+    target = Path(out).resolve()
+    for given in inputs:
+        if not given or not Path(str(given)).exists():  # a hub name or an alias
+            continue
+        src = Path(str(given)).resolve()
+        if src == target:
+            raise NanobertError(f"{flag} {out}: is the input {given}; writing it would "
+                                f"destroy it (choose another {flag})")
+        if target in src.parents and src.relative_to(target).parts[0] not in keep:
+            raise NanobertError(f"{flag} {out}: holds the input {given}, which clearing it "
+                                f"would delete (choose another {flag})")
+
+
+def check_output_file(path, flag: str = "--out", suffixes=None, inputs=()):
     """`path` can be written as a file (and, with `suffixes`, has one of them: an image
-    format matplotlib can save, say)."""
+    format matplotlib can save, say), and is none of `inputs`."""
     path = Path(path)
+    check_not_input(path, inputs, flag)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise NanobertError(f"{flag} {path}: unsupported file type {path.suffix or '(none)'!r} "
                             f"(choose one of {', '.join(suffixes)})")

@@ -288,9 +288,14 @@ def classify_labels(train, path=None) -> list:
 
 
 def ner_labels(train, path=None) -> list:
-    """O first, then B-/I- of each entity type, sorted by type."""
-    tags = sorted({t for s in train for t in s.tags} - {"O"}, key=lambda t: (t[2:], t[:2]))
-    return ["O"] + tags
+    """O first, then B-/I- of each entity type, sorted by type: both for every type the
+    training data has, so a dev or test file with I-MISC is scored even when the training
+    sample's MISC entities were all one word long."""
+    types = sorted({t[2:] for s in train for t in s.tags} - {""})
+    if not types:  # else the dev file's first entity was blamed as an unknown tag
+        raise D.data_error(path or "the training file", None, "no entities in the training "
+                           "data (every tag is O): a tagger needs B-/I- tags to learn from")
+    return ["O"] + [f"{p}-{t}" for t in types for p in ("B", "I")]
 
 
 def classify_features(tok, examples, settings, l2i):
@@ -505,12 +510,12 @@ TASKS = {t.name: t for t in [
          saved_settings=("doc_stride", "max_answer_length", "n_best"),
          help="an answer span in a context, SQuAD files (exact match, F1)"),
     Task("regress", "regression", "spearman", 128, read=B.read_scored, labels=None,
-         features=B.regress_features, check=None, evaluate=B.regress_evaluate,
+         features=B.regress_features, check=B.scores_vary_check, evaluate=B.regress_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
          show=B.score_show,
          help="a score per text or text pair, MSE on the pooled vector (Pearson, Spearman)"),
     Task("embed", None, B.embed_metric, 128, read=B.read_pairs_or_beir, labels=None,
-         features=B.embed_features, check=None, evaluate=B.embed_evaluate,
+         features=B.embed_features, check=B.scores_vary_check, evaluate=B.embed_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.embed_predict,
          show=B.embed_show, saved_settings=B.EMBED_SETTINGS, batcher=row_batches,
          loss=B.embed_loss, writer=B.embedding_writer,
@@ -645,7 +650,8 @@ def finetune(config, *args, **fields) -> dict:
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] + rundir.model_files(cfg.model),
                             as_flags(cfg))
     t = cfg.trainer
-    with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite):
+    with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite,
+                    reads=[cfg.model, cfg.train, cfg.dev]):
         return _finetune(cfg, task)
 
 

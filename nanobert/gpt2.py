@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .config import Config, add_flags, at_least, param
+from .config import Config, add_flags, at_least, param, seed_range
 from .files import NanobertError, check_output_file, write_text
 from .finetune import ColumnsConfig
 
@@ -211,7 +211,7 @@ class CompareConfig(Config):
     sample: str = param("balanced", "label-balanced random sample, or the first n",
                         choices=("balanced", "first"))
     n: int = param(100, "number of examples", at_least(1))
-    seed: int = param(0, "random seed of the balanced sample", at_least(0))
+    seed: int = param(0, "random seed of the balanced sample", seed_range())
     template: str = param(TEMPLATE, "verdict sentence appended to the text; {} is the verdict word")
     verdicts: str = param(",".join(VERDICTS), "negative and positive verdict words, "
                           "comma-separated")
@@ -335,7 +335,7 @@ def compare_gpt2_cmd(args):
     """Accuracy of a fine-tuned BERT classifier vs GPT-2 zero-shot (LM loss of verdicts)."""
     cfg = CompareConfig.from_args(args)
     if args.out:
-        check_output_file(args.out, "--out")
+        check_output_file(args.out, "--out", inputs=[cfg.data])
     r = compare(cfg)
     table = markdown_table(r, Path(cfg.data).name)
     print(table, end="")

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .config import Config, add_flags, at_least, checked, param, positive
+from .config import Config, add_flags, at_least, checked, param, positive, seed_range
 from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file
 from .finetune import ColumnsConfig
 
@@ -251,12 +251,18 @@ def balanced_sample(labels: Sequence[str], n: int, seed: int = 0) -> list[int]:
     return sorted(picked)
 
 
-def silhouette(vectors: np.ndarray, labels, metric: str = "cosine") -> float:
+def silhouette(vectors: np.ndarray, labels, metric: str = "cosine", where="the sample") -> float:
     """Silhouette score of the labels in the given space (-1..1; higher = better
     separated clusters)."""
     from sklearn.metrics import silhouette_score
-    if len(set(labels)) < 2:
-        raise NanobertError("silhouette needs at least two different labels in the sample")
+    k = len(set(labels))
+    if k < 2:
+        raise NanobertError(f"{where}: silhouette needs at least two different labels in the "
+                            "sample")
+    if k >= len(labels):  # every example its own label: scikit-learn raised a ValueError
+        raise NanobertError(f"{where}: silhouette needs a label with two examples or more "
+                            f"(the sample has {len(labels)} examples of {k} labels: raise --n, or "
+                            "give more examples)")
     return float(silhouette_score(vectors, list(labels), metric=metric))
 
 
@@ -298,7 +304,7 @@ class TsneConfig(Config):
                         "mean", choices=("cls", "pooled", "mean"))
     metric: str = param("cosine", "distance for the silhouette score",
                         choices=("cosine", "euclidean"))
-    seed: int = param(0, "random seed of the sample and of t-SNE", at_least(0))
+    seed: int = param(0, "random seed of the sample and of t-SNE", seed_range())
     perplexity: float = param(30.0, "t-SNE perplexity (capped at (n - 1) / 3)", positive())
     batch_size: int = param(64, "inference batch size", at_least(1))
     max_length: int = param(128, "truncate texts to this many tokens", at_least(4))
@@ -314,13 +320,16 @@ def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None
     cfg = (config or TsneConfig()).replace(**fields)
     ex = read_labelled(data_path, **cfg.columns.given())
     idx = balanced_sample(ex["labels"], cfg.n, cfg.seed)
+    if len(idx) < 5:  # before embedding anything
+        raise NanobertError(f"{data_path}: t-SNE needs at least 5 examples, the sample has "
+                            f"{len(idx)} (of {len(ex['labels'])} in the file; --n {cfg.n})")
     texts = [ex["texts"][i] for i in idx]
     pairs = [ex["pairs"][i] for i in idx]
     labels = [ex["labels"][i] for i in idx]
     vecs = sentence_vectors(model, tokenizer, texts, pairs, cfg.vector, cfg.batch_size,
                             cfg.max_length)
     return {"indices": idx, "labels": labels, "vectors": vecs,
-            "silhouette": silhouette(vecs, labels, cfg.metric)}
+            "silhouette": silhouette(vecs, labels, cfg.metric, data_path)}
 
 
 def tsne_args(p):
@@ -351,7 +360,7 @@ def tsne_cmd(args):
     (fixed seed) and plotted; the silhouette score is measured in the original space."""
     from . import load
     cfg = TsneConfig.from_args(args)
-    check_output_file(args.out, "--out", IMAGE_SUFFIXES)  # before minutes of t-SNE
+    check_output_file(args.out, "--out", IMAGE_SUFFIXES, [args.data])  # before minutes of t-SNE
     model, tokenizer = load(args.model)
     rep = tsne_report(model, tokenizer, args.data, cfg)
     points = tsne(rep["vectors"], cfg.seed, cfg.perplexity)

@@ -256,8 +256,9 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
         if rank == 0:
             check_output_dir(run.out)  # before hashing the corpus
             command = "distill" if hasattr(cfg, "teacher") else "pretrain"
+            reads = [*cfg.corpus, cfg.tokenizer, cfg.model_config, getattr(cfg, "teacher", None)]
             owner.enter_context(rundir.run(run.out, command, _fingerprint(cfg), t.resume,
-                                           t.overwrite))
+                                           t.overwrite, reads))
     with owner:
         _meet(world, own)
         return _pretrain(run, make_model, loss_fn)

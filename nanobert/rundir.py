@@ -29,7 +29,7 @@ import struct
 import time
 from pathlib import Path
 
-from .files import NanobertError, check_output_dir, write_text
+from .files import NanobertError, check_not_input, check_output_dir, write_text
 
 RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
@@ -221,12 +221,15 @@ def check_checkpoint(ckpt_dir: Path):
 
 
 @contextlib.contextmanager
-def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool = False):
+def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool = False,
+        reads=()):
     """Own `out_dir` for one training run (see the module docstring). Yields the
     directory; on a normal exit the run is marked finished, on an exception or a kill
-    it stays "running"."""
+    it stays "running". `reads` are the run's inputs, which --overwrite must not clear."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, "--out")
+    if overwrite:
+        check_not_input(out_dir, reads, "--out", KEEP_ON_OVERWRITE)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _lock(out_dir):
         clean_temporaries(out_dir)

@@ -83,14 +83,14 @@ def _byte_level_bpe(path: Path) -> HFTokenizer:
     return tk
 
 
-def _bert_pipeline(tk: HFTokenizer, lowercase: bool) -> HFTokenizer:
+def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary") -> HFTokenizer:
     tk.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tk.decoder = decoders.WordPiece(prefix="##")
     cls, sep = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
     if cls is None or sep is None:
-        raise NanobertError("the vocabulary has no [CLS] or [SEP] token")
+        raise NanobertError(f"{where}: no [CLS] or [SEP] token")
     # "[MASK]" typed in a text is the mask token, not the pieces [ mask ]
     vocab = tk.get_vocab()
     tk.add_special_tokens([t for t in SPECIALS if t in vocab])
@@ -148,7 +148,7 @@ class Tokenizer:
         if not vocab:
             raise NanobertError(f"{vocab_file}: empty vocabulary")
         tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-        return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
+        return cls(_bert_pipeline(tk, lowercase, vocab_file), model_max_length, lowercase)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8000, lowercase: bool = True,

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .config import Config, at_least, fraction, param, positive
+from .config import Config, at_least, fraction, param, positive, seed_range
 from .files import NanobertError, atomic_path
 
 
@@ -61,7 +61,7 @@ class TrainConfig(Config):
     head_lr_scale: float = param(1.0, "the head (pooler and task layer) learns at this multiple "
                                  "of the lr: it starts untrained, the encoder does not",
                                  positive())
-    seed: int = param(42, "random seed (data order, new weights, dropout)", at_least(0))
+    seed: int = param(42, "random seed (data order, new weights, dropout)", seed_range())
     log_every: int = param(10, "steps between 'train' records in metrics.jsonl", at_least(1))
     eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
                                       at_least(1))

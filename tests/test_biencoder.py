@@ -216,3 +216,17 @@ def test_embed_evaluate_sts_and_pairs(minilm):
              TextRow(("when did the plane leave", "The plane took off at noon."))]
     m = E.embed_evaluate(model, tok, pairs, {})
     assert m["mrr_at_10"] == 1.0 and E.embed_metric(pairs) == "ndcg_at_10"
+
+
+def test_evaluation_scores_that_never_vary_are_refused_before_training(tmp_path):
+    # the correlations of a dev file scored all 1.0 failed at the first evaluation, after
+    # training, naming no file
+    from nanobert.biencoder import read_scored, scores_vary_check
+    from nanobert.finetune import get_task
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence1\tsentence2\tscore\na\tb\t1\nc\td\t1.0\n")
+    with pytest.raises(NanobertError, match=f"{dev}: every score is 1.0: the correlations"):
+        scores_vary_check(read_scored(dev), None, dev)
+    dev.write_text("anchor\tpositive\nq\td\n")
+    scores_vary_check(read_scored(dev, require=False), None, dev)   # pairs: no score
+    assert get_task("regress").check is get_task("embed").check is scores_vary_check

@@ -68,6 +68,11 @@ def test_task_choices_come_from_the_task_table():
      "--top-k: got -3, expected an integer >= 1"),
     (["tsne", "--model", "m", "--data", "d", "--out", "o.png", "--perplexity", "0"],
      "--perplexity: got 0.0, expected a finite number > 0"),
+    # a seed past 2**32 - 1 was a traceback from torch.manual_seed mid-run
+    (["pretrain", "--corpus", "c", "--out", "o", "--seed", "99999999999999999999"],
+     "--seed: got 99999999999999999999, expected an integer >= 0 and <= 4294967295"),
+    (FT + ["--seed", "4294967296"], "--seed: got 4294967296, expected an integer >= 0"),
+    (["demo", "--seed", "-1"], "--seed: got -1, expected an integer >= 0 and <= 4294967295"),
 ])
 def test_bad_values_give_one_line_and_status_2(argv, message, capsys):
     try:                       # while parsing (argparse exits) or building the config

@@ -104,3 +104,26 @@ def test_beir_bad_qrels(tmp_path):
     root2 = _beir(tmp_path / "x", "q1\td1\n")
     with pytest.raises(NanobertError, match="train.tsv:1: expected query-id, corpus-id, score"):
         D.read_beir(root2)
+
+
+def test_beir_ids_and_judged_documents(tmp_path, capsys):
+    # qrels of another corpus scored 0 everywhere; a repeated _id replaced the first
+    root = _beir(tmp_path, "q1\td9\t1\n")
+    with pytest.raises(NanobertError, match=r"train.tsv: none of the 1 judged documents is in "
+                                            r"corpus.jsonl \(e.g. 'd9'\)"):
+        D.read_beir(root)
+    root = _beir(tmp_path / "some", "q1\td9\t1\nq1\td1\t1\n")
+    assert D.read_beir(root).qrels == {"q1": {"d9": 1, "d1": 1}}
+    assert capsys.readouterr().err == (f"nanobert: note: {root / 'qrels' / 'train.tsv'}: 1 of 2 "
+                                       "judged documents are not in corpus.jsonl (e.g. 'd9'); "
+                                       "they count as relevant and never retrieved\n")
+    _write(root / "corpus.jsonl", '{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
+    with pytest.raises(NanobertError, match=r"corpus.jsonl:2: _id 'd1' is used twice \(first on "
+                                            r"line 1\)"):
+        D.read_beir(root)
+    (root / "corpus.jsonl").unlink()  # a folder lacking a file was 'is a directory'
+    with pytest.raises(NanobertError, match="not a BEIR folder .*; missing corpus.jsonl"):
+        D.read_beir(root)
+    from nanobert.biencoder import read_pairs_or_beir
+    with pytest.raises(NanobertError, match="missing corpus.jsonl"):
+        read_pairs_or_beir(root)

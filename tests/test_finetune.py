@@ -9,7 +9,8 @@ from conftest import tiny_model_dir
 from nanobert import cli
 from nanobert.files import NanobertError
 from nanobert.data import Sentence
-from nanobert.finetune import encode_ner, finetune, load_finetuned, predict_ner_text, word_predictions
+from nanobert.finetune import (encode_ner, finetune, load_finetuned, ner_labels, predict_ner_text,
+                               word_predictions)
 
 POS = ["great", "wonderful", "lovely", "superb", "fun", "brilliant"]
 NEG = ["awful", "boring", "terrible", "dull", "bad", "painful"]
@@ -133,6 +134,16 @@ def test_classify_overfits_evaluates_predicts_and_loads_in_transformers(tiny_dir
     rc = cli.main(["evaluate", "--model", str(out), "--data", str(bad), "--json"])
     err = capsys.readouterr().err
     assert rc == 2 and f"{bad}:3: unknown label 'meh'" in err
+
+
+def test_ner_label_set_has_b_and_i_of_every_type():
+    # a training sample whose MISC entities are all one word has no I-MISC: the dev file's
+    # I-MISC was refused as an unknown tag (finetune, evaluate)
+    train = [Sentence(["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"]),
+             Sentence(["Peter", "Blackburn"], ["B-PER", "I-PER"])]
+    assert ner_labels(train) == ["O", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    with pytest.raises(NanobertError, match="t.txt: no entities in the training data"):
+        ner_labels([Sentence(["x"], ["O"])], "t.txt")
 
 
 def test_ner_labels_go_on_the_first_subword(minilm):

@@ -198,6 +198,22 @@ def test_tsne_cli(tiny_dir, labelled_tsv, tmp_path, capsys):
     assert "none.tsv" in capsys.readouterr().err
 
 
+def test_tsne_small_samples_say_why(tiny_dir, tmp_path, capsys):
+    # every example its own label, or 2 rows: scikit-learn's ValueError was a traceback
+    def error(rows, *flags):
+        data = tmp_path / "d.tsv"
+        data.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+        assert main(["tsne", "--model", str(tiny_dir), "--data", str(data), "--out",
+                     str(tmp_path / "x.png"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and not (tmp_path / "x.png").exists()
+        return err.removeprefix(f"nanobert: error: {data}: ")
+    assert error([("a", 1), ("b", 0)]) == ("t-SNE needs at least 5 examples, the sample has 2 "
+                                           "(of 2 in the file; --n 400)\n")
+    assert error([(f"w{i}", f"c{i}") for i in range(6)]).startswith(
+        "silhouette needs a label with two examples or more (the sample has 6 examples of 6 labels")
+
+
 # ---- reading labelled files ----------------------------------------------------------
 
 

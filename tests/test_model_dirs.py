@@ -89,6 +89,18 @@ def test_bad_utf8_in_vocab_txt_names_the_line(copy, capsys):
     assert info_error(capsys, copy).startswith(f"{copy / 'vocab.txt'}:8: not valid UTF-8")
 
 
+def test_a_vocabulary_larger_than_the_model_is_refused(copy, capsys):
+    # another model's vocab.txt: ids past the embedding were an IndexError at some input
+    (copy / "tokenizer.json").unlink()
+    vocab = (copy / "vocab.txt").read_text().splitlines()
+    (copy / "vocab.txt").write_text("\n".join(vocab + ["extra1", "extra2"]) + "\n")
+    assert info_error(capsys, copy) == (f"{copy}: the tokenizer has {len(vocab) + 2} tokens, "
+                                        f"more than the model's vocab_size {len(vocab)} "
+                                        "(config.json): a vocabulary from another model?")
+    (copy / "vocab.txt").write_text("\n".join(v for v in vocab if v != "[CLS]") + "\n")
+    assert info_error(capsys, copy) == f"{copy / 'vocab.txt'}: no [CLS] or [SEP] token"
+
+
 def test_a_checkpoint_with_more_layers_than_its_config_is_refused(copy, capsys):
     edit_json(copy / "config.json", num_hidden_layers=1)
     err = info_error(capsys, copy)

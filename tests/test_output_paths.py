@@ -86,3 +86,29 @@ def test_commands_check_their_output_before_anything_else(tmp_path, capsys):
     for argv, expected in cases:
         assert refused(capsys, argv).startswith(expected), argv[0]
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
+    """embed --out equal to --input overwrote the input; --overwrite into the model
+    directory, or into the folder holding the training file, deleted it, then failed."""
+    text = tmp_path / "in.txt"
+    text.write_text("good\nbad\n")
+    assert refused(capsys, ["embed", "--model", "minilm", "--input", str(text), "--out",
+                            str(tmp_path / "." / "in.txt")]).startswith(
+        f"--out {tmp_path / 'in.txt'}: is the input {text}; writing it would destroy it")
+    assert text.read_text() == "good\nbad\n"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    train = model / "train.tsv"
+    train.write_text("sentence\tlabel\na\t1\nb\t0\n")
+    ft = ["finetune", "--task", "classify", "--dev", str(train), "--overwrite"]
+    assert refused(capsys, ft + ["--model", str(model), "--train", str(train), "--out",
+                                 str(model)]).startswith(f"--out {model}: is the input {model}")
+    assert refused(capsys, ft + ["--model", "minilm", "--train", str(train), "--out",
+                                 str(model)]).startswith(
+        f"--out {model}: holds the input {train}, which clearing it would delete")
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "train.tsv"]
+    assert refused(capsys, ["pretrain", "--corpus", str(train), "--out", str(model),
+                            "--overwrite"]).startswith(f"--out {model}: holds the input {train}")
+    assert (model / "config.json").exists()

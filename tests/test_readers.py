@@ -3,6 +3,7 @@ and line (issue 11, class 5)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -108,6 +109,21 @@ def test_utf16_with_bom_is_read_and_a_directory_is_named(tmp_path):
     odd = write(tmp_path, "odd16.tsv", "\ufeffsentence\tlabel\n".encode("utf-16-le") + b"\x00")
     assert "not valid UTF-16" in error_of(D.read_classification, odd)
     assert error_of(D.read_classification, tmp_path) == f"{tmp_path}: is a directory, expected a file"
+
+
+def test_nul_bytes_and_pipes_are_refused_not_read_as_text(tmp_path):
+    # UTF-16 without its byte-order mark is 'valid' UTF-8 with a NUL between letters:
+    # it was read as texts like 'g\x00o\x00o\x00d' (predict, embed) or a bogus header
+    utf16 = write(tmp_path, "in.txt", "good movie\nbad movie\n".encode("utf-16-le"))
+    msg = error_of(D.read_inputs, utf16)
+    assert msg.startswith(f"{utf16}:1: binary data (NUL byte)") and "UTF-16" in msg
+    nul = write(tmp_path, "nul.tsv", b"sentence\tlabel\nok\x00\t1\n")
+    assert error_of(D.read_classification, nul).startswith(f"{nul}:2: binary data")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # `--data <(...)` was 'no such file'
+    assert "not a regular file" in error_of(D.read_inputs, fifo)
+    from nanobert.corpus import corpus_files
+    assert "not a regular file" in error_of(corpus_files, [fifo])
 
 
 def test_looks_like_conll_tells_columns_from_text(tmp_path):

@@ -72,6 +72,21 @@ def test_another_runs_directory_needs_overwrite_or_resume(tmp_path, data):
         assert (out / "cache" / "tokens.npz").read_text() == "kept"
 
 
+def test_overwrite_never_clears_the_runs_own_inputs(tmp_path, data):
+    out = tmp_path
+    with run(out, "finetune", fp(data)):
+        (out / "config.json").write_text("{}")
+    with pytest.raises(NanobertError, match=f"holds the input {data}, which clearing"):
+        with run(out, "finetune", fp(data), overwrite=True, reads=[data, "minilm"]):
+            pass
+    assert data.exists() and (out / "config.json").exists()
+    (out / "cache").mkdir()                       # what --overwrite keeps may be read
+    (out / "cache" / "corpus.txt").write_text("kept")
+    with run(out, "finetune", fp(data), overwrite=True, reads=[out / "cache" / "corpus.txt"]):
+        pass
+    assert not data.exists() and (out / "cache" / "corpus.txt").exists()
+
+
 def test_a_run_that_died_before_writing_a_model_blocks_nothing(tmp_path, data):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
