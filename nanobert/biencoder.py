@@ -456,8 +456,10 @@ def beir_split(beir, settings: dict, training: bool):
 def scores_vary_check(rows, model, path):
     """Evaluation data scored by correlation needs two scores or more that differ (else
     the run failed at its first evaluation, naming no file)."""
-    scores = {r.score for r in rows if r.score is not None} if isinstance(rows, list) else None
-    if scores is not None and len(scores) < 2 and any(r.score is not None for r in rows):
+    if not isinstance(rows, list):  # a BEIR folder: judged by relevance, not scores
+        return
+    scores = {r.score for r in rows if r.score is not None}
+    if len(scores) == 1:
         raise NanobertError(f"{path}: every score is {next(iter(scores))}: the correlations "
                             "(Pearson, Spearman) need scores that vary")
 

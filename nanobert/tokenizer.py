@@ -336,10 +336,6 @@ def _merge_word(words, i, f, pair, merged, count, where, heap):
 
 
 # ----------------------------------------------------------------------------------
-# Saying what truncation cut
-
-
-# ----------------------------------------------------------------------------------
 # Clipping very long texts before they are tokenized
 
 WORD_RUN = re.compile(r"[^ ]+")   # what lies between plain spaces
@@ -376,6 +372,10 @@ def clip_pair(a: str, b: str, max_length: int) -> tuple:
         return clip_text(a, max_length + 1), None
     return (clip_text(a, max_length + 1 + 4 * len(b)),
             clip_text(b, max_length + 1 + 4 * len(a)))
+
+
+# ----------------------------------------------------------------------------------
+# Saying what truncation cut
 
 
 def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: str = "inputs",
