@@ -36,6 +36,7 @@ is taken out; nanobert's checkpoint writes stay in); wall_s is the whole run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -60,7 +61,7 @@ import nanobert  # noqa: E402
 from nanobert import data as D  # noqa: E402
 # (the module, not the function that nanobert/__init__ exports under the same name)
 FT = importlib.import_module("nanobert.finetune")
-from nanobert.train import read_metrics  # noqa: E402
+from nanobert.train import WeightAverage, read_metrics  # noqa: E402
 
 RUNS = RESULTS / "quality_runs.jsonl"
 TABLE = RESULTS / "quality.md"
@@ -83,10 +84,12 @@ class Recipe:
     pooling: str = "cls"           # classify: the head reads [CLS] or the mean of the tokens
     dropout: Optional[float] = None  # diagnostics: every dropout of both models set to this
     head_lr_scale: float = 1.0     # the head (pooler + task layer) at this multiple of lr
+    ema: Optional[float] = None    # evaluate a running average of the weights (this decay)
 
     def key(self) -> str:
         d = dataclasses.asdict(self)
-        for k, default in (("pooling", "cls"), ("dropout", None), ("head_lr_scale", 1.0)):
+        for k, default in (("pooling", "cls"), ("dropout", None), ("head_lr_scale", 1.0),
+                           ("ema", None)):
             if d[k] == default:  # keys of runs recorded before the field existed
                 del d[k]
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
@@ -183,7 +186,7 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     weight_decay=recipe.weight_decay, seed=seed, doc_stride=recipe.doc_stride,
                     progress=False, group_by_length=recipe.group_by_length,
                     max_train_examples=recipe.n_train or None, head_lr_scale=recipe.head_lr_scale,
-                    pooling=recipe.pooling if recipe.kind == "classify" else None)
+                    ema=recipe.ema, pooling=recipe.pooling if recipe.kind == "classify" else None)
     finally:
         FT.TASKS[recipe.kind] = task
         nanobert.load, nanobert.train.Trainer = load, trainer
@@ -193,7 +196,23 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
     last_train = [r for r in recs if r["type"] == "train"][-1]["elapsed"]
     # the last train record is written before the final evaluation
     losses = [(r["step"], r["loss"]) for r in recs if r["type"] == "train"]
-    return {"epochs": evals, "train_s": last_train - sum(eval_s[:-1]), "losses": losses}
+    res = {"epochs": evals, "train_s": last_train - sum(eval_s[:-1]), "losses": losses}
+    if recipe.ema:  # the weights themselves at the end: the last checkpoint holds them
+        from safetensors.torch import load_model
+        model_, tok = nanobert.load(str(out))
+        load_model(model_, str(out / "checkpoint" / "model.safetensors"))
+        res["final_weights"] = evaluate_dev(recipe, model_, tok, dev_path)
+    return res
+
+
+def evaluate_dev(recipe: Recipe, model, tok, dev_path) -> dict:
+    """The dev metrics of a model by nanobert's evaluation code (as both systems use)."""
+    settings = {"task": recipe.kind, "max_length": recipe.max_length, "doc_stride": recipe.doc_stride,
+                "max_answer_length": 30, "n_best": 20}
+    model.eval()
+    res = FT.evaluate_task(recipe.kind, model, tok, FT.read_task_data(recipe.kind, dev_path),
+                           settings, batch_size=max(recipe.batch_size, 64))
+    return {k: v for k, v in res.items() if k not in ("task", "n")}
 
 
 def dropouts(p: float) -> dict:
@@ -279,16 +298,14 @@ def read_train(recipe: Recipe, path, seed: int) -> list:
 def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str, work: Path) -> dict:
     import transformers
     train = read_train(recipe, train_path, seed)
-    dev = FT.read_task_data(recipe.kind, dev_path)
     start, tok, items = features(recipe, train, model, seed)
     hf = hf_model(recipe, start, model)
     # on a GPU, as nanobert's Trainer does by default: the model there, bf16 autocast
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hf.to(device)
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    settings = {"task": recipe.kind, "max_length": recipe.max_length, "doc_stride": recipe.doc_stride,
-                "max_answer_length": 30, "n_best": 20}
     opt = torch.optim.AdamW(hf_param_groups(hf, recipe), lr=recipe.lr, fused=True)
+    average = WeightAverage(hf, recipe.ema) if recipe.ema else None   # nanobert's, the same
     bs, lengths = recipe.batch_size, [len(it["input_ids"]) for it in items]
     total = -(-len(items) // bs) * recipe.epochs
     warmup = int(recipe.warmup_ratio * total)
@@ -312,6 +329,8 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
+            if average is not None:
+                average.update()
             step += 1
             window.append(loss.item())
             if step % log_every == 0 or step == total:  # windows as nanobert's metrics.jsonl
@@ -320,12 +339,14 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
             if step % 50 == 0:
                 print(f"  transformers step {step}/{total} loss {loss.item():.4f}", flush=True)
         train_s += time.time() - t0
-        hf.eval()
-        res = FT.evaluate_task(recipe.kind, HFAdapter(hf, start, recipe.pooling), tok, dev, settings,
-                               batch_size=max(bs, 64))
-        evals.append({"step": step, **{k: v for k, v in res.items() if k not in ("task", "n")}})
+        adapter = HFAdapter(hf, start, recipe.pooling)
+        with average.swapped(hf) if average else contextlib.nullcontext():
+            evals.append({"step": step, **evaluate_dev(recipe, adapter, tok, dev_path)})
         print(f"  transformers epoch {epoch + 1}: {evals[-1]}", flush=True)
-    return {"epochs": evals, "train_s": train_s, "n_features": len(items), "losses": losses}
+    res = {"epochs": evals, "train_s": train_s, "n_features": len(items), "losses": losses}
+    if average is not None:
+        res["final_weights"] = evaluate_dev(recipe, adapter, tok, dev_path)
+    return res
 
 
 RUNNERS = {"nanobert": run_nanobert, "transformers": run_transformers}
@@ -391,7 +412,8 @@ def one_run(name: str, system: str, seed: int, recipe: Recipe, args) -> dict:
             "n_features": res["n_features"], "train_s": round(res["train_s"], 1),
             "examples_per_s": round(res["n_features"] * recipe.epochs / res["train_s"], 2),
             "wall_s": round(wall, 1), "date": today(), "machine": machine(),
-            "load_at_start": load, "commit": git_commit(), "losses": res.get("losses")}
+            "load_at_start": load, "commit": git_commit(), "losses": res.get("losses"),
+            **({"final_weights": res["final_weights"]} if "final_weights" in res else {})}
 
 
 def mean_spread(xs) -> str:
@@ -410,7 +432,8 @@ def describe(r: Recipe) -> str:
             + (f", {r.n_train} train examples" if r.n_train else "")
             + (f", {r.pooling} pooling" if r.pooling != "cls" else "")
             + (f", dropout {r.dropout:g}" if r.dropout is not None else "")
-            + (f", head lr x{r.head_lr_scale:g}" if r.head_lr_scale != 1 else ""))
+            + (f", head lr x{r.head_lr_scale:g}" if r.head_lr_scale != 1 else "")
+            + (f", weight average {r.ema:g}" if r.ema else ""))
 
 
 def verdict(ours: list, theirs: list) -> str:
@@ -514,6 +537,7 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
     positive = ("epochs", "lr", "batch_size", "max_length", "doc_stride", "head_lr_scale")
     bad = {"pooling": (lambda x: x not in ("cls", "mean"), "pooling is cls or mean"),
            "dropout": (lambda x: not 0 <= x < 1, "dropout is in [0, 1)"),
+           "ema": (lambda x: not 0 < x < 1, "ema (a decay) is in (0, 1)"),
            **{k: (lambda x: x <= 0, f"{k} must be above 0") for k in positive},
            **{k: (lambda x: x < 0, f"{k} must be 0 or more")
               for k in ("warmup_ratio", "weight_decay", "n_train")}}

@@ -3,8 +3,10 @@
     for each optimizer step:
         for each of `grad_accum` micro-batches:   loss = model(**batch).loss / n; backward
         clip the gradient norm; lr = schedule(step); AdamW step; zero grads
+        with `ema`: move the running average of the weights towards the new weights
         every `log_every` steps:  a "train" record in metrics.jsonl
         every `eval_every` steps (or each epoch end): evaluate, keep the best model
+            (the averaged weights when `ema` is set)
         every `save_every` steps (or at each evaluation): a resumable checkpoint
     until the last step, or `early_stopping` evaluations in a row without a better metric.
     A non-finite loss or gradient norm stops the run before the update (the divergence
@@ -61,6 +63,10 @@ class TrainConfig(Config):
     head_lr_scale: float = param(1.0, "the head (pooler and task layer) learns at this multiple "
                                  "of the lr: it starts untrained, the encoder does not",
                                  positive())
+    ema: Optional[float] = param(
+        None, "keep a running average of the weights with this decay (e.g. 0.998: about the "
+              "last 500 steps); evaluation and the saved model use the average",
+        fraction(open_lo=True, open_hi=True), metavar="DECAY")
     seed: int = param(42, "random seed (data order, new weights, dropout)", seed_range())
     log_every: int = param(10, "steps between 'train' records in metrics.jsonl", at_least(1))
     eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
@@ -124,6 +130,46 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
     return max(0.0, (total - step) / (total - warmup + 1))
+
+
+class WeightAverage:
+    """An exponential moving average of the trainable weights (Polyak averaging): after
+    each optimizer step, avg <- d*avg + (1-d)*w. Early on d is capped at (1+k)/(10+k)
+    (k = updates so far) so that the average does not stay pinned to the starting
+    weights. `swapped(model)` puts the average into the model for a while (zero-copy)."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay, self.updates = decay, 0
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.shadow = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self):
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for avg, w in zip(self.shadow, self.params):
+            avg.lerp_(w.detach(), 1 - d)
+        self.updates += 1
+
+    @contextlib.contextmanager
+    def swapped(self, model: nn.Module):
+        """The model holds the averaged weights inside the block, its own after it."""
+        def swap():
+            for p, avg in zip(self.params, self.shadow):
+                p.data, avg.data = avg.data, p.data
+            _forget_packed_weights(model)
+        swap()
+        try:
+            yield
+        finally:
+            swap()
+
+    def tensors(self) -> dict:
+        return {f"ema.{i}": t.detach().cpu() for i, t in enumerate(self.shadow)}
+
+    def load(self, tensors: dict, updates: int):
+        for i, t in enumerate(self.shadow):
+            t.copy_(tensors[f"ema.{i}"])
+        self.updates = updates
 
 
 def seed_everything(seed: int):
@@ -211,6 +257,7 @@ class Trainer:
         self.warmup = (cfg.warmup_steps if cfg.warmup_steps is not None
                        else int(cfg.warmup_ratio * self.total_steps))
         self.optimizer = _adamw(model, cfg)
+        self.average = WeightAverage(self.model, cfg.ema) if cfg.ema else None
         self.amp_dtype, use_scaler = _resolve_amp(cfg.amp, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
 
@@ -284,6 +331,8 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         _forget_packed_weights(self.model)
+        if self.average is not None:
+            self.average.update()
         self.step += 1
         return loss
 
@@ -471,6 +520,16 @@ class Trainer:
         return metrics
 
     def _evaluate_and_keep_best(self):
+        with self.average.swapped(self.model) if self.average else contextlib.nullcontext():
+            self._evaluate_and_save_best()
+        patience = self.cfg.early_stopping
+        self.stopped_early = self._agree(bool(patience) and self.evals_since_best >= patience)
+        if self.stopped_early:
+            msg = (f"early stopping at step {self.step}: no better {self.cfg.metric} in "
+                   f"{patience} evaluations (best at step {self.best and self.best['step']})")
+            (self.bar.write if self.bar is not None else print)(msg)
+
+    def _evaluate_and_save_best(self):
         metrics = self._evaluate()
         self.last_eval = metrics
         if self._improved(metrics):
@@ -480,12 +539,6 @@ class Trainer:
                 self.save_fn(self.model, self.out_dir)
         else:
             self.evals_since_best += 1
-        patience = self.cfg.early_stopping
-        self.stopped_early = self._agree(bool(patience) and self.evals_since_best >= patience)
-        if self.stopped_early:
-            msg = (f"early stopping at step {self.step}: no better {self.cfg.metric} in "
-                   f"{patience} evaluations (best at step {self.best and self.best['step']})")
-            (self.bar.write if self.bar is not None else print)(msg)
 
     def _agree(self, flag: bool) -> bool:
         """Rank 0's decision, for every process (only rank 0 evaluates)."""
@@ -511,11 +564,14 @@ class Trainer:
             rng_tensors[f"rng.cuda.{i}"] = s
         np_state = rng["numpy"]
         rng_tensors["rng.numpy"] = torch.from_numpy(np.asarray(np_state[1], dtype=np.int64))
+        if self.average is not None:
+            rng_tensors.update(self.average.tensors())
         state = {
             "step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
             "total_steps": self.total_steps, "warmup": self.warmup,
             "best": self.best, "last_eval": self.last_eval,
             "evals_since_best": self.evals_since_best,
+            "ema_updates": self.average.updates if self.average else None,
             "python_rng": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
             "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
             "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -547,6 +603,11 @@ class Trainer:
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.best, self.last_eval = state["best"], state["last_eval"]
         self.evals_since_best = state.get("evals_since_best", 0)
+        if self.average is not None:
+            if state.get("ema_updates") is None:
+                raise NanobertError(f"{d}: this checkpoint has no weight average (--ema); "
+                                    f"resume with the flags of the original run")
+            self.average.load(tensors, state["ema_updates"])
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         py = state["python_rng"]

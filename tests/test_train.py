@@ -102,6 +102,82 @@ def test_head_groups_learn_at_their_scale(tmp_path):
         TrainConfig(out_dir="x", head_lr_scale=0)
 
 
+def test_weight_average_is_what_evaluation_and_the_saved_model_see(tmp_path):
+    """--ema: after each step avg <- d*avg + (1-d)*w (d capped at (1+k)/(10+k) early);
+    evaluation and save see the average; training goes on from the model's own weights."""
+    decay, steps = 0.9, 8
+    model = tiny_model(dropout=0.0)
+    name = "classifier.weight"
+    p = dict(model.named_parameters())[name]
+    expected, trajectory, seen, saved = p.detach().clone(), [], [], []
+    evaluate_calls = {"n": 0}
+
+    def loss_fn(m, batch):  # records the weights each step starts from
+        trajectory.append(dict(m.named_parameters())[name].detach().clone())
+        return m(**batch).loss
+
+    def evaluate(m):
+        evaluate_calls["n"] += 1
+        seen.append(dict(m.named_parameters())[name].detach().clone())
+        return {"loss": -float(evaluate_calls["n"])}  # every evaluation is a new best
+
+    cfg = TrainConfig(out_dir=str(tmp_path), max_steps=steps, eval_every=4, lr=1e-2,
+                      warmup_steps=0, ema=decay, progress=False)
+    Trainer(model, cfg, lambda e, s: batches(e, s, n=steps), steps_per_epoch=steps,
+            evaluate=evaluate, loss_fn=loss_fn, save=lambda m, d: saved.append(
+                dict(m.named_parameters())[name].detach().clone())).fit()
+    final = p.detach().clone()
+    weights_after = trajectory[1:] + [final]   # the weights after step k = before step k+1
+    at = {}
+    for k, w in enumerate(weights_after):
+        d = min(decay, (1 + k) / (10 + k))
+        expected = d * expected + (1 - d) * w
+        at[k + 1] = expected.clone()
+    assert len(seen) == 2 and len(saved) == 2
+    torch.testing.assert_close(seen[0], at[4], atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(seen[1], at[8], atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(saved[1], at[8], atol=1e-7, rtol=1e-6)
+    assert not torch.allclose(seen[1], final, atol=1e-4)      # the average is not the weights
+    # the second half of training started from the weights, not from the average
+    torch.testing.assert_close(trajectory[4], weights_after[3])
+    assert not torch.allclose(trajectory[4], at[4], atol=1e-4)
+    with pytest.raises(NanobertError, match=r"^--ema: got 1, expected"):
+        TrainConfig(out_dir="x", ema=1)
+
+
+def test_weight_average_survives_interrupt_and_resume(tmp_path):
+    def evaluate(model):
+        with torch.inference_mode():
+            return {"loss": model(**make_batch(99, 0)).loss.item()}
+
+    def run(out, loss_fn=None, resume=False, model_seed=0):
+        cfg = TrainConfig(out_dir=str(out), epochs=2, lr=5e-3, log_every=1, seed=7, ema=0.8,
+                          resume=resume, progress=False)
+        return Trainer(tiny_model(model_seed), cfg, batches, steps_per_epoch=6,
+                       evaluate=evaluate, loss_fn=loss_fn).fit()
+
+    run(tmp_path / "ref")
+    calls = {"n": 0}
+
+    def interrupting(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt
+        return model(**batch).loss
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", loss_fn=interrupting)
+    run(tmp_path / "cut", resume=True, model_seed=123)
+    ref_eval, cut_eval = read_log(tmp_path / "ref", "eval"), read_log(tmp_path / "cut", "eval")
+    assert [r["loss"] for r in cut_eval] == [r["loss"] for r in ref_eval]   # bit-identical
+    # a checkpoint without an average cannot resume a run that keeps one
+    cfg = TrainConfig(out_dir=str(tmp_path / "plain"), max_steps=2, progress=False)
+    Trainer(tiny_model(), cfg, batches, steps_per_epoch=6).fit()
+    with pytest.raises(NanobertError, match="no weight average"):
+        Trainer(tiny_model(), cfg.replace(ema=0.9, resume=True, max_steps=4), batches,
+                steps_per_epoch=6).fit()
+
+
 def test_grad_accumulation_matches_one_big_batch(tmp_path):
     """One batch of 8 vs two micro-batches of 4: the same gradient reaches AdamW."""
     big = make_batch(0, 0, B=8)
