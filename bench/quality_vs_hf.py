@@ -109,7 +109,8 @@ TASKS = {
 # where the task's recipe differs (minilm declares mean pooling; see docs/finetune.md)
 SHOWN_VARIANTS = [("sst2", {"pooling": "mean"}), ("sst2", {"pooling": "mean", "batch_size": 16}),
                   ("sst2", {"pooling": "mean", "group_by_length": False}),
-                  ("sst2", {"pooling": "mean", "head_lr_scale": 10.0})]
+                  ("sst2", {"pooling": "mean", "head_lr_scale": 10.0}),
+                  ("sst2", {"pooling": "mean", "ema": 0.999})]
 SPLIT_SEED = 1234          # the held-out split of RTE/MRPC, the same for every training seed
 
 
