@@ -564,8 +564,6 @@ class Trainer:
             rng_tensors[f"rng.cuda.{i}"] = s
         np_state = rng["numpy"]
         rng_tensors["rng.numpy"] = torch.from_numpy(np.asarray(np_state[1], dtype=np.int64))
-        if self.average is not None:
-            rng_tensors.update(self.average.tensors())
         state = {
             "step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
             "total_steps": self.total_steps, "warmup": self.warmup,
@@ -581,7 +579,8 @@ class Trainer:
         with atomic_path(self.ckpt_dir) as tmp:
             tmp.mkdir(parents=True)
             save_model(self.model, str(tmp / "model.safetensors"))  # handles tied weights
-            save_file(dict(opt_tensors, **rng_tensors), str(tmp / "optimizer.safetensors"))
+            averaged = self.average.tensors() if self.average else {}
+            save_file(dict(opt_tensors, **rng_tensors, **averaged), str(tmp / "optimizer.safetensors"))
             (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str) + "\n")
 
     def _load_checkpoint(self):
