@@ -202,17 +202,18 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
         from safetensors.torch import load_model
         model_, tok = nanobert.load(str(out))
         load_model(model_, str(out / "checkpoint" / "model.safetensors"))
-        res["final_weights"] = evaluate_dev(recipe, model_, tok, dev_path)
+        res["final_weights"] = evaluate_dev(recipe, model_, tok,
+                                            FT.read_task_data(recipe.kind, dev_path))
     return res
 
 
-def evaluate_dev(recipe: Recipe, model, tok, dev_path) -> dict:
+def evaluate_dev(recipe: Recipe, model, tok, dev: list) -> dict:
     """The dev metrics of a model by nanobert's evaluation code (as both systems use)."""
     settings = {"task": recipe.kind, "max_length": recipe.max_length, "doc_stride": recipe.doc_stride,
                 "max_answer_length": 30, "n_best": 20}
     model.eval()
-    res = FT.evaluate_task(recipe.kind, model, tok, FT.read_task_data(recipe.kind, dev_path),
-                           settings, batch_size=max(recipe.batch_size, 64))
+    res = FT.evaluate_task(recipe.kind, model, tok, dev, settings,
+                           batch_size=max(recipe.batch_size, 64))
     return {k: v for k, v in res.items() if k not in ("task", "n")}
 
 
@@ -299,6 +300,7 @@ def read_train(recipe: Recipe, path, seed: int) -> list:
 def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str, work: Path) -> dict:
     import transformers
     train = read_train(recipe, train_path, seed)
+    dev = FT.read_task_data(recipe.kind, dev_path)
     start, tok, items = features(recipe, train, model, seed)
     hf = hf_model(recipe, start, model)
     # on a GPU, as nanobert's Trainer does by default: the model there, bf16 autocast
@@ -342,11 +344,11 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
         train_s += time.time() - t0
         adapter = HFAdapter(hf, start, recipe.pooling)
         with average.swapped(hf) if average else contextlib.nullcontext():
-            evals.append({"step": step, **evaluate_dev(recipe, adapter, tok, dev_path)})
+            evals.append({"step": step, **evaluate_dev(recipe, adapter, tok, dev)})
         print(f"  transformers epoch {epoch + 1}: {evals[-1]}", flush=True)
     res = {"epochs": evals, "train_s": train_s, "n_features": len(items), "losses": losses}
     if average is not None:
-        res["final_weights"] = evaluate_dev(recipe, adapter, tok, dev_path)
+        res["final_weights"] = evaluate_dev(recipe, adapter, tok, dev)
     return res
 
 

@@ -41,6 +41,24 @@ def read_log(out_dir, kind="train"):
     return [json.loads(x) for x in lines if x.strip() and json.loads(x)["type"] == kind]
 
 
+def held_out_loss(model) -> dict:
+    """An evaluation function: the loss on a fixed batch no step trains on."""
+    with torch.inference_mode():
+        return {"loss": model(**make_batch(99, 0)).loss.item()}
+
+
+def interrupted_at(n_calls: int):
+    """A loss function that raises KeyboardInterrupt (Ctrl-C) on its n-th call."""
+    calls = {"n": 0}
+
+    def loss_fn(model, batch):
+        calls["n"] += 1
+        if calls["n"] == n_calls:
+            raise KeyboardInterrupt
+        return model(**batch).loss
+    return loss_fn
+
+
 def test_lr_schedule_shape():
     total, warm = 20, 5
     f = [lr_factor(s, total, warm) for s in range(total)]
@@ -146,27 +164,15 @@ def test_weight_average_is_what_evaluation_and_the_saved_model_see(tmp_path):
 
 
 def test_weight_average_survives_interrupt_and_resume(tmp_path):
-    def evaluate(model):
-        with torch.inference_mode():
-            return {"loss": model(**make_batch(99, 0)).loss.item()}
-
     def run(out, loss_fn=None, resume=False, model_seed=0):
         cfg = TrainConfig(out_dir=str(out), epochs=2, lr=5e-3, log_every=1, seed=7, ema=0.8,
                           resume=resume, progress=False)
         return Trainer(tiny_model(model_seed), cfg, batches, steps_per_epoch=6,
-                       evaluate=evaluate, loss_fn=loss_fn).fit()
+                       evaluate=held_out_loss, loss_fn=loss_fn).fit()
 
     run(tmp_path / "ref")
-    calls = {"n": 0}
-
-    def interrupting(model, batch):
-        calls["n"] += 1
-        if calls["n"] == 9:
-            raise KeyboardInterrupt
-        return model(**batch).loss
-
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", loss_fn=interrupting)
+        run(tmp_path / "cut", loss_fn=interrupted_at(9))
     run(tmp_path / "cut", resume=True, model_seed=123)
     ref_eval, cut_eval = read_log(tmp_path / "ref", "eval"), read_log(tmp_path / "cut", "eval")
     assert [r["loss"] for r in cut_eval] == [r["loss"] for r in ref_eval]   # bit-identical
@@ -211,31 +217,19 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
 
 
 def test_interrupt_and_resume_gives_the_same_loss_curve(tmp_path):
-    def evaluate(model):
-        with torch.inference_mode():
-            return {"loss": model(**make_batch(99, 0)).loss.item()}
-
     def run(out, loss_fn=None, resume=False, model_seed=0):
         cfg = TrainConfig(out_dir=str(out), epochs=3, lr=5e-3, grad_accum=2, log_every=1,
                           seed=7, resume=resume, progress=False)
-        t = Trainer(tiny_model(model_seed), cfg, batches, steps_per_epoch=6, evaluate=evaluate,
-                    loss_fn=loss_fn)
+        t = Trainer(tiny_model(model_seed), cfg, batches, steps_per_epoch=6,
+                    evaluate=held_out_loss, loss_fn=loss_fn)
         return t.fit()
 
     ref = run(tmp_path / "ref")
     ref_train, ref_eval = read_log(tmp_path / "ref"), read_log(tmp_path / "ref", "eval")
     assert len(ref_train) == 9 and len(ref_eval) == 3
 
-    calls = {"n": 0}
-
-    def interrupting(model, batch):  # Ctrl-C in the middle of step 5's accumulation
-        calls["n"] += 1
-        if calls["n"] == 9:
-            raise KeyboardInterrupt
-        return model(**batch).loss
-
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", loss_fn=interrupting)
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C in the middle of step 5's accumulation
+        run(tmp_path / "cut", loss_fn=interrupted_at(9))
     state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
     assert (state["step"], state["epoch"], state["batch_index"]) == (4, 1, 2)
 
