@@ -7,6 +7,15 @@ WHOLE shared training sets, several seeds, mean ± spread, wall time and example
     python bench/quality_vs_hf.py --tasks conll2003 --seeds 1 --set n_train=640
         --set epochs=1 --set dropout=0 --results /tmp/d.jsonl   # (one line) the two loops, step by step
 
+`--set qa_loss_over_padding=true` (squad) computes nanobert's QA loss as transformers
+does, over every position of the padded batch (nanobert's own leaves padding out of the
+start/end softmax); with `--set dropout=0` too, the two sides' losses then agree at every
+step.
+`--set backend=sdpa` trains nanobert on padded batches (its default is unpadded): its
+dropout masks then draw the same random numbers as transformers', so with
+`--set dropout=0.1` (minilm's own dropout, logged at every step on transformers' side
+on nanobert's schedule) the two sides' losses can be compared step by step WITH dropout.
+
 `--set dropout=0` is the diagnostic: every dropout off on both sides, every step's loss
 recorded ("losses" in the run's line), and the transformers side on nanobert's schedule
 (transformers' own runs its first step at lr 0); the losses then agree at every step.
@@ -85,11 +94,22 @@ class Recipe:
     dropout: Optional[float] = None  # diagnostics: every dropout of both models set to this
     head_lr_scale: float = 1.0     # the head (pooler + task layer) at this multiple of lr
     ema: Optional[float] = None    # evaluate a running average of the weights (this decay)
+    qa_loss_over_padding: bool = False  # diagnostic: nanobert's QA loss as transformers'
+    backend: str = "unpadded"      # nanobert's attention backend (transformers: padded SDPA)
+
+    def for_system(self, system: str) -> "Recipe":
+        """The recipe a system actually runs: transformers' QA loss always covers padding
+        and its batches are always padded, so its runs of those variants are its runs of
+        the plain recipe."""
+        if system != "transformers":
+            return self
+        return dataclasses.replace(self, qa_loss_over_padding=False, backend="unpadded")
 
     def key(self) -> str:
         d = dataclasses.asdict(self)
         for k, default in (("pooling", "cls"), ("dropout", None), ("head_lr_scale", 1.0),
-                           ("ema", None)):
+                           ("ema", None), ("qa_loss_over_padding", False),
+                           ("backend", "unpadded")):
             if d[k] == default:  # keys of runs recorded before the field existed
                 del d[k]
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
@@ -110,7 +130,8 @@ TASKS = {
 SHOWN_VARIANTS = [("sst2", {"pooling": "mean"}), ("sst2", {"pooling": "mean", "batch_size": 16}),
                   ("sst2", {"pooling": "mean", "group_by_length": False}),
                   ("sst2", {"pooling": "mean", "head_lr_scale": 10.0}),
-                  ("sst2", {"pooling": "mean", "ema": 0.999})]
+                  ("sst2", {"pooling": "mean", "ema": 0.999}),
+                  ("squad", {"backend": "sdpa"}), ("squad", {"qa_loss_over_padding": True})]
 SPLIT_SEED = 1234          # the held-out split of RTE/MRPC, the same for every training seed
 
 
@@ -180,6 +201,13 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
             def __init__(self, model, cfg, *a, **k):
                 super().__init__(model, cfg.replace(log_every=1), *a, **k)
         nanobert.train.Trainer = EveryStep
+    forward = nanobert.Bert.forward
+    if recipe.qa_loss_over_padding:
+        nanobert.Bert.forward = loss_over_padding(forward)
+    backend = "sdpa" if recipe.qa_loss_over_padding and recipe.backend == "unpadded" else recipe.backend
+    if backend != "unpadded":
+        loader = nanobert.load
+        nanobert.load = lambda *a, **k: loader(*a, **k, attn_backend=backend)
     try:
         FT.finetune(recipe.kind, model, str(train_path), str(dev_path), str(out),
                     epochs=recipe.epochs, lr=recipe.lr, batch_size=recipe.batch_size,
@@ -190,7 +218,7 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     ema=recipe.ema, pooling=recipe.pooling if recipe.kind == "classify" else None)
     finally:
         FT.TASKS[recipe.kind] = task
-        nanobert.load, nanobert.train.Trainer = load, trainer
+        nanobert.load, nanobert.train.Trainer, nanobert.Bert.forward = load, trainer, forward
     recs = read_metrics(out / "metrics.jsonl")
     evals = [{k: v for k, v in r.items() if k not in ("type", "epoch")}
              for r in recs if r["type"] == "eval"]
@@ -205,6 +233,23 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
         res["final_weights"] = evaluate_dev(recipe, model_, tok,
                                             FT.read_task_data(recipe.kind, dev_path))
     return res
+
+
+def loss_over_padding(forward):
+    """Bert.forward with the QA loss as transformers computes it: the start/end softmax
+    over every position of the padded batch, padding included (nanobert's own leaves
+    padding out). Run on a padded backend, so that padded positions carry real hidden
+    states as in transformers (run_nanobert picks sdpa unless told otherwise)."""
+    def qa_forward(self, *a, start_positions=None, end_positions=None, **k):
+        out = forward(self, *a, **k)
+        if start_positions is not None:
+            T = out.start_logits.shape[1]
+            s, e = start_positions.clamp(0, T), end_positions.clamp(0, T)
+            ce = torch.nn.functional.cross_entropy
+            out.loss = (ce(out.start_logits, s, ignore_index=T)
+                        + ce(out.end_logits, e, ignore_index=T)) / 2
+        return out
+    return qa_forward
 
 
 def evaluate_dev(recipe: Recipe, model, tok, dev: list) -> dict:
@@ -436,7 +481,10 @@ def describe(r: Recipe) -> str:
             + (f", {r.pooling} pooling" if r.pooling != "cls" else "")
             + (f", dropout {r.dropout:g}" if r.dropout is not None else "")
             + (f", head lr x{r.head_lr_scale:g}" if r.head_lr_scale != 1 else "")
-            + (f", weight average {r.ema:g}" if r.ema else ""))
+            + (f", weight average {r.ema:g}" if r.ema else "")
+            + (f", nanobert on the {r.backend} backend" if r.backend != "unpadded" else "")
+            + (", nanobert's QA loss over padding too (padded batches)"
+               if r.qa_loss_over_padding else ""))
 
 
 def verdict(ours: list, theirs: list) -> str:
@@ -459,10 +507,11 @@ def table(runs: list) -> str:
     shown = [(name, recipe) for name, (recipe, _) in TASKS.items()]
     shown += [(name, dataclasses.replace(TASKS[name][0], **change)) for name, change in SHOWN_VARIANTS]
     for name, recipe in sorted(shown, key=lambda x: list(TASKS).index(x[0])):
-        mine = [r for r in runs if r["task"] == name and key_of(r) == recipe.key()]
         cells, speed, wall, vals = {}, [], [], {}
         for s in SYSTEMS:
-            rs = sorted((r for r in mine if r["system"] == s), key=lambda r: r["seed"])
+            key = recipe.for_system(s).key()
+            rs = sorted((r for r in runs if r["task"] == name and r["system"] == s
+                         and key_of(r) == key), key=lambda r: r["seed"])
             vals[s] = [r["final"][recipe.metric] for r in rs]
             cells[s] = mean_spread(vals[s])
             speed.append(f"{statistics.median(r['examples_per_s'] for r in rs):.0f}" if rs else "–")
@@ -539,6 +588,8 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
                    f"expected {'a number' if 'float' in kind else 'an integer'}")
     positive = ("epochs", "lr", "batch_size", "max_length", "doc_stride", "head_lr_scale")
     bad = {"pooling": (lambda x: x not in ("cls", "mean"), "pooling is cls or mean"),
+           "backend": (lambda x: x not in ("unpadded", "sdpa", "eager"),
+                       "backend is unpadded, sdpa or eager"),
            "dropout": (lambda x: not 0 <= x < 1, "dropout is in [0, 1)"),
            "ema": (lambda x: not 0 < x < 1, "ema (a decay) is in (0, 1)"),
            **{k: (lambda x: x <= 0, f"{k} must be above 0") for k in positive},
@@ -547,6 +598,8 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
     for k, v in changes.items():
         if k in bad and bad[k][0](v):
             refuse(f"{k}={v}", bad[k][1])
+    if changes.get("qa_loss_over_padding") and recipe.kind != "qa":
+        refuse("qa_loss_over_padding=true", "only the QA task (squad) has this loss")
     return dataclasses.replace(recipe, **changes)
 
 
@@ -573,9 +626,9 @@ def main():
         return 0
     seeds = [int(s) for s in args.seeds.split(",")]
     for name in tasks:
-        recipe = parse_set(args.set, TASKS[name][0])
         for seed in seeds:
             for system in systems:
+                recipe = parse_set(args.set, TASKS[name][0]).for_system(system)
                 done = {(r["task"], r["system"], r["seed"], key_of(r)) for r in read_runs(args.results)}
                 if (name, system, seed, recipe.key()) in done:
                     print(f"{name} {system} seed {seed}: already in {args.results}")
