@@ -95,7 +95,7 @@ class Recipe:
     head_lr_scale: float = 1.0     # the head (pooler + task layer) at this multiple of lr
     ema: Optional[float] = None    # evaluate a running average of the weights (this decay)
     qa_loss_over_padding: bool = False  # diagnostic: nanobert's QA loss as transformers'
-    backend: str = "unpadded"      # nanobert's attention backend (transformers: padded SDPA)
+    backend: str = "unpadded"      # nanobert's --attn-backend (transformers: padded SDPA)
 
     def for_system(self, system: str) -> "Recipe":
         """The recipe a system actually runs: transformers' QA loss always covers padding
@@ -205,9 +205,6 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
     if recipe.qa_loss_over_padding:
         nanobert.Bert.forward = loss_over_padding(forward)
     backend = "sdpa" if recipe.qa_loss_over_padding and recipe.backend == "unpadded" else recipe.backend
-    if backend != "unpadded":
-        loader = nanobert.load
-        nanobert.load = lambda *a, **k: loader(*a, **k, attn_backend=backend)
     try:
         FT.finetune(recipe.kind, model, str(train_path), str(dev_path), str(out),
                     epochs=recipe.epochs, lr=recipe.lr, batch_size=recipe.batch_size,
@@ -215,7 +212,8 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     weight_decay=recipe.weight_decay, seed=seed, doc_stride=recipe.doc_stride,
                     progress=False, group_by_length=recipe.group_by_length,
                     max_train_examples=recipe.n_train or None, head_lr_scale=recipe.head_lr_scale,
-                    ema=recipe.ema, pooling=recipe.pooling if recipe.kind == "classify" else None)
+                    ema=recipe.ema, pooling=recipe.pooling if recipe.kind == "classify" else None,
+                    attn_backend=backend)
     finally:
         FT.TASKS[recipe.kind] = task
         nanobert.load, nanobert.train.Trainer, nanobert.Bert.forward = load, trainer, forward

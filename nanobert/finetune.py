@@ -609,6 +609,11 @@ class FinetuneConfig(Config):
     freeze_layers: int = param(
         0, "keep all embeddings and the first N blocks fixed (no backward pass through "
            "them: faster)", at_least(0))
+    attn_backend: Optional[str] = param(
+        None, "attention while training: unpadded (the model's default, fastest), or sdpa "
+              "or eager (padded batches, whose dropout masks are the ones transformers "
+              "draws with the same seed); the saved model keeps its own",
+        choices=("unpadded", "sdpa", "eager"))
     columns: ColumnsConfig = param(lambda: ColumnsConfig())
     trainer: TrainConfig = param(_finetune_trainer)
     retrieval: B.RetrievalConfig = param(lambda: B.RetrievalConfig())
@@ -669,13 +674,29 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     if cfg.freeze_embeddings:  # the word embeddings are half of a small model: skip their update
         model.bert.emb.tok.weight.requires_grad_(False)
     freeze_layers(model, cfg.freeze_layers)
+    save = task.writer(tok, settings)
+    if cfg.attn_backend:
+        save = saved_with_backend(save, model.config.attn_backend)
+        model.config.attn_backend = cfg.attn_backend
     metric = task.metric(dev) if callable(task.metric) else task.metric
     trainer_cfg = cfg.trainer.replace(metric=metric, greater_is_better=task.greater_is_better,
                                       log_every=log_every(steps_per_epoch))
     return Trainer(model, trainer_cfg, batches, steps_per_epoch,
                    evaluate=_dev_evaluation(task, tok, dev, settings, cfg.batch_size),
-                   save=task.writer(tok, settings),
+                   save=save,
                    loss_fn=task.loss(cfg) if task.loss else None).fit()
+
+
+def saved_with_backend(save, backend: str):
+    """A model writer that saves the model with `backend` as its attention backend
+    (--attn-backend changes only how the run trains)."""
+    def save_as(model, out_dir):
+        trained, model.config.attn_backend = model.config.attn_backend, backend
+        try:
+            save(model, out_dir)
+        finally:
+            model.config.attn_backend = trained
+    return save_as
 
 
 def freeze_layers(model, n: int):

@@ -284,6 +284,31 @@ def test_epoch_batches_are_seeded_and_grouped_by_length():
     assert padded(grouped) < 0.7 * padded(plain)
 
 
+def test_attn_backend_trains_padded_with_the_masks_transformers_draws(tiny_dir, tmp_path):
+    """--attn-backend sdpa/eager train on padded batches: with dropout on, the two draw the
+    same masks (transformers' own, tests/test_train.py) and give the same losses; the
+    default unpadded run draws other masks. The saved model keeps its own backend."""
+    import shutil
+    d = tmp_path / "dropout"
+    shutil.copytree(tiny_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    (d / "config.json").write_text(json.dumps(cfg))
+    rows = [(t + " " + " ".join(FILLER[:i % 5]), y) for i, (t, y) in enumerate(sentiment_rows(24, 0))]
+    train = write_tsv(tmp_path / "train.tsv", rows)   # (lengths vary: batches have padding)
+    losses = {}
+    for backend in ("sdpa", "eager", None):
+        out = tmp_path / f"run-{backend}"
+        finetune("classify", str(d), str(train), str(train), str(out), epochs=2, lr=1e-3,
+                 batch_size=8, max_length=16, attn_backend=backend, progress=False)
+        losses[backend] = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text()
+                           .splitlines() if json.loads(x)["type"] == "train"]
+        assert json.loads((out / "config.json").read_text())["nanobert_attn_backend"] == "unpadded"
+    assert len(losses[None]) == 6
+    assert losses["sdpa"] == pytest.approx(losses["eager"], abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(losses["sdpa"], losses[None])) > 1e-3
+
+
 def test_freeze_layers_fixes_the_bottom_and_trains_the_top(tiny_dir, tmp_path):
     from nanobert.checkpoint import read_weights
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(16, 0))
