@@ -619,6 +619,7 @@ def main():
     for bad in [t for t in tasks if t not in TASKS] + [s for s in systems if s not in SYSTEMS]:
         sys.exit(f"unknown task or system {bad!r} (tasks: {', '.join(TASKS)}; "
                  f"systems: {', '.join(SYSTEMS)})")
+    recipes = {name: parse_set(args.set, TASKS[name][0]) for name in tasks}  # all before any run
     if not DATA.is_dir():
         print(f"skipped: {DATA} not found (the shared datasets are not available)")
         return 0
@@ -626,7 +627,7 @@ def main():
     for name in tasks:
         for seed in seeds:
             for system in systems:
-                recipe = parse_set(args.set, TASKS[name][0]).for_system(system)
+                recipe = recipes[name].for_system(system)
                 done = {(r["task"], r["system"], r["seed"], key_of(r)) for r in read_runs(args.results)}
                 if (name, system, seed, recipe.key()) in done:
                     print(f"{name} {system} seed {seed}: already in {args.results}")

@@ -289,6 +289,7 @@ def test_attn_backend_trains_padded_with_the_masks_transformers_draws(tiny_dir, 
     same masks (transformers' own, tests/test_train.py) and give the same losses; the
     default unpadded run draws other masks. The saved model keeps its own backend."""
     import shutil
+    from nanobert.train import read_metrics
     d = tmp_path / "dropout"
     shutil.copytree(tiny_dir, d)
     cfg = json.loads((d / "config.json").read_text())
@@ -301,8 +302,8 @@ def test_attn_backend_trains_padded_with_the_masks_transformers_draws(tiny_dir, 
         out = tmp_path / f"run-{backend}"
         finetune("classify", str(d), str(train), str(train), str(out), epochs=2, lr=1e-3,
                  batch_size=8, max_length=16, attn_backend=backend, progress=False)
-        losses[backend] = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text()
-                           .splitlines() if json.loads(x)["type"] == "train"]
+        losses[backend] = [r["loss"] for r in read_metrics(out / "metrics.jsonl")
+                           if r["type"] == "train"]
         assert json.loads((out / "config.json").read_text())["nanobert_attn_backend"] == "unpadded"
     assert len(losses[None]) == 6
     assert losses["sdpa"] == pytest.approx(losses["eager"], abs=1e-5)
