@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .config import add_flags, at_least, param, positive
 from .files import NanobertError, check_output_dir
 from .model import Bert
-from .pretrain import PretrainConfig
+from .pretrain import PretrainConfig, _check_preset
 from .train import TrainConfig
 
 
@@ -127,6 +127,11 @@ class DistillConfig(PretrainConfig):
     temperature: float = param(2.0, "softmax temperature T", positive())
     preset: Optional[str] = None            # the student comes from the teacher
     trainer: TrainConfig = param(_distill_trainer)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.student_preset:
+            _check_preset(self.student_preset, "--student-preset")
 
     def weights(self) -> DistillWeights:
         return DistillWeights(self.kl_weight, self.mlm_weight, self.cos_weight, self.temperature)

@@ -395,9 +395,11 @@ def search_args(p):
 def search_cmd(args):
     """Cosine semantic search: the k corpus lines closest to a query (optionally reranked)."""
     from .retrieval import Reranker
+    if not all(q.strip() for q in args.query):
+        raise NanobertError("--query: empty query text")
+    reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
     enc = _encoder(args)
     texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True)
-    reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
     results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb, rerank=reranker,
                          rerank_k=args.rerank_k)
     if args.json:

@@ -932,7 +932,9 @@ def predict_args(p):
     p.add_argument("texts", nargs="*", help="texts (qa: questions about --context)")
     p.add_argument("--input", help="file of inputs: classification file or one text per line; "
                    "qa: JSON lines with question/context, or SQuAD JSON")
-    p.add_argument("--context", help="qa: the context the command-line questions are about")
+    p.add_argument("--context", help="the second text of every command-line input: for qa, "
+                   "the context the questions are about; for a model trained on pairs, the "
+                   "text each input is paired with")
     p.add_argument("--json", action="store_true", help="one JSON object per input")
 
 

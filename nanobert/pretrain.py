@@ -125,6 +125,10 @@ class PretrainConfig(Config):
                                 "percentages that sum to 100, e.g. 80/10/10") from e
         if not self.trainer.max_steps:
             raise NanobertError("--steps: required (the number of optimizer steps)")
+        if self.model_config:
+            _read_model_config(self.model_config)   # a bad file fails before the corpus is read
+        elif self.preset:
+            _check_preset(self.preset, "--preset")
 
     @property
     def pairs(self) -> Optional[str]:
@@ -140,17 +144,38 @@ def pretrain_args(p):
 # Pretraining
 
 
+def _check_preset(name: str, flag: str):
+    """A preset name fails at once, with the names to choose from."""
+    from .model import preset
+    try:
+        preset(name)
+    except ValueError as e:
+        raise NanobertError(f"{flag}: {e}") from None
+
+
+def _read_model_config(path: str, **overrides):
+    """The BertConfig of an HF config.json (`--config`), or a one-line error naming it."""
+    from .model import BertConfig
+    try:
+        hf = json.loads(Path(path).read_text("utf-8"))
+        if not isinstance(hf, dict):
+            raise ValueError("expected a JSON object")
+        return BertConfig.from_hf_dict(dict(hf, **overrides))
+    except FileNotFoundError:
+        raise NanobertError(f"--config {path}: no such file") from None
+    except IsADirectoryError:
+        raise NanobertError(f"--config {path}: is a directory; give its config.json") from None
+    except KeyError as e:
+        raise NanobertError(f"{path}: missing key(s) {e.args[0]}") from None
+    except (OSError, ValueError, TypeError) as e:
+        raise NanobertError(f"{path}: not a usable BERT config.json ({e})") from None
+
+
 def _model_config(cfg: PretrainConfig, tok):
-    from .model import BertConfig, preset
+    from .model import preset
     drop = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     if cfg.model_config:
-        try:
-            hf = json.loads(Path(cfg.model_config).read_text("utf-8"))
-            c = BertConfig.from_hf_dict(dict(hf, vocab_size=tok.vocab_size, **drop))
-        except KeyError as e:
-            raise NanobertError(f"{cfg.model_config}: missing key(s) {e.args[0]}")
-        except (OSError, ValueError, TypeError) as e:
-            raise NanobertError(f"{cfg.model_config}: not a usable BERT config.json ({e})")
+        c = _read_model_config(cfg.model_config, vocab_size=tok.vocab_size, **drop)
     else:
         try:
             c = preset(cfg.preset, vocab_size=tok.vocab_size,

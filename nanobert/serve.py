@@ -30,7 +30,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -38,7 +37,7 @@ import torch
 
 from .batcher import Batcher
 from .files import NanobertError
-from .serve_models import TASK_ROUTES, Served, load_served
+from .serve_models import Served, load_served
 
 # ----------------------------------------------------------------------------------
 # Settings and errors

@@ -186,6 +186,15 @@ def test_embed_and_search_cli(encoder, tmp_path, capsys):
     assert "empty" in capsys.readouterr().err
     assert not (tmp_path / "x.npy").exists()
 
+    # a blank query, or a reranker that is not there, fails before the corpus is embedded
+    for bad in (["--query", "  "], ["--query", "q", "--rerank", str(tmp_path / "nope")]):
+        corpus = tmp_path / "fresh.txt"
+        corpus.write_text("one line\n")
+        assert main(["search", "--model", "minilm", "--corpus", str(corpus), *bad]) == 2
+        err = capsys.readouterr().err
+        assert ("empty query" in err or "nope" in err) and "Traceback" not in err
+        assert not list(tmp_path.glob("fresh.txt.nanobert-*.npy")), bad
+
 
 def test_checkpoint_declared_pooling_is_the_default(tmp_path, tiny_config):
     import nanobert

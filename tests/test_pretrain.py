@@ -13,7 +13,6 @@ import pytest
 from nanobert.cli import main
 from nanobert.pretrain import PretrainConfig, run_pretrain
 
-from conftest import write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
@@ -56,6 +55,35 @@ def test_bad_corpus_exits_2_with_file_and_line(tmp_path, capsys):
                  "--mask-split", "80/10"]) == 2
     assert not (tmp_path / "o" / "model.safetensors").exists()
 
+
+
+def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monkeypatch):
+    """--preset, --config and distill's --student-preset are checked first: a typo must
+    not cost a tokenizer training (the corpus reader is never reached)."""
+    import nanobert.pretrain as pt
+
+    def never(*a, **k):
+        raise AssertionError("the corpus was read before the flags were checked")
+    monkeypatch.setattr(pt, "_load_data", never)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one two three\n\nfour five six\n")
+    not_json, array, a_dir = tmp_path / "n.json", tmp_path / "a.json", tmp_path / "d"
+    not_json.write_text("{broken")
+    array.write_text("[1, 2]")
+    a_dir.mkdir()
+    base = ["--corpus", str(corpus), "--out", str(tmp_path / "o"), "--steps", "1"]
+    for extra, words in ((["--preset", "gigantic"], ["--preset", "'gigantic'", "tiny"]),
+                         (["--config", str(not_json)], [str(not_json), "config.json"]),
+                         (["--config", str(array)], [str(array), "JSON object"]),
+                         (["--config", str(a_dir)], [str(a_dir), "directory"]),
+                         (["--config", str(tmp_path / "missing.json")], ["no such file"])):
+        assert main(["pretrain", *base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert all(w in err for w in words) and "Traceback" not in err, (extra, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert main(["distill", *base, "--teacher", str(a_dir), "--student-preset", "huge"]) == 2
+    assert "--student-preset: unknown preset 'huge'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 # ---- training, resume -----------------------------------------------------------------
 
