@@ -643,4 +643,11 @@ def evaluate_flags(p):
 
 
 def evaluate_overrides(args) -> dict:
-    return {k: getattr(args, k) for k in EVALUATE_FLAGS if getattr(args, k, None) is not None}
+    """The BEIR flags given; refused for other data, which they would not change."""
+    from .data import is_beir_dir
+    given = {k: getattr(args, k) for k in EVALUATE_FLAGS if getattr(args, k, None) is not None}
+    if given and not is_beir_dir(args.data):
+        flag = "--" + next(iter(given)).replace("_", "-")
+        raise NanobertError(f"{flag}: only for a BEIR folder (corpus.jsonl, queries.jsonl, "
+                            f"qrels/), and {args.data} is not one")
+    return given

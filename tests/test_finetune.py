@@ -135,6 +135,12 @@ def test_classify_overfits_evaluates_predicts_and_loads_in_transformers(tiny_dir
     err = capsys.readouterr().err
     assert rc == 2 and f"{bad}:3: unknown label 'meh'" in err
 
+    # BEIR-only flags on a labelled file would change nothing: refused, not ignored
+    for flag, value in (("--holdout", "0.5"), ("--split", "test"), ("--rerank-k", "5")):
+        rc = cli.main(["evaluate", "--model", str(out), "--data", str(train), flag, value])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"{flag}: only for a BEIR folder" in err and str(train) in err
+
 
 def test_ner_label_set_has_b_and_i_of_every_type():
     # a training sample whose MISC entities are all one word has no I-MISC: the dev file's
