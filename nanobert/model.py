@@ -630,6 +630,11 @@ class Block(nn.Module):
         self.act_name, self.act = c.hidden_act, ACTIVATIONS[c.hidden_act]
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
+    def warm(self, rows: int):
+        """Every product of the block once on `rows` zero token rows, as forward calls them."""
+        x = self.up.weight.new_zeros(rows, self.up.in_features)      # (rows, H)
+        self.attn.qkv(x), self.attn.proj(x), self.ffn(x)
+
     def ffn(self, x):
         if self.glu:
             h, gate = self.up(x).chunk(2, dim=-1)
@@ -723,6 +728,25 @@ class BertModel(nn.Module):
         if not keep_unpadded:
             x = layout.pad(x)
         return EncoderOutput(x, pooled, attentions, layout)
+
+
+    @torch.inference_mode()
+    def warm_shapes(self, max_tokens: int) -> list:
+        """Build oneDNN's code for every row count a CPU batch of up to `max_tokens` real
+        tokens runs its products at (onednn_rows: 144 counts up to 4,096 tokens, the CPU's
+        forward-pass cap), at once. oneDNN keeps the code of each shape it meets (minilm:
+        about 2.4 MB per row count), so a server that meets them one by one, as rare batch
+        sizes arrive, grows for many minutes; warmed, its memory starts where it stays.
+        Blocks share their shapes, so one block runs. Returns the row counts (none off
+        the fast path)."""
+        block = self.blocks[0]
+        if not (isinstance(block.up, Linear) and isinstance(block.attn.qkv, Linear)
+                and Linear.fast_path(block.up.weight)):
+            return []
+        rows = sorted({onednn_rows(m) for m in range(1, max_tokens + 1)})
+        for r in rows:
+            block.warm(r)
+        return rows
 
 
 # ----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .batcher import Batcher
+from .batcher import Batcher, heap_trimmer
 from .files import NanobertError
 from .serve_models import Served, load_served
 
@@ -55,6 +55,7 @@ class ServeConfig:
     threads: Optional[int] = None       # torch threads of the inference thread
     dtype: str = "float32"              # or "int8": int8 Linear layers (nanobert.quantize)
     body_timeout: float = 30.0          # seconds to receive a request's body; then 408
+    warmup: bool = True                 # build every batch shape's kernels before serving
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -202,8 +203,30 @@ class Server:
     def start(self):
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
+        self.warm_up()
         self.batcher = Batcher(self.config.max_batch_tokens, self.metrics)
         self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="nanobert-tokenize")
+
+    def warm_up(self):
+        """Before the first request: every batch shape the token budget allows, once per
+        distinct model size (BertModel.warm_shapes), so memory starts at its ceiling."""
+        if not self.config.warmup:
+            return
+        from .batching import forward_tokens
+        start, seen, shapes = time.perf_counter(), set(), 0
+        for m in self.models.values():
+            c = m.model.config
+            size = (c.hidden_size, c.intermediate_size, c.hidden_act, c.glu, c.bias)
+            if size not in seen:
+                seen.add(size)
+                # no forward pass on the CPU holds more than CPU_FORWARD_TOKENS tokens
+                cap = forward_tokens(next(m.model.parameters()).device)
+                tokens = min(self.config.max_batch_tokens, cap or self.config.max_batch_tokens)
+                shapes += len(m.model.bert.warm_shapes(tokens))
+        heap_trimmer(0.0)()
+        if shapes:
+            print(f"warm-up: {shapes} batch shapes in {time.perf_counter() - start:.1f} s",
+                  flush=True)
 
     def stop(self):
         """Finish the queued work, then end the threads (after uvicorn has drained)."""
@@ -675,6 +698,10 @@ def serve_args(p):
                         "stalled client would otherwise hold its place in flight)")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the start-up pass over every batch shape (it builds the CPU "
+                        "kernels of each once, so memory stays flat from the first request "
+                        "instead of growing for minutes; minilm: about 2 s)")
     from .quantize import add_dtype_flag
     add_dtype_flag(p)
 
@@ -694,7 +721,7 @@ def config_from_args(args) -> ServeConfig:
         raise NanobertError("--api-key must not be empty")
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
-                       args.dtype, args.body_timeout)
+                       args.dtype, args.body_timeout, args.warmup)
 
 
 def check_address(host: str, port: int):

@@ -88,6 +88,51 @@ def test_onednn_rows_bound_the_shapes_a_server_sees():
     assert len(set(rows)) < 200
 
 
+WARM_SCRIPT = """
+import random, sys, torch
+from nanobert.model import Bert, BertConfig
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = Bert(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64)).eval()
+if sys.argv[1] == "warm":
+    print("rows", len(model.bert.warm_shapes(200)), flush=True)
+print("BATCHES", flush=True)
+rng = random.Random(0)
+with torch.inference_mode():
+    for _ in range(30):                      # random batches of at most 8 x 25 = 200 tokens
+        B, T = rng.randint(1, 8), rng.randint(2, 25)
+        mask = torch.ones(B, T, dtype=torch.long)
+        for b in range(B):
+            mask[b, rng.randint(1, T):] = 0
+        model(torch.randint(1, 100, (B, T)), attention_mask=mask)
+"""
+
+
+def test_warm_shapes_leave_no_kernel_to_build_for_later_batches(tmp_path):
+    """After `warm_shapes(200)`, batches of up to 200 real tokens make oneDNN build no new
+    product (its verbose log: no inner_product cache miss); without it, they do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from nanobert.model import onednn_rows
+    script = tmp_path / "warm.py"
+    script.write_text(WARM_SCRIPT)
+    env = dict(os.environ, ONEDNN_VERBOSE="all", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    misses = {}
+    for mode in ("cold", "warm"):
+        out = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        if "onednn_verbose" not in out:
+            pytest.skip("this torch runs no oneDNN products (nothing to warm)")
+        if mode == "warm":
+            assert f"rows {len({onednn_rows(m) for m in range(1, 201)})}" in out
+        later = out.split("BATCHES", 1)[1].splitlines()
+        misses[mode] = sum("create:cache_miss" in x and "inner_product" in x for x in later)
+    assert misses["cold"] > 0 and misses["warm"] == 0, misses
+
 def test_fast_linear_equals_plain_linear_for_any_row_count():
     import torch.nn.functional as F
 

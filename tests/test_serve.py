@@ -31,6 +31,7 @@ import nanobert  # noqa: E402
 from nanobert.checkpoint import save_model  # noqa: E402
 from nanobert.data import Example, QAExample  # noqa: E402
 from nanobert.finetune import load_finetuned, predict_classify, predict_ner_text, predict_qa  # noqa: E402
+from nanobert.model import onednn_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "s3cret"
@@ -76,11 +77,12 @@ def free_port() -> int:
 class Running:
     """A `nanobert serve` process and an HTTP client for it."""
 
-    def __init__(self, specs, *flags, key=None):
+    def __init__(self, specs, *flags, key=None, warmup=False):
         self.port = free_port()
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "nanobert", "serve", *specs, "--port", str(self.port),
-               "--threads", "1", *flags] + (["--api-key", key] if key else [])
+               "--threads", "1", *flags] + (["--api-key", key] if key else []) + \
+            ([] if warmup else ["--no-warmup"])     # (10 s per server at 16384 tokens)
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -395,8 +397,13 @@ def test_method_and_api_key(server):
 
 
 def test_queue_full_is_429_and_sigterm_drains(models):
-    s = Running(["minilm"], "--max-concurrent-requests", "1", "--max-batch-tokens", "64")
+    s = Running(["minilm"], "--max-concurrent-requests", "1", "--max-batch-tokens", "64",
+                warmup=True)
     try:
+        # before the first request: every row count a batch of <= 64 tokens runs at
+        warm = s.proc.stdout.readline()
+        assert warm.startswith(f"warm-up: {len({onednn_rows(m) for m in range(1, 65)})} batch "
+                               "shapes in "), warm
         none = s.post("/classify", {"inputs": "x"})          # only an embedding model here
         assert none.status_code == 404 and "no model served here" in none.text
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 32}   # 32 batches
