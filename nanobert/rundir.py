@@ -11,7 +11,8 @@
             "finished", and the directory is a model like any other
 
 A killed run leaves "running" behind, so its half-written directory is never taken for a
-model. A new run into a directory that holds a model or a checkpoint stops unless
+model. A run that fails before it has written a model or a checkpoint (bad data, a bad
+flag, an early Ctrl-C) takes back what it created: nothing is left half-written. A new run into a directory that holds a model or a checkpoint stops unless
 `--overwrite` (which clears it first) or `--resume` (which continues the checkpoint only
 when the fingerprint matches, and otherwise says what differs). Directories without the
 file (hub downloads, models from other tools) are finished models.
@@ -230,15 +231,36 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
     check_output_dir(out_dir, "--out")
     if overwrite:
         check_not_input(out_dir, reads, "--out", KEEP_ON_OVERWRITE)
+    before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
     out_dir.mkdir(parents=True, exist_ok=True)
     with _lock(out_dir):
-        clean_temporaries(out_dir)
-        _claim(out_dir, command, fp, resume, overwrite)
-        record = {"status": "running", "command": command, "fingerprint": fp,
-                  "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        write_text(out_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
-        yield out_dir
+        try:
+            clean_temporaries(out_dir)
+            _claim(out_dir, command, fp, resume, overwrite)
+            record = {"status": "running", "command": command, "fingerprint": fp,
+                      "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            write_text(out_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
+            yield out_dir
+        except BaseException:
+            if not _holds_a_run(out_dir):   # no model, no checkpoint: nothing to resume
+                _take_back(out_dir, before)
+            raise
         write_text(out_dir / RUN_FILE, json.dumps(dict(record, status="finished"), indent=1) + "\n")
+
+
+def _take_back(out_dir: Path, before):
+    """A run that failed before it wrote a model or a checkpoint (bad data, a bad flag, an
+    early Ctrl-C) leaves nothing: the directory goes if the run made it, else what the
+    run added to it (`before`: the names that were there)."""
+    if before is None:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return
+    for name in set(os.listdir(out_dir)) - before:
+        path = out_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool):

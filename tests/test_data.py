@@ -115,7 +115,7 @@ def test_cli_exit_status_2_on_bad_data(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and f"{bad}:3:" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "out" / "config.json").exists()
+    assert not (tmp_path / "out").exists()        # nothing half-written: not even the directory
 
 
 # ---- NER ----------------------------------------------------------------------------

@@ -50,9 +50,27 @@ def test_an_exception_leaves_the_run_unfinished(tmp_path, data):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
         with run(out, "pretrain", fp(data)):
+            (out / "checkpoint").mkdir()              # something to resume
             raise RuntimeError("killed")
     with pytest.raises(NanobertError, match="pretrain run"):
         require_finished(out)
+
+
+def test_a_run_that_fails_before_a_model_takes_back_what_it_made(tmp_path, data):
+    out = tmp_path / "new"
+    with pytest.raises(RuntimeError):
+        with run(out, "finetune", fp(data)):
+            (out / "metrics.jsonl").write_text("{}")
+            raise RuntimeError("bad data")
+    assert not out.exists()                           # it made the directory: gone
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    with pytest.raises(KeyboardInterrupt):
+        with run(mine, "finetune", fp(data)):
+            (mine / "cache").mkdir()
+            raise KeyboardInterrupt                   # Ctrl-C before the first checkpoint
+    assert sorted(os.listdir(mine)) == ["notes.txt"]  # only what the run added is gone
 
 
 def test_another_runs_directory_needs_overwrite_or_resume(tmp_path, data):
