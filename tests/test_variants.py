@@ -9,7 +9,7 @@ import torch
 import transformers as hf
 
 from nanobert.cli import main
-from test_pretrain import write_corpus
+from conftest import write_corpus
 
 VARIANT_PRESETS = {"albert-tiny": ("mlm+sop", hf.AlbertForPreTraining),
                    "modernbert-tiny": ("mlm", hf.ModernBertForMaskedLM),
