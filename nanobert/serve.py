@@ -208,25 +208,27 @@ class Server:
         self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="nanobert-tokenize")
 
     def warm_up(self):
-        """Before the first request: every batch shape the token budget allows, once per
+        """Before the first request: every row count its batches can have, once per
         distinct model size (BertModel.warm_shapes), so memory starts at its ceiling."""
         if not self.config.warmup:
             return
         from .batching import forward_tokens
-        start, seen, shapes = time.perf_counter(), set(), 0
+        start, by_size = time.perf_counter(), {}
         for m in self.models.values():
             c = m.model.config
             size = (c.hidden_size, c.intermediate_size, c.hidden_act, c.glu, c.bias)
-            if size not in seen:
-                seen.add(size)
-                # no forward pass on the CPU holds more than CPU_FORWARD_TOKENS tokens
-                cap = forward_tokens(next(m.model.parameters()).device)
-                tokens = min(self.config.max_batch_tokens, cap or self.config.max_batch_tokens)
-                shapes += len(m.model.bert.warm_shapes(tokens))
+            # a batch holds up to the budget, or one input of the model's max length when
+            # that is longer; no CPU forward pass holds more than CPU_FORWARD_TOKENS
+            tokens = max(self.config.max_batch_tokens, m.max_length)
+            cap = forward_tokens(next(m.model.parameters()).device)
+            tokens = min(tokens, cap or tokens)
+            if tokens > by_size.get(size, (0, None))[0]:
+                by_size[size] = (tokens, m)
+        shapes = sum(len(m.model.bert.warm_shapes(tokens)) for tokens, m in by_size.values())
         heap_trimmer(0.0)()
         if shapes:
-            print(f"warm-up: {shapes} batch shapes in {time.perf_counter() - start:.1f} s",
-                  flush=True)
+            print(f"warm-up: {shapes} batch shape{'s' * (shapes != 1)} in "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
 
     def stop(self):
         """Finish the queued work, then end the threads (after uvicorn has drained)."""
