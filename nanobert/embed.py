@@ -367,7 +367,7 @@ def embed_args(p):
 
 def embed_cmd(args):
     """Sentence embeddings of a file's sentences, saved as a .npy array (n, hidden)."""
-    check_output_file(args.out, "--out", inputs=[args.input])
+    check_output_file(args.out, "--out", (".npy",), inputs=[args.input])
     texts = read_texts(args.input)
     enc = _encoder(args)
     emb = enc.encode(texts)

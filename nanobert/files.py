@@ -169,9 +169,9 @@ def check_output_file(path, flag: str = "--out", suffixes=None, inputs=()):
     format matplotlib can save, say), and is none of `inputs`."""
     path = Path(path)
     check_not_input(path, inputs, flag)
+    if path.is_dir():
+        raise NanobertError(f"{flag} {path}: is a directory; a file name is needed here")
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise NanobertError(f"{flag} {path}: unsupported file type {path.suffix or '(none)'!r} "
                             f"(choose one of {', '.join(suffixes)})")
-    if path.is_dir():
-        raise NanobertError(f"{flag} {path}: is a directory; a file name is needed here")
     _writable_ancestor(path, flag)

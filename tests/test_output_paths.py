@@ -73,6 +73,8 @@ def test_commands_check_their_output_before_anything_else(tmp_path, capsys):
          f"--out {f / 'a.png'}: {f} is a file, not a directory"),
         (["embed", "--model", missing, "--input", missing, "--out", str(tmp_path)],
          f"--out {tmp_path}: is a directory; a file name is needed here"),
+        (["embed", "--model", missing, "--input", missing, "--out", str(tmp_path / "e.txt")],
+         f"--out {tmp_path / 'e.txt'}: unsupported file type '.txt' (choose one of .npy)"),
         (["finetune", "--task", "classify", "--model", missing, "--train", missing, "--dev",
           missing, "--out", str(f)], f"--out {f}: is a file; a directory is needed here"),
         (["pretrain", "--corpus", missing, "--out", "/proc/nanobert-run", "--steps", "2"],
