@@ -729,7 +729,6 @@ class BertModel(nn.Module):
             x = layout.pad(x)
         return EncoderOutput(x, pooled, attentions, layout)
 
-
     @torch.inference_mode()
     def warm_shapes(self, max_tokens: int) -> list:
         """Build oneDNN's code for every row count a CPU batch of up to `max_tokens` real

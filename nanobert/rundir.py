@@ -12,10 +12,11 @@
 
 A killed run leaves "running" behind, so its half-written directory is never taken for a
 model. A run that fails before it has written a model or a checkpoint (bad data, a bad
-flag, an early Ctrl-C) takes back what it created: nothing is left half-written. A new run into a directory that holds a model or a checkpoint stops unless
-`--overwrite` (which clears it first) or `--resume` (which continues the checkpoint only
-when the fingerprint matches, and otherwise says what differs). Directories without the
-file (hub downloads, models from other tools) are finished models.
+flag, an early Ctrl-C) takes back what it created: nothing is left half-written. A new
+run into a directory that holds a model or a checkpoint stops unless `--overwrite` (which
+clears it first) or `--resume` (which continues the checkpoint only when the fingerprint
+matches, and otherwise says what differs). Directories without the file (hub downloads,
+models from other tools) are finished models.
 """
 from __future__ import annotations
 
