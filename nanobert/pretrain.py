@@ -176,12 +176,9 @@ def _model_config(cfg: PretrainConfig, tok):
     drop = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     if cfg.model_config:
         c = _read_model_config(cfg.model_config, vocab_size=tok.vocab_size, **drop)
-    else:
-        try:
-            c = preset(cfg.preset, vocab_size=tok.vocab_size,
-                       max_position_embeddings=max(512, cfg.seq_len), **drop)
-        except ValueError as e:
-            raise NanobertError(str(e))
+    else:   # the name was checked with the flags (PretrainConfig.__post_init__)
+        c = preset(cfg.preset, vocab_size=tok.vocab_size,
+                   max_position_embeddings=max(512, cfg.seq_len), **drop)
     c = dataclasses.replace(c, pad_token_id=tok.pad_id, attn_backend=cfg.attn_backend)
     if cfg.seq_len > c.max_position_embeddings:
         raise NanobertError(f"--seq-len {cfg.seq_len} exceeds the model's "
