@@ -93,6 +93,7 @@ class Recipe:
     pooling: str = "cls"           # classify: the head reads [CLS] or the mean of the tokens
     dropout: Optional[float] = None  # diagnostics: every dropout of both models set to this
     head_lr_scale: float = 1.0     # the head (pooler + task layer) at this multiple of lr
+    layer_lr_decay: float = 1.0    # block i of L at decay**(L-1-i) x lr, embeddings decay**L
     ema: Optional[float] = None    # evaluate a running average of the weights (this decay)
     qa_loss_over_padding: bool = False  # diagnostic: nanobert's QA loss as transformers'
     backend: str = "unpadded"      # nanobert's --attn-backend (transformers: padded SDPA)
@@ -108,7 +109,7 @@ class Recipe:
     def key(self) -> str:
         d = dataclasses.asdict(self)
         for k, default in (("pooling", "cls"), ("dropout", None), ("head_lr_scale", 1.0),
-                           ("ema", None), ("qa_loss_over_padding", False),
+                           ("layer_lr_decay", 1.0), ("ema", None), ("qa_loss_over_padding", False),
                            ("backend", "unpadded")):
             if d[k] == default:  # keys of runs recorded before the field existed
                 del d[k]
@@ -213,6 +214,7 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     weight_decay=recipe.weight_decay, seed=seed, doc_stride=recipe.doc_stride,
                     progress=False, group_by_length=recipe.group_by_length,
                     max_train_examples=recipe.n_train or None, head_lr_scale=recipe.head_lr_scale,
+                    layer_lr_decay=recipe.layer_lr_decay,
                     ema=recipe.ema, pooling=recipe.pooling if recipe.kind == "classify" else None,
                     attn_backend=backend)
     finally:
@@ -326,15 +328,23 @@ def hf_model(recipe: Recipe, start, model: str):
 def hf_param_groups(hf, recipe: Recipe) -> list:
     """nanobert's AdamW groups on the transformers model: no decay on biases and
     LayerNorm; the pooler and task layer (outside hf.bert but its pooler) at
-    head_lr_scale x lr (each group's lr is what the scheduler multiplies)."""
-    body = {id(p) for n, p in hf.bert.named_parameters() if not n.startswith("pooler.")}
+    head_lr_scale x lr; with layer_lr_decay d, encoder layer i of L at d**(L-1-i) x lr
+    and the embeddings at d**L x lr (each group's lr is what the scheduler multiplies)."""
+    n_layers = hf.config.num_hidden_layers
+    d = recipe.layer_lr_decay
+
+    def scale(name: str) -> float:
+        if not name.startswith("bert.") or name.startswith("bert.pooler."):
+            return recipe.head_lr_scale
+        if name.startswith("bert.encoder.layer."):
+            return d ** (n_layers - 1 - int(name.split(".")[3]))
+        return d ** n_layers                      # bert.embeddings.*
     groups = {}
     for n, p in hf.named_parameters():
         decays = not (n.endswith("bias") or "LayerNorm" in n)
-        groups.setdefault((decays, id(p) not in body), []).append(p)
+        groups.setdefault((decays, scale(n)), []).append(p)
     return [{"params": ps, "weight_decay": recipe.weight_decay if decays else 0.0,
-             "lr": recipe.lr * (recipe.head_lr_scale if head else 1.0)}
-            for (decays, head), ps in groups.items()]
+             "lr": recipe.lr * s} for (decays, s), ps in groups.items()]
 
 
 def read_train(recipe: Recipe, path, seed: int) -> list:
@@ -480,6 +490,7 @@ def describe(r: Recipe) -> str:
             + (f", {r.pooling} pooling" if r.pooling != "cls" else "")
             + (f", dropout {r.dropout:g}" if r.dropout is not None else "")
             + (f", head lr x{r.head_lr_scale:g}" if r.head_lr_scale != 1 else "")
+            + (f", layer lr decay {r.layer_lr_decay:g}" if r.layer_lr_decay != 1 else "")
             + (f", weight average {r.ema:g}" if r.ema else "")
             + (f", nanobert on the {r.backend} backend" if r.backend != "unpadded" else "")
             + (", nanobert's QA loss over padding too (padded batches)"
@@ -591,6 +602,7 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
                        "backend is unpadded, sdpa or eager"),
            "dropout": (lambda x: not 0 <= x < 1, "dropout is in [0, 1)"),
            "ema": (lambda x: not 0 < x < 1, "ema (a decay) is in (0, 1)"),
+           "layer_lr_decay": (lambda x: not 0 < x <= 1, "layer_lr_decay is in (0, 1]"),
            **{k: (lambda x: x <= 0, f"{k} must be above 0") for k in positive},
            **{k: (lambda x: x < 0, f"{k} must be 0 or more")
               for k in ("warmup_ratio", "weight_decay", "n_train")}}

@@ -620,7 +620,8 @@ class FinetuneConfig(Config):
 
     nested = {"columns": None, "retrieval": None,
               "trainer": {"out_dir": None, "epochs": None, "lr": None, "warmup_ratio": None,
-                          "weight_decay": None, "head_lr_scale": None, "max_steps": None,
+                          "weight_decay": None, "head_lr_scale": None, "layer_lr_decay": None,
+                          "max_steps": None,
                           "eval_every": None, "early_stopping": None, "ema": None, "seed": None,
                           "grad_accum": None, "resume": None, "overwrite": None, "device": None,
                           "progress": None}}

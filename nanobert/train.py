@@ -63,6 +63,10 @@ class TrainConfig(Config):
     head_lr_scale: float = param(1.0, "the head (pooler and task layer) learns at this multiple "
                                  "of the lr: it starts untrained, the encoder does not",
                                  positive())
+    layer_lr_decay: float = param(
+        1.0, "layer-wise lr decay: the top block learns at the lr, each block below at this "
+             "multiple of the one above, the embeddings below the first block (e.g. 0.9; "
+             "1: off)", fraction(open_lo=True), metavar="DECAY")
     ema: Optional[float] = param(
         None, "keep a running average of the weights with this decay (e.g. 0.998: about the "
               "last 500 steps); evaluation and the saved model use the average",
@@ -92,24 +96,44 @@ class TrainConfig(Config):
 # Pieces: parameter groups, the learning-rate schedule, RNG state
 
 
-def param_groups(model: nn.Module, weight_decay: float, head_lr_scale: float = 1.0) -> list:
+def param_groups(model: nn.Module, weight_decay: float, head_lr_scale: float = 1.0,
+                 layer_lr_decay: float = 1.0) -> list:
     """AdamW groups: weight decay on weight matrices and embeddings; none on biases
-    and LayerNorm parameters. Tied parameters appear once. With head_lr_scale != 1 the
-    head's parameters (`head_parameters`) get groups of their own whose "lr_scale" the
-    schedule multiplies in."""
+    and LayerNorm parameters. Tied parameters appear once. Parameters that learn at
+    another multiple of the lr (`lr_scales`) get groups of their own whose "lr_scale"
+    the schedule multiplies in."""
     no_decay = set()
     for module in model.modules():
         if isinstance(module, nn.LayerNorm):
             no_decay.update(id(p) for p in module.parameters(recurse=False))
-    head = head_parameters(model) if head_lr_scale != 1 else set()
-    groups = {}   # (decays, in head) -> parameters, in model order
+    scales = lr_scales(model, head_lr_scale, layer_lr_decay)
+    groups = {}   # (decays, lr scale) -> parameters, in model order
     for name, p in model.named_parameters():
         if p.requires_grad:
             decays = not (id(p) in no_decay or name.endswith("bias"))
-            groups.setdefault((decays, id(p) in head), []).append(p)
-    return [{"params": groups[decays, in_head], "weight_decay": weight_decay if decays else 0.0,
-             "lr_scale": head_lr_scale if in_head else 1.0}
-            for in_head in (False, True) for decays in (True, False) if (decays, in_head) in groups]
+            groups.setdefault((decays, scales.get(id(p), 1.0)), []).append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decays else 0.0, "lr_scale": scale}
+            for (decays, scale), ps in sorted(groups.items(), key=lambda kv: (-kv[0][1], not kv[0][0]))]
+
+
+def lr_scales(model: nn.Module, head_lr_scale: float = 1.0, layer_lr_decay: float = 1.0) -> dict:
+    """id(parameter) -> its multiple of the lr, for those not at 1: the head's at
+    head_lr_scale; with layer_lr_decay d < 1, block i of L at d**(L-1-i) (the top block
+    at 1) and the embeddings (everything in the encoder outside its blocks and pooler)
+    at d**L."""
+    scales = {i: head_lr_scale for i in head_parameters(model)} if head_lr_scale != 1 else {}
+    body = getattr(model, "bert", model)
+    blocks = getattr(body, "blocks", None)
+    if layer_lr_decay == 1 or blocks is None:
+        return scales
+    n = len(blocks)
+    for i, block in enumerate(blocks):
+        scales.update({id(p): layer_lr_decay ** (n - 1 - i) for p in block.parameters()})
+    pooler = getattr(body, "pooler", None)
+    above = {id(p) for p in blocks.parameters()} | \
+        ({id(p) for p in pooler.parameters()} if pooler is not None else set())
+    scales.update({id(p): layer_lr_decay ** n for p in body.parameters() if id(p) not in above})
+    return scales
 
 
 def head_parameters(model: nn.Module) -> set:
@@ -222,7 +246,7 @@ def _forget_packed_weights(model: nn.Module):
 def _adamw(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over `param_groups`; the fused kernel (CUDA, and CPU since torch 2.4) is
     several times faster where it exists."""
-    groups = param_groups(model, cfg.weight_decay, cfg.head_lr_scale)
+    groups = param_groups(model, cfg.weight_decay, cfg.head_lr_scale, cfg.layer_lr_decay)
     try:
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
     except (RuntimeError, TypeError):
@@ -484,7 +508,7 @@ class Trainer:
         dt = max(time.time() - w["t0"], 1e-9)
         rec = {"type": "train", "step": self.step, "epoch": self._epoch_position(),
                "loss": w["loss"] / max(1, w["steps"]),
-               "lr": self.optimizer.param_groups[0]["lr"],
+               "lr": self.cfg.lr * lr_factor(self.step - 1, self.total_steps, self.warmup),
                "examples_per_s": w["examples"] / dt, "tokens_per_s": w["tokens"] / dt,
                "elapsed": round(time.time() - self.t_start, 3)}
         self._record(rec)

@@ -120,6 +120,36 @@ def test_head_groups_learn_at_their_scale(tmp_path):
         TrainConfig(out_dir="x", head_lr_scale=0)
 
 
+def test_layer_lr_decay_gives_each_block_its_power_of_the_decay(tmp_path):
+    """--layer-lr-decay d: block i of L learns at d**(L-1-i) x lr, the embeddings at
+    d**L x lr, the head at lr; one step moves each as AdamW at that lr would (the
+    first Adam step is lr x sign(grad))."""
+    d, lr = 0.5, 1e-4
+    model = tiny_model(dropout=0.0)
+    n_blocks = len(model.bert.blocks)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = param_groups(model, 0.01, layer_lr_decay=d)
+    scale_of = {names[id(p)]: g["lr_scale"] for g in groups for p in g["params"]}
+    assert len(scale_of) == len(names)
+    for n, scale in scale_of.items():
+        if n.startswith("bert.blocks."):
+            assert scale == d ** (n_blocks - 1 - int(n.split(".")[2])), n
+        elif n.startswith("bert.emb."):
+            assert scale == d ** n_blocks, n
+        else:
+            assert scale == 1.0 and (n.startswith("classifier.") or ".pooler." in n), n
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = TrainConfig(out_dir=str(tmp_path), lr=lr, warmup_steps=0, max_steps=1,
+                      weight_decay=0.0, max_grad_norm=0, layer_lr_decay=d, progress=False)
+    Trainer(model, cfg, lambda e, s: iter([make_batch(0, 0)][s:]), steps_per_epoch=1).fit()
+    for n in ("bert.blocks.0.up.weight", f"bert.blocks.{n_blocks - 1}.up.weight",
+              "bert.emb.pos.weight", "classifier.weight"):
+        moved = (dict(model.named_parameters())[n].detach() - before[n]).abs().max().item()
+        assert moved == pytest.approx(lr * lr_factor(0, 1, 0) * scale_of[n], rel=1e-2), n
+    with pytest.raises(NanobertError, match=r"^--layer-lr-decay: got 1.2, expected"):
+        TrainConfig(out_dir="x", layer_lr_decay=1.2)
+
+
 def test_weight_average_is_what_evaluation_and_the_saved_model_see(tmp_path):
     """--ema: after each step avg <- d*avg + (1-d)*w (d capped at (1+k)/(10+k) early);
     evaluation and save see the average; training goes on from the model's own weights."""
