@@ -119,20 +119,15 @@ def param_groups(model: nn.Module, weight_decay: float, head_lr_scale: float = 1
 def lr_scales(model: nn.Module, head_lr_scale: float = 1.0, layer_lr_decay: float = 1.0) -> dict:
     """id(parameter) -> its multiple of the lr, for those not at 1: the head's at
     head_lr_scale; with layer_lr_decay d < 1, block i of L at d**(L-1-i) (the top block
-    at 1) and the embeddings (everything in the encoder outside its blocks and pooler)
-    at d**L."""
+    at 1) and the embeddings at d**L."""
     scales = {i: head_lr_scale for i in head_parameters(model)} if head_lr_scale != 1 else {}
     body = getattr(model, "bert", model)
-    blocks = getattr(body, "blocks", None)
-    if layer_lr_decay == 1 or blocks is None:
+    if layer_lr_decay == 1 or not hasattr(body, "blocks"):
         return scales
-    n = len(blocks)
-    for i, block in enumerate(blocks):
+    n = len(body.blocks)
+    for i, block in enumerate(body.blocks):
         scales.update({id(p): layer_lr_decay ** (n - 1 - i) for p in block.parameters()})
-    pooler = getattr(body, "pooler", None)
-    above = {id(p) for p in blocks.parameters()} | \
-        ({id(p) for p in pooler.parameters()} if pooler is not None else set())
-    scales.update({id(p): layer_lr_decay ** n for p in body.parameters() if id(p) not in above})
+    scales.update({id(p): layer_lr_decay ** n for p in body.emb.parameters()})
     return scales
 
 
