@@ -134,7 +134,7 @@ SHOWN_VARIANTS = [("sst2", {"pooling": "mean"}), ("sst2", {"pooling": "mean", "b
                   ("sst2", {"pooling": "mean", "ema": 0.999}),
                   ("sst2", {"pooling": "mean", "lr": 1e-4, "layer_lr_decay": 0.8}),
                   ("squad", {"backend": "sdpa"}), ("squad", {"qa_loss_over_padding": True}),
-                  ("rte", {"backend": "sdpa"})]
+                  ("rte", {"backend": "sdpa"}), ("conll2003", {"backend": "sdpa"})]
 SPLIT_SEED = 1234          # the held-out split of RTE/MRPC, the same for every training seed
 
 

@@ -43,14 +43,17 @@ def test_quality_recipe_changes_are_checked(capsys):
     finally:
         sys.path.remove(str(BENCH))
     base = q.TASKS["sst2"][0]
-    r = q.parse_set(["dropout=0", "n_train=640", "pooling=mean", "group_by_length=no"], base)
-    assert (r.dropout, r.n_train, r.pooling, r.group_by_length) == (0.0, 640, "mean", False)
+    r = q.parse_set(["dropout=0", "n_train=640", "pooling=mean", "group_by_length=no",
+                     "layer_lr_decay=0.8"], base)
+    assert (r.dropout, r.n_train, r.pooling, r.group_by_length, r.layer_lr_decay) == \
+        (0.0, 640, "mean", False, 0.8)
     assert r.key() != base.key() and q.parse_set([], base).key() == base.key()
     for bad, why in [("lr=abc", "expected a number"), ("n_train=1.5", "expected an integer"),
                      ("bogus=1", "unknown recipe field"), ("pooling=max", "cls or mean"),
                      ("dropout=1.5", "[0, 1)"), ("batch_size=0", "batch_size must be above 0"),
                      ("warmup_ratio=-0.1", "warmup_ratio must be 0 or more"),
-                     ("group_by_length=maybe", "expected true or false")]:
+                     ("group_by_length=maybe", "expected true or false"),
+                     ("layer_lr_decay=1.5", "layer_lr_decay is in (0, 1]")]:
         with pytest.raises(SystemExit) as e:
             q.parse_set([bad], base)
         err = capsys.readouterr().err
