@@ -113,7 +113,7 @@ def param_groups(model: nn.Module, weight_decay: float, head_lr_scale: float = 1
             decays = not (id(p) in no_decay or name.endswith("bias"))
             groups.setdefault((decays, scales.get(id(p), 1.0)), []).append(p)
     return [{"params": ps, "weight_decay": weight_decay if decays else 0.0, "lr_scale": scale}
-            for (decays, scale), ps in sorted(groups.items(), key=lambda kv: (-kv[0][1], not kv[0][0]))]
+            for (decays, scale), ps in groups.items()]
 
 
 def lr_scales(model: nn.Module, head_lr_scale: float = 1.0, layer_lr_decay: float = 1.0) -> dict:
