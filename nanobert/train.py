@@ -680,8 +680,12 @@ def plot_training_curve(metrics_path, out_png):
     ax.grid(alpha=0.3)
     if keys:
         ax = axes[0][1]
-        for k in keys:
-            ax.plot([r["step"] for r in evals if k in r], [r[k] for r in evals if k in r], "o-", label=k)
+        series = {}   # (steps, values) -> names: equal series (multi-class f1 = f1_macro)
+        for k in keys:                                       # share one line and label
+            xy = (tuple(r["step"] for r in evals if k in r), tuple(r[k] for r in evals if k in r))
+            series.setdefault(xy, []).append(k)
+        for (steps, values), names in series.items():
+            ax.plot(steps, values, "o-", label=" = ".join(names))
         ax.set_xlabel("step")
         ax.set_title("evaluation")
         ax.legend()
