@@ -128,6 +128,11 @@ def read_texts(body: dict, name: str, limit: int, pairs: bool = False) -> tuple:
     if len(items) > limit:
         raise ApiError(413, f"batch of {len(items)} inputs is over the limit of {limit} "
                             "(--max-client-batch)", name)
+    ids = next((i for i, t in enumerate(items) if _is_token_ids(t)), None)
+    if ids is not None:
+        raise unprocessable(f"{name}[{ids}]", "must be text, not token ids: another "
+                            "tokenizer's ids (tiktoken's, say) mean nothing to this model "
+                            "(LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)")
     if all(isinstance(t, str) for t in items):
         return items, None, single
     if pairs and all(_is_pair(t) for t in items):
@@ -136,6 +141,12 @@ def read_texts(body: dict, name: str, limit: int, pairs: bool = False) -> tuple:
     bad = next(i for i, t in enumerate(items) if not like_first(t))
     raise unprocessable(f"{name}[{bad}]", "must be a string" + (", and all inputs either "
                         "texts or [text, pair] lists" if pairs else ""))
+
+
+def _is_token_ids(x) -> bool:
+    """An int, or a non-empty list of ints: what OpenAI clients send when they tokenize."""
+    ints = x if isinstance(x, list) and x else [x]
+    return all(isinstance(i, int) and not isinstance(i, bool) for i in ints)
 
 
 def _is_pair(x) -> bool:
