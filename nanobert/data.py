@@ -119,6 +119,15 @@ def _first_content(path: Path) -> tuple:
     raise data_error(path, None, "empty file")
 
 
+def _is_json_list(text: str) -> bool:
+    """Is this line a whole JSON array of objects?"""
+    try:
+        v = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(v, list) and all(isinstance(x, dict) for x in v)
+
+
 def _json_value(text: str, path, line):
     """json.loads, with every way it can fail (bad syntax, a 5000-digit number, nesting
     deeper than Python's stack) reported at the file and line."""
@@ -131,7 +140,11 @@ def _json_value(text: str, path, line):
 
 
 def _jsonl_objects(path: Path):
-    """(line number, dict) for each non-blank line of a JSON Lines file."""
+    """(line number, dict) for each non-blank line of a JSON Lines file, or for each
+    record of a file that is one JSON array of objects (pandas' `orient="records"`)."""
+    if _first_content(path)[1].lstrip().startswith("["):
+        yield from _json_array_objects(path)
+        return
     for n, text in read_lines(path):
         if not text.strip():
             continue
@@ -139,6 +152,48 @@ def _jsonl_objects(path: Path):
         if not isinstance(obj, dict):
             raise data_error(path, n, "expected a JSON object on each line")
         yield n, obj
+
+
+def _json_array_objects(path: Path):
+    """(line where it starts, dict) for each element of a file holding one JSON array."""
+    text = "\n".join(t for _, t in read_lines(path))   # UTF-8 checked, line-numbered
+    decode, pos, line, seen = json.JSONDecoder().raw_decode, text.index("[") + 1, 1, 0
+    line += text.count("\n", 0, pos)
+
+    def skip(pos):      # past whitespace; the line number follows along
+        nonlocal line
+        end = len(text) - len(text[pos:].lstrip())
+        line += text.count("\n", pos, end)
+        return end
+
+    while True:
+        pos = skip(pos)
+        if text.startswith("]", pos) and seen == 0:
+            break
+        try:
+            obj, end = decode(text, pos)
+        except json.JSONDecodeError as e:
+            where = line + text.count("\n", pos, e.pos)
+            raise data_error(path, where, "not valid JSON (one JSON array of objects, or JSON "
+                             f"Lines, were expected: {e.msg})")
+        except (ValueError, RecursionError) as e:
+            raise data_error(path, line, f"not usable JSON ({str(e)[:80] or type(e).__name__})")
+        if not isinstance(obj, dict):
+            raise data_error(path, line, "expected the array to hold JSON objects (records)")
+        yield line, obj
+        seen += 1
+        line += text.count("\n", pos, end)
+        pos = skip(end)
+        if text.startswith(",", pos):
+            pos += 1
+        elif text.startswith("]", pos):
+            break
+        else:
+            raise data_error(path, line, "not valid JSON (expected ',' or ']' between records)")
+    if text[pos + 1:].strip():
+        raise data_error(path, line, "not valid JSON (text after the closing ']')")
+    if not seen:
+        raise data_error(path, line, "an empty JSON array: no records")
 
 
 def is_iob_tag(tag: str) -> bool:
@@ -170,7 +225,9 @@ def detect_format(path, plain_text: bool = False) -> str:
     path = Path(path)
     n, first = _first_content(path)
     s = first.lstrip()
-    if s.startswith("{") or s.startswith("["):
+    if s.rstrip() == "[" or s.replace(" ", "").startswith("[{") or _is_json_list(s):
+        return "jsonl"   # one array of records: read record by record, as JSON Lines
+    if s.startswith("{"):
         try:
             obj = json.loads(first)
             return "jsonl" if isinstance(obj, dict) else "json"

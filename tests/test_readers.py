@@ -163,6 +163,31 @@ def test_jsonl_deep_nesting_and_huge_numbers_are_file_errors(tmp_path):
     assert error_of(D.read_classification, big).startswith(f"{big}:1:")
 
 
+def test_a_json_array_of_records_reads_as_json_lines(tmp_path):
+    """pandas' to_json(orient="records"): one line or pretty-printed; errors name the line
+    where the bad record starts."""
+    rows = [{"text": "good movie", "label": "pos"}, {"text": "bad, bad movie", "label": "neg"}]
+    for name, text in [("one.json", json.dumps(rows)), ("pretty.json", json.dumps(rows, indent=2))]:
+        p = write(tmp_path, name, text)
+        got = D.read_classification(p)
+        assert [(e.text_a, e.label) for e in got] == [("good movie", "pos"), ("bad, bad movie", "neg")]
+        assert [e.text_a for e in D.read_inputs(p)] == ["good movie", "bad, bad movie"]
+    pretty = json.dumps(rows, indent=2).splitlines()          # record 2 starts on line 6
+    assert [e.line for e in D.read_classification(write(tmp_path, "p.json", "\n".join(pretty)))] == [2, 6]
+    missing = write(tmp_path, "m.json", '[\n {"text": "a", "label": 1},\n\n {"text": "b"}\n]')
+    assert error_of(D.read_classification, missing) == f"{missing}:4: missing field 'label' (other lines have it)"
+    for text, line, what in [('[\n{"text": "a", "label": 1},\n{"text": "b" "label": 0}\n]', 3, "not valid JSON"),
+                             ('[{"text": "a", "label": 1},\n 7]', 2, "JSON objects"),
+                             ('[{"text": "a", "label": 1}] and more', 1, "after the closing"),
+                             ('[{"text": "a", "label": 1},]', 1, "not valid JSON"),
+                             ("[]", 1, "empty JSON array")]:
+        p = write(tmp_path, "bad.json", text)
+        msg = error_of(D.read_classification, p)
+        assert msg.startswith(f"{p}:{line}: ") and what in msg, msg
+    assert [e.text_a for e in D.read_inputs(write(tmp_path, "t.txt", "[1, 2]\n[Music] hi\n"))] == \
+        ["[1, 2]", "[Music] hi"]                             # plain text that starts with '['
+
+
 # ---- prediction inputs ----------------------------------------------------------------
 
 @pytest.mark.parametrize("first", ["Excellent!", "很好", "Hello, world", "a\tb"])
