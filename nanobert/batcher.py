@@ -107,6 +107,7 @@ class Batcher:
         self.max_tokens = max_tokens
         self.observer = observer or BatchObserver()
         self._trim = heap_trimmer()
+        self._fresh_turn = False      # _cut: whose turn, new requests or those under way
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="nanobert-inference", daemon=True)
         self._thread.start()
@@ -156,25 +157,29 @@ class Batcher:
             block = False
 
     def _cut(self, pending: deque) -> list:
-        """The next batch: items of the oldest item's group, in arrival order, while
-        they fit in the token budget (always at least one item)."""
-        while pending and pending[0][0].cancelled:
-            pending.popleft()
-        if not pending:
+        """The next batch: items of the first waiting item's group, in arrival order,
+        while they fit in the token budget (always at least one item). Turns alternate
+        between requests not yet started and the rest of requests already under way, so
+        a request far over the budget (a /qa context of a megabyte) goes out one batch at
+        a time while the requests that arrive meanwhile are answered between its
+        batches, and neither kind can starve the other."""
+        live = [e for e in pending if not e[0].cancelled]
+        pending.clear()
+        if not live:
             return []
-        group = pending[0][0].group
-        batch, tokens, rest = [], 0, deque()
-        while pending:
-            job, i = entry = pending.popleft()
+        fresh = [e for e in live if not e[0].started]
+        going = [e for e in live if e[0].started]
+        self._fresh_turn = not self._fresh_turn
+        order = fresh + going if (self._fresh_turn or not going) and fresh else going + fresh
+        group = order[0][0].group
+        batch, taken, tokens = [], set(), 0
+        for job, i in order:
             n = job.lengths[i]
-            if job.cancelled:
-                continue
             if job.group == group and (not batch or tokens + n <= self.max_tokens):
-                batch.append(entry)
+                batch.append((job, i))
+                taken.add((id(job), i))
                 tokens += n
-            else:
-                rest.append(entry)
-        pending.extend(rest)
+        pending.extend(e for e in live if (id(e[0]), e[1]) not in taken)  # arrival order
         return batch
 
     def _run_one(self, batch: list):

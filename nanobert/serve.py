@@ -420,16 +420,20 @@ async def qa(server: Server, body: dict) -> dict:
     m = server.pick(body, "qa")
     pairs = read_questions(body, server.config.max_client_batch)
     try:
-        examples, lengths, windows = await server.tokenized(m.qa_windows, pairs)
+        work = await server.tokenized(m.qa_windows, pairs)
     except NanobertError:
         i = await server.tokenized(m.first_unwindowed, pairs)
         raise unprocessable(f"inputs[{i}].question" if "inputs" in body else "question",
                             f"is too long for the model's windows of {m.max_length} tokens "
                             f"(doc stride {m.settings['doc_stride']}): shorten it")
-    answers = await server.run(m, "qa", examples, lengths)
+    spans = await server.run(m, "qa_spans", work.items, work.lengths)
+    answers = await asyncio.get_running_loop().run_in_executor(server.tokenizing, m.qa_answers,
+                                                               work, spans)
+    windows = work.per_question([1] * len(work.windows))
     results = [dict(a, windows=n) for a, n in zip(answers, windows)]
+    tokens = sum(work.lengths)
     return {"model": m.name, "results": results,
-            "usage": {"prompt_tokens": sum(lengths), "total_tokens": sum(lengths)}}
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 async def tokenize(server: Server, body: dict) -> dict:

@@ -47,6 +47,24 @@ class Counts:
 
 
 @dataclass
+class QAWork:
+    """A /qa request cut into windows: the questions, one feature per window, the windows."""
+    examples: list
+    items: list
+    windows: list
+
+    @property
+    def lengths(self) -> list:         # tokens of each window
+        return [len(it["input_ids"]) for it in self.items]
+
+    def per_question(self, values) -> list:
+        out = [0] * len(self.examples)
+        for w, v in zip(self.windows, values):
+            out[w.example] += v
+        return out
+
+
+@dataclass
 class Served:
     name: str
     path: Path
@@ -109,18 +127,16 @@ class Served:
                                                  e.special_tokens_mask)],
                  bool(e.overflowing)) for e in encs]
 
-    def qa_windows(self, pairs) -> tuple:
-        """(examples, tokens per example, windows per example) of [(question, context)]."""
+    def qa_windows(self, pairs) -> "QAWork":
+        """The windows of [(question, context)], cut as `predict` cuts them. Each window
+        is one item for the batcher, so a long context goes out in several batches and
+        the requests that come meanwhile do not wait for all of it."""
         from .data import QAExample
-        from .qa import make_windows
+        from .finetune import encode_qa
         examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(pairs)]
-        windows = make_windows(self.counter, examples, self.settings["max_length"],
-                               self.settings["doc_stride"])
-        lengths, counts = [0] * len(examples), [0] * len(examples)
-        for w in windows:
-            lengths[w.example] += len(w.ids)
-            counts[w.example] += 1
-        return examples, lengths, counts
+        items, windows = encode_qa(self.counter, examples, self.settings["max_length"],
+                                   self.settings["doc_stride"])
+        return QAWork(examples, items, windows)
 
     def first_unwindowed(self, pairs) -> int:
         """The index of the first (question, context) whose windows cannot be cut (its
@@ -152,9 +168,18 @@ class Served:
     def _run_ner(self, texts) -> list:
         return [r["entities"] for r in self.engine.predict(texts)]
 
-    def _run_qa(self, examples) -> list:
+    def _run_qa_spans(self, items) -> list:
+        """(start logits, end logits) of each window, as `predict` computes them."""
+        from .finetune import run_batches, span_logits
+        return run_batches(self.model, items, len(items), self.tokenizer.pad_id or 0,
+                           take=span_logits)
+
+    def qa_answers(self, work: "QAWork", spans: list) -> list:
+        """The best span of each question over all its windows (`predict`'s decoding)."""
+        from .qa import decode
         answers = []
-        for r in self.engine.predict(examples):
+        for r in decode(work.examples, work.windows, [s for s, _ in spans], [e for _, e in spans],
+                        self.settings.get("n_best", 20), self.settings.get("max_answer_length", 30)):
             a = {k: r[k] for k in ("answer", "start", "end", "score", "probability")}
             if not math.isfinite(a["score"]):   # no span found: JSON has no -inf
                 a["score"] = None

@@ -50,6 +50,22 @@ def test_batches_fill_to_the_token_budget_by_group_in_order():
     assert run.batches[1:] == [["a", "b", "c"], ["x"], ["d"], ["huge"]]
 
 
+def test_a_request_over_the_budget_takes_turns_with_the_requests_behind_it():
+    """A request of many batches (a long /qa context: one item per window) and short
+    requests that arrive while it runs: batches alternate between the two, so the short
+    ones wait one batch, not the whole long request, and the long one is not starved by
+    a stream of short ones."""
+    b = Batcher(max_tokens=20)
+    run = Recorder()
+    long = ("m", [f"w{i}" for i in range(10)], [10] * 10)
+    short = [("m", [f"s{k}"], [20]) for k in range(1, 7)]
+    outs = asyncio.run(submit_all(b, run, [long] + short, run.gate))
+    b.stop(5)
+    assert outs == [[f"out:{x}" for x in items] for _, items, _ in [long] + short]
+    assert run.batches == [["w0", "w1"], ["w2", "w3"], ["s1"], ["w4", "w5"], ["s2"],
+                           ["w6", "w7"], ["s3"], ["w8", "w9"], ["s4"], ["s5"], ["s6"]]
+
+
 def test_a_failing_batch_fails_its_requests_and_the_thread_goes_on():
     b = Batcher(max_tokens=100)
 
