@@ -429,8 +429,7 @@ async def qa(server: Server, body: dict) -> dict:
     spans = await server.run(m, "qa_spans", work.items, work.lengths)
     answers = await asyncio.get_running_loop().run_in_executor(server.tokenizing, m.qa_answers,
                                                                work, spans)
-    windows = work.per_question([1] * len(work.windows))
-    results = [dict(a, windows=n) for a, n in zip(answers, windows)]
+    results = [dict(a, windows=n) for a, n in zip(answers, work.windows_per_question)]
     tokens = sum(work.lengths)
     return {"model": m.name, "results": results,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

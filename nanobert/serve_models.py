@@ -57,10 +57,11 @@ class QAWork:
     def lengths(self) -> list:         # tokens of each window
         return [len(it["input_ids"]) for it in self.items]
 
-    def per_question(self, values) -> list:
+    @property
+    def windows_per_question(self) -> list:
         out = [0] * len(self.examples)
-        for w, v in zip(self.windows, values):
-            out[w.example] += v
+        for w in self.windows:
+            out[w.example] += 1
         return out
 
 
