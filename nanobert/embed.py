@@ -384,7 +384,8 @@ def search_args(p):
     p.add_argument("--corpus", required=True, help="text file, one document per line")
     p.add_argument("--query", required=True, action="append",
                    help="query text (repeat for several queries)")
-    p.add_argument("-k", type=checked(int, at_least(1), "-k"), default=5, help="how many results")
+    p.add_argument("-k", "--top-k", dest="k", type=checked(int, at_least(1), "-k"), default=5,
+                   help="how many results")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder (`finetune --task "
                    "rerank`) that re-scores the nearest --rerank-k lines")
