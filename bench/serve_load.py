@@ -18,7 +18,8 @@ other jobs the scheduler shares a core per thread, so a server with forty busy t
 (the peer's thread pool) takes a larger slice of a contended core than one with a
 single inference thread; CPU time per request is the cost that does not depend on it. Then: overload (a nanobert server limited
 to --overload-limit requests in flight, driven at 4x that concurrency: every request
-must get 200 or 429, none time out) and a soak (RSS of the nanobert server sampled
+must get 200 or 429, none time out), a long request (one /qa context of --long-qa-words
+words in hundreds of windows: how long small /embed requests sent meanwhile wait) and a soak (RSS of the nanobert server sampled
 while it serves for --soak seconds). Results: printed, and JSON in bench/results/.
 Load goes to 127.0.0.1 only.
 """
@@ -87,12 +88,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(kind: str, threads: int, extra=(), cpus=None) -> tuple:
+def start(kind: str, threads: int, extra=(), cpus=None, models=("minilm",)) -> tuple:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     if kind == "nanobert":
-        cmd = [sys.executable, "-m", "nanobert", "serve", "minilm", "--port", str(port),
+        cmd = [sys.executable, "-m", "nanobert", "serve", *models, "--port", str(port),
                "--threads", str(threads), *extra]
     else:
         cmd = [sys.executable, __file__, "--peer-server", str(port), "--threads", str(threads)]
@@ -264,6 +265,57 @@ def overload(args, sentences) -> dict:
     return out
 
 
+def long_request(args, sentences) -> dict:
+    """One /qa request far over the batch budget (a context of --long-qa-words words of
+    SST-2 training text, cut into windows), and small /embed requests sent one after
+    another while it runs: how long they wait behind it. minilm with a new, untrained QA
+    head serves the /qa (the cost of a window does not depend on the head's weights)."""
+    import tempfile
+    import threading
+    import urllib.request
+    sys.path.insert(0, str(ROOT))
+    import nanobert
+    from nanobert.checkpoint import save_model
+    words = " ".join((DATA.parent / "train.tsv").read_text("utf-8").split()[:args.long_qa_words])
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = nanobert.load("minilm", head="qa")
+        save_model(model, Path(tmp) / "reader", tokenizer=tok, extra_files={
+            "nanobert.json": json.dumps({"task": "qa", "max_length": 384, "doc_stride": 128})})
+        proc, url = start("nanobert", args.threads, cpus=args.server_cpus,
+                          models=("minilm", f"reader={tmp}/reader"))
+
+        def post(route, body, timeout=900):
+            req = urllib.request.Request(url + route, json.dumps(body).encode(),
+                                         {"content-type": "application/json"})
+            t = time.perf_counter()
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.load(r), time.perf_counter() - t
+
+        long = {}
+
+        def ask():
+            long["answer"], long["seconds"] = post("/qa", {"question": "what is the film about?",
+                                                          "context": words})
+        try:
+            asker = threading.Thread(target=ask)
+            asker.start()
+            time.sleep(2)                     # the long request is under way
+            waits = []
+            while asker.is_alive():
+                waits.append(post("/embed", {"inputs": sentences[len(waits) % 100:][:2]})[1])
+            asker.join()
+        finally:
+            proc.terminate()
+            proc.wait()
+    out = {"context_words": args.long_qa_words,
+           "windows": long["answer"]["results"][0]["windows"],
+           "qa_seconds": round(long["seconds"], 2), "short_requests": len(waits),
+           "short_p50_s": round(statistics.median(waits), 3), "short_max_s": round(max(waits), 3),
+           "load": load_average()}
+    print(json.dumps({"long_request": out}), flush=True)
+    return out
+
+
 def soak(args, sentences) -> dict:
     """RSS of a nanobert server under steady load. A warm-up of --soak-warmup seconds of
     the same load comes first (sampled too, reported apart): the first minutes of any
@@ -358,6 +410,8 @@ def main():
     ap.add_argument("--soak-warmup", type=float, default=180.0,
                     help="seconds of the same load before the soak's first sample")
     ap.add_argument("--skip-compare", action="store_true")
+    ap.add_argument("--long-qa-words", type=int, default=60000,
+                    help="words of the long /qa context that short requests wait behind (0: skip)")
     ap.add_argument("--server-cpus", type=cpu_set, default="0",
                     help="CPUs the servers are pinned to ('' : no pinning); the client gets the others")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"))
@@ -393,6 +447,8 @@ def main():
         result["rows"] = compare(args, sentences)
         print(table(result["rows"]))
     result["overload"] = overload(args, sentences)
+    if args.long_qa_words > 0:
+        result["long_request"] = long_request(args, sentences)
     if args.soak > 0:
         result["soak"] = soak(args, sentences)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
