@@ -14,8 +14,9 @@ batches fill by themselves ("continuous batching"). The budget counts real token
 not requests: on the unpadded path the work of a batch is its number of tokens, so
 thirty short sentences cost about what two long ones do.
 
-A request may be larger than the budget; its items then go out in several batches
-and it is answered when the last of them is done. A request whose client has gone
+A request may be larger than the budget; its items then go out in several batches,
+taking turns with the requests that arrive meanwhile, and it is answered when the last
+of them is done. A request whose client has gone
 (its awaiting task cancelled) leaves the queue: its items not yet run are dropped, so
 abandoned work does not delay the requests behind it. Items of different requests
 share a batch when they belong to the same group; `run` sees a plain list.
