@@ -281,6 +281,24 @@ def test_qa_over_windows_equals_predict(server, models):
     assert len(two.json()["results"]) == 2
 
 
+def test_qa_windows_spread_over_many_batches_give_the_same_answer(models):
+    """A budget of one window per batch: the request's windows go out in separate
+    batches (one batcher item each) and the answer is still predict's."""
+    model, tok, settings = load_finetuned(models["reader"])
+    context = " ".join(random.Random(4).choices(WORDS, k=150))
+    offline = predict_qa(model, tok, [QAExample("0", "who met mary?", context)], settings)[0]
+    s = Running([f"reader={models['reader']}"], "--max-batch-tokens", "40")
+    try:
+        got = s.post("/qa", {"question": "who met mary?", "context": context}).json()["results"][0]
+        assert got["windows"] > 5
+        assert s.metric("nanobert_batch_size_count") == got["windows"]   # a batch per window
+        assert (got["answer"], got["start"], got["end"]) == \
+            (offline["answer"], offline["start"], offline["end"])
+        assert abs(got["score"] - offline["score"]) < 1e-4
+    finally:
+        s.close()
+
+
 def test_tokenize_gives_ids_and_offsets(server):
     r = server.post("/tokenize", {"inputs": "Hello, world!", "model": "minilm"}).json()
     toks = r["tokens"][0]
