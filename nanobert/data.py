@@ -154,6 +154,9 @@ def _jsonl_objects(path: Path):
         yield n, obj
 
 
+JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
 def _json_array_objects(path: Path):
     """(line where it starts, dict) for each element of a file holding one JSON array."""
     text = "\n".join(t for _, t in read_lines(path))   # UTF-8 checked, line-numbered
@@ -162,7 +165,7 @@ def _json_array_objects(path: Path):
 
     def skip(pos):      # past whitespace; the line number follows along
         nonlocal line
-        end = len(text) - len(text[pos:].lstrip())
+        end = JSON_SPACE.match(text, pos).end()
         line += text.count("\n", pos, end)
         return end
 

@@ -186,6 +186,12 @@ def test_a_json_array_of_records_reads_as_json_lines(tmp_path):
         assert msg.startswith(f"{p}:{line}: ") and what in msg, msg
     assert [e.text_a for e in D.read_inputs(write(tmp_path, "t.txt", "[1, 2]\n[Music] hi\n"))] == \
         ["[1, 2]", "[Music] hi"]                             # plain text that starts with '['
+    import time
+    many = write(tmp_path, "many.json", json.dumps([{"text": f"row {i}", "label": i % 2}
+                                                    for i in range(40_000)], indent=1))
+    start = time.perf_counter()                  # linear: a copy of the rest per record,
+    assert len(D.read_classification(many)) == 40_000   # as once written, took minutes
+    assert time.perf_counter() - start < 10
 
 
 # ---- prediction inputs ----------------------------------------------------------------
