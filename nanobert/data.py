@@ -230,7 +230,7 @@ def detect_format(path, plain_text: bool = False) -> str:
     s = first.lstrip()
     if s.rstrip() == "[" or s.replace(" ", "").startswith("[{") or _is_json_list(s):
         return "jsonl"   # one array of records: read record by record, as JSON Lines
-    if s.startswith("{"):
+    if s.startswith("{") or s.startswith("["):
         try:
             obj = json.loads(first)
             return "jsonl" if isinstance(obj, dict) else "json"

@@ -186,6 +186,8 @@ def test_a_json_array_of_records_reads_as_json_lines(tmp_path):
         assert msg.startswith(f"{p}:{line}: ") and what in msg, msg
     assert [e.text_a for e in D.read_inputs(write(tmp_path, "t.txt", "[1, 2]\n[Music] hi\n"))] == \
         ["[1, 2]", "[Music] hi"]                             # plain text that starts with '['
+    rows_of_lists = write(tmp_path, "l.jsonl", "[1, 2]\n[3, 4]\n")       # not read as a CSV
+    assert "not a classification file" in error_of(D.read_classification, rows_of_lists)
     import time
     many = write(tmp_path, "many.json", json.dumps([{"text": f"row {i}", "label": i % 2}
                                                     for i in range(40_000)], indent=1))
