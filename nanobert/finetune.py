@@ -272,10 +272,15 @@ def entities(text, enc, word_preds: dict, id2label: dict) -> list:
 
 
 def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) -> list:
-    from .qa import decode
     items, windows = encode_qa(tok, examples, settings["max_length"], settings["doc_stride"])
-    outs = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=span_logits)
-    return decode(examples, windows, [o[0] for o in outs], [o[1] for o in outs],
+    spans = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=span_logits)
+    return qa_answers(examples, windows, spans, settings)
+
+
+def qa_answers(examples, windows, spans, settings) -> list:
+    """The best answer of each question over its windows' (start, end) logits."""
+    from .qa import decode
+    return decode(examples, windows, [s for s, _ in spans], [e for _, e in spans],
                   settings.get("n_best", 20), settings.get("max_answer_length", 30))
 
 

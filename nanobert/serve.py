@@ -426,11 +426,12 @@ async def qa(server: Server, body: dict) -> dict:
         raise unprocessable(f"inputs[{i}].question" if "inputs" in body else "question",
                             f"is too long for the model's windows of {m.max_length} tokens "
                             f"(doc stride {m.settings['doc_stride']}): shorten it")
-    spans = await server.run(m, "qa_spans", work.items, work.lengths)
+    lengths = work.lengths
+    spans = await server.run(m, "qa_spans", work.items, lengths)
     answers = await asyncio.get_running_loop().run_in_executor(server.tokenizing, m.qa_answers,
                                                                work, spans)
     results = [dict(a, windows=n) for a, n in zip(answers, work.windows_per_question)]
-    tokens = sum(work.lengths)
+    tokens = sum(lengths)
     return {"model": m.name, "results": results,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 

@@ -177,10 +177,9 @@ class Served:
 
     def qa_answers(self, work: "QAWork", spans: list) -> list:
         """The best span of each question over all its windows (`predict`'s decoding)."""
-        from .qa import decode
+        from .finetune import qa_answers
         answers = []
-        for r in decode(work.examples, work.windows, [s for s, _ in spans], [e for _, e in spans],
-                        self.settings.get("n_best", 20), self.settings.get("max_answer_length", 30)):
+        for r in qa_answers(work.examples, work.windows, spans, self.settings):
             a = {k: r[k] for k in ("answer", "start", "end", "score", "probability")}
             if not math.isfinite(a["score"]):   # no span found: JSON has no -inf
                 a["score"] = None
