@@ -410,7 +410,8 @@ def main():
     ap.add_argument("--soak-warmup", type=float, default=180.0,
                     help="seconds of the same load before the soak's first sample")
     ap.add_argument("--skip-compare", action="store_true")
-    ap.add_argument("--long-qa-words", type=int, default=60000,
+    ap.add_argument("--long-qa-words", type=lambda t: 0 if t.strip() == "0" else positive_int(t),
+                    default=60000,
                     help="words of the long /qa context that short requests wait behind (0: skip)")
     ap.add_argument("--server-cpus", type=cpu_set, default="0",
                     help="CPUs the servers are pinned to ('' : no pinning); the client gets the others")
