@@ -97,6 +97,9 @@ class Recipe:
     ema: Optional[float] = None    # evaluate a running average of the weights (this decay)
     qa_loss_over_padding: bool = False  # diagnostic: nanobert's QA loss as transformers'
     backend: str = "unpadded"      # nanobert's --attn-backend (transformers: padded SDPA)
+    teachers: str = ""             # fine-tuned model dirs (comma-separated) both sides learn from
+    teacher_weight: float = 0.5    # ... the soft loss's share (finetune --teacher-weight)
+    temperature: float = 2.0       # ... at this temperature
 
     def for_system(self, system: str) -> "Recipe":
         """The recipe a system actually runs: transformers' QA loss always covers padding
@@ -110,7 +113,8 @@ class Recipe:
         d = dataclasses.asdict(self)
         for k, default in (("pooling", "cls"), ("dropout", None), ("head_lr_scale", 1.0),
                            ("layer_lr_decay", 1.0), ("ema", None), ("qa_loss_over_padding", False),
-                           ("backend", "unpadded")):
+                           ("backend", "unpadded"), ("teachers", ""), ("teacher_weight", 0.5),
+                           ("temperature", 2.0)):
             if d[k] == default:  # keys of runs recorded before the field existed
                 del d[k]
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
@@ -126,6 +130,11 @@ TASKS = {
     "sst2": (Recipe("classify", "accuracy", 1, 5e-5, 32, 64), ("sst2/train.tsv", "sst2/dev.tsv")),
     "squad": (Recipe("qa", "f1", 2, 5e-5, 32, 384), ("squad/train-38articles.json", 30)),
 }
+# the teachers of the distillation row: the layer-decay recipe's nanobert runs of seeds
+# 42, 43, 44, each saved by `nanobert finetune --task classify --model minilm --train
+# sst2/train.tsv --dev sst2/dev.tsv --epochs 1 --lr 1e-4 --layer-lr-decay 0.8 --batch-size 32
+# --max-length 64 --group-by-length --pooling mean --seed S --out /tmp/kd/tS`
+SST2_TEACHERS = "/tmp/kd/t42,/tmp/kd/t43,/tmp/kd/t44"
 # variants with their own row in the table: what nanobert's finetune does by default
 # where the task's recipe differs (minilm declares mean pooling; see docs/finetune.md)
 SHOWN_VARIANTS = [("sst2", {"pooling": "mean"}), ("sst2", {"pooling": "mean", "batch_size": 16}),
@@ -133,6 +142,8 @@ SHOWN_VARIANTS = [("sst2", {"pooling": "mean"}), ("sst2", {"pooling": "mean", "b
                   ("sst2", {"pooling": "mean", "head_lr_scale": 10.0}),
                   ("sst2", {"pooling": "mean", "ema": 0.999}),
                   ("sst2", {"pooling": "mean", "lr": 1e-4, "layer_lr_decay": 0.8}),
+                  ("sst2", {"pooling": "mean", "lr": 1e-4, "layer_lr_decay": 0.8,
+                            "teachers": SST2_TEACHERS}),
                   ("squad", {"backend": "sdpa"}), ("squad", {"qa_loss_over_padding": True}),
                   ("rte", {"backend": "sdpa"}), ("conll2003", {"backend": "sdpa"})]
 SPLIT_SEED = 1234          # the held-out split of RTE/MRPC, the same for every training seed
@@ -217,7 +228,8 @@ def run_nanobert(recipe: Recipe, train_path, dev_path, seed: int, model: str, wo
                     max_train_examples=recipe.n_train or None, head_lr_scale=recipe.head_lr_scale,
                     layer_lr_decay=recipe.layer_lr_decay,
                     ema=recipe.ema, pooling=recipe.pooling if recipe.kind == "classify" else None,
-                    attn_backend=backend)
+                    attn_backend=backend, teachers=teacher_dirs(recipe),
+                    teacher_weight=recipe.teacher_weight, temperature=recipe.temperature)
     finally:
         FT.TASKS[recipe.kind] = task
         nanobert.load, nanobert.train.Trainer, nanobert.Bert.forward = load, trainer, forward
@@ -348,6 +360,37 @@ def hf_param_groups(hf, recipe: Recipe) -> list:
              "lr": recipe.lr * s} for (decays, s), ps in groups.items()]
 
 
+def teacher_dirs(recipe: Recipe) -> list:
+    return [t for t in recipe.teachers.split(",") if t]
+
+
+def hf_teacher_loss(recipe: Recipe, device):
+    """loss(output, batch) with --teacher on the transformers side: the same teacher
+    directories loaded by transformers, the same mix as nanobert.distill.teacher_loss_fn
+    (its soft_target_kl), at the labelled positions."""
+    if not recipe.teachers:
+        return lambda out, batch: out.loss
+    import transformers
+    from nanobert.distill import soft_target_kl
+    cls = {"classify": transformers.BertForSequenceClassification,
+           "ner": transformers.BertForTokenClassification}[recipe.kind]
+    teachers = [cls.from_pretrained(d, attn_implementation="sdpa").to(device).eval()
+                for d in teacher_dirs(recipe)]
+    w, T = recipe.teacher_weight, recipe.temperature
+
+    def loss(out, batch):
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        with torch.no_grad():
+            target = torch.stack([torch.softmax(hf_forward(t, recipe.pooling, **inputs).logits.float() / T, -1)
+                                  for t in teachers]).mean(0)
+        logits = out.logits
+        if logits.dim() == 3:
+            keep = batch["labels"] != -100
+            logits, target = logits[keep], target[keep]
+        return (1 - w) * out.loss + w * soft_target_kl(logits, target, T)
+    return loss
+
+
 def read_train(recipe: Recipe, path, seed: int) -> list:
     return FT.select_examples(FT.read_task_data(recipe.kind, path), recipe.n_train or None, seed)
 
@@ -372,6 +415,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
     else:  # the diagnostic: nanobert's schedule (transformers' first step runs at lr 0)
         from nanobert.train import lr_factor
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, total, warmup))
+    mixed_loss = hf_teacher_loss(recipe, device)
     torch.manual_seed(seed)
     evals, train_s, step, losses, window = [], 0.0, 0, [], []
     log_every = 1 if recipe.dropout is not None else FT.log_every(total // recipe.epochs)
@@ -379,9 +423,9 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
         hf.train()
         t0 = time.time()
         for idx in FT.epoch_batches(lengths, bs, seed, epoch, recipe.group_by_length):
-            batch = FT.collate([items[i] for i in idx], tok.pad_id or 0)
+            batch = {k: v.to(device) for k, v in FT.collate([items[i] for i in idx], tok.pad_id or 0).items()}
             with amp:
-                loss = hf_forward(hf, recipe.pooling, **{k: v.to(device) for k, v in batch.items()}).loss
+                loss = mixed_loss(hf_forward(hf, recipe.pooling, **batch), batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
             opt.step()
@@ -494,6 +538,8 @@ def describe(r: Recipe) -> str:
             + (f", layer lr decay {r.layer_lr_decay:g}" if r.layer_lr_decay != 1 else "")
             + (f", weight average {r.ema:g}" if r.ema else "")
             + (f", nanobert on the {r.backend} backend" if r.backend != "unpadded" else "")
+            + (f", {len(teacher_dirs(r))} teachers (weight {r.teacher_weight:g}, T "
+               f"{r.temperature:g})" if r.teachers else "")
             + (", nanobert's QA loss over padding too (padded batches)"
                if r.qa_loss_over_padding else ""))
 
@@ -604,6 +650,10 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
            "dropout": (lambda x: not 0 <= x < 1, "dropout is in [0, 1)"),
            "ema": (lambda x: not 0 < x < 1, "ema (a decay) is in (0, 1)"),
            "layer_lr_decay": (lambda x: not 0 < x <= 1, "layer_lr_decay is in (0, 1]"),
+           "teacher_weight": (lambda x: not 0 <= x <= 1, "teacher_weight is in [0, 1]"),
+           "temperature": (lambda x: x <= 0, "temperature must be above 0"),
+           "teachers": (lambda x: not all(Path(t, "config.json").is_file() for t in x.split(",")),
+                        "teachers are fine-tuned model directories, comma-separated"),
            **{k: (lambda x: x <= 0, f"{k} must be above 0") for k in positive},
            **{k: (lambda x: x < 0, f"{k} must be 0 or more")
               for k in ("warmup_ratio", "weight_decay", "n_train")}}

@@ -1,4 +1,5 @@
-"""DistilBERT-style knowledge distillation: `nanobert distill`.
+"""Knowledge distillation: DistilBERT-style pretraining of a smaller student (`nanobert
+distill`), and fine-tuning with teachers (`nanobert finetune --teacher DIR ...`).
 
     teacher (frozen, MLM head)           student (half the layers, MLM head)
          │  same masked batch                 │
@@ -14,6 +15,7 @@ pretraining (`nanobert.pretrain.run_pretrain`), only the model and the loss diff
 from __future__ import annotations
 
 import dataclasses
+import types
 from dataclasses import dataclass
 from typing import Optional
 
@@ -77,12 +79,18 @@ def _real_tokens(enc):
     return h[enc.layout.mask]
 
 
+def soft_target_kl(logits, target_probs, T: float) -> torch.Tensor:
+    """KL(target ‖ softmax(logits / T)) per row, averaged, times T² (Hinton et al.: keeps
+    the gradient's size independent of T). logits, target_probs: (N, C)."""
+    return F.kl_div(F.log_softmax(logits.float() / T, dim=-1), target_probs.float(),
+                    reduction="batchmean") * T * T
+
+
 def distill_loss(student_out, teacher_out, w: DistillWeights) -> torch.Tensor:
     """The weighted sum of the three losses, on one batch. Both outputs come from the
     same masked batch with MLM labels (logits at the masked positions only)."""
     T = w.temperature
-    kl = F.kl_div(F.log_softmax(student_out.logits / T, dim=-1),
-                  F.softmax(teacher_out.logits / T, dim=-1), reduction="batchmean") * T * T
+    kl = soft_target_kl(student_out.logits, F.softmax(teacher_out.logits.float() / T, dim=-1), T)
     hs, ht = _real_tokens(student_out.hidden), _real_tokens(teacher_out.hidden)
     cos = 1 - F.cosine_similarity(hs, ht, dim=-1).mean()
     return w.kl * kl + w.mlm * student_out.loss + w.cos * cos
@@ -183,3 +191,77 @@ def distill_cmd(args):
     """Distil a teacher into a smaller student (soft targets + MLM + cosine), DistilBERT-style."""
     distill(DistillConfig.from_args(args))
     return 0
+
+
+# ----------------------------------------------------------------------------------
+# Fine-tuning with teachers: `nanobert finetune --teacher DIR [DIR ...]`
+#
+#   loss = (1 - w) · the head's loss on the gold labels
+#        +      w  · T² · KL(mean of the teachers' softmax(logits / T) ‖ the model's)
+#
+# The teachers are fine-tuned models of the same task, labels and vocabulary (e.g. runs of
+# other seeds): averaging their probabilities makes an ensemble, better than each of them,
+# whose soft predictions the one model learns (ensemble / born-again distillation).
+
+TEACHER_TASKS = ("classify", "ner")   # (FinetuneConfig refuses --teacher for the others)
+
+
+class Ensemble(torch.nn.Module):
+    """Fine-tuned models seen as one: logits = log of the mean of their probabilities
+    (at temperature T), so evaluation code that takes a model takes the ensemble."""
+
+    def __init__(self, models: list):
+        super().__init__()
+        self.models = torch.nn.ModuleList(models)
+        self.config, self.head = models[0].config, models[0].head
+
+    def probabilities(self, T: float = 1.0, **inputs) -> torch.Tensor:
+        """(B, C) per text or (B, T, C) per token."""
+        return torch.stack([F.softmax(m(**inputs).logits.float() / T, dim=-1)
+                            for m in self.models]).mean(0)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        p = self.probabilities(1.0, input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids)
+        return types.SimpleNamespace(logits=p.clamp_min(1e-12).log())
+
+
+def load_teachers(dirs: list, task: str, model, tok, load_finetuned) -> Ensemble:
+    """The teacher directories as an Ensemble (each read by `load_finetuned`, which
+    returns (model, tokenizer, settings)), after checking each one predicts `task` with
+    `model`'s labels from `tok`'s vocabulary (else a clear error naming it)."""
+    labels, vocab = model.config.id2label, tok.tk.get_vocab()
+    teachers = []
+    for d in dirs:
+        teacher, t_tok, settings = load_finetuned(d)
+        if settings["task"] != task:
+            raise NanobertError(f"--teacher {d}: a fine-tuned {settings['task']} model, "
+                                f"not a {task} one")
+        if teacher.config.id2label != labels:
+            raise NanobertError(
+                f"--teacher {d}: its labels {sorted(teacher.config.id2label.values())} are "
+                f"not the training data's {sorted(labels.values())} (in the same order)")
+        if t_tok.tk.get_vocab() != vocab:
+            raise NanobertError(f"--teacher {d}: its vocabulary differs from --model's; "
+                                "the teachers must tokenize as the model does")
+        teachers.append(teacher)   # (on the GPU where there is one, as the run will be)
+    return Ensemble(teachers).eval().requires_grad_(False)
+
+
+def teacher_loss_fn(teachers: Ensemble, weight: float, T: float):
+    """loss(model, batch) for the Trainer: the head's own loss on the gold labels mixed
+    with the soft-target loss on the teachers' averaged predictions, at the positions
+    that carry a label (NER: each word's first sub-word)."""
+    def loss_fn(model, batch):
+        out = model(**batch)
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
+                  if k in batch}
+        teachers.to(batch["input_ids"].device)
+        with torch.no_grad():
+            target = teachers.probabilities(T, **inputs)       # (B, C) or (B, T, C)
+        logits = out.logits
+        if logits.dim() == 3:                                   # per token
+            keep = batch["labels"] != -100                      # (B, T)
+            logits, target = logits[keep], target[keep]         # (N, C)
+        return (1 - weight) * out.loss + weight * soft_target_kl(logits, target, T)
+    return loss_fn

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -43,7 +44,7 @@ import torch
 from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
-from .config import Config, at_least, param
+from .config import Config, at_least, fraction, param, positive
 from .files import NanobertError, check_output_dir
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -619,6 +620,15 @@ class FinetuneConfig(Config):
               "or eager (padded batches, whose dropout masks are the ones transformers "
               "draws with the same seed); the saved model keeps its own",
         choices=("unpadded", "sdpa", "eager"))
+    teachers: list = param(
+        lambda: [], "classify/ner: fine-tuned models of the same task, labels and vocabulary (e.g. "
+              "runs of other seeds) whose averaged predictions the run also learns "
+              "(knowledge distillation)", flag="--teacher", nargs="+", metavar="DIR")
+    teacher_weight: float = param(
+        0.5, "with --teacher: the share of the loss on the teachers' soft predictions (the "
+             "rest is on the gold labels)", fraction())
+    temperature: float = param(
+        2.0, "with --teacher: the softmax temperature of that loss", positive())
     columns: ColumnsConfig = param(lambda: ColumnsConfig())
     trainer: TrainConfig = param(_finetune_trainer)
     retrieval: B.RetrievalConfig = param(lambda: B.RetrievalConfig())
@@ -630,6 +640,16 @@ class FinetuneConfig(Config):
                           "eval_every": None, "early_stopping": None, "ema": None, "seed": None,
                           "grad_accum": None, "resume": None, "overwrite": None, "device": None,
                           "progress": None}}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.teachers, (str, Path)):  # one directory, from Python
+            self.teachers = [self.teachers]
+        self.teachers = [str(t) for t in self.teachers]
+        from .distill import TEACHER_TASKS
+        if self.teachers and self.task not in TEACHER_TASKS:
+            raise NanobertError(f"--teacher: a {self.task} run cannot learn from teachers "
+                                f"(only {' and '.join(TEACHER_TASKS)})")
 
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""
@@ -658,11 +678,12 @@ def finetune(config, *args, **fields) -> dict:
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
     cfg = cfg.replace(retrieval=cfg.retrieval.replace(pooling=sentence_pooling(task, cfg)))
-    fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] + rundir.model_files(cfg.model),
-                            as_flags(cfg))
+    models = [cfg.model] + cfg.teachers
+    fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
+                            [f for m in models for f in rundir.model_files(m)], as_flags(cfg))
     t = cfg.trainer
     with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite,
-                    reads=[cfg.model, cfg.train, cfg.dev]):
+                    reads=models + [cfg.train, cfg.dev]):
         return _finetune(cfg, task)
 
 
@@ -687,10 +708,24 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     metric = task.metric(dev) if callable(task.metric) else task.metric
     trainer_cfg = cfg.trainer.replace(metric=metric, greater_is_better=task.greater_is_better,
                                       log_every=log_every(steps_per_epoch))
-    return Trainer(model, trainer_cfg, batches, steps_per_epoch,
-                   evaluate=_dev_evaluation(task, tok, dev, settings, cfg.batch_size),
-                   save=save,
-                   loss_fn=task.loss(cfg) if task.loss else None).fit()
+    evaluate = _dev_evaluation(task, tok, dev, settings, cfg.batch_size)
+    loss_fn = task.loss(cfg) if task.loss else None
+    if cfg.teachers:
+        loss_fn = _teacher_loss(task, cfg, model, tok, evaluate, metric)
+    return Trainer(model, trainer_cfg, batches, steps_per_epoch, evaluate=evaluate, save=save,
+                   loss_fn=loss_fn).fit()
+
+
+def _teacher_loss(task: Task, cfg: FinetuneConfig, model, tok, evaluate, metric: str):
+    """The loss with --teacher (nanobert.distill.teacher_loss_fn), after one line saying
+    how good the teachers' ensemble is on the dev set: what the run learns towards."""
+    from .distill import load_teachers, teacher_loss_fn
+    teachers = load_teachers(cfg.teachers, task.name, model, tok, load_finetuned)
+    score = evaluate(teachers).get(metric)
+    print(f"{task.name}: learning from {len(cfg.teachers)} teacher(s) (weight "
+          f"{cfg.teacher_weight:g}, temperature {cfg.temperature:g}); their ensemble's dev "
+          f"{metric}: {score:.4f}", flush=True)
+    return teacher_loss_fn(teachers, cfg.teacher_weight, cfg.temperature)
 
 
 def saved_with_backend(save, backend: str):

@@ -336,3 +336,81 @@ def test_freeze_layers_fixes_the_bottom_and_trains_the_top(tiny_dir, tmp_path):
             finetune("classify", str(tiny_dir), str(train), str(train),
                               str(tmp_path / f"m{n}"), epochs=1, max_length=16,
                               freeze_layers=n, progress=False)
+
+
+def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, capsys):
+    """--teacher: with all the weight on the teachers' soft predictions, a run on
+    training labels that are pure noise still learns the task the teachers learnt (and
+    with none on them it cannot); teachers of another task, label set or vocabulary, and
+    tasks without per-label outputs, are refused in one line."""
+    from nanobert.distill import Ensemble, teacher_loss_fn
+    good = write_tsv(tmp_path / "good.tsv", sentiment_rows(24, 0))
+    rows = sentiment_rows(24, 0)
+    noise = write_tsv(tmp_path / "noise.tsv",   # every other label flipped: no signal
+                      [(t, l if i % 4 < 2 else {"good": "bad", "bad": "good"}[l])
+                       for i, (t, l) in enumerate(rows)])
+    common = ["--model", str(tiny_dir), "--dev", str(good), "--epochs", "12", "--lr", "3e-3",
+              "--batch-size", "8", "--max-length", "16", "--no-progress"]
+    teacher = tmp_path / "teacher"
+    assert cli.main(["finetune", "--task", "classify", "--train", str(good), "--out",
+                     str(teacher)] + common) == 0
+    capsys.readouterr()
+
+    def student(weight, out):
+        rc = cli.main(["finetune", "--task", "classify", "--train", str(noise), "--out",
+                       str(out), "--teacher", str(teacher), str(teacher), "--teacher-weight",
+                       weight, "--temperature", "1"] + common)
+        printed = capsys.readouterr().out
+        assert rc == 0
+        assert cli.main(["evaluate", "--model", str(out), "--data", str(good), "--json"]) == 0
+        return printed, last_json(capsys)["accuracy"]
+    printed, learnt = student("1", tmp_path / "s1")
+    assert "learning from 2 teacher(s)" in printed and "ensemble's dev accuracy: 1.0000" in printed
+    assert learnt >= 0.9
+    _, alone = student("0", tmp_path / "s0")
+    assert alone <= 0.8
+
+    # the loss: the head's alone at weight 0; nothing to learn from a copy of oneself
+    model, tok, _ = load_finetuned(teacher)
+    model.cpu().eval()
+    batch = dict(tok(["the movie was great", "a dull plot"]), labels=torch.tensor([1, 0]))
+    with torch.no_grad():
+        own = model(**batch).loss
+        assert torch.allclose(teacher_loss_fn(Ensemble([model]), 0.0, 2.0)(model, batch), own)
+        assert teacher_loss_fn(Ensemble([model]), 1.0, 2.0)(model, batch).abs() < 1e-6
+
+    # refused in one line, exit status 2, naming the teacher
+    ner = ner_files(tmp_path)
+    ner_model = tmp_path / "ner"
+    finetune("ner", str(tiny_dir), ner, ner, ner_model, epochs=1, batch_size=8, max_length=16,
+             progress=False)
+    tagger, tok, _ = load_finetuned(ner_model)
+    tagger.cpu().eval()
+    batch = dict(tok(["Alice met Bob", "Carol lives in Rome ."]),
+                 labels=torch.tensor([[-100, 1, 0, 1, -100, -100, -100], [-100, 1, 0, 0, 2, 0, -100]]))
+    with torch.no_grad():   # per token: only the labelled positions, padding left out
+        own = tagger(**batch).loss
+        assert torch.allclose(teacher_loss_fn(Ensemble([tagger]), 0.0, 2.0)(tagger, batch), own)
+        assert teacher_loss_fn(Ensemble([tagger]), 1.0, 2.0)(tagger, batch).abs() < 1e-6
+    three = write_tsv(tmp_path / "three.tsv", rows[:10] + [("the plot", "meh")])
+    other_vocab = tiny_model_dir(tmp_path / "other", POS + NEG + FILLER[:6], 120, ". ,")
+    cases = [(["--train", str(good), "--teacher", str(ner_model)], "a fine-tuned ner model"),
+             (["--train", str(good), "--teacher", str(teacher), "--model", str(other_vocab)],
+              "its vocabulary differs from --model's"),
+             (["--train", str(three), "--teacher", str(teacher)], "its labels ['bad', 'good']"),
+             (["--train", str(good), "--teacher", str(teacher), "--teacher-weight", "1.5"],
+              "--teacher-weight: got 1.5")]
+    for i, (flags, why) in enumerate(cases):
+        try:  # (a bad flag value ends in argparse's exit)
+            rc = cli.main(["finetune", "--task", "classify", "--out", str(tmp_path / f"x{i}")]
+                          + common + flags)
+        except SystemExit as e:
+            rc = e.code
+        err = capsys.readouterr().err
+        assert rc == 2 and why in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / f"x{i}").exists()          # nothing left behind
+    rc = cli.main(["finetune", "--task", "regress", "--model", str(tiny_dir), "--train",
+                   str(good), "--dev", str(good), "--teacher", str(teacher), "--out",
+                   str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--teacher: a regress run cannot learn from teachers" in err
