@@ -660,6 +660,11 @@ def parse_set(pairs: list, recipe: Recipe) -> Recipe:
     for k, v in changes.items():
         if k in bad and bad[k][0](v):
             refuse(f"{k}={v}", bad[k][1])
+    for k in ("teacher_weight", "temperature"):
+        if k in changes and not changes.get("teachers", recipe.teachers):
+            refuse(f"{k}={changes[k]}", "only with teachers=DIR,DIR,...")
+    if changes.get("teachers") and recipe.kind not in ("classify", "ner"):
+        refuse("teachers=...", "only the classification and NER tasks learn from teachers")
     if changes.get("qa_loss_over_padding") and recipe.kind != "qa":
         refuse("qa_loss_over_padding=true", "only the QA task (squad) has this loss")
     return dataclasses.replace(recipe, **changes)

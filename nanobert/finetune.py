@@ -33,6 +33,7 @@ Python callers:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
@@ -650,6 +651,10 @@ class FinetuneConfig(Config):
         if self.teachers and self.task not in TEACHER_TASKS:
             raise NanobertError(f"--teacher: a {self.task} run cannot learn from teachers "
                                 f"(only {' and '.join(TEACHER_TASKS)})")
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in ("teacher_weight", "temperature"):   # would change nothing: refused
+            if not self.teachers and getattr(self, name) != defaults[name]:
+                raise NanobertError(f"--{name.replace('_', '-')}: only with --teacher")
 
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""

@@ -399,7 +399,8 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
               "its vocabulary differs from --model's"),
              (["--train", str(three), "--teacher", str(teacher)], "its labels ['bad', 'good']"),
              (["--train", str(good), "--teacher", str(teacher), "--teacher-weight", "1.5"],
-              "--teacher-weight: got 1.5")]
+              "--teacher-weight: got 1.5"),
+             (["--train", str(good), "--temperature", "3"], "--temperature: only with --teacher")]
     for i, (flags, why) in enumerate(cases):
         try:  # (a bad flag value ends in argparse's exit)
             rc = cli.main(["finetune", "--task", "classify", "--out", str(tmp_path / f"x{i}")]
