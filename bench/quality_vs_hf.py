@@ -318,13 +318,17 @@ def features(recipe: Recipe, train, model: str, seed: int):
     return start, tok, task.features(tok, train, settings, FT.label2id(start))
 
 
+def hf_class(kind: str):
+    import transformers
+    return getattr(transformers, {"classify": "BertForSequenceClassification",
+                                  "ner": "BertForTokenClassification",
+                                  "qa": "BertForQuestionAnswering"}[kind])
+
+
 def hf_model(recipe: Recipe, start, model: str):
     """The transformers model for the task, its new head copied from nanobert's."""
-    import transformers
     from nanobert.checkpoint import resolve
-    cls = {"classify": transformers.BertForSequenceClassification,
-           "ner": transformers.BertForTokenClassification,
-           "qa": transformers.BertForQuestionAnswering}[recipe.kind]
+    cls = hf_class(recipe.kind)
     id2label = start.config.id2label
     kw = {} if recipe.kind == "qa" else {"id2label": id2label,
                                          "label2id": {v: k for k, v in id2label.items()}}
@@ -364,31 +368,20 @@ def teacher_dirs(recipe: Recipe) -> list:
     return [t for t in recipe.teachers.split(",") if t]
 
 
-def hf_teacher_loss(recipe: Recipe, device):
-    """loss(output, batch) with --teacher on the transformers side: the same teacher
-    directories loaded by transformers, the same mix as nanobert.distill.teacher_loss_fn
-    (its soft_target_kl), at the labelled positions."""
+def hf_loss_fn(recipe: Recipe, start, device):
+    """loss(hf, batch) on the transformers side: the task's own loss or, with teachers,
+    nanobert.distill.teacher_loss_fn itself over the same directories loaded by
+    transformers (seen through HFAdapter), so the mix and the masking are the same code."""
+    def forward(hf):
+        return lambda **batch: hf_forward(hf, recipe.pooling, **batch)
     if not recipe.teachers:
-        return lambda out, batch: out.loss
-    import transformers
-    from nanobert.distill import soft_target_kl
-    cls = {"classify": transformers.BertForSequenceClassification,
-           "ner": transformers.BertForTokenClassification}[recipe.kind]
-    teachers = [cls.from_pretrained(d, attn_implementation="sdpa").to(device).eval()
-                for d in teacher_dirs(recipe)]
-    w, T = recipe.teacher_weight, recipe.temperature
-
-    def loss(out, batch):
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
-        with torch.no_grad():
-            target = torch.stack([torch.softmax(hf_forward(t, recipe.pooling, **inputs).logits.float() / T, -1)
-                                  for t in teachers]).mean(0)
-        logits = out.logits
-        if logits.dim() == 3:
-            keep = batch["labels"] != -100
-            logits, target = logits[keep], target[keep]
-        return (1 - w) * out.loss + w * soft_target_kl(logits, target, T)
-    return loss
+        return lambda hf, batch: forward(hf)(**batch).loss
+    from nanobert.distill import Ensemble, teacher_loss_fn
+    teachers = Ensemble([HFAdapter(hf_class(recipe.kind).from_pretrained(d, attn_implementation="sdpa"),
+                                   start, recipe.pooling) for d in teacher_dirs(recipe)])
+    mixed = teacher_loss_fn(teachers.to(device).eval().requires_grad_(False),
+                            recipe.teacher_weight, recipe.temperature)
+    return lambda hf, batch: mixed(forward(hf), batch)
 
 
 def read_train(recipe: Recipe, path, seed: int) -> list:
@@ -415,7 +408,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
     else:  # the diagnostic: nanobert's schedule (transformers' first step runs at lr 0)
         from nanobert.train import lr_factor
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, total, warmup))
-    mixed_loss = hf_teacher_loss(recipe, device)
+    loss_fn = hf_loss_fn(recipe, start, device)
     torch.manual_seed(seed)
     evals, train_s, step, losses, window = [], 0.0, 0, [], []
     log_every = 1 if recipe.dropout is not None else FT.log_every(total // recipe.epochs)
@@ -425,7 +418,7 @@ def run_transformers(recipe: Recipe, train_path, dev_path, seed: int, model: str
         for idx in FT.epoch_batches(lengths, bs, seed, epoch, recipe.group_by_length):
             batch = {k: v.to(device) for k, v in FT.collate([items[i] for i in idx], tok.pad_id or 0).items()}
             with amp:
-                loss = mixed_loss(hf_forward(hf, recipe.pooling, **batch), batch)
+                loss = loss_fn(hf, batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
             opt.step()
