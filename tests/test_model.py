@@ -63,6 +63,28 @@ def test_backends_agree_forward_and_backward(tiny_config):
             assert (ref - got).abs().max() < 1e-5, backend
 
 
+def test_unpadded_inference_with_key_blocks_equals_eager(tiny_config):
+    """CPU inference pads each length group's keys to a multiple of 16 (a view into the
+    next sequences' rows, masked): every length from 1 to 40, one to three sequences of
+    each, gives the eager backend's vectors, the last group (no rows after it) included."""
+    from nanobert.model import _key_block
+    assert [_key_block(n) for n in (3, 4, 17, 19, 20, 25, 32, 34, 40)] == [3, 16, 17, 19, 32, 32, 32, 34, 48]
+    torch.manual_seed(0)
+    model = nanobert.Bert(tiny_config).eval()
+    lengths = torch.tensor([n for n in range(40, 0, -1) for _ in range(1 + n % 3)])
+    g = torch.Generator().manual_seed(5)
+    mask = (torch.arange(40)[None] < lengths[:, None]).long()
+    batch = {"input_ids": torch.randint(5, 1000, (len(lengths), 40), generator=g) * mask,
+             "attention_mask": mask}
+    out = {}
+    for backend in ("eager", "unpadded"):
+        model.config.attn_backend = backend
+        with torch.inference_mode():
+            out[backend] = model.bert(**batch).last_hidden_state
+    real = mask.bool()
+    assert (out["eager"][real] - out["unpadded"][real]).abs().max() < 1e-5
+
+
 def test_padding_does_not_change_outputs(tiny_config):
     """A sequence gives the same vectors alone and inside a padded batch."""
     torch.manual_seed(0)
