@@ -956,8 +956,10 @@ def evaluate_args(p):
 
 
 def evaluate_cmd(args):
-    """Evaluate a model on labelled data: accuracy/F1/MCC, entity F1, EM/F1, Pearson/
-    Spearman; an embedding model on STS (Spearman of the cosine) or BEIR (nDCG@10...)."""
+    """Evaluate a model on labelled data: accuracy/F1/MCC, entity F1, EM/F1, correlation.
+    Classify/pair models: accuracy, F1, MCC; NER: entity F1; QA: EM/F1; regression:
+    Pearson/Spearman; an embedding model on STS (Spearman of the cosine) or BEIR
+    (nDCG@10...)."""
     model, tok, settings = load_finetuned(args.model, args.dtype)
     settings.update(B.evaluate_overrides(args))
     task = TASKS[settings["task"]]
