@@ -461,7 +461,8 @@ class UnpaddedLayout(Layout):
                               for t in (q, k, v))                             # (g, nh, L, hd)
                 band = _band(L, window, q.device) if window else None         # (L, L)
                 P = _key_block(L)
-                if (P > L and band is None and not q.is_cuda and not torch.is_grad_enabled()
+                if (P > L and band is None and not want_probs and not q.is_cuda
+                        and not torch.is_grad_enabled()
                         and end + P - L <= k.shape[0]):
                     # keys and values as a view of P rows per sequence, running into the
                     # next sequence's rows, which the mask hides
