@@ -443,6 +443,44 @@ def read_pairs_or_beir(path, cols=None, require=True):
     return read_text_rows(path, columns=_columns(cols))
 
 
+def read_embed_data(path, cols=None, require=True):
+    """Data of a bi-encoder: a BEIR folder, or rows of 2-3 texts (anchor, positive[,
+    negative]) or scored pairs. Rows of another shape are refused here, naming the file,
+    before any training (a file of single texts would fail at the first evaluation)."""
+    from .data import data_error
+    data = read_pairs_or_beir(path, cols, require)
+    if isinstance(data, list):
+        first = data[0]
+        if len(first.texts) < 2:
+            raise data_error(path, first.line, "a bi-encoder needs pairs (anchor, positive[, "
+                             "negative]) or scored pairs; found single texts")
+        if first.score is not None and len(first.texts) != 2:
+            raise data_error(path, first.line, "scored rows must be pairs (text_a, text_b, "
+                             "score), not triplets")
+    return data
+
+
+def read_rerank_data(path, cols=None, require=True):
+    """Data of a cross-encoder reranker: a BEIR folder, or (query, document, label) rows
+    whose labels are relevance grades (>= 0, some > 0); refused here, naming the file
+    and line, before any training."""
+    from .data import data_error, read_beir, read_text_rows
+    if Path(path).is_dir():
+        return read_beir(path)
+    rows = read_text_rows(path, require_score=True, columns=_columns(cols))
+    if len(rows[0].texts) != 2:
+        raise data_error(path, rows[0].line, "a reranker needs (query, document, label) rows; "
+                         f"found {len(rows[0].texts)} text column(s)")
+    negative = next((r for r in rows if r.score < 0), None)
+    if negative is not None:
+        raise data_error(path, negative.line, f"label {negative.score:g} is negative (reranking "
+                         "labels are relevance grades: >= 0, some > 0)")
+    if all(r.score == 0 for r in rows):
+        raise data_error(path, None, "every label is 0: no relevant document (reranking labels "
+                         "are relevance grades: >= 0, some > 0)")
+    return rows
+
+
 def beir_split(beir, settings: dict, training: bool):
     """The judgements a run uses: `split` when given; else the train split for training,
     and for evaluation when queries are held out of it; else the folder's default."""
@@ -507,13 +545,13 @@ def text_input(i, value):
 def text_rows_input(path, cols=None) -> list:
     """`predict --input`: a JSON Lines / TSV / CSV file whose header names a text column
     (scores ignored), else plain text, one input a line."""
-    from .data import ANCHOR_COLUMNS, TextRow, detect_format, is_sts_original, read_lines, \
-        read_records, read_text_rows
-    fmt = detect_format(path)
+    from .data import ANCHOR_COLUMNS, TextRow, detect_format, is_sts_original, read_records, \
+        read_text_lines, read_text_rows
+    fmt = detect_format(path, plain_text=True)
     if fmt == "jsonl" or (fmt == "tsv" and is_sts_original(path)) or (fmt in ("tsv", "csv") and any(
             c in read_records(path)[0] for c in ANCHOR_COLUMNS + list(_columns(cols).values()))):
         return read_text_rows(path, require_score=False, columns=_columns(cols))
-    return [TextRow((t,)) for _, t in read_lines(path) if t.strip()]
+    return [TextRow((e.text_a,), line=e.line) for e in read_text_lines(path)]
 
 
 def rows_as_beir(rows: list):

@@ -39,8 +39,9 @@ NSP, SOP = "nsp", "sop"
 
 def corpus_files(paths: Sequence) -> list:
     """The text files named by `paths` (directories are walked recursively, sorted;
-    hidden files skipped)."""
-    files = []
+    hidden files skipped). A file named twice (or named and inside a named directory) is
+    refused: its documents would count twice, and could be held out and trained on."""
+    files, given = [], {}
     for p in paths:
         p = Path(p)
         if p.is_dir():
@@ -56,6 +57,12 @@ def corpus_files(paths: Sequence) -> list:
                                 "text to a file and pass its path")
         else:
             raise NanobertError(f"{p}: no such file or directory")
+    for f in files:
+        key = f.resolve()
+        if key in given:
+            also = f" (also as {given[key]})" if str(given[key]) != str(f) else ""
+            raise NanobertError(f"{f}: given twice in the corpus{also}; name each file once")
+        given[key] = f
     return files
 
 
@@ -177,7 +184,10 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
     files = corpus_files(paths)
     docs = list(iter_documents(files))
     key = files_hash(files)
-    train_idx, val_idx = holdout(len(docs), val_fraction, seed)
+    try:
+        train_idx, val_idx = holdout(len(docs), val_fraction, seed)
+    except NanobertError as e:  # say which corpus
+        raise NanobertError(f"{', '.join(map(str, files))}: {e}") from None
     cache_dir = Path(cache_dir) if cache_dir else None
     if tokenizer is None:
         tok_dir = cache_dir / f"tokenizer-{key}-v{vocab_size}-f{val_fraction}-s{seed}" if cache_dir else None

@@ -22,6 +22,7 @@ import csv
 import json
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Optional
 
@@ -134,9 +135,74 @@ def _json_value(text: str, path, line):
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise data_error(path, (line or 1) + e.lineno - 1, f"not valid JSON ({e.msg})")
+        raise data_error(path, (line or 1) + e.lineno - 1, f"not valid JSON ({_json_msg(e)})")
     except (ValueError, RecursionError) as e:
         raise data_error(path, line, f"not usable JSON ({str(e)[:80] or type(e).__name__})")
+
+
+def _json_msg(e: json.JSONDecodeError) -> str:
+    """json's message, with what 'Extra data' means in these files."""
+    if e.msg == "Extra data":
+        return ("more after the first value; JSON Lines hold one object a line, with nothing "
+                "after it (no comma)")
+    return e.msg
+
+
+def _is_json_file(path, first: str) -> bool:
+    """Does a file whose first non-blank line is `first` hold JSON (JSON Lines, a JSON
+    document, perhaps broken) rather than text or columns that merely start with a
+    bracket ('[Music] hi', '( O')? A line that opens an object with a key, a lone bracket,
+    or a whole file that parses as JSON say it is."""
+    s = first.strip()
+    if not s.startswith(("{", "[")):
+        return False
+    if s in ("{", "[") or s.startswith('{"') or s.replace(" ", "").startswith("[{"):
+        return True
+    try:
+        json.loads("\n".join(t for _, t in read_lines(path)))
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _json_trouble(path) -> tuple:
+    """(line, what) of a file that starts like JSON but is no JSON Lines of objects: where
+    its JSON breaks and how (a comma after each record, a record cut off...), or what kind
+    of JSON document it is."""
+    n, first = _first_content(path)
+    s = first.strip()
+    try:
+        if isinstance(json.loads(s), dict):
+            return n, "JSON Lines"   # (what a reader of texts or columns does not take)
+    except (ValueError, RecursionError):
+        pass
+    if s.startswith("{") and s.endswith(","):
+        try:
+            if isinstance(json.loads(s[:-1]), dict):
+                return n, ("a comma after the JSON object; JSON Lines hold one object a line, "
+                           "with nothing after it")
+        except (ValueError, RecursionError):
+            pass
+    try:
+        doc = json.loads("\n".join(t for _, t in read_lines(path)))
+    except json.JSONDecodeError as e:
+        if s.startswith("{") and s != "{":  # a record a line: line 1 is the broken one
+            try:
+                json.loads(first)
+            except json.JSONDecodeError as e1:
+                return n + e1.lineno - 1, f"not valid JSON ({_json_msg(e1)})"
+            except (ValueError, RecursionError):
+                pass
+        return e.lineno, f"not valid JSON ({_json_msg(e)})"
+    except (ValueError, RecursionError) as e:
+        return n, f"not usable JSON ({str(e)[:80] or type(e).__name__})"
+    if isinstance(doc, dict):
+        return n, ("SQuAD-style JSON (an object with 'data')" if "data" in doc else
+                   "one JSON object over several lines, not JSON Lines")
+    if isinstance(doc, list):
+        return n, "JSON holding an array of values that are not objects"
+    kind = {str: "a string", bool: "a boolean", type(None): "null"}.get(type(doc), "a number")
+    return n, f"JSON holding {kind}"
 
 
 def _jsonl_objects(path: Path):
@@ -199,6 +265,17 @@ def _json_array_objects(path: Path):
         raise data_error(path, line, "an empty JSON array: no records")
 
 
+CONLL_SEPARATOR = re.compile(r"[ \t]+")
+
+
+def conll_columns(text: str) -> list:
+    """The columns of a CoNLL line, split at spaces and tabs only: a token may hold other
+    Unicode spaces (a no-break space, U+2028), which `str.split` would cut it at."""
+    if not text.strip():
+        return []
+    return CONLL_SEPARATOR.split(text.strip(" \t"))
+
+
 def is_iob_tag(tag: str) -> bool:
     return tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2)
 
@@ -209,7 +286,7 @@ def looks_like_conll(path, sample: int = 50) -> bool:
     ending in an IOB tag."""
     seen = 0
     for _, text in read_lines(path):
-        cols = text.split()
+        cols = conll_columns(text)
         if not cols:
             continue
         if seen == 0 and cols[0] == "-DOCSTART-":
@@ -289,33 +366,48 @@ def _read_table(path: Path, delimiter: str, quoting: bool):
         except StopIteration:
             return
         except csv.Error as e:
-            raise data_error(path, state["n"], f"malformed {('CSV', 'TSV')[delimiter == chr(9)]} "
-                             f"row ({e})")
+            kind = ('CSV', 'TSV')[delimiter == chr(9)]
+            if "unexpected end of data" in str(e):  # the reader ran to the end of the file
+                raise data_error(path, start, f"malformed {kind} row (a quoted field that starts "
+                                 "in this row is never closed)")
+            raise data_error(path, state["n"], f"malformed {kind} row ({e})")
         if row and any(x.strip() for x in row):
             yield start, row
         start = state["n"] + 1
 
 
-INTEGRAL = re.compile(r"[+-]?\d+\.0*")   # "1.0", "2.", "-3.00": the integers 1, 2, -3
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d{1,3})?")
+CODE = re.compile(r"[+-]?0\d+")   # "007", "02139": a code, kept as written
+
+
+def integral_label(s: str) -> str:
+    """An integral number however a number writer put it ("1.0", "2.", "+1", "1e0",
+    "10E-1", "-0") as the plain integer ("1", "2", "1", "1", "1", "0"); any other label,
+    a code with leading zeros included, as it is."""
+    if len(s) <= 64 and NUMBER.fullmatch(s) and not CODE.fullmatch(s):
+        d = Decimal(s)
+        if d == d.to_integral_value():
+            return str(int(d))
+    return s
 
 
 def _label_str(value, path, line, require: bool = True) -> Optional[str]:
-    """A label as a string; integral numbers (1, 1.0, "1.0") all become "1", so one class
-    is one class whatever the file's writer did with its numbers."""
+    """A label as a string; integral numbers (1, 1.0, "1.0", "01", "1e0") all become "1",
+    so one class is one class whatever the file's writer did with its numbers."""
     if value is None:
         if require:
             raise data_error(path, line, "the label is null (every example needs a label)")
         return None
     if isinstance(value, bool) or isinstance(value, (list, dict)):
         raise data_error(path, line, f"label {value!r} is not a number or a string")
+    if isinstance(value, float) and (value != value or abs(value) == float("inf")):
+        raise data_error(path, line, f"label {value!r} is not a finite number (a missing value?)")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     s = str(value).strip()
     if not s:
         raise data_error(path, line, "empty label")
-    if INTEGRAL.fullmatch(s):
-        s = str(int(s.split(".")[0]))
-    return s
+    return integral_label(s)
 
 
 def _read_jsonl_examples(path: Path, cols: dict) -> list:
@@ -342,6 +434,15 @@ def _read_jsonl_examples(path: Path, cols: dict) -> list:
     return out
 
 
+def _single_columns(header: list, used, path, line):
+    """Each column a reader takes is named once in the header: with two, which one holds
+    the labels (or texts) is a guess."""
+    for c in used:
+        if c is not None and header.count(c) > 1:
+            raise data_error(path, line, f"column {c!r} appears {header.count(c)} times in the "
+                             "header; rename the one not meant")
+
+
 def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
     """Classification examples of a TSV/CSV/MSRP file with a header row."""
     delim = "," if fmt == "csv" else "\t"
@@ -353,6 +454,7 @@ def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
         raise data_error(path, None, "empty file")
     header = [h.strip() for h in header]
     chosen = choose_columns(header, path, hline, **cols)
+    _single_columns(header, (chosen.text, chosen.pair, chosen.label), path, hline)
     ia = header.index(chosen.text)
     ib = header.index(chosen.pair) if chosen.pair else None
     il = header.index(chosen.label) if chosen.label else None
@@ -378,8 +480,9 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
     elif fmt in ("tsv", "csv", "msrp"):
         out = _read_table_examples(path, fmt, cols)
     else:
-        what = "SQuAD-style JSON" if fmt == "json" else "no tab- or comma-separated header"
-        raise data_error(path, 1, f"not a classification file ({what}; expected TSV/CSV "
+        line, what = _json_trouble(path) if fmt == "json" else (1, "no tab- or comma-separated "
+                                                                   "header")
+        raise data_error(path, line, f"not a classification file ({what}; expected TSV/CSV "
                          "with a header, or JSON Lines)")
     if not out:
         raise data_error(path, None, "no examples (only a header?)")
@@ -400,7 +503,23 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
             fmt = "text"
     if fmt in ("jsonl", "msrp", "tsv", "csv"):
         return read_classification(path, require_label=False, **columns)
-    return [Example(t, line=n) for n, t in read_lines(path) if t.strip()]
+    return read_text_lines(path)
+
+
+def read_text_lines(path) -> list:
+    """`Example`s of a plain text file, one input a line (blank lines skipped). A file
+    that is JSON (JSON Lines broken on their first line, a JSON document) or CoNLL
+    columns is refused: read as text, each of its lines would be taken for an input."""
+    path = Path(path)
+    n, first = _first_content(path)
+    if _is_json_file(path, first):
+        line, what = _json_trouble(path)
+        raise data_error(path, line, f"{what} (expected one text a line, or JSON Lines with "
+                         "a text field)")
+    if looks_like_conll(path):
+        raise data_error(path, n, "CoNLL columns (a token and its tag a line), not one text "
+                         "a line; a tagger (--task ner) reads these")
+    return [Example(t, line=k) for k, t in read_lines(path) if t.strip()]
 
 
 def label_set(examples, path=None) -> list:
@@ -410,6 +529,12 @@ def label_set(examples, path=None) -> list:
     where = path or "the training file"
     labels = {e.label for e in examples if e.label is not None}
     numbers = {x: _as_float(x) for x in labels}
+    missing = {x for x in labels if numbers[x] is None and _is_non_finite(x)}
+    if missing and len(missing) < len(labels) and all(
+            numbers[x] is not None for x in labels - missing):
+        odd = next(e for e in examples if e.label in missing)
+        raise data_error(where, odd.line, f"label {odd.label!r} is not a number like the other "
+                         "labels (a missing value?)")
     if labels and all(v is not None for v in numbers.values()):
         frac = next((e for e in examples if e.label is not None
                      and not numbers[e.label].is_integer()), None)
@@ -421,9 +546,32 @@ def label_set(examples, path=None) -> list:
         raise data_error(where, None, f"a classifier needs at least two labels in the training "
                          f"data, found {shown}")
     try:
-        return [str(x) for x in sorted(int(x) for x in labels)]
+        values = {x: int(x) for x in labels}
     except ValueError:
         return sorted(labels)
+    _one_spelling(examples, values, where)
+    return sorted(labels, key=values.get)
+
+
+def _one_spelling(examples, values: dict, where):
+    """Two labels that are one number ('01' and '1') are refused: one class or two?"""
+    seen = {}
+    for e in examples:
+        if e.label is None:
+            continue
+        other = seen.setdefault(values[e.label], e.label)
+        if other != e.label:
+            raise data_error(where, e.line, f"labels {other!r} and {e.label!r} are the same "
+                             "number written two ways; write each class one way")
+
+
+def _is_non_finite(s: str) -> bool:
+    """'nan', 'inf', '-Infinity'...: what a writer prints for a missing number."""
+    try:
+        v = float(s)
+    except ValueError:
+        return False
+    return v != v or abs(v) == float("inf")
 
 
 def _as_float(s: str) -> Optional[float]:
@@ -461,8 +609,12 @@ def iob1_to_iob2(tags: list) -> list:
 def read_conll(path, require_tags=True) -> list:
     """Sentences of a CoNLL file (token first, tag last; blank lines between sentences)."""
     path = Path(path)
-    _first_content(path)
+    n, first = _first_content(path)
+    if _is_json_file(path, first):
+        raise data_error(path, n, "JSON, not CoNLL columns (a token and its tag a line, a blank "
+                         "line between sentences)")
     out, words, tags, start = [], [], [], 0
+    width = None  # (columns, line) of the first token line: every token line has as many
 
     def flush():
         if words:
@@ -471,7 +623,7 @@ def read_conll(path, require_tags=True) -> list:
         tags.clear()
 
     for n, text in read_lines(path):
-        cols = text.split()
+        cols = conll_columns(text)
         if not cols:
             flush()
             continue
@@ -487,6 +639,12 @@ def read_conll(path, require_tags=True) -> list:
             if not is_iob_tag(tag):
                 raise data_error(path, n, f"tag {tag!r} is not IOB (O, B-TYPE or I-TYPE)")
             tags.append(tag)
+        if width is None:
+            width = (len(cols), n)
+        elif len(cols) != width[0]:  # a token with a space in it, or a column left out
+            raise data_error(path, n, f"expected {width[0]} columns like line {width[1]}, found "
+                             f"{len(cols)} (CoNLL columns are separated by spaces or tabs; a "
+                             "token cannot hold one)")
         words.append(cols[0])
     flush()
     if not out:
@@ -562,7 +720,9 @@ def _squad_article(article, where, path, require_answers) -> list:
                 raise NanobertError(f"{path}: {at}.qas[{q}]: the question id must be a string")
             answers = _answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}")
             if require_answers and not answers:
-                raise NanobertError(f"{path}: question {str(qid)!r} has no answers")
+                v2 = (" (SQuAD v2.0 'is_impossible': nanobert reads SQuAD v1.1, where every "
+                      "question has an answer)" if qa.get("is_impossible") else "")
+                raise NanobertError(f"{path}: question {str(qid)!r} has no answers{v2}")
             out.append(QAExample(str(qid), question, context, answers,
                                  title if isinstance(title, str) else ""))
     return out
@@ -670,6 +830,10 @@ def read_records(path) -> tuple:
     if fmt == "jsonl":
         rows = list(_jsonl_objects(path))
         return list(rows[0][1]) if rows else [], rows
+    if fmt == "json":
+        line, what = _json_trouble(path)
+        raise data_error(path, line, f"{what}; expected a TSV/CSV file with a header, or "
+                         "JSON Lines")
     if fmt not in ("tsv", "csv"):
         raise data_error(path, 1, "expected a TSV/CSV file with a header, or JSON Lines")
     delim = "," if fmt == "csv" else "\t"
@@ -712,6 +876,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         raise data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
                          f"columns: {shown})")
     roles = [r for r in roles if r is not None]
+    _single_columns(names, roles + [score], path, 1)
     out = []
     for n, rec in records:
         texts = tuple(rec.get(r) for r in roles)
@@ -786,25 +951,65 @@ def _read_beir_jsonl(path: Path, fields: tuple) -> dict:
 
 
 def read_qrels(path, queries: Optional[dict] = None) -> dict:
-    """{query id: {doc id: relevance}} of a BEIR qrels TSV (header optional)."""
+    """{query id: {doc id: relevance}} of a BEIR qrels TSV (header optional). Grades are
+    integers; a file without one relevant (grade > 0) document is refused; a pair judged
+    twice with two grades gets a note (the last grade counts, as BEIR's loader has it)."""
     path = Path(path)
-    qrels = {}
+    qrels, first, regraded = {}, {}, []
     for n, text in read_lines(path):
         f = text.strip().split("\t")
         if not text.strip() or (n == 1 and f[0] == "query-id"):
             continue
         if len(f) < 3:
             raise data_error(path, n, f"expected query-id, corpus-id, score; found {len(f)} field(s)")
-        try:
-            rel = int(float(f[2]))
-        except ValueError:
-            raise data_error(path, n, f"score {f[2]!r} is not a number")
+        rel = _grade(f[2])
+        if rel is None:
+            trec = len(f) == 4 and _grade(f[3]) is not None
+            raise data_error(path, n, f"score {f[2]!r} is not an integer relevance grade" + (
+                " (4 columns, as TREC qrels `query-id iteration doc-id grade` have? BEIR "
+                "qrels are query-id, corpus-id, score)" if trec else ""))
         if queries is not None and f[0] not in queries:
             raise data_error(path, n, f"query {f[0]!r} is not in queries.jsonl")
-        qrels.setdefault(f[0], {})[f[1]] = rel
+        docs = qrels.setdefault(f[0], {})
+        if f[1] in docs and docs[f[1]] != rel:
+            regraded.append((f[0], f[1], first[f[0], f[1]], n))
+        first.setdefault((f[0], f[1]), n)
+        docs[f[1]] = rel
     if not qrels:
         raise data_error(path, None, "no judgements")
+    if regraded:
+        q, d, a, b = regraded[0]
+        note(f"{path}: {len(regraded)} (query, document) pair(s) judged twice with different "
+             f"grades (e.g. {q!r}, {d!r} on lines {a} and {b}); the last grade counts")
+    if not any(r > 0 for docs in qrels.values() for r in docs.values()):
+        raise data_error(path, None, "no relevant documents: every score is 0 or less (nothing "
+                         "to retrieve, every metric would be 0)")
     return qrels
+
+
+def _grade(text: str) -> Optional[int]:
+    """A relevance grade ('1', '2.0', '-1') as an int; None when it is no integer."""
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return int(x) if x == x and abs(x) != float("inf") and x.is_integer() else None
+
+
+def _beir_lacks(root: Path) -> list:
+    """What keeps `root` from being a BEIR folder: a part missing (perhaps there compressed),
+    or a file where a folder belongs (or the other way round)."""
+    out = []
+    for name, folder in (("corpus.jsonl", False), ("queries.jsonl", False), ("qrels", True)):
+        p = root / name
+        if p.exists() and p.is_dir() != folder:
+            out.append(f"{name} is {'a file, not a folder' if folder else 'a folder, not a file'}")
+        elif not p.exists():
+            packed = sorted(q.name for q in root.glob(f"{name}.*")
+                            if q.suffix in (".gz", ".bz2", ".xz", ".zip", ".zst"))
+            out.append(f"missing {name}{'/' if folder else ''}" +
+                       (f" ({packed[0]} is there: decompress it)" if packed else ""))
+    return out
 
 
 def read_beir(root, split: Optional[str] = None) -> Beir:
@@ -812,9 +1017,9 @@ def read_beir(root, split: Optional[str] = None) -> Beir:
     then train, whichever exists)."""
     root = Path(root)
     if not is_beir_dir(root):
-        missing = [n for n in ("corpus.jsonl", "queries.jsonl", "qrels/") if not (root / n).exists()]
+        lacking = "; ".join(_beir_lacks(root))
         raise NanobertError(f"{root}: not a BEIR folder (expected corpus.jsonl, queries.jsonl "
-                            f"and qrels/*.tsv{'; missing ' + ', '.join(missing) if missing else ''})")
+                            f"and qrels/*.tsv{'; ' + lacking if lacking else ''})")
     splits = beir_splits(root)
     if not splits:
         raise NanobertError(f"{root / 'qrels'}: no qrels .tsv files")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -35,7 +36,9 @@ def read_lines(path):
     byte-order mark is dropped; a UTF-16 file (what spreadsheets save as 'Unicode text')
     is read when it starts with its byte-order mark; bad UTF-8 is reported with its line
     number, and so is a NUL byte (binary data, or UTF-16 without its mark, which decodes
-    as 'valid' UTF-8 with a NUL between letters)."""
+    as 'valid' UTF-8 with a NUL between letters). Lines end in LF, CRLF or a lone CR (old
+    Mac and some spreadsheet exports), as Python's universal newlines read them. A
+    compressed file (gzip, bzip2, xz, zip, zstd) is named as such, not as bad UTF-8."""
     path = Path(path)
     if path.is_dir():
         raise NanobertError(f"{path}: is a directory, expected a file")
@@ -45,7 +48,12 @@ def read_lines(path):
     if not path.is_file():
         raise NanobertError(f"{path}: no such file")
     with open(path, "rb") as f:
-        if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+        head = f.read(10)
+        packed = next((name for magic, name in COMPRESSED if magic.match(head)), None)
+        if packed:
+            raise data_error(path, None, f"compressed ({packed}), not a text file; decompress "
+                             "it first and pass the result")
+        if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
             lines = _utf16_lines(path, f)
         else:
             f.seek(0)
@@ -57,15 +65,34 @@ def read_lines(path):
             yield n, text
 
 
+COMPRESSED = (  # magic bytes at the start of a file (bzip2: "BZh", a level, a block magic)
+    (re.compile(rb"\x1f\x8b"), "gzip"), (re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"), "bzip2"),
+    (re.compile(rb"\xfd7zXZ\x00"), "xz"), (re.compile(rb"PK\x03\x04"), "zip"),
+    (re.compile(rb"\x28\xb5\x2f\xfd"), "zstd"))
+
+
+def _one_line_ending(text: str) -> str:
+    """`text` without the one line ending (LF, CRLF or CR) it ends with."""
+    if text.endswith("\n"):
+        text = text[:-1]
+    return text[:-1] if text.endswith("\r") else text
+
+
 def _utf8_lines(path, f):
-    for n, raw in enumerate(f, 1):
+    n = 0
+    for raw in f:  # split at LF; a lone CR inside is a line break too (counted as one)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise data_error(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start})")
-        if n == 1:
+            before = raw[:e.start]
+            line = n + 1 + before.count(b"\r")
+            at = e.start - before.rfind(b"\r") - 1   # from the start of its line
+            raise data_error(path, line, f"not valid UTF-8 ({e.reason} at byte {at})")
+        if n == 0:
             text = text.lstrip("\ufeff")
-        yield n, text.rstrip("\r\n")
+        for part in _one_line_ending(text).split("\r"):
+            n += 1
+            yield n, part
 
 
 def _utf16_lines(path, f):
@@ -76,11 +103,11 @@ def _utf16_lines(path, f):
     except UnicodeDecodeError as e:
         line = raw[:e.start].decode("utf-16", errors="replace").count("\n") + 1
         raise data_error(path, line, f"not valid UTF-16 ({e.reason})")
-    lines = text.split("\n")
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     for n, line in enumerate(lines, 1):
-        yield n, line.rstrip("\r")
+        yield n, line
 
 
 @contextlib.contextmanager
@@ -115,11 +142,12 @@ IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif"
 VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
 
 
-def _writable_ancestor(path: Path, flag: str) -> Path:
+def _writable_ancestor(path: Path, flag: str, shown=None) -> Path:
     """The nearest existing ancestor of `path`, which must be a writable directory on a
     real file system: a probe file is created and removed (os.access says yes to root
-    even on a read-only mount)."""
+    even on a read-only mount). Messages name `shown` (default: `path`)."""
     resolved = Path(os.path.abspath(path))
+    path = path if shown is None else shown
     if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS):
         raise NanobertError(f"{flag} {path}: /{resolved.parts[1]} is a virtual file system; "
                             "choose a directory on disk")
@@ -143,7 +171,7 @@ def check_output_dir(path, flag: str = "--out"):
     if path.exists() and not path.is_dir():
         raise NanobertError(f"{flag} {path}: is a file; a directory is needed here")
     if path.is_dir():
-        _writable_ancestor(path / "x", flag)
+        _writable_ancestor(path / "x", flag, shown=path)
     else:
         _writable_ancestor(path, flag)
 

@@ -415,17 +415,14 @@ def classify_inputs(path, columns: dict) -> list:
     return D.read_inputs(path, columns)
 
 
-def text_lines(path, columns=None) -> list:
-    return [D.Example(t) for _, t in D.read_lines(path) if t.strip()]
-
-
 def ner_inputs(path, columns=None) -> list:
-    """One text a line; a CoNLL file (a labelled test set, say) gives its sentences, the
-    tokens joined by spaces (the tags are not read)."""
+    """One text a line (or JSON Lines / a table with a text field); a CoNLL file (a
+    labelled test set, say) gives its sentences, the tokens joined by spaces (the tags are
+    not read)."""
     if D.looks_like_conll(path):
         return [D.Example(" ".join(s.words), line=s.line)
                 for s in D.read_conll(path, require_tags=False)]
-    return text_lines(path)
+    return D.read_inputs(path, columns)
 
 
 def qa_inputs(path, columns=None) -> list:
@@ -521,14 +518,14 @@ TASKS = {t.name: t for t in [
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
          show=B.score_show,
          help="a score per text or text pair, MSE on the pooled vector (Pearson, Spearman)"),
-    Task("embed", None, B.embed_metric, 128, read=B.read_pairs_or_beir, labels=None,
+    Task("embed", None, B.embed_metric, 128, read=B.read_embed_data, labels=None,
          features=B.embed_features, check=B.scores_vary_check, evaluate=B.embed_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.embed_predict,
          show=B.embed_show, saved_settings=B.EMBED_SETTINGS, batcher=row_batches,
          loss=B.embed_loss, writer=B.embedding_writer,
          help="a bi-encoder (sentence embeddings): MNRL on pairs/triplets/BEIR qrels, CoSENT "
               "on scored pairs (Spearman of the cosine; nDCG@10, MRR@10, Recall@100)"),
-    Task("rerank", "regression", "ndcg_at_10", 256, read=B.read_pairs_or_beir, labels=None,
+    Task("rerank", "regression", "ndcg_at_10", 256, read=B.read_rerank_data, labels=None,
          features=B.rerank_features, check=None, evaluate=B.rerank_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
          show=B.score_show, saved_settings=B.RERANK_SETTINGS, batcher=row_batches,

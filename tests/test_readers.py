@@ -38,7 +38,8 @@ def test_null_label_is_a_clean_error_for_training_and_ignored_for_prediction(tmp
     assert [e.label for e in got] == ["1", None]
 
 
-@pytest.mark.parametrize("values", [["1.0", "1", "0", "0.0"], [1.0, 1, 0, 0.0]])
+@pytest.mark.parametrize("values", [["1.0", "1", "0", "0.0"], [1.0, 1, 0, 0.0],
+                                    ["+1", "1e0", "-0", "0."], ["1.", "10E-1", "0e5", "+0.0"]])
 def test_integral_labels_are_one_class_whatever_their_spelling(tmp_path, values):
     if isinstance(values[0], str):
         p = write(tmp_path, "d.tsv", "sentence\tlabel\n" + "".join(
@@ -48,6 +49,30 @@ def test_integral_labels_are_one_class_whatever_their_spelling(tmp_path, values)
     ex = D.read_classification(p)
     assert [e.label for e in ex] == ["1", "1", "0", "0"]
     assert D.label_set(ex, p) == ["0", "1"]
+
+
+def test_one_number_written_two_ways_is_refused_not_a_crash(tmp_path):
+    # '01' and '1' were two labels, and label_set's int() made both '1': a KeyError
+    p = write(tmp_path, "d.tsv", "sentence\tlabel\na\t1\nb\t0\nc\t01\nd\t00\n")
+    assert error_of(D.label_set, D.read_classification(p), p) == (
+        f"{p}:4: labels '1' and '01' are the same number written two ways; write each class "
+        "one way")
+    codes = write(tmp_path, "c.tsv", "sentence\tlabel\na\t010\nb\t007\nc\t2\n")  # codes stay
+    assert D.label_set(D.read_classification(codes), codes) == ["2", "007", "010"]
+    assert D.integral_label("1.5") == "1.5" and D.integral_label("9" * 80) == "9" * 80
+
+
+def test_non_finite_labels_are_missing_values_not_classes(tmp_path):
+    # JSON NaN / Infinity (and 'nan' among numbers in a table) became classes 'nan', 'inf'
+    p = write(tmp_path, "d.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": NaN}\n')
+    assert error_of(D.read_classification, p).startswith(f"{p}:2: label nan is not a finite number")
+    q = write(tmp_path, "d.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": -Infinity}\n')
+    assert "not a finite number" in error_of(D.read_classification, q)
+    t = write(tmp_path, "d.tsv", "sentence\tlabel\na\t1\nb\t0\nc\tnan\n")
+    assert error_of(D.label_set, D.read_classification(t), t) == \
+        f"{t}:4: label 'nan' is not a number like the other labels (a missing value?)"
+    words = write(tmp_path, "w.tsv", "sentence\tlabel\na\tnan\nb\tpos\n")   # a name, not a number
+    assert D.label_set(D.read_classification(words), words) == ["nan", "pos"]
 
 
 def test_float_scores_point_to_regression(tmp_path):
@@ -84,6 +109,63 @@ def test_literal_quotes_stay_literal(tmp_path):
 def test_ragged_row_names_the_line(tmp_path):
     p = write(tmp_path, "r.tsv", "sentence\tlabel\nok\t1\nno label here\n")
     assert error_of(D.read_classification, p).startswith(f"{p}:3: expected 2 fields")
+
+
+def test_an_unclosed_quote_is_reported_on_the_row_it_opens(tmp_path):
+    # the reader ran to the end of the file and blamed the last line
+    p = write(tmp_path, "q.csv", 'text,label\nok,1\n"never closed,1\nmore,0\nrows,1\n')
+    assert error_of(D.read_classification, p) == \
+        f"{p}:3: malformed CSV row (a quoted field that starts in this row is never closed)"
+
+
+def test_a_column_named_twice_is_refused_not_guessed(tmp_path):
+    p = write(tmp_path, "d.tsv", "sentence\tlabel\tlabel\na\t1\t0\nb\t0\t1\n")
+    assert error_of(D.read_classification, p) == \
+        f"{p}:1: column 'label' appears 2 times in the header; rename the one not meant"
+    s = write(tmp_path, "s.tsv", "sentence1\tsentence2\tscore\tscore\na\tb\t1\t4\n")
+    assert "column 'score' appears 2 times" in error_of(D.read_text_rows, s)
+    ok = write(tmp_path, "ok.tsv", "sentence\tlabel\t\t\na\t1\t\t\nb\t0\t\t\n")  # unused blanks
+    assert len(D.read_classification(ok)) == 2
+
+
+def test_lone_cr_line_endings_are_line_breaks(tmp_path):
+    # old-Mac / some spreadsheet exports: a TSV was a csv error, texts were one input
+    # 'good\rbad', a corpus one document
+    t = write(tmp_path, "cr.tsv", b"sentence\tlabel\rgood\t1\rbad\t0\r")
+    assert [(e.text_a, e.label, e.line) for e in D.read_classification(t)] == \
+        [("good", "1", 2), ("bad", "0", 3)]
+    assert [e.text_a for e in D.read_inputs(write(tmp_path, "in.txt", b"good\rbad\r"))] == \
+        ["good", "bad"]
+    from nanobert.corpus import iter_documents
+    c = write(tmp_path, "c.txt", b"one. two.\rthree.\r\rfour.\r")
+    assert list(iter_documents([c])) == [["one. two.", "three."], ["four."]]
+    mixed = write(tmp_path, "m.txt", b"a\r\nb\rc\n\nd")
+    from nanobert.files import read_lines
+    assert list(read_lines(mixed)) == [(1, "a"), (2, "b"), (3, "c"), (4, ""), (5, "d")]
+    bad = write(tmp_path, "bad.txt", b"ok\rcaf\xe9\r")
+    assert error_of(list, read_lines(bad)) == f"{bad}:2: not valid UTF-8 (invalid continuation " \
+        "byte at byte 3)"
+
+
+@pytest.mark.parametrize("kind", ["gzip", "bz2", "lzma", "zip"])
+def test_compressed_files_are_named_not_called_bad_utf8(tmp_path, kind):
+    import bz2
+    import gzip
+    import lzma
+    import zipfile
+    text = b"sentence\tlabel\ngood\t1\nbad\t0\n"
+    p = tmp_path / "d.tsv.x"
+    if kind == "zip":
+        with zipfile.ZipFile(p, "w") as z:
+            z.writestr("d.tsv", text)
+    else:
+        p.write_bytes({"gzip": gzip, "bz2": bz2, "lzma": lzma}[kind].compress(text))
+    name = {"bz2": "bzip2", "lzma": "xz"}.get(kind, kind)
+    for read in (D.read_classification, D.read_inputs, D.read_conll, D.read_qrels):
+        assert error_of(read, p) == f"{p}: compressed ({name}), not a text file; decompress " \
+            "it first and pass the result"
+    word = write(tmp_path, "w.txt", "BZh is not a bzip2 header\n")   # text that starts alike
+    assert [e.text_a for e in D.read_inputs(word)] == ["BZh is not a bzip2 header"]
 
 
 def test_bad_utf8_empty_and_unknown_formats(tmp_path):
@@ -196,6 +278,44 @@ def test_a_json_array_of_records_reads_as_json_lines(tmp_path):
     assert time.perf_counter() - start < 10
 
 
+def test_json_that_is_not_json_lines_says_what_is_wrong(tmp_path):
+    # a comma after each record was 'SQuAD-style JSON' to the classifier, and predict,
+    # NER predict and the embedding tasks' predict read each raw line as a text
+    commas = write(tmp_path, "c.jsonl", '{"text": "a", "label": 1},\n{"text": "b", "label": 0},\n')
+    msg = error_of(D.read_classification, commas)
+    assert msg.startswith(f"{commas}:1: not a classification file (a comma after the JSON object")
+    assert "SQuAD" not in msg
+    for read in (D.read_inputs, D.read_text_lines, D.read_text_rows):
+        assert error_of(read, commas).startswith(f"{commas}:1: a comma after the JSON object")
+    rows = write(tmp_path, "r.jsonl", '{"text": "a"}\n{"text": "b"}\n')
+    assert error_of(D.read_text_lines, rows).startswith(f"{rows}:1: JSON Lines (expected one")
+    one = write(tmp_path, "o.json", '{\n  "text": "a",\n  "label": 1\n}\n')
+    for read in (D.read_classification, D.read_inputs):
+        assert "one JSON object over several lines, not JSON Lines" in error_of(read, one)
+    cut = write(tmp_path, "t.jsonl", '{"text": "a", "lab\n{"text": "b", "label": 0}\n')
+    assert error_of(D.read_inputs, cut).startswith(f"{cut}:1: not valid JSON")
+    nums = write(tmp_path, "n.json", "[1, 2]\n")
+    assert "array of values that are not objects" in error_of(D.read_classification, nums)
+    assert "SQuAD-style JSON" in error_of(D.read_classification, write(
+        tmp_path, "s.json", json.dumps({"data": []}, indent=1)))
+    for read in (D.read_conll, lambda p: D.read_conll(p, require_tags=False)):
+        assert error_of(read, commas).startswith(f"{commas}:1: JSON, not CoNLL columns")
+    assert [e.text_a for e in D.read_inputs(write(tmp_path, "b.txt", "[Music] hi\n{curly} x\n"))] \
+        == ["[Music] hi", "{curly} x"]                     # text that starts with a bracket
+
+
+def test_conll_file_is_not_read_as_one_text_a_line(tmp_path):
+    p = write(tmp_path, "t.conll", "-DOCSTART- -X- O\n\nEU NNP B-ORG\nrejects VBZ O\n")
+    assert error_of(D.read_inputs, p).startswith(f"{p}:1: CoNLL columns (a token and its tag")
+
+
+def test_predict_input_of_an_embedding_model_reads_plain_text(tmp_path):
+    # one word a line was 'unknown format' for regress / embed / rerank models
+    from nanobert.biencoder import text_rows_input
+    p = write(tmp_path, "in.txt", "good\nbad\n")
+    assert [(r.texts, r.line) for r in text_rows_input(p)] == [(("good",), 1), (("bad",), 2)]
+
+
 # ---- prediction inputs ----------------------------------------------------------------
 
 @pytest.mark.parametrize("first", ["Excellent!", "很好", "Hello, world", "a\tb"])
@@ -271,3 +391,106 @@ def test_conll_bad_tag_and_missing_tag_name_the_line(tmp_path):
     assert error_of(D.read_conll, p).startswith(f"{p}:4: tag 'X-MISC' is not IOB")
     q = write(tmp_path, "m.conll", "EU B-ORG\nrejects\n")
     assert error_of(D.read_conll, q).startswith(f"{q}:2: expected a token and a tag")
+
+
+def test_conll_rows_keep_one_column_count(tmp_path):
+    # 'New York B-LOC' among two-column rows silently lost 'York'; a no-break space inside
+    # a token cut it in two
+    p = write(tmp_path, "n.conll", "EU B-ORG\nNew York B-LOC\n\nPeter B-PER\n")
+    assert error_of(D.read_conll, p) == (f"{p}:2: expected 2 columns like line 1, found 3 (CoNLL "
+                                         "columns are separated by spaces or tabs; a token "
+                                         "cannot hold one)")
+    assert error_of(D.read_conll, p, require_tags=False).startswith(f"{p}:2: expected 2 columns")
+    nbsp = write(tmp_path, "b.conll", "New\u00a0York B-LOC\nis O\n")
+    assert D.read_conll(nbsp)[0].words == ["New\u00a0York", "is"]
+    tabs = write(tmp_path, "t.conll", "-DOCSTART- -X- -X- O\n\nEU\tNNP\tB-ORG\n( \tPUNC O\n")
+    assert D.read_conll(tabs)[0].words == ["EU", "("]
+
+
+def test_squad_v2_unanswerable_questions_are_named_as_such(tmp_path):
+    qas = [{"id": "u", "question": "Why?", "answers": [], "is_impossible": True}]
+    p = write(tmp_path, "v2.json", json.dumps({"data": [{"paragraphs": [{"context": "Paris.",
+                                                                         "qas": qas}]}]}))
+    assert "SQuAD v2.0 'is_impossible'" in error_of(D.read_squad, p)
+    assert D.read_squad(p, require_answers=False)[0].id == "u"
+
+
+# ---- retrieval and embedding data -----------------------------------------------------
+
+def beir_dir(tmp_path, qrels, name="b"):
+    root = tmp_path / name
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text('{"_id": "d1", "text": "Paris."}\n'
+                                       '{"_id": "d2", "text": "Rome."}\n')
+    (root / "queries.jsonl").write_text('{"_id": "q1", "text": "France?"}\n'
+                                        '{"_id": "q2", "text": "Italy?"}\n')
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
+    return root
+
+
+@pytest.mark.parametrize("grade", ["inf", "1e999", "0.5", "nan", "high"])
+def test_qrels_grades_are_integers(tmp_path, grade):
+    # 'inf' was an OverflowError traceback; '0.5' silently became 0
+    root = beir_dir(tmp_path, f"q1\td1\t1\nq2\td2\t{grade}\n")
+    assert error_of(D.read_beir, root) == (f"{root / 'qrels' / 'test.tsv'}:3: score {grade!r} is "
+                                           "not an integer relevance grade")
+
+
+def test_qrels_without_a_relevant_document_or_with_two_grades(tmp_path, capsys):
+    zero = beir_dir(tmp_path, "q1\td1\t0\nq2\td2\t0\n")
+    assert "no relevant documents" in error_of(D.read_beir, zero)   # every metric was 0
+    twice = beir_dir(tmp_path, "q1\td1\t1\nq2\td2\t1\nq1\td1\t2\n", "t")
+    assert D.read_beir(twice).qrels["q1"] == {"d1": 2}               # the last, as BEIR reads
+    assert "judged twice with different grades (e.g. 'q1', 'd1' on lines 2 and 4)" in \
+        capsys.readouterr().err
+    trec = beir_dir(tmp_path, "q1\t0\td1\t1\n", "trec")
+    assert "TREC qrels" in error_of(D.read_beir, trec)
+
+
+def test_beir_folder_says_what_is_wrong_with_it(tmp_path):
+    import gzip
+    root = beir_dir(tmp_path, "q1\td1\t1\n")
+    packed = root / "corpus.jsonl.gz"
+    packed.write_bytes(gzip.compress((root / "corpus.jsonl").read_bytes()))
+    (root / "corpus.jsonl").unlink()
+    assert "missing corpus.jsonl (corpus.jsonl.gz is there: decompress it)" in \
+        error_of(D.read_beir, root)
+    (root / "corpus.jsonl").mkdir()
+    assert "corpus.jsonl is a folder, not a file" in error_of(D.read_beir, root)
+
+
+def test_embedding_and_reranking_rows_are_checked_when_read(tmp_path):
+    # single texts as dev data were an IndexError after a whole epoch of training; the
+    # shape errors named no file
+    from nanobert.biencoder import read_embed_data, read_rerank_data
+    single = write(tmp_path, "s.tsv", "anchor\na\nb\n")
+    assert error_of(read_embed_data, single).startswith(f"{single}:2: a bi-encoder needs pairs")
+    scored3 = write(tmp_path, "t.tsv", "anchor\tpositive\tnegative\tscore\na\tb\tc\t1\n")
+    assert "not triplets" in error_of(read_embed_data, scored3)
+    pairs = write(tmp_path, "p.tsv", "query\tdocument\na\tb\n")
+    assert error_of(read_rerank_data, pairs).startswith(f"{pairs}:1: no score column")
+    neg = write(tmp_path, "n.tsv", "query\tdocument\tlabel\nq\td\t1\nq\te\t-1\n")
+    assert error_of(read_rerank_data, neg).startswith(f"{neg}:3: label -1 is negative")
+    zero = write(tmp_path, "z.tsv", "query\tdocument\tlabel\nq\td\t0\n")
+    assert "every label is 0" in error_of(read_rerank_data, zero)
+    ok = write(tmp_path, "ok.tsv", "query\tdocument\tlabel\nq\td\t1\nq\te\t0\n")
+    assert [r.score for r in read_rerank_data(ok)] == [1.0, 0.0]
+
+
+# ---- pretraining corpora --------------------------------------------------------------
+
+def test_a_corpus_file_named_twice_is_refused(tmp_path):
+    # its documents counted twice, and could be held out and trained on at once
+    from nanobert.corpus import corpus_files
+    d = tmp_path / "c"
+    d.mkdir()
+    f = write(d, "a.txt", "one.\n\ntwo.\n")
+    assert error_of(corpus_files, [f, f]) == f"{f}: given twice in the corpus; name each file once"
+    assert "given twice in the corpus" in error_of(corpus_files, [d, f])
+
+
+def test_a_single_document_corpus_error_names_the_file(tmp_path):
+    from nanobert.corpus import load_corpus
+    f = write(tmp_path, "one.txt", "just one document here.\n")
+    assert error_of(load_corpus, [f], log=lambda *a: None).startswith(f"{f}: the corpus has a "
+                                                                       "single document")

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanobert import data as D
+from nanobert.biencoder import read_embed_data, read_rerank_data
 from nanobert.corpus import corpus_files, iter_documents
 from nanobert.files import NanobertError, read_lines
 
@@ -39,6 +40,7 @@ VALID = {
     "sts": "main-captions\tMSRvid\t2012test\t0001\t5.000\tA plane.\tAn air plane.\n"
            "main-news\tx\t2012\t2\t0.5\tOne \"two\".\tThree\textra\n",
     "triplets": "anchor\tpositive\tnegative\nq\td\tn\n",
+    "rerank": "query\tdocument\tlabel\nq\td\t1\nq\te\t0\n",
     "scored_jsonl": '{"sentence1": "a", "sentence2": "b", "score": 0.5}\n',
     "qrels": "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td9\t0\n",
     "beir_corpus": '{"_id": "d1", "title": "T", "text": "Body."}\n{"_id": 2, "text": "x"}\n',
@@ -128,6 +130,9 @@ READERS = {
     "scored_rows": lambda p: D.read_text_rows(p, require_score=True),
     "qrels": lambda p: list(D.read_qrels(p).items()),
     "beir_corpus": lambda p: list(D._read_beir_jsonl(p, ("title", "text")).items()),
+    "text_lines": lambda p: D.read_text_lines(p),
+    "embed_rows": lambda p: read_embed_data(p),
+    "rerank_rows": lambda p: read_rerank_data(p),
 }
 SOURCES = {"classification": ("tsv", "pair_tsv", "csv", "msrp", "jsonl"),
            "classification_unlabelled": ("tsv", "csv", "jsonl"),
@@ -138,7 +143,8 @@ SOURCES = {"classification": ("tsv", "pair_tsv", "csv", "msrp", "jsonl"),
            "corpus": ("corpus",), "lines": ("corpus", "tsv"),
            "text_rows": ("sts", "triplets", "scored_jsonl", "tsv"),
            "scored_rows": ("sts", "scored_jsonl", "csv"), "qrels": ("qrels",),
-           "beir_corpus": ("beir_corpus",)}
+           "beir_corpus": ("beir_corpus",), "text_lines": ("corpus", "jsonl", "conll"),
+           "embed_rows": ("triplets", "scored_jsonl", "sts"), "rerank_rows": ("rerank", "csv")}
 
 
 def well_formed(item) -> bool:
@@ -188,6 +194,40 @@ def test_the_valid_seeds_parse(name, tmp_path):
     p.write_text(VALID[name], encoding="utf-8")
     reader = {"conll": D.read_conll, "squad": D.read_squad, "squad_jsonl": D.read_squad,
               "corpus": lambda q: list(iter_documents([q])), "qrels": D.read_qrels,
-              "beir_corpus": lambda q: D._read_beir_jsonl(q, ("title", "text"))}.get(
+              "beir_corpus": lambda q: D._read_beir_jsonl(q, ("title", "text")),
+              "rerank": read_rerank_data}.get(
         name, D.read_text_rows if name in ("sts", "triplets", "scored_jsonl") else D.read_classification)
     assert len(reader(p)) >= 1
+
+
+LINE_TEXT = st.text(st.characters(blacklist_categories=("Cs",),
+                                  blacklist_characters="\r\n\x00\ufeff"),
+                    max_size=8)   # U+2028, U+0085, form feeds... stay inside their line
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16"])
+def test_any_line_endings_give_the_same_lines(encoding, tmp_path_factory):
+    """LF, CRLF and a lone CR (old Mac, some exports) all end a line, mixed as they come;
+    a lone CR was kept inside the line, so a CR-only file was one line."""
+    path = tmp_path_factory.mktemp("eol") / "input"
+
+    @FUZZ
+    @given(st.lists(LINE_TEXT, min_size=1, max_size=6),
+           st.lists(st.sampled_from(["\n", "\r\n", "\r"]), min_size=6, max_size=6))
+    def run(lines, ends):
+        path.write_bytes("".join(t + e for t, e in zip(lines, ends)).encode(encoding))
+        assert list(read_lines(path)) == list(enumerate(lines, 1))
+    run()
+
+
+INTEGER_SPELLINGS = [str, "{}.0".format, "{}.".format, "{:+d}".format, "{}e0".format,
+                     lambda n: f"{n * 10}E-1", "{}.000".format, "{:+.1f}".format]
+
+
+@FUZZ
+@given(st.integers(-10 ** 9, 10 ** 9), st.sampled_from(INTEGER_SPELLINGS))
+def test_an_integer_label_is_one_class_however_it_is_written(n, spell):
+    """'+1', '1e0', '10E-1', '1.' are the class '1' (they were classes of their own, and
+    label_set's int() then merged them into a repeated name: a KeyError)."""
+    assert D.integral_label(spell(n)) == str(n)
+    assert D._label_str(float(n), "f", 1) == str(n)
