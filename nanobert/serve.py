@@ -37,7 +37,7 @@ import torch
 
 from .batcher import Batcher, heap_trimmer
 from .files import NanobertError
-from .serve_models import Served, load_served
+from .serve_models import Counts, Served, load_served, split_spec
 
 # ----------------------------------------------------------------------------------
 # Settings and errors
@@ -116,11 +116,14 @@ def read_str(body, name, default=None, required=False):
 
 def read_texts(body: dict, name: str, limit: int, pairs: bool = False) -> tuple:
     """(texts, pairs or None, single) from a string or a list of strings (or, when
-    `pairs`, of [text, text] pairs). Over `limit` inputs is a 413."""
-    if name not in body:
+    `pairs`, of [text, text] pairs). Over `limit` inputs is a 413. A list of two strings
+    is two texts, as everywhere else: a pair is always written inside the list,
+    `[["premise", "hypothesis"]]` (read as one pair, `["a", "b"]` answered one result
+    where two were sent)."""
+    if body.get(name) is None:
         raise unprocessable(name, "is required")
     value = body[name]
-    single = isinstance(value, str) or (pairs and _is_pair(value))
+    single = isinstance(value, str)
     items = [value] if single else value
     if not isinstance(items, list) or not items:
         raise unprocessable(name, "must be a string or a non-empty list of strings"
@@ -261,8 +264,9 @@ class Server:
                                          f"(models: {self._list()})")
         m = self.models[name]
         if route not in m.routes:
-            raise unprocessable("model", f"names {name!r}, a {m.task} model, which does not "
-                                         f"serve /{route} (it serves: {', '.join(m.routes)})")
+            article = "an" if m.task[0] in "aeiou" else "a"
+            raise unprocessable("model", f"names {name!r}, {article} {m.task} model, which does "
+                                         f"not serve /{route} (it serves: {', '.join(m.paths)})")
         return m
 
     def _list(self) -> str:
@@ -276,6 +280,14 @@ class Server:
         self.metrics.truncated.inc(sum(getattr(out, "truncated", ())))
         return out
 
+    async def on_tokenizer(self, fn, *args):
+        """fn(*args) on the tokenize thread, the only one that may use a model's `counter`
+        (its tokenizer switches truncation on and off around each call: a length measured
+        on the event loop, for a 422, made another request's count see no truncation).
+        Clipping (Served.clip) runs there too: a text it cannot cut at a space, it cuts
+        after tokenizing it (seconds for megabytes of CJK)."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
+
     async def run(self, m: Served, kind: str, items: list, lengths: list, group_extra=()):
         """Queue items for the model's `kind` computation; their outputs, in order."""
         return await self.batcher.submit((m.name, kind) + tuple(group_extra), items, lengths,
@@ -286,12 +298,10 @@ class Server:
 # Routes
 
 
-def check_truncation(m: Served, name: str, counts, truncate: bool, texts, pairs=None,
-                     sent=None):
-    """422 for the first truncated input when the request says truncate: false. `texts`
-    and `pairs` as clipped (Served.clip); `sent`: the characters of each input as sent."""
-    if truncate:
-        return
+def check_truncation(m: Served, name: str, counts, texts, pairs=None, sent=None):
+    """422 for the first truncated input (for a request that says truncate: false). `texts`
+    and `pairs` as clipped (Served.clip); `sent`: the characters of each input as sent.
+    On the tokenize thread (Server.on_tokenizer): it measures with the model's counter."""
     for i, cut in enumerate(counts.truncated):
         if cut:
             n = m.full_length(texts[i], pairs[i] if pairs else None)
@@ -320,9 +330,11 @@ async def embed_inputs(server: Server, body: dict, field_name: str, normalize: b
     if dimensions is not None and dimensions > m.hidden_size:
         raise unprocessable("dimensions", f"must be at most the model's {m.hidden_size}, "
                                           f"got {dimensions}")
-    clipped, _ = m.clip(texts)
+    clipped, _ = await server.on_tokenizer(m.clip, texts)
     counts = await server.tokenized(m.count, clipped)
-    check_truncation(m, field_name, counts, truncate, clipped, sent=list(map(len, texts)))
+    if not truncate:
+        await server.on_tokenizer(check_truncation, m, field_name, counts, clipped, None,
+                                  list(map(len, texts)))
     rows = await server.run(m, "embed", clipped, counts.lengths)
     return m, vector_rows(rows, normalize, dimensions), counts, single
 
@@ -347,10 +359,11 @@ async def embed(server: Server, body: dict) -> dict:
 
 
 async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, name: str):
-    clipped, clipped_pairs = m.clip(texts, pairs)
+    clipped, clipped_pairs = await server.on_tokenizer(m.clip, texts, pairs)
     counts = await server.tokenized(m.count, clipped, clipped_pairs)
-    sent = [len(t) + len(p or "") for t, p in zip(texts, pairs or [None] * len(texts))]
-    check_truncation(m, name, counts, truncate, clipped, clipped_pairs, sent)
+    if not truncate:
+        sent = [len(t) + len(p or "") for t, p in zip(texts, pairs or [None] * len(texts))]
+        await server.on_tokenizer(check_truncation, m, name, counts, clipped, clipped_pairs, sent)
     items = list(zip(clipped, clipped_pairs or [None] * len(texts)))
     return await server.run(m, "logits", items, counts.lengths, (pairs is not None,)), counts
 
@@ -385,9 +398,11 @@ async def ner(server: Server, body: dict) -> dict:
     m = server.pick(body, "ner")
     texts, _, _ = read_texts(body, "inputs", server.config.max_client_batch)
     truncate = read_bool(body, "truncate", True)
-    clipped, _ = m.clip(texts)
+    clipped, _ = await server.on_tokenizer(m.clip, texts)
     counts = await server.tokenized(m.count, clipped)
-    check_truncation(m, "inputs", counts, truncate, clipped, sent=list(map(len, texts)))
+    if not truncate:
+        await server.on_tokenizer(check_truncation, m, "inputs", counts, clipped, None,
+                                  list(map(len, texts)))
     entities = await server.run(m, "ner", clipped, counts.lengths)
     results = [{"entities": ents, "truncated": cut}
                for ents, cut in zip(entities, counts.truncated)]
@@ -396,7 +411,7 @@ async def ner(server: Server, body: dict) -> dict:
 
 def read_questions(body: dict, limit: int) -> list:
     """[(question, context)] from question + context, or inputs: [{question, context}]."""
-    if "inputs" not in body:
+    if body.get("inputs") is None:          # absent or null: one question
         return [(read_str(body, "question", required=True),
                  read_str(body, "context", required=True))]
     items = body["inputs"]
@@ -423,13 +438,12 @@ async def qa(server: Server, body: dict) -> dict:
         work = await server.tokenized(m.qa_windows, pairs)
     except NanobertError:
         i = await server.tokenized(m.first_unwindowed, pairs)
-        raise unprocessable(f"inputs[{i}].question" if "inputs" in body else "question",
+        raise unprocessable("question" if body.get("inputs") is None else f"inputs[{i}].question",
                             f"is too long for the model's windows of {m.max_length} tokens "
                             f"(doc stride {m.settings['doc_stride']}): shorten it")
     lengths = work.lengths
     spans = await server.run(m, "qa_spans", work.items, lengths)
-    answers = await asyncio.get_running_loop().run_in_executor(server.tokenizing, m.qa_answers,
-                                                               work, spans)
+    answers = await server.on_tokenizer(m.qa_answers, work, spans)
     results = [dict(a, windows=n) for a, n in zip(answers, work.windows_per_question)]
     tokens = sum(lengths)
     return {"model": m.name, "results": results,
@@ -439,7 +453,13 @@ async def qa(server: Server, body: dict) -> dict:
 async def tokenize(server: Server, body: dict) -> dict:
     m = server.pick(body, "tokenize")
     texts, pairs, _ = read_texts(body, "inputs", server.config.max_client_batch, pairs=True)
-    tokens = await server.tokenized(m.tokens, *m.clip(texts, pairs))
+    truncate = read_bool(body, "truncate", True)
+    clipped, clipped_pairs = await server.on_tokenizer(m.clip, texts, pairs)
+    tokens = await server.tokenized(m.tokens, clipped, clipped_pairs)
+    if not truncate:
+        sent = [len(t) + len(p or "") for t, p in zip(texts, pairs or [None] * len(texts))]
+        await server.on_tokenizer(check_truncation, m, "inputs", Counts([], [c for _, c in tokens]),
+                                  clipped, clipped_pairs, sent)
     return {"model": m.name, "tokens": [t for t, _ in tokens],
             "truncated": [cut for _, cut in tokens], "max_length": m.max_length}
 
@@ -620,6 +640,14 @@ async def answer_unless_gone(request, work):
     return json_response(task.result())
 
 
+def is_bug(e: BaseException) -> bool:
+    """An exception to answer with a 500: any Exception, and the PanicException of a Rust
+    extension (the tokenizers library), which derives from BaseException only and got
+    past `except Exception` to Starlette: a plain-text 500 and a traceback in the log.
+    Not a cancellation (the client went away), an interrupt or an exit."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
+
+
 def endpoint(server: Server, route: Route):
     """The Starlette endpoint of a route: API key, in-flight limit, body, metrics, and
     every failure turned into a JSON answer (never a traceback)."""
@@ -648,9 +676,11 @@ def endpoint(server: Server, route: Route):
             response = json_response(e.body(), e.status, e.headers)
         except NanobertError as e:   # found wrong only while computing
             response = json_response(ApiError(422, str(e)).body(), 422)
-        except Exception as e:  # a bug: one line in the log and in the answer, no traceback
-            print(f"nanobert serve: error in {route.path}: {type(e).__name__}: {e}",
-                  file=sys.stderr, flush=True)
+        except BaseException as e:  # a bug: one line in the log and in the answer, no traceback
+            if not is_bug(e):
+                raise
+            print(f"nanobert serve: error in {route.path}: {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200] if str(e) else ''}", file=sys.stderr, flush=True)
             response = json_response(ApiError(500, f"internal error ({type(e).__name__})").body(), 500)
         finally:
             if counted:
@@ -736,6 +766,11 @@ def config_from_args(args) -> ServeConfig:
                             f"got {args.body_timeout}")
     if args.api_key is not None and not args.api_key.strip():
         raise NanobertError("--api-key must not be empty")
+    if args.api_key is not None and not (args.api_key.isascii() and args.api_key.isprintable()
+                                         and args.api_key == args.api_key.strip()):
+        # the header arrives as Latin-1 and its token stripped: such a key never matched
+        raise NanobertError("--api-key must be printable ASCII without leading or trailing "
+                            "spaces (what an 'Authorization: Bearer KEY' header can carry)")
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
                        args.dtype, args.body_timeout, args.warmup)
@@ -777,12 +812,12 @@ def serve_cmd(args):
     except ImportError as e:
         raise NanobertError(f"serve needs {e.name}: pip install 'nanobert[serve]'")
     config = config_from_args(args)
-    check_address(config.host, config.port)
-    models = [load_served(spec, config.dtype) for spec in args.models]
-    names = [m.name for m in models]
+    names = [split_spec(spec)[0] for spec in args.models]   # before anything loads
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise NanobertError(f"two models are named {dup!r}; name them with NAME=PATH")
+    check_address(config.host, config.port)
+    models = [load_served(spec, config.dtype) for spec in args.models]
     server = Server(models, config)
     print(banner(server), flush=True)
     # idle connections live longer than clients' pools keep them (httpx, aiohttp: 5 s;

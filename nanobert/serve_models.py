@@ -33,6 +33,7 @@ TASK_ROUTES = {
     "ner": ("ner", "tokenize"),
     "qa": ("qa", "tokenize"),
 }
+ROUTE_PATHS = {"embed": ("/v1/embeddings", "/embed")}   # a route served at more than one path
 
 
 @dataclass
@@ -102,14 +103,69 @@ class Served:
             routes = tuple(r for r in routes if r != "rerank")
         return routes
 
+    @property
+    def paths(self) -> list:
+        """The HTTP routes of `routes` (embed: the OpenAI-compatible one too)."""
+        return [p for r in self.routes for p in ROUTE_PATHS.get(r, ("/" + r,))]
+
     def clip(self, texts, pairs=None) -> tuple:
         """(texts, pairs) cut short where they are far over the token limit, without
         changing what the model reads (tokenizer.clip_text): a 2 MB input took the
-        tokenizer 10-20 s, twice, and held up every request behind it."""
+        tokenizer 10-20 s, twice, and held up every request behind it. What clip_text
+        cannot cut (no plain spaces: CJK, runs of punctuation) is cut at a token
+        boundary instead (clip_tokens). On the tokenize thread: it may tokenize."""
         from .tokenizer import clip_pair
-        cut = [clip_pair(t, p, self.max_length)
+        cut = [self.clip_tokens(*clip_pair(t, p, self.max_length))
                for t, p in zip(texts, pairs if pairs is not None else [None] * len(texts))]
         return [t for t, _ in cut], None if pairs is None else [p for _, p in cut]
+
+    def clip_tokens(self, a: str, b: Optional[str] = None) -> tuple:
+        """(a, b) cut to prefixes that hold the same first tokens as the whole texts and
+        enough of them that truncation keeps exactly what it keeps of the whole texts.
+        For what clip_text leaves long: a text without plain spaces is not cut there, and
+        a pair of two long ones costs the tokenizer the PRODUCT of their lengths (it pairs
+        every overflowing piece of one side with every piece of the other): a /rerank of
+        two 300 KB CJK texts took over 20 GB and the server was killed. Longest-first
+        truncation of a pair to `budget` tokens depends only on which side is longer and
+        on the shorter side's length up to budget + 1, so the shorter side keeps
+        budget + 1 tokens and the longer one more than that, and more than budget in all."""
+        from .tokenizer import CLIP_MIN_CHARS
+        tk = self.counter.tk
+        if b is None:
+            if len(a) <= CLIP_MIN_CHARS * (self.max_length + 1):
+                return a, None
+            return self._token_prefix(a, tk.encode(a, add_special_tokens=False),
+                                      self.max_length + 1)[0], None
+        if len(a) * len(b) <= (4 * self.max_length) ** 2:      # few overflowing pieces
+            return a, b
+        ea, eb = tk.encode_batch([a, b], add_special_tokens=False)
+        budget = self.max_length - tk.num_special_tokens_to_add(True)
+        if len(ea.ids) + len(eb.ids) <= budget:
+            return a, b
+        swap = len(ea.ids) > len(eb.ids)          # a ties with b as the shorter side
+        (s, es), (l, el) = ((b, eb), (a, ea)) if swap else ((a, ea), (b, eb))
+        s, kept = self._token_prefix(s, es, budget + 1)
+        l, _ = self._token_prefix(l, el, max(kept + 1, budget + 1 - kept))
+        return (l, s) if swap else (s, l)
+
+    def _token_prefix(self, text: str, enc, keep: int, tries: int = 8) -> tuple:
+        """(prefix, its token count): the shortest prefix of `text` found, ending at a token
+        boundary, whose tokens are exactly the first `keep` or more tokens of `text` (`enc`:
+        its encoding without special tokens); checked by encoding it, so that it holds for
+        every tokenizer. (text, all its tokens) when none is found in `tries` attempts."""
+        n = len(enc.ids)
+        if n <= keep:
+            return text, n
+        offsets, words = enc.offsets, enc.word_ids
+        # a cut between two pre-tokenized words is the likeliest to leave the tokens as
+        # they are; then any cut between two tokens that do not share a character
+        cuts = [j for j in range(keep, min(n, keep + 64)) if offsets[j - 1][1] <= offsets[j][0]]
+        cuts.sort(key=lambda j: (words[j] == words[j - 1], j))
+        for j in cuts[:tries]:
+            prefix = text[:offsets[j][0]]
+            if self.counter.tk.encode(prefix, add_special_tokens=False).ids == enc.ids[:j]:
+                return prefix, j
+        return text, n
 
     # ---- the tokenize thread ---------------------------------------------------------
     def count(self, texts, pairs=None) -> Counts:
@@ -207,7 +263,7 @@ class Served:
         return float(torch.softmax(logits, -1)[1])
 
     def describe(self) -> dict:
-        d = {"name": self.name, "task": self.task, "routes": ["/" + r for r in self.routes],
+        d = {"name": self.name, "task": self.task, "routes": self.paths,
              "path": str(self.path), "max_length": self.max_length,
              "hidden_size": self.hidden_size, "family": self.model.config.family,
              "dtype": getattr(self.model, "dtype_name", "float32")}
@@ -230,8 +286,15 @@ class Served:
 
 
 def split_spec(spec: str) -> tuple:
-    """'NAME=PATH' -> (NAME, PATH); 'PATH' -> (its directory name, PATH)."""
+    """'NAME=PATH' -> (NAME, PATH); 'PATH' -> (its directory name, PATH). An empty NAME
+    or PATH around the '=' is an error (NanobertError)."""
+    if not spec.strip():
+        raise NanobertError("an empty MODEL argument (give a model directory, 'minilm', a "
+                            "hub name or NAME=PATH)")
     name, sep, where = spec.partition("=")
+    if sep and "/" not in name and not (name.strip() and where.strip()):
+        raise NanobertError(f"{spec!r}: empty model {'name' if not name.strip() else 'path'} "
+                            "(use NAME=PATH)")
     if sep and name and "/" not in name:
         return name, where
     where = spec
@@ -245,8 +308,6 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
     import nanobert
     from .checkpoint import resolve
     name, where = split_spec(spec)
-    if not name:
-        raise NanobertError(f"{spec!r}: empty model name (use NAME=PATH)")
     path = resolve(where)
     model, tokenizer = nanobert.load(path, dtype=dtype)
     task = HEAD_TASKS.get(model.head, "embed")

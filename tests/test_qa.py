@@ -43,6 +43,22 @@ def test_windows_cover_the_context_and_label_the_answer(minilm):
     assert all(w.end == 0 for w in windows if w.start == 0)
 
 
+def test_a_question_that_leaves_no_room_past_the_stride_is_a_clear_error(minilm, capfd):
+    """The tokenizers library panics (a BaseException with a Rust backtrace, which
+    `except Exception` misses) when the question leaves the context no more room than the
+    doc stride; make_windows says so first. A context that fits needs no stride."""
+    from nanobert.files import NanobertError
+    _, tok = minilm
+    ex = long_example(tok)                  # "where is it": 3 tokens, + 3 special
+    assert make_windows(tok, [ex], max_length=16, doc_stride=9)
+    for stride in (10, 11, 400):
+        with pytest.raises(NanobertError, match=f"leaves 10 tokens .* doc stride {stride}"):
+            make_windows(tok, [ex], max_length=16, doc_stride=stride)
+    assert "panicked" not in capfd.readouterr().err
+    short = QAExample("s", ex.question, "w1 w2 golden", [])
+    assert len(make_windows(tok, [short], max_length=16, doc_stride=10)) == 1
+
+
 def test_answer_tokens_partial_and_subword_spans():
     offsets = [None, None, (0, 3), (4, 9), (9, 12), (13, 17), None]  # "the goldfish bowl"
     assert answer_tokens(offsets, 4, 12) == (3, 4)       # "goldfish" = gold + ##fish

@@ -147,6 +147,9 @@ def test_startup_prints_models_and_routes(server):
                      "cross": "regression"}
     assert info["limits"]["max_client_batch"] == 8 and info["limits"]["max_batch_tokens"] == 16384
     assert "POST /v1/embeddings" in info["routes"]
+    routes = {m["name"]: m["routes"] for m in info["models"]}
+    assert routes["minilm"] == ["/v1/embeddings", "/embed", "/tokenize"]
+    assert routes["sst"] == ["/classify", "/rerank", "/tokenize"]
 
 
 def test_embeddings_equal_nanobert_embed(server, tmp_path):
@@ -210,6 +213,22 @@ def test_classify_and_pairs_equal_predict(server, models):
     assert "scores" not in r[0]
 
 
+def test_a_list_of_two_strings_is_two_texts(server, models):
+    """["a", "b"] is two inputs on /classify and /tokenize, as on every route (and as the
+    docs' example sends it); a pair is written [["a", "b"]]. It was read as one pair."""
+    model, tok, settings = load_finetuned(models["sst"])
+    two = SENTENCES[:2]
+    probs = predict_classify(model, tok, [Example(t) for t in two], settings["max_length"])
+    r = server.post("/classify", {"inputs": two, "model": "sst"}).json()["results"]
+    assert len(r) == 2 and np.allclose([x["score"] for x in r], probs.max(-1).values.numpy(),
+                                       atol=1e-5)
+    pair = server.post("/classify", {"inputs": [two], "model": "sst"}).json()["results"]
+    assert len(pair) == 1 and pair[0]["score"] not in [x["score"] for x in r]
+    toks = server.post("/tokenize", {"inputs": ["a", "b"], "model": "minilm"}).json()["tokens"]
+    assert [[t["token"] for t in row] for row in toks] == [["[CLS]", "a", "[SEP]"],
+                                                           ["[CLS]", "b", "[SEP]"]]
+
+
 def test_rerank_scores_pairs_with_the_classifier(server, models):
     model, tok, settings = load_finetuned(models["sst"])
     docs = SENTENCES[:4]
@@ -248,6 +267,8 @@ def test_null_is_the_default(server):
     r = server.post("/rerank", {"query": "q", "documents": ["a", "b"], "top_n": None,
                                 "return_documents": None, "model": "sst"})
     assert r.status_code == 200 and len(r.json()["results"]) == 2
+    r = server.post("/qa", {"question": "who?", "context": "john lives in paris", "inputs": None})
+    assert r.status_code == 200 and len(r.json()["results"]) == 1, r.text
     for path, body, name in [("/qa", {"question": None, "context": "x"}, "question"),
                              ("/qa", {"question": "q", "context": None}, "context"),
                              ("/rerank", {"query": None, "documents": ["a"]}, "query")]:
@@ -338,6 +359,73 @@ def test_long_inputs_are_clipped_without_changing_answers(server, models):
     assert cut.status_code == 422 and "has over" in cut.json()["error"]["message"]
 
 
+def test_long_texts_without_spaces_are_cut_at_tokens(server, models):
+    """Texts that clip_text cannot cut (no plain spaces: CJK, runs of punctuation) are cut
+    at a token boundary, checked by tokenizing the cut. Before, a pair of two such texts
+    cost the tokenizer the product of their lengths: a /rerank of two 300 KB CJK texts
+    took over 20 GB and the server was killed. The answers stay those of the whole texts."""
+    from nanobert.serve_models import load_served
+    m = load_served(f"sst={models['sst']}")
+    tk, budget = m.counter.tk, 32 - 3
+    for a, b in [("中" * 5000, "中" * 5000), ("中" * 5000, "!" * 4000), ("中" * 200, "文" * 9000),
+                 ("中" * 9000, "文" * 20)]:
+        (ca,), (cb,) = m.clip([a], [b])
+        assert a.startswith(ca) and b.startswith(cb) and len(ca) + len(cb) < 200 + budget * 3
+        tk.enable_truncation(32)
+        try:
+            # one token per character here; 200 of them, with the longer side kept longer
+            whole = tk.encode(a[:200 + (len(a) > len(b))], b[:200 + (len(b) > len(a))])
+            assert tk.encode(ca, cb).ids == whole.ids
+        finally:
+            tk.no_truncation()
+    (one,), _ = m.clip(["。" * 50000])
+    assert len(one) <= 40
+    # over HTTP: the answer of the whole pair (here: a and b of 14 and 15 tokens), quickly
+    model, tok, settings = load_finetuned(models["sst"])
+    offline = predict_classify(model, tok, [Example("中" * 20, "中" * 21)], settings["max_length"])
+    start = time.perf_counter()
+    r = server.post("/rerank", {"query": "中" * 2900, "documents": ["中" * 2900], "model": "sst"})
+    assert r.status_code == 200 and time.perf_counter() - start < 10, r.text
+    got = r.json()["results"][0]
+    assert abs(got["relevance_score"] - float(offline[0, 1])) < 1e-5 and got["truncated"]
+
+
+def test_truncate_false_measures_on_the_tokenize_thread(models):
+    """The 422 of truncate: false measures the input with the model's counter, whose
+    tokenizer switches truncation on and off around each call; measured on the event loop,
+    it raced with another request's count on the tokenize thread, which then saw no
+    truncation (truncated: false and the whole length in its usage)."""
+    import asyncio
+    from nanobert.serve import ApiError, Server, ServeConfig, classify
+    from nanobert.serve_models import load_served
+    m = load_served(f"sst={models['sst']}")
+    threads, full_length = [], m.full_length
+    m.full_length = lambda *a: threads.append(threading.current_thread().name) or full_length(*a)
+    s = Server([m], ServeConfig(warmup=False))
+    s.start()
+    try:
+        with pytest.raises(ApiError, match="over the model's limit of 32"):
+            asyncio.run(classify(s, {"inputs": ["the film " * 40], "truncate": False}))
+    finally:
+        s.stop()
+    assert threads and all(t.startswith("nanobert-tokenize") for t in threads), threads
+
+
+def test_a_rust_panic_is_a_bug_not_a_crash():
+    """The tokenizers library raises a PanicException, a BaseException only: it went past
+    the handler's `except Exception` (a plain-text 500 and a traceback in the log)."""
+    import asyncio
+    from nanobert.serve import is_bug
+    tok = nanobert.Tokenizer.train(["a b c d e f"] * 3, vocab_size=40, min_frequency=1)
+    try:
+        tok.encode_batch(["a " * 20], ["b " * 50], max_length=24, stride=8,
+                         strategy="only_second")
+    except BaseException as e:      # noqa: B036 (the panic is what is tested)
+        panic = e
+    assert type(panic).__name__ == "PanicException" and not isinstance(panic, Exception)
+    assert is_bug(panic) and is_bug(ValueError()) and not is_bug(asyncio.CancelledError())
+
+
 def test_concurrent_requests_share_batches(server):
     before = server.metric("nanobert_batch_size_count")
     texts = [f"{s} number {i}" for i, s in enumerate(SENTENCES * 4)]
@@ -383,6 +471,14 @@ def test_concurrent_requests_share_batches(server):
     ("/qa", {"inputs": [{"question": "q", "context": "c"}, {"question": "word " * 80,
                                                             "context": "c"}]}, 422,
      "'inputs[1].question' is too long for the model's windows of 32 tokens"),
+    # a question that leaves a window no more room than the doc stride (8): the tokenizers
+    # library panicked (a BaseException): a plain-text 500 and a Rust backtrace in the log
+    ("/qa", {"question": "who " * 22, "context": "word " * 40}, 422, "'question' is too long"),
+    ("/qa", {"inputs": [{"question": "q", "context": "c"}, {"question": "who " * 22,
+                                                            "context": "word " * 40}]}, 422,
+     "'inputs[1].question' is too long"),
+    ("/tokenize", {"inputs": ["a", "word " * 300], "truncate": False}, 422,
+     "'inputs[1]' has 302 tokens, over the model's limit of 256 (truncate is false)"),
     ("/embed", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
     ("/embed", b'{"inputs": {"a": [[[[' + b"[" * 3000 + b"]" * 3000 + b"]]]]}}", 400, "nested"),
     ("/embed", b'{"inputs": NaN}', 400, "NaN is not JSON"),
@@ -419,7 +515,7 @@ def test_method_and_api_key(server):
 
 def test_queue_full_is_429_and_sigterm_drains(models):
     s = Running(["minilm"], "--max-concurrent-requests", "1", "--max-batch-tokens", "64",
-                warmup=True)
+                "--max-client-batch", "128", warmup=True)
     try:
         # before the first request: every row count a batch can run at, up to one input
         # of minilm's 256 tokens (longer than the 64-token budget)
@@ -428,14 +524,15 @@ def test_queue_full_is_429_and_sigterm_drains(models):
                                "shapes in "), warm
         none = s.post("/classify", {"inputs": "x"})          # only an embedding model here
         assert none.status_code == 404 and "no model served here" in none.text
-        slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 32}   # 32 batches
+        # 128 batches of 256 tokens: seconds (32 of them took under 1 s on 2 cores)
+        slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 128}
         with pytest.raises(httpx.ReadTimeout):                # a client that gives up ...
             s.post("/embed", slow, timeout=1.0)
         while s.metric("nanobert_requests_in_flight") > 0:
             time.sleep(0.05)
         # ... is logged 499, and the rest of its work is dropped from the queue
         assert s.metric('nanobert_requests_total{route="/embed",status="499"}') == 1
-        assert s.metric("nanobert_batch_size_count") < 32
+        assert s.metric("nanobert_batch_size_count") < 128
         with cf.ThreadPoolExecutor(1) as pool:
             first = pool.submit(s.post, "/embed", slow)
             while s.metric("nanobert_requests_in_flight") < 1:
@@ -445,7 +542,7 @@ def test_queue_full_is_429_and_sigterm_drains(models):
             assert "--max-concurrent-requests 1" in busy.json()["error"]["message"]
             s.proc.send_signal(signal.SIGTERM)          # while the first is still running
             answer = first.result(timeout=120)
-        assert answer.status_code == 200 and len(answer.json()["embeddings"]) == 32
+        assert answer.status_code == 200 and len(answer.json()["embeddings"]) == 128
         assert s.proc.wait(60) == 0
     finally:
         s.close()
@@ -519,6 +616,14 @@ def test_int8_server_equals_offline_int8(models):
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
     (["--body-timeout", "nan"], "--body-timeout must be a number of seconds > 0, got nan"),
     (["--port", "BUSY"], "Address already in use"),
+    # keys no 'Authorization: Bearer' header can match (stripped, Latin-1): every request
+    # 401; and model specs: all refused before the address is tried and any model loads
+    (["--api-key", " s3cret", "--port", "BUSY"], "--api-key must be printable ASCII without "
+                                                 "leading or trailing"),
+    (["--api-key", "clé", "--port", "BUSY"], "--api-key must be printable ASCII"),
+    (["x=/nowhere/a", "x=/nowhere/b", "--port", "BUSY"], "two models are named 'x'"),
+    (["sst=", "--port", "BUSY"], "'sst=': empty model path (use NAME=PATH)"),
+    (["=minilm", "--port", "BUSY"], "'=minilm': empty model name (use NAME=PATH)"),
 ])
 def test_bad_flag_is_one_line_and_status_2(flags, says, capsys):
     from nanobert.cli import main
