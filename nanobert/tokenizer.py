@@ -122,6 +122,11 @@ class Tokenizer:
     def from_dir(cls, path, lowercase: Optional[bool] = None) -> "Tokenizer":
         """tokenizer.json when present, else vocab.txt; casing from tokenizer_config.json."""
         path = Path(path)
+        if not path.is_dir():
+            what = ("is a file; give the directory that holds it" if path.exists()
+                    else "no such directory")
+            raise NanobertError(f"{path}: {what} (a tokenizer is a directory with "
+                                "tokenizer.json or vocab.txt)")
         conf = _read_json(path / "tokenizer_config.json")
         if lowercase is None:
             lowercase = bool(conf.get("do_lower_case", True))
@@ -227,11 +232,15 @@ class Tokenizer:
         What decides the longest-first cut: whether a has more tokens than b, and the
         shorter side's length up to budget + 1. So the side that is not longer keeps
         budget + 2 tokens (clip_text: the same first tokens), and the other side one
-        token more than that clipped side has, which keeps the order of the two."""
+        token more than that clipped side has (which keeps the order of the two) or than
+        the budget leaves it, whichever is more."""
         n_a, n_b = (len(e.ids) for e in self.tk.encode_batch([a, b], add_special_tokens=False))
         first, second = (b, a) if n_a > n_b else (a, b)
         first = clip_text(first, budget + 2)
-        second = clip_text(second, len(self.tk.encode(first, add_special_tokens=False).ids) + 1)
+        n = len(self.tk.encode(first, add_special_tokens=False).ids)
+        # the longer side keeps what the shorter leaves of the budget, or one more token
+        # than the shorter side (a side of many characters can have few tokens)
+        second = clip_text(second, max(n + 1, budget + 1 - n))
         return (second, first) if n_a > n_b else (first, second)
 
     def pad(self, encodings) -> dict:

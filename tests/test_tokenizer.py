@@ -162,10 +162,12 @@ def test_long_pairs_truncate_as_the_tokenizer_does_without_the_quadratic_cost(mi
         tok = Tokenizer(tk)
         for trial in range(40):
             max_length = rnd.choice([16, 17, 32, 45])
-            def text():         # hard text, or one token per word (cuts at the margin)
-                n = rnd.randrange(5, 400)
-                return (_hard_text(rnd.randrange(10_000), n) if rnd.random() < 0.5 else
-                        " ".join(rnd.choices("the cat sat on mat".split(), k=n)))
+            def text():         # hard text, one token per word (cuts at the margin), or
+                n = rnd.randrange(5, 400)   # many characters and few tokens (spaces)
+                r = rnd.random()
+                return (_hard_text(rnd.randrange(10_000), n) if r < 0.4 else
+                        " ".join(rnd.choices("the cat sat on mat".split(), k=n)) if r < 0.8
+                        else " " * 50 * n + " ".join(["mat"] * rnd.randrange(1, 8)))
             a = text()
             b = a if trial % 4 == 0 else text()
             ours = tok.encode_batch([a], [b], max_length=max_length)[0]
