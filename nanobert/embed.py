@@ -57,27 +57,52 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> tor
     raise ValueError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
 
 
+def _st_json(path: Path, kind: type, what: str):
+    """A sentence-transformers file's JSON, of the type it must have, or one line saying
+    why not (a broken layout is an error, never a silently different embedding)."""
+    try:
+        d = json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise NanobertError(f"{path}: not valid JSON ({e})")
+    if not isinstance(d, kind):
+        raise NanobertError(f"{path}: expected {what}, got {type(d).__name__}")
+    return d
+
+
+def _pooling_dir(model_dir: Path) -> Optional[Path]:
+    """Where the Pooling module's config lives: the folder modules.json names (a list of
+    {"type", "path"} objects), else 1_Pooling."""
+    modules = model_dir / "modules.json"
+    if not modules.is_file():
+        return model_dir / "1_Pooling"
+    entries = _st_json(modules, list, "a list of modules")
+    found = None
+    for m in entries:
+        if not (isinstance(m, dict) and isinstance(m.get("type"), str)
+                and isinstance(m.get("path", ""), str)):
+            raise NanobertError(f"{modules}: expected a list of modules with a string type "
+                                f"and path, got {str(m)[:80]}")
+        path = m.get("path", "")
+        if m["type"].endswith("Pooling") and found is None:
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                raise NanobertError(f"{modules}: the Pooling module's path {path!r} is not a "
+                                    "folder of the model directory")
+            found = model_dir / path
+            if not (found / "config.json").is_file():
+                raise NanobertError(f"{modules}: the Pooling module's "
+                                    f"{found / 'config.json'} is missing")
+    return found
+
+
 def declared_pooling(model_dir) -> Optional[str]:
     """The pooling a sentence-transformers checkpoint declares, or None."""
     if model_dir is None:
         return None
-    model_dir = Path(model_dir)
-    pool_dir = model_dir / "1_Pooling"
-    modules = model_dir / "modules.json"
-    if modules.is_file():  # the Pooling module may live in another folder
-        try:
-            for m in json.loads(modules.read_text("utf-8")):
-                if str(m.get("type", "")).endswith("Pooling"):
-                    pool_dir = model_dir / m.get("path", "1_Pooling")
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            pass
-    path = pool_dir / "config.json"
-    if not path.is_file():
+    pool_dir = _pooling_dir(Path(model_dir))
+    path = pool_dir / "config.json" if pool_dir is not None else None
+    if path is None or not path.is_file():
         return None
-    try:
-        conf = json.loads(path.read_text("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NanobertError(f"{path}: not valid JSON ({e})")
+    conf = _st_json(path, dict, "a JSON object of pooling_mode_* settings")
     for key, name in (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
                       ("pooling_mode_max_tokens", "max"),
                       ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len")):
@@ -87,14 +112,18 @@ def declared_pooling(model_dir) -> Optional[str]:
 
 
 def declared_max_length(model_dir) -> Optional[int]:
-    """max_seq_length of a sentence-transformers checkpoint (sentence_bert_config.json)."""
+    """max_seq_length of a sentence-transformers checkpoint (sentence_bert_config.json):
+    a whole number >= 1 when given."""
     path = Path(model_dir) / "sentence_bert_config.json" if model_dir else None
     if path is None or not path.is_file():
         return None
-    try:
-        return int(json.loads(path.read_text("utf-8"))["max_seq_length"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    v = _st_json(path, dict, "a JSON object").get("max_seq_length")
+    if v is None:
         return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 \
+            or (isinstance(v, float) and not v.is_integer()):
+        raise NanobertError(f"{path}: max_seq_length must be a whole number >= 1, got {v!r}")
+    return int(min(v, 1 << 20))
 
 
 # ----------------------------------------------------------------------------------
@@ -271,10 +300,10 @@ def top_k(queries: np.ndarray, corpus: np.ndarray, k: int = 5, normalized: bool 
 LABELLED_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")
 
 
-def read_texts(path) -> list[str]:
+def read_texts(path, text_column: Optional[str] = None) -> list[str]:
     """Texts to embed: a classification file, labels optional (.tsv/.csv/.jsonl, or an MSRP
-    file: its text column, pairs joined by a space) or plain text, one sentence per
-    line (blank lines are skipped)."""
+    file: its text column, or `text_column`, pairs joined by a space) or plain text, one
+    sentence per line (blank lines are skipped)."""
     path = Path(path)
     lines = [t for _, t in read_lines(path) if t.strip()]
     if not lines:
@@ -282,7 +311,10 @@ def read_texts(path) -> list[str]:
     if path.suffix.lower() in LABELLED_SUFFIXES or lines[0].split("\t")[:2] == ["Quality", "#1 ID"]:
         from .data import read_classification  # (not finetune: it imports the embed tasks)
         return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}"
-                for e in read_classification(path, require_label=False)]
+                for e in read_classification(path, text_column, require_label=False)]
+    if text_column:
+        raise NanobertError(f"--text-column {text_column}: {path} is plain text, one sentence "
+                            "a line, without columns (a .tsv/.csv/.jsonl file has them)")
     return lines
 
 
@@ -307,14 +339,18 @@ def _cached_array(path: Path, rows: int, width: int):
     return emb if ok else None
 
 
-def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = False):
+def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = False,
+                             text_column: Optional[str] = None):
     """(texts, embeddings) of a corpus file; embeddings are read from the cache when the
-    corpus bytes and the model/settings are unchanged, else computed and cached (beside
-    the corpus, or under ~/.cache/nanobert when that folder is not writable)."""
+    corpus bytes, the column read and the model/settings are unchanged, else computed and
+    cached (beside the corpus, or under ~/.cache/nanobert when that folder is not
+    writable)."""
     corpus = Path(corpus_path)
-    texts = read_texts(corpus)
+    texts = read_texts(corpus, text_column)
     h = hashlib.sha256(corpus.read_bytes())
     h.update(encoder.identity().encode())
+    if text_column:
+        h.update(f"column={text_column}".encode())
     key = h.hexdigest()[:16]
     candidates = _cache_paths(corpus.resolve(), key)
     width = encoder.model.config.hidden_size
@@ -351,6 +387,9 @@ def _common(p):
     p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=None,
                    help="truncate texts to this many tokens (default: the model's)")
     add_dtype_flag(p)
+    p.add_argument("--text-column", default=None,
+                   help="the column (TSV/CSV header) or field (JSONL) holding the text "
+                        "(default: sentence, text, ... as in finetune)")
 
 
 def _encoder(args) -> Encoder:
@@ -368,7 +407,7 @@ def embed_args(p):
 def embed_cmd(args):
     """Sentence embeddings of a file's sentences, saved as a .npy array (n, hidden)."""
     check_output_file(args.out, "--out", (".npy",), inputs=[args.input])
-    texts = read_texts(args.input)
+    texts = read_texts(args.input, args.text_column)
     enc = _encoder(args)
     emb = enc.encode(texts)
     with atomic_path(args.out) as tmp:
@@ -400,7 +439,8 @@ def search_cmd(args):
         raise NanobertError("--query: empty query text")
     reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
     enc = _encoder(args)
-    texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True)
+    texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True,
+                                          text_column=args.text_column)
     results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb, rerank=reranker,
                          rerank_k=args.rerank_k)
     if args.json:

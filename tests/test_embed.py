@@ -244,3 +244,21 @@ def test_texts_to_embed_from_any_table_labels_optional(tmp_path):
     odd.write_text("a,label\nx,1\n")
     with pytest.raises(NanobertError, match="no text column"):
         read_texts(odd)
+    assert read_texts(odd, "a") == ["x"]                # named with --text-column
+    with pytest.raises(NanobertError, match="no text column 'b'"):
+        read_texts(odd, "b")
+    with pytest.raises(NanobertError, match="is plain text"):
+        read_texts(plain, "text")
+
+
+def test_text_column_flag_on_embed_and_search(encoder, tmp_path, capsys):
+    table = tmp_path / "docs.tsv"
+    table.write_text("id\tbody\n1\tthe cat sat on the mat\n2\tstock markets fell today\n")
+    out = tmp_path / "e.npy"
+    assert main(["embed", "--input", str(table), "--out", str(out), "--text-column", "body"]) == 0
+    assert np.load(out).shape == (2, 384)
+    capsys.readouterr()
+    assert main(["search", "--corpus", str(table), "--text-column", "body", "--query",
+                 "a kitten on a rug", "-k", "1", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)[0]["hits"]
+    assert hits[0]["text"] == "the cat sat on the mat"
