@@ -129,11 +129,7 @@ def read_weights(model_dir: Path) -> dict:
     if st.is_file():
         files = [st]
     elif index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text("utf-8"))["weight_map"].values()))
-        except (ValueError, KeyError) as e:
-            raise NanobertError(f"{index}: not a valid safetensors index ({e})")
-        files = [model_dir / s for s in shards]
+        files = [model_dir / s for s in _index_shards(index)]
     elif pt.is_file():
         files = [pt]
     else:
@@ -149,12 +145,43 @@ def read_weights(model_dir: Path) -> dict:
         except FileNotFoundError:
             raise NanobertError(f"{f}: missing")
         except Exception as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise NanobertError(f"{f}: corrupted or truncated checkpoint ({msg[:200]})")
+            raise NanobertError(f"{f}: {_load_failure(e)}")
         if not isinstance(part, dict):
             raise NanobertError(f"{f}: not a state dict")
         state.update(part)
     return state
+
+
+def _index_shards(index: Path) -> list:
+    """The shard files a model.safetensors.index.json names: {"weight_map": {tensor:
+    file}}, each file a plain name in the model directory."""
+    try:
+        d = json.loads(index.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise NanobertError(f"{index}: not a valid safetensors index ({e})")
+    weight_map = d.get("weight_map") if isinstance(d, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise NanobertError(f"{index}: not a valid safetensors index (expected a non-empty "
+                            '"weight_map": {tensor name: shard file})')
+    shards = sorted(set(weight_map.values()), key=str)
+    bad = [x for x in shards if not isinstance(x, str) or not x or Path(x).name != x]
+    if bad:
+        raise NanobertError(f"{index}: not a valid safetensors index (shard {bad[0]!r} is not "
+                            "a file name in the model directory)")
+    return shards
+
+
+def _load_failure(e: Exception) -> str:
+    """Why a weights file did not load, in one line. torch's refusal to unpickle anything
+    but tensors (weights_only) says to retry unsafely: nanobert never does."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if "Weights only load failed" in text:
+        m = re.search(r"unsupported (global|operand) ([\w.]+)", text, re.I)
+        if m and m.group(1).lower() == "global":
+            return (f"holds pickled Python objects besides tensors ({m.group(2)}); nanobert "
+                    "loads weights only, never pickled code: save the weights as safetensors")
+        return "not a PyTorch weights file (corrupted or truncated)"
+    return f"corrupted or truncated checkpoint ({text[:200]})"
 
 
 # config.json keys (every family's spelling) -> (kind, low, high); ints are whole numbers
@@ -292,11 +319,15 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
         if not hf_names or any(n not in hf_state for n in hf_names):
             missing.append(name)
             continue
-        t = torch.cat([hf_state[n] for n in hf_names])
-        if t.shape != param.shape:
-            raise NanobertError(f"{source}: {hf_names[0]} has shape {tuple(t.shape)}, "
-                                f"config.json implies {tuple(param.shape)}")
-        new[name] = t
+        parts = [hf_state[n] for n in hf_names]
+        rows = param.shape[0] // len(parts) if param.dim() else 0
+        for n, part in zip(hf_names, parts):  # each of Q, K, V before they are joined
+            expected = (rows,) + tuple(param.shape[1:]) if len(parts) > 1 else tuple(param.shape)
+            if not isinstance(part, torch.Tensor) or tuple(part.shape) != expected:
+                shown = tuple(part.shape) if isinstance(part, torch.Tensor) else type(part).__name__
+                raise NanobertError(f"{source}: {n} has shape {shown}, config.json implies "
+                                    f"{expected}")
+        new[name] = torch.cat(parts) if len(parts) > 1 else parts[0]
     hard = [n for n in missing if not n.startswith(HEAD_PREFIXES)]
     if hard:
         example = (_hf_names(hard[0], fam, model.head) or [hard[0]])[0]

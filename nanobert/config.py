@@ -97,6 +97,31 @@ def check_value(flag: str, value, kind: type = float, allowed: Optional[Range] =
         raise NanobertError(f"{flag}: got {shown}, expected {allowed.describe(kind)}")
 
 
+def check_device(flag: str, value) -> None:
+    """A device torch can use here: auto, cpu, cuda, cuda:N (N a GPU this machine has),
+    mps where there is one. Checked with the flags, not when the trainer starts (after the
+    data was read and the model loaded) with a traceback from torch."""
+    if value is None or value == "auto":
+        return
+    import torch
+    expected = "expected auto, cpu, cuda or cuda:N"
+    try:
+        dev = torch.device(str(value))
+    except (RuntimeError, TypeError, ValueError):
+        raise NanobertError(f"{flag}: got {value!r}, {expected}")
+    if dev.type == "cpu" or (dev.type == "mps" and torch.backends.mps.is_available()):
+        return
+    if dev.type != "cuda":
+        raise NanobertError(f"{flag}: got {value!r}, {expected}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise NanobertError(f"{flag} {value}: no CUDA GPU is available here (torch "
+                            f"{torch.__version__}); use cpu or auto")
+    if dev.index is not None and dev.index >= n:
+        raise NanobertError(f"{flag} {value}: no such GPU (this machine has {n}: cuda:0 to "
+                            f"cuda:{n - 1})")
+
+
 def checked(kind: type, allowed: Optional[Range] = None, flag: str = ""):
     """An argparse `type` that converts with `kind` and checks the range; the message
     reaches the user through `OneLineParser.error` as `--flag: got X, expected ...`."""
@@ -132,13 +157,15 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def param(default=dataclasses.MISSING, help: str = "", allowed: Optional[Range] = None, *,
-          choices=None, flag: Optional[str] = None, required: bool = False, **argparse_kw):
+          choices=None, flag: Optional[str] = None, required: bool = False, check=None,
+          **argparse_kw):
     """A config field with its flag's help, allowed range or choices. `flag` renames the
     flag (default: --field-name); `required` makes the flag required even though Python
-    callers have a default; other keywords go to argparse (nargs, metavar).
+    callers have a default; `check(flag, value)` raises NanobertError for a value no range
+    describes (a device); other keywords go to argparse (nargs, metavar).
     A mutable default (a list, a nested config) is given as a zero-argument callable."""
     meta = {"help": help, "range": allowed, "choices": choices, "flag": flag,
-            "required": required, "argparse": argparse_kw}
+            "required": required, "check": check, "argparse": argparse_kw}
     if callable(default) and not isinstance(default, type):
         return dataclasses.field(default_factory=default, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -171,6 +198,8 @@ class Config:
             if f.metadata.get("range") or f.metadata.get("choices"):
                 check_value(_flag(f), getattr(self, f.name), _kind(f), f.metadata.get("range"),
                             f.metadata.get("choices"))
+            if f.metadata.get("check"):
+                f.metadata["check"](_flag(f), getattr(self, f.name))
 
     def replace(self, **changes) -> "Config":
         """A copy with `changes`; names of a nested config's fields reach it, so

@@ -40,6 +40,9 @@ def student_config(teacher: Bert, layers: int | None = None, preset_name: str | 
         except ValueError as e:
             raise NanobertError(str(e))
     else:
+        if layers is not None and not 1 <= layers <= tc.num_hidden_layers:
+            raise NanobertError(f"--student-layers must be between 1 and the teacher's "
+                                f"{tc.num_hidden_layers} layers, got {layers}")
         c = dataclasses.replace(tc, num_hidden_layers=layers or max(1, tc.num_hidden_layers // 2),
                                 num_layer_groups=None)
     return c

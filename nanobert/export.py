@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import copy
 import io
+import re
+import shutil
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from .files import NanobertError, atomic_path
+from .files import NanobertError, atomic_path, check_not_input, check_output_dir
+from .rundir import RUN_FILE
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 BT, B = {0: "batch", 1: "sequence"}, {0: "batch"}
@@ -106,22 +109,62 @@ def quantize_onnx(src: Path, dst: Path) -> None:
         root.setLevel(level)
 
 
+# what a model directory says besides config, weights and tokenizer, copied along so the
+# export is used as the model was: nanobert.json (task, max_length), the
+# sentence-transformers modules (pooling, max_seq_length)
+SIDE_FILES = ("nanobert.json", "modules.json", "sentence_bert_config.json",
+              "config_sentence_transformers.json")
+ST_MODULE = re.compile(r"\d+_[A-Za-z]+")
+
+
+def check_export_out(out_dir, model_name=None) -> None:
+    """OUT is a new or empty directory, or an earlier export (replaced as a whole); never
+    the model itself, another model or run, or a folder of other files."""
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, "OUT")
+    given = Path(str(model_name)) if model_name else None
+    if given is not None and given.exists() and given.resolve() == out_dir.resolve():
+        raise NanobertError(f"OUT {out_dir}: is the model being exported; writing it would "
+                            "destroy it (choose another OUT)")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (
+            (out_dir / "model.onnx").is_file() and not (out_dir / RUN_FILE).exists()):
+        what = "a model" if (out_dir / "config.json").exists() else "other files"
+        raise NanobertError(f"OUT {out_dir} already holds {what} and is not an earlier "
+                            "export; choose a new or empty directory")
+    # an earlier export is replaced whole (no stale model_quantized.onnx), but never one
+    # that holds the model being exported
+    check_not_input(out_dir, [model_name], "OUT")
+
+
 def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     """Write the model directory `out_dir` with model.onnx (and model_quantized.onnx for
-    dtype "int8"). Returns the path of the graph asked for."""
+    dtype "int8"), with the source directory's nanobert.json and sentence-transformers
+    files. The directory is built beside `out_dir` and renamed into place: an earlier
+    export there is replaced whole, a failed or interrupted one leaves nothing. Returns
+    the path of the graph asked for."""
     from .checkpoint import save_model
     if dtype not in ("float32", "int8"):
         raise NanobertError(f"--dtype {dtype!r}: choose float32 or int8")
     data = onnx_bytes(model)
     out_dir = Path(out_dir)
-    save_model(model, out_dir, tokenizer=tokenizer)
-    with atomic_path(out_dir / "model.onnx") as tmp:
-        tmp.write_bytes(data)
-    if dtype == "float32":
-        return out_dir / "model.onnx"
-    with atomic_path(out_dir / "model_quantized.onnx") as tmp:
-        quantize_onnx(out_dir / "model.onnx", tmp)
-    return out_dir / "model_quantized.onnx"
+    with atomic_path(out_dir) as tmp:
+        save_model(model, tmp, tokenizer=tokenizer)
+        _copy_side_files(getattr(model, "source_dir", None), tmp)
+        (tmp / "model.onnx").write_bytes(data)
+        if dtype == "int8":
+            quantize_onnx(tmp / "model.onnx", tmp / "model_quantized.onnx")
+    return out_dir / ("model.onnx" if dtype == "float32" else "model_quantized.onnx")
+
+
+def _copy_side_files(source, dest: Path) -> None:
+    if source is None or not Path(source).is_dir():
+        return
+    source = Path(source)
+    for p in sorted(source.iterdir()):
+        if p.name in SIDE_FILES and p.is_file():
+            shutil.copyfile(p, dest / p.name)
+        elif ST_MODULE.fullmatch(p.name) and p.is_dir():
+            shutil.copytree(p, dest / p.name)
 
 
 # --format values
@@ -140,13 +183,15 @@ def export_args(p):
 def export_cmd(args):
     """Export a model to ONNX (dynamic batch and sequence axes; optional int8)."""
     from . import load
-    from .files import check_output_dir
     out = Path(args.out)
     if out.suffix.lower() == ".onnx" and not out.is_dir():
         raise NanobertError(f"OUT {out} names a file, but OUT is a directory (the model files "
                             f"plus model.onnx): try {out.with_suffix('')}")
-    check_output_dir(out, "OUT")                 # before loading or tracing anything
+    check_export_out(out, args.model)            # before loading or tracing anything
     model, tokenizer = load(args.model)
+    source = getattr(model, "source_dir", None)  # 'minilm' or a hub name: now a directory
+    if source is not None:
+        check_not_input(out, [source], "OUT")
     path = EXPORTERS[args.format](model, args.out, tokenizer, args.dtype)
     print(f"wrote {path} (outputs: {', '.join(OUTPUTS[model.head])})")
     return 0

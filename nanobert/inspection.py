@@ -72,16 +72,18 @@ def parse_selection(spec: Optional[str], count: int, what: str, default: Sequenc
                 a, b = (int(x) for x in part.split("-", 1))
                 if a > b:
                     raise ValueError
-                picked.extend(range(a, b + 1))
+                ends = [a, b]
             else:
-                picked.append(int(part))
+                a = b = int(part)
+                ends = [a]
         except ValueError:
             raise NanobertError(f"--{what}: got {spec!r}, expected a list like 1,6,12, a range "
                                 f"like 2-4 (low to high) or all")
-    bad = [i for i in picked if not 1 <= i <= count]
-    if bad:
-        raise NanobertError(f"--{what}: got {bad[0]}, expected 1 to {count} (the model has "
-                            f"{count} {what})")
+        bad = [i for i in ends if not 1 <= i <= count]  # before a range is built (1-10**12)
+        if bad:
+            raise NanobertError(f"--{what}: got {bad[0]}, expected 1 to {count} (the model has "
+                                f"{count} {what})")
+        picked.extend(range(a, b + 1))
     return sorted(set(i - 1 for i in picked))
 
 
@@ -343,12 +345,30 @@ def tsne_args(p):
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _label_names(spec, model) -> dict:
-    if spec:
-        try:
-            return dict(kv.split("=", 1) for kv in spec.split(","))
-        except ValueError:
+def parse_label_names(spec) -> dict:
+    """'0=negative,1=positive' -> {'0': 'negative', '1': 'positive'}; checked with the
+    other flags, before minutes of embedding and t-SNE."""
+    if spec is None:
+        return {}
+    names = {}
+    for kv in spec.split(","):
+        label, sep, name = (x.strip() for x in kv.partition("="))
+        if not sep or not label or not name:
             raise NanobertError(f"--label-names: {spec!r} is not like 0=negative,1=positive")
+        if label in names:
+            raise NanobertError(f"--label-names: label {label!r} is named twice in {spec!r}")
+        names[label] = name
+    return names
+
+
+def _label_names(spec, model, labels=None) -> dict:
+    if spec:
+        names = parse_label_names(spec)
+        unknown = sorted(set(names) - {str(x) for x in labels}) if labels is not None else []
+        if unknown:
+            raise NanobertError(f"--label-names: label {unknown[0]!r} is not in the data "
+                                f"(labels: {', '.join(sorted({str(x) for x in labels}))})")
+        return names
     id2label = model.config.id2label if getattr(model, "head", None) == "classify" else None
     return {str(i): name for i, name in (id2label or {}).items() if name != str(i)}
 
@@ -361,15 +381,17 @@ def tsne_cmd(args):
     from . import load
     cfg = TsneConfig.from_args(args)
     check_output_file(args.out, "--out", IMAGE_SUFFIXES, [args.data])  # before minutes of t-SNE
+    parse_label_names(args.label_names)
     model, tokenizer = load(args.model)
     rep = tsne_report(model, tokenizer, args.data, cfg)
+    names = _label_names(args.label_names, model, rep["labels"])
     points = tsne(rep["vectors"], cfg.seed, cfg.perplexity)
     name = Path(str(args.model)).name or str(args.model)
     what = {"cls": "[CLS]", "pooled": "pooled [CLS]", "mean": "mean-pooled"}[args.vector]
     title = (f"t-SNE of {what} vectors, {name}, {Path(args.data).name}\n"
              f"n={len(rep['labels'])}, silhouette ({args.metric}, original space) "
              f"= {rep['silhouette']:.3f}")
-    plot_tsne(points, rep["labels"], args.out, title, _label_names(args.label_names, model))
+    plot_tsne(points, rep["labels"], args.out, title, names)
     counts = {lab: rep["labels"].count(lab) for lab in sorted(set(rep["labels"]))}
     print(f"{len(rep['labels'])} examples {counts} -> {args.out}")
     print(f"silhouette ({args.metric}, {rep['vectors'].shape[1]}-d {what} vectors): "

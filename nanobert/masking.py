@@ -30,7 +30,7 @@ def parse_split(text: str) -> tuple:
         parts = [float(p) for p in str(text).split("/")]
     except ValueError:
         parts = []
-    if len(parts) != 3 or any(p < 0 for p in parts) or abs(sum(parts) - 100) > 1e-6:
+    if len(parts) != 3 or not all(0 <= p <= 100 for p in parts) or abs(sum(parts) - 100) > 1e-6:
         raise ValueError(f"mask split {text!r} must be three percentages that sum to 100, "
                          "e.g. 80/10/10 ([MASK]/random/unchanged)")
     return tuple(p / 100 for p in parts)

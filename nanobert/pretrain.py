@@ -571,9 +571,21 @@ def ablate_masking_cmd(args):
     except ValueError as e:
         raise NanobertError(f"--splits: got {args.splits!r}, expected comma-separated "
                             f"splits like 80/10/10 ({e})")
+    names = [split_name(s) for s in splits]
+    if not splits:
+        raise NanobertError(f"--splits: got {args.splits!r}, expected comma-separated splits "
+                            "like 80/10/10,100/0/0")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise NanobertError(f"--splits: {twice[0]} is given twice in {args.splits!r}")
     out = Path(cfg.trainer.out_dir)
     check_output_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
+    from . import rundir
+    with rundir.parent_of_runs(out):
+        return _ablate(cfg, out, splits)
+
+
+def _ablate(cfg, out: Path, splits: list) -> int:
     cache = cfg.cache_dir or str(out / "cache")
     rows, curves = [], {}
     for split in splits:

@@ -67,11 +67,44 @@ def file_digest(path) -> dict:
     return {"size": sum(f.stat().st_size for f in files), "sha256": h.hexdigest()[:24]}
 
 
+# a flag naming a local input whose content the fingerprint holds (in "data"): how the
+# path was spelled (train.tsv, ./train.tsv, /abs/train.tsv, another cwd) is not the run
+LOCAL_INPUT = "(local input, by content)"
+
+
 def fingerprint(task: str, data_files, flags: dict) -> dict:
     """What makes two runs the same run: the task, the data files' content (in order)
-    and the flags that shape the computation (`NOT_SHAPING` ones left out)."""
-    shaping = {k: _plain(v) for k, v in sorted(flags.items()) if k not in NOT_SHAPING}
+    and the flags that shape the computation (`NOT_SHAPING` ones left out). A flag that
+    names one of the data files (or a folder holding them: a model, a corpus folder)
+    counts by that content, not by the path's spelling."""
+    hashed = {Path(f).resolve() for f in data_files}
+    shaping = {k: LOCAL_INPUT if _names_hashed(v, hashed) else _plain(v)
+               for k, v in sorted(flags.items()) if k not in NOT_SHAPING}
     return {"task": task, "data": [file_digest(f) for f in data_files], "flags": shaping}
+
+
+def _names_hashed(value, hashed: set) -> bool:
+    """`value` (a path or a list of them) names only files in `hashed`, or folders that
+    hold some of them."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(_names_hashed(v, hashed) for v in value)
+    if not isinstance(value, (str, Path)) or not str(value):
+        return False
+    p = Path(str(value)).expanduser()
+    if not p.exists():
+        return False
+    p = p.resolve()
+    return p in hashed or any(p in h.parents for h in hashed)
+
+
+def _comparable(old: dict, new: dict) -> tuple:
+    """Both fingerprints without the flags that either side counts by content (records
+    written before that rule spelled the path)."""
+    fa, fb = dict(old.get("flags") or {}), dict(new.get("flags") or {})
+    for k in [k for k in set(fa) | set(fb) if LOCAL_INPUT in (fa.get(k), fb.get(k))]:
+        fa.pop(k, None)
+        fb.pop(k, None)
+    return dict(old, flags=fa), dict(new, flags=fb)
 
 
 def model_files(name) -> list:
@@ -96,6 +129,7 @@ def _plain(v):
 def differences(old: dict, new: dict, limit: int = 3) -> list:
     """Human-readable differences between two fingerprints, at most `limit`."""
     out = []
+    old, new = _comparable(old, new)
     if old.get("task") != new.get("task"):
         out.append(f"task {old.get('task')} there, {new.get('task')} now")
     a, b = old.get("data", []), new.get("data", [])
@@ -169,15 +203,64 @@ def clean_temporaries(out_dir: Path):
             p.unlink(missing_ok=True)
 
 
-def clear(out_dir: Path):
-    """Empty a run directory (but the content-keyed cache). Entries are first renamed into
-    one hidden folder, so a kill half-way leaves nothing that looks like a model."""
+def clear(out_dir: Path, keep=(), only=None):
+    """Empty a run directory (but the content-keyed cache and the names in `keep`; with
+    `only`, just the names it matches). Entries are first renamed into one hidden folder,
+    so a kill half-way leaves nothing that looks like a model."""
     trash = out_dir / f".old-run.{os.getpid()}"
     trash.mkdir(exist_ok=True)
     for p in sorted(out_dir.iterdir()):
-        if p.name not in KEEP_ON_OVERWRITE and p != trash:
+        if p.name in KEEP_ON_OVERWRITE or p.name in keep or p == trash:
+            continue
+        if only is None or only.fullmatch(p.name):
             os.replace(p, trash / p.name)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+# what a model directory that no nanobert run wrote is made of (a hub download, another
+# tool's model): --overwrite replaces these and nothing else there
+MODEL_ARTIFACTS = re.compile(
+    r"config\.json|generation_config\.json|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"
+    r"|(model\.safetensors|pytorch_model\.bin)\.index\.json|model(_quantized)?\.onnx"
+    r"|tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(txt|json)"
+    r"|merges\.txt|modules\.json|sentence_bert_config\.json|config_sentence_transformers\.json"
+    r"|\d+_[A-Za-z]+|checkpoint|nanobert\.json|metrics\.jsonl|training_curve\.png")
+# a run's own bookkeeping: never another program's files
+BOOKKEEPING = {RUN_FILE, LOCK_FILE, *KEEP_ON_OVERWRITE}
+
+
+def foreign_entries(out_dir: Path, rec) -> list:
+    """The names in `out_dir` that no nanobert run wrote: what was there when a run first
+    took the directory (a notes file, the user's project when --out is '.'), carried from
+    run to run in the record. --overwrite never deletes them. A record from before this
+    was kept says nothing (the directory was all the run's)."""
+    present = {p.name for p in out_dir.iterdir() if not TEMPORARY.fullmatch(p.name)}
+    if rec is None:
+        return sorted(present - BOOKKEEPING)
+    given = rec.get("foreign")
+    if not isinstance(given, list):
+        return []
+    return sorted(n for n in given if isinstance(n, str) and n in present)
+
+
+def repair_log(path: Path):
+    """Drop the lines of a JSON-lines log that do not parse: a run killed while it
+    appended a record leaves a torn last line, which resuming would choke on."""
+    if not path.is_file():
+        return
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = None
+    good = []
+    for line in lines or []:
+        try:
+            if line.strip() and isinstance(json.loads(line), dict):
+                good.append(line)
+        except ValueError:
+            continue
+    if lines is None or len(good) != len([x for x in lines if x.strip()]):
+        write_text(path, "".join(x + "\n" for x in good))
 
 
 # ----------------------------------------------------------------------------------
@@ -203,19 +286,42 @@ def check_safetensors(path: Path):
         raise NanobertError(f"{path}: truncated ({size:,} bytes, the header announces "
                             f"{8 + n + max(ends):,}); delete the checkpoint folder or start "
                             "over with --overwrite")
+    return header
+
+
+# what a resume reads from state.json: the position (whole numbers >= 0), the best and
+# last evaluations, the Python and NumPy generator states
+STATE_FIELDS = {"step": int, "epoch": int, "batch_index": int, "best": (dict, type(None)),
+                "last_eval": (dict, type(None)), "python_rng": list, "numpy_rng": list}
+RNG_TENSORS = ("rng.torch", "rng.numpy")
 
 
 def check_checkpoint(ckpt_dir: Path):
-    """Every file a resume reads is there and whole, before any of it is loaded."""
+    """Every file a resume reads is there, whole and holding what the resume reads
+    (state.json's fields, the generator states), before any of it is loaded."""
     for name in ("state.json", "model.safetensors", "optimizer.safetensors"):
         if not (ckpt_dir / name).is_file():
             raise NanobertError(f"{ckpt_dir / name}: missing; the checkpoint is incomplete "
                                 "(start over with --overwrite)")
-    for name in ("model.safetensors", "optimizer.safetensors"):
-        check_safetensors(ckpt_dir / name)
-    if checkpoint_step(ckpt_dir.parent) is None:
+    check_safetensors(ckpt_dir / "model.safetensors")
+    optimizer = check_safetensors(ckpt_dir / "optimizer.safetensors")
+    lacking = [k for k in RNG_TENSORS if k not in optimizer]
+    if lacking:
+        raise NanobertError(f"{ckpt_dir / 'optimizer.safetensors'}: not a nanobert optimizer "
+                            f"state (no {lacking[0]}); start over with --overwrite")
+    try:
+        state = json.loads((ckpt_dir / "state.json").read_text("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        state = None
+    if not isinstance(state, dict):
         raise NanobertError(f"{ckpt_dir / 'state.json'}: not a valid checkpoint state "
                             "(start over with --overwrite)")
+    for key, kind in STATE_FIELDS.items():
+        v = state.get(key)
+        ok = isinstance(v, kind) and not isinstance(v, bool) and (kind is not int or v >= 0)
+        if not ok:
+            raise NanobertError(f"{ckpt_dir / 'state.json'}: not a valid checkpoint state "
+                                f"({key} is {v!r}); start over with --overwrite")
 
 
 # ----------------------------------------------------------------------------------
@@ -237,9 +343,9 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
     with _lock(out_dir):
         try:
             clean_temporaries(out_dir)
-            _claim(out_dir, command, fp, resume, overwrite)
+            foreign = _claim(out_dir, command, fp, resume, overwrite)
             record = {"status": "running", "command": command, "fingerprint": fp,
-                      "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                      "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "foreign": foreign}
             write_text(out_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
             yield out_dir
         except BaseException:
@@ -247,6 +353,22 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
                 _take_back(out_dir, before)
             raise
         write_text(out_dir / RUN_FILE, json.dumps(dict(record, status="finished"), indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def parent_of_runs(out_dir):
+    """A directory that holds several runs (the masking ablation: one run per split). On
+    an error or Ctrl-C before any of its runs wrote a model or a checkpoint, it is taken
+    back like a single run's: removed if the command made it, else what it added."""
+    out_dir = Path(out_dir)
+    before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        yield out_dir
+    except BaseException:
+        if not any(p.is_dir() and (_holds_a_run(p) or read_run(p)) for p in out_dir.iterdir()):
+            _take_back(out_dir, before)
+        raise
 
 
 def _take_back(out_dir: Path, before):
@@ -264,31 +386,44 @@ def _take_back(out_dir: Path, before):
             path.unlink(missing_ok=True)
 
 
-def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool):
+def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool) -> list:
     """Decide whether this run may use the directory, clearing it when told to. A new
     run stops at a model or a checkpoint (a run that died before writing either left
-    nothing to lose); --resume stops at any other run's record."""
+    nothing to lose); --resume stops at any other run's record. Returns the names there
+    that no run wrote (`foreign_entries`), which every later --overwrite keeps."""
     if resume and overwrite:
         raise NanobertError("--resume and --overwrite contradict each other: choose one")
     rec, holds = read_run(out_dir), _holds_a_run(out_dir)
     if overwrite:
-        if holds or rec is not None:  # never empty a directory no run of ours wrote
-            clear(out_dir)
-        return
+        if rec is not None:      # a run's directory: all of it but what was there before
+            clear(out_dir, keep=foreign_entries(out_dir, rec))
+        elif holds:              # another program's model: its files, never the rest
+            clear(out_dir, only=MODEL_ARTIFACTS)
+        return foreign_entries(out_dir, rec)
+    foreign = foreign_entries(out_dir, rec)
     if resume:
         if rec is None and holds:
             raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
                                 "recorded; start over with --overwrite or choose another --out")
-        if rec is not None and rec.get("fingerprint") != fp:
+        if rec is not None and not _same_run(rec.get("fingerprint"), fp):
             diff = "; ".join(differences(rec.get("fingerprint") or {}, fp)) or "unknown run"
             raise NanobertError(f"--resume: {out_dir} holds another run ({diff}); resume with "
                                 "the same data and flags, or start over with --overwrite")
         if (out_dir / "checkpoint").exists():
             check_checkpoint(out_dir / "checkpoint")
+        repair_log(out_dir / "metrics.jsonl")
     elif holds:
         what = "an unfinished run" if rec and rec.get("status") != "finished" else "a model"
         raise NanobertError(f"--out {out_dir} already holds {what}; continue it with --resume, "
                             "start over with --overwrite, or choose another directory")
+    return foreign
+
+
+def _same_run(old, new: dict) -> bool:
+    if not isinstance(old, dict):
+        return False
+    a, b = _comparable(old, new)
+    return a == b
 
 
 @contextlib.contextmanager

@@ -33,6 +33,9 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+MAX_THREADS = 1024
+
+
 def set_threads(n: int | None = None) -> int:
     """Use `n` threads for torch's CPU kernels (None: every available core).
     Returns the count set."""
@@ -41,9 +44,9 @@ def set_threads(n: int | None = None) -> int:
     from .files import NanobertError
     if n is None:
         n = available_cores()
-    if n < 1:
-        raise NanobertError(f"--threads {n}: must be 1 or more (this machine has "
-                            f"{available_cores()} cores)")
+    if not 1 <= n <= MAX_THREADS:  # torch overflows past 2**31; OpenMP starts them all
+        raise NanobertError(f"--threads {n}: must be from 1 to {MAX_THREADS} (this machine "
+                            f"has {available_cores()} cores)")
     torch.set_num_threads(n)
     return n
 

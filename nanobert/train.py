@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .config import Config, at_least, fraction, param, positive, seed_range
+from .config import Config, at_least, check_device, fraction, param, positive, seed_range
 from .files import NanobertError, atomic_path
 
 
@@ -82,7 +82,8 @@ class TrainConfig(Config):
         at_least(1), metavar="PATIENCE")
     metric: str = "loss"          # eval key that decides the best model
     greater_is_better: bool = False
-    device: str = param("auto", "cpu, cuda, cuda:1, ... (auto: cuda when available)")
+    device: str = param("auto", "cpu, cuda, cuda:1, ... (auto: cuda when available)",
+                        check=check_device)
     amp: str = param("auto", "mixed precision (auto: bf16/fp16 on CUDA, off on CPU)",
                      choices=("auto", "bf16", "fp16", "off", "no", "none", "fp32"))
     resume: bool = param(False, "continue the run in OUT from its checkpoint (same data and "
@@ -610,7 +611,8 @@ class Trainer:
             load_model(self.model, str(d / "model.safetensors"), device=str(self.device))
             tensors = load_file(str(d / "optimizer.safetensors"))
         except (ValueError, OSError, RuntimeError) as e:
-            raise NanobertError(f"{d}: cannot resume from this checkpoint ({str(e)[:200]})")
+            msg = " ".join(str(e).split())   # torch's load errors span lines
+            raise NanobertError(f"{d}: cannot resume from this checkpoint ({msg[:200]})")
         opt = self.optimizer.state_dict()  # param ids 0..n-1 in group order, as saved
         opt["state"] = {}
         for k, v in tensors.items():

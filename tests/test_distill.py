@@ -29,6 +29,16 @@ def test_student_takes_every_other_layer():
     assert not torch.equal(student.bert.blocks[1].up.weight, teacher.bert.blocks[1].up.weight)
 
 
+def test_student_layers_are_between_one_and_the_teachers():
+    import pytest
+    from nanobert.files import NanobertError
+    teacher = _teacher(4)
+    assert student_config(teacher, 4).num_hidden_layers == 4
+    for bad in (0, 5, 100):
+        with pytest.raises(NanobertError, match=f"between 1 and the teacher's 4 layers, got {bad}"):
+            student_config(teacher, bad)
+
+
 def _masked(batch):
     labels = torch.full_like(batch["input_ids"], -100)
     labels[batch["attention_mask"].bool()] = batch["input_ids"][batch["attention_mask"].bool()]

@@ -137,7 +137,137 @@ def test_truncated_weights_and_checkpoint_files(copy, capsys, tmp_path):
     with pytest.raises(NanobertError, match="not a safetensors file"):
         check_safetensors(ckpt / "optimizer.safetensors")
     (ckpt / "optimizer.safetensors").write_bytes(data)
-    check_checkpoint(ckpt)  # whole again
+    check_safetensors(ckpt / "optimizer.safetensors")  # whole again (its content: below)
+
+
+def test_a_bad_shard_index_or_qkv_shape_is_one_line(copy, capsys):
+    """A sharded index that is not {"weight_map": {name: file}}, and a Q/K/V tensor of
+    another shape, were a TypeError / a torch.cat RuntimeError traceback."""
+    from safetensors.torch import load_file, save_file
+    state = load_file(str(copy / "model.safetensors"))
+    (copy / "model.safetensors").unlink()
+    index = copy / "model.safetensors.index.json"
+    for content, expected in [("[1]", 'expected a non-empty "weight_map"'),
+                              ('{"weight_map": {"a": 5}}', "shard 5 is not a file name"),
+                              ('{"weight_map": {"a": "../x.safetensors"}}',
+                               "shard '../x.safetensors' is not a file name")]:
+        index.write_text(content)
+        err = info_error(capsys, copy)
+        assert err.startswith(f"{index}: not a valid safetensors index (") and expected in err
+    index.unlink()
+    name = next(n for n in state if n.endswith("attention.self.query.weight"))
+    save_file(dict(state, **{name: torch.zeros(3, 3)}), str(copy / "model.safetensors"))
+    err = info_error(capsys, copy)
+    assert err.startswith(f"{copy}: ") and err.endswith(
+        "attention.self.query.weight has shape (3, 3), config.json implies (128, 128)")
+
+
+def test_pytorch_model_bin_refusals_say_why(copy, capsys):
+    """torch's weights_only refusal was cut to 'Re-running torch.load with weights_only set
+    to False': advice to unpickle code, and nothing about the file."""
+    import os
+    from safetensors.torch import load_file
+    state = load_file(str(copy / "model.safetensors"))
+    (copy / "model.safetensors").unlink()
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+    torch.save(dict(state, extra=Evil()), str(copy / "pytorch_model.bin"))
+    err = info_error(capsys, copy)
+    assert err.startswith(f"{copy / 'pytorch_model.bin'}: holds pickled Python objects besides "
+                          "tensors (") and "never pickled code" in err and "False" not in err
+    (copy / "pytorch_model.bin").write_bytes(bytes(range(256)) * 8)
+    assert info_error(capsys, copy) == (f"{copy / 'pytorch_model.bin'}: not a PyTorch weights "
+                                        "file (corrupted or truncated)")
+    torch.save(state, str(copy / "pytorch_model.bin"))
+    assert main(["info", str(copy)]) == 0
+
+
+def sentence_transformers(d, modules=None, pooling=None, sbert=None):
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}] if modules is None else modules
+    (d / "1_Pooling").mkdir(exist_ok=True)
+    for name, value in [("modules.json", modules), ("sentence_bert_config.json", sbert),
+                        ("1_Pooling/config.json", pooling)]:
+        if value is not None:
+            (d / name).write_text(value if isinstance(value, str) else json.dumps(value))
+
+
+@pytest.mark.parametrize("file, value, expected", [
+    ("modules.json", "{bad", "not valid JSON"),
+    ("modules.json", {"type": "Pooling"}, "expected a list of modules, got dict"),
+    ("modules.json", [None], "expected a list of modules with a string type and path"),
+    ("modules.json", [{"type": "sentence_transformers.models.Pooling", "path": 5}],
+     "expected a list of modules with a string type and path"),
+    ("modules.json", [{"type": "sentence_transformers.models.Pooling", "path": "9_Pool"}],
+     "the Pooling module's"),
+    ("1_Pooling/config.json", [1], "expected a JSON object of pooling_mode_* settings, got list"),
+    ("sentence_bert_config.json", {"max_seq_length": -5},
+     "max_seq_length must be a whole number >= 1, got -5"),
+    ("sentence_bert_config.json", {"max_seq_length": 0}, "max_seq_length must be a whole number"),
+    ("sentence_bert_config.json", {"max_seq_length": "abc"}, "got 'abc'"),
+    ("sentence_bert_config.json", [256], "expected a JSON object, got list"),
+])
+def test_broken_sentence_transformers_files_are_one_line(copy, capsys, tmp_path, file, value,
+                                                         expected):
+    """A broken modules.json was ignored (mean pooling instead of the declared one), a
+    non-string path, a pooling config that is a list or a negative max_seq_length a
+    traceback, a max_seq_length of 0 or 'abc' silently ignored."""
+    sentence_transformers(copy, pooling={"pooling_mode_cls_token": True},
+                          sbert={"max_seq_length": 32})
+    sentence_transformers(copy, **{{"modules.json": "modules", "1_Pooling/config.json": "pooling",
+                                    "sentence_bert_config.json": "sbert"}[file]: value})
+    texts = tmp_path / "s.txt"
+    texts.write_text("the movie was good\n")
+    argv = ["embed", "--model", str(copy), "--input", str(texts), "--out", str(tmp_path / "e.npy")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("nanobert: error: " + str(copy / file).split("/1_Pooling")[0]), err
+    assert expected in err
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_declared_pooling_and_length_still_read(copy):
+    from nanobert.embed import declared_max_length, declared_pooling
+    assert declared_pooling(copy) is None and declared_max_length(copy) is None
+    sentence_transformers(copy, pooling={"pooling_mode_cls_token": True},
+                          sbert={"max_seq_length": 32})
+    assert declared_pooling(copy) == "cls" and declared_max_length(copy) == 32
+
+
+def test_a_tokenizer_path_that_is_not_a_directory(copy, capsys):
+    with pytest.raises(NanobertError, match="no such directory"):
+        Tokenizer.from_dir(copy / "nope")
+    with pytest.raises(NanobertError, match="is a file; give the directory that holds it"):
+        Tokenizer.from_dir(copy / "vocab.txt")
+
+
+def test_a_checkpoint_state_is_checked_before_resuming(copy, tmp_path):
+    """state.json without the fields a resume reads (epoch, batch_index, ...) or an
+    optimizer file without the generator states was a KeyError traceback mid-resume."""
+    from safetensors.torch import save_file
+    ckpt = tmp_path / "run" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    shutil.copy(copy / "model.safetensors", ckpt / "model.safetensors")
+    save_file({"rng.torch": torch.zeros(4, dtype=torch.uint8), "rng.numpy": torch.zeros(4)},
+              str(ckpt / "optimizer.safetensors"))
+    whole = {"step": 3, "epoch": 0, "batch_index": 3, "best": None, "last_eval": None,
+             "python_rng": [3, [], None], "numpy_rng": ["MT19937", 0, 0, 0.0]}
+    (ckpt / "state.json").write_text(json.dumps(whole))
+    check_checkpoint(ckpt)
+    for broken, why in [({"step": 3}, "epoch is None"), (dict(whole, step=-1), "step is -1"),
+                        (dict(whole, epoch="0"), "epoch is '0'"), ([1], "")]:
+        (ckpt / "state.json").write_text(json.dumps(broken))
+        with pytest.raises(NanobertError, match="state.json: not a valid checkpoint state") as e:
+            check_checkpoint(ckpt)
+        assert why in str(e.value)
+    (ckpt / "state.json").write_text(json.dumps(whole))
+    shutil.copy(copy / "model.safetensors", ckpt / "optimizer.safetensors")
+    with pytest.raises(NanobertError, match="optimizer.safetensors: not a nanobert optimizer "
+                                            r"state \(no rng.torch\)"):
+        check_checkpoint(ckpt)
 
 
 # ---- fuzzing the model-directory readers -------------------------------------------------

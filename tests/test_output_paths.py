@@ -3,12 +3,17 @@ an --out whose parent is a file, that is a file where a directory is needed (or 
 reverse), on a read-only or virtual file system, or with an image type nothing saves."""
 from __future__ import annotations
 
+import json
 import os
 
+import numpy as np
 import pytest
+import torch
 
+import nanobert
 from nanobert.cli import main
 from nanobert.files import NanobertError, check_output_dir, check_output_file
+from nanobert.rundir import RUN_FILE, fingerprint, read_run, run
 
 
 def test_output_directories_fail_before_any_work(tmp_path):
@@ -17,7 +22,8 @@ def test_output_directories_fail_before_any_work(tmp_path):
     cases = {f: f"--out {f}: is a file; a directory is needed here",
              f / "sub": f"--out {f / 'sub'}: {f} is a file, not a directory",
              "/proc/nanobert-out": "--out /proc/nanobert-out: /proc is a virtual file system; "
-                                   "choose a directory on disk"}
+                                   "choose a directory on disk",
+             "/proc": "--out /proc: /proc is a virtual file system; choose a directory on disk"}
     for path, msg in cases.items():
         with pytest.raises(NanobertError) as e:
             check_output_dir(path)
@@ -114,3 +120,188 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     assert refused(capsys, ["pretrain", "--corpus", str(train), "--out", str(model),
                             "--overwrite"]).startswith(f"--out {model}: holds the input {train}")
     assert (model / "config.json").exists()
+
+
+# ---- what --overwrite deletes, what --resume compares, what export replaces --------------
+
+
+def test_overwrite_keeps_the_files_no_run_wrote(tmp_path):
+    """A first run into a folder of the user's files (`--out .`, a notes file) recorded
+    nothing about them, and the next --overwrite deleted them all."""
+    data = tmp_path / "train.tsv"
+    data.write_text("sentence\tlabel\na\t1\nb\t0\n")
+    out = tmp_path / "project"
+    (out / "src").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    fp = fingerprint("classify", [data], {"lr": 1e-3})
+    with run(out, "finetune", fp):
+        (out / "config.json").write_text("{}")
+    assert read_run(out)["foreign"] == ["notes.txt", "src"]
+    for lr in (2e-3, 3e-3):                                   # twice: the list is carried on
+        with run(out, "finetune", fingerprint("classify", [data], {"lr": lr}), overwrite=True):
+            assert not (out / "config.json").exists()        # the run's files: cleared
+            (out / "config.json").write_text("{}")
+        assert (out / "notes.txt").read_text() == "mine" and (out / "src").is_dir()
+    hub = tmp_path / "hub-download"                           # a model no nanobert run wrote
+    (hub / "1_Pooling").mkdir(parents=True)
+    for name in ("config.json", "pytorch_model.bin", "vocab.txt", "modules.json", "README.md"):
+        (hub / name).write_text("x")
+    with run(hub, "finetune", fp, overwrite=True):
+        assert sorted(p.name for p in hub.iterdir()) == [".nanobert-lock", "README.md", RUN_FILE]
+    assert read_run(hub)["foreign"] == ["README.md"]
+
+
+def test_resume_compares_data_by_content_not_by_path_spelling(tmp_path, monkeypatch):
+    """--train train.tsv, then --resume with ./train.tsv, an absolute path or from another
+    directory was 'holds another run (--train train.tsv there, ./train.tsv now)'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\na\t1\nb\t0\n")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
+    out = tmp_path / "out"
+
+    def fp(train, model, lr=1e-3):
+        from nanobert.rundir import model_files
+        return fingerprint("classify", [train] + model_files(model),
+                           {"train": train, "model": model, "lr": lr})
+    with pytest.raises(RuntimeError):
+        with run(out, "finetune", fp("train.tsv", "base")):
+            (out / "config.json").write_text("{}")          # the best model so far
+            raise RuntimeError("killed")
+    (tmp_path / "elsewhere").mkdir()
+    for train, model in [("./train.tsv", "./base/"), (str(tmp_path / "train.tsv"), "base"),
+                         ("../train.tsv", "../base")]:
+        if train.startswith(".."):
+            monkeypatch.chdir(tmp_path / "elsewhere")
+        with run(out, "finetune", fp(train, model), resume=True):
+            pass
+    with pytest.raises(NanobertError, match=r"--lr 0.001 there, 0.002 now"):
+        with run(out, "finetune", fp("../train.tsv", "../base", lr=2e-3), resume=True):
+            pass
+    # a record written before: paths spelled out there, by content here
+    rec = read_run(out)
+    rec["fingerprint"]["flags"].update(train="train.tsv", model="base")
+    (out / RUN_FILE).write_text(json.dumps(rec))
+    with run(out, "finetune", fp("../train.tsv", "../base"), resume=True):
+        pass
+
+
+def test_a_torn_metrics_line_is_dropped_on_resume(tmp_path):
+    """A run killed while appending to metrics.jsonl left half a line; --resume then
+    stopped with a JSONDecodeError traceback."""
+    data = tmp_path / "d.tsv"
+    data.write_text("x\n")
+    out = tmp_path / "out"
+    fp = fingerprint("classify", [data], {"lr": 1})
+    with pytest.raises(RuntimeError):
+        with run(out, "finetune", fp):
+            (out / "config.json").write_text("{}")
+            (out / "metrics.jsonl").write_text('{"type": "train", "step": 2}\n{"type": "tr')
+            raise RuntimeError("killed")
+    with run(out, "finetune", fp, resume=True):
+        assert (out / "metrics.jsonl").read_text() == '{"type": "train", "step": 2}\n'
+
+
+@pytest.fixture(scope="module")
+def small_models(tmp_path_factory):
+    """Two tiny model directories (one a sentence-transformers layout with [CLS] pooling)."""
+    d = tmp_path_factory.mktemp("export")
+    tok = nanobert.Tokenizer.train(["the movie was good", "a dull film"] * 3, vocab_size=60,
+                                   min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                          max_position_embeddings=32, num_hidden_layers=1)
+    for name in ("a", "b"):
+        nanobert.Bert(cfg).save_pretrained(d / name, tokenizer=tok)
+    (d / "b" / "1_Pooling").mkdir()
+    (d / "b" / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (d / "b" / "modules.json").write_text(json.dumps(
+        [{"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]))
+    (d / "b" / "sentence_bert_config.json").write_text('{"max_seq_length": 16}')
+    return d
+
+
+def test_export_refuses_an_out_that_holds_something_else(small_models, tmp_path, capsys):
+    """export wrote into the model directory itself, over another model or run (leaving a
+    mix of two models), or into a folder of other files."""
+    a, b = small_models / "a", small_models / "b"
+    b_files = sorted(p.name for p in b.iterdir())
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("x")
+    for out, why in [(a, f"OUT {a}: is the model being exported"),
+                     (b, f"OUT {b} already holds a model and is not an earlier export"),
+                     (notes, f"OUT {notes} already holds other files")]:
+        assert refused(capsys, ["export", str(a), str(out)]).startswith(why)
+    assert sorted(p.name for p in b.iterdir()) == b_files and not (a / "model.onnx").exists()
+
+
+def test_export_replaces_an_earlier_export_whole_and_keeps_the_pooling(small_models, tmp_path,
+                                                                       one_thread):
+    """An export dropped 1_Pooling/modules.json/sentence_bert_config.json and nanobert.json
+    (a [CLS]-pooling encoder came back mean-pooling), and an export over an earlier int8
+    one left that model_quantized.onnx beside the new model.onnx."""
+    from nanobert.embed import Encoder
+    out = tmp_path / "exported"
+    assert main(["export", str(small_models / "a"), str(out), "--dtype", "int8"]) == 0
+    assert (out / "model_quantized.onnx").is_file()
+    assert main(["export", str(small_models / "b"), str(out)]) == 0
+    assert not (out / "model_quantized.onnx").exists()
+    for f in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json"):
+        assert (out / f).read_text() == (small_models / "b" / f).read_text()
+    enc = Encoder(str(out))
+    assert enc.pooling == "cls"
+    assert np.allclose(enc.encode(["the movie"]), Encoder(str(small_models / "b")).encode(["the movie"]))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_bad_device_and_thread_counts_fail_before_work(tmp_path, capsys):
+    """--device bogus / cuda without a GPU / meta were torch tracebacks after the data was
+    read and the model loaded; --threads 99999999999 an OverflowError (and a few million
+    threads would start)."""
+    from nanobert.train import TrainConfig
+    missing = str(tmp_path / "none")
+    ft = ["finetune", "--task", "classify", "--model", missing, "--train", missing, "--dev",
+          missing, "--out", str(tmp_path / "out")]
+    for device in ("bogus", "cpu:x", "meta", "cuda:99"):
+        assert refused(capsys, ft + ["--device", device]).startswith("--device")
+        with pytest.raises(NanobertError, match="--device"):
+            TrainConfig(device=device)
+    if not torch.cuda.is_available():
+        assert "no CUDA GPU" in refused(capsys, ft + ["--device", "cuda"])
+    TrainConfig(device="cpu")
+    assert refused(capsys, ["info", missing, "--threads", "99999999999"]).startswith(
+        "--threads 99999999999: must be from 1 to 1024")
+    assert not (tmp_path / "out").exists()
+
+
+def test_selection_and_split_flags(tmp_path, capsys):
+    """--layers 1-99999999999 built the whole range (MemoryError); --mask-split nan/50/50
+    passed the sum check (then a traceback); --splits '' or ',' trained nothing and failed
+    with an IndexError, a split named twice trained it and then refused; a refused
+    ablation left its --out behind; --label-names '=x' was found only after t-SNE."""
+    from nanobert.inspection import parse_selection
+    from nanobert.masking import parse_split
+    with pytest.raises(NanobertError, match="got 99999999999, expected 1 to 6"):
+        parse_selection("1-99999999999", 6, "layers", [0])
+    assert parse_selection("2-3,3", 6, "layers", [0]) == [1, 2]
+    for bad in ("nan/50/50", "inf/0/0", "150/-50/0"):
+        with pytest.raises(ValueError):
+            parse_split(bad)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the movie was good\n" * 50)
+    out = tmp_path / "ablation"
+    for splits, why in [("", "--splits: got ''"), (",", "--splits: got ','"),
+                        ("80/10/10,80.0/10/10", "--splits: 80/10/10 is given twice"),
+                        ("nan/50/50", "--splits: got 'nan/50/50'")]:
+        assert refused(capsys, ["ablate-masking", "--corpus", str(corpus), "--out", str(out),
+                                "--splits", splits, "--steps", "1"]).startswith(why)
+    assert refused(capsys, ["ablate-masking", "--corpus", str(tmp_path / "none.txt"), "--out",
+                            str(out), "--steps", "1"]).endswith("no such file or directory")
+    assert not out.exists()
+    data = tmp_path / "d.tsv"
+    data.write_text("sentence\tlabel\na\t1\n")
+    for names in ("=x", "0=", "0=a,0=b"):
+        assert refused(capsys, ["tsne", "--model", str(tmp_path / "none"), "--data", str(data),
+                                "--out", str(tmp_path / "t.png"), "--label-names", names]
+                       ).startswith("--label-names")

@@ -102,7 +102,8 @@ def test_overwrite_never_clears_the_runs_own_inputs(tmp_path, data):
     (out / "cache" / "corpus.txt").write_text("kept")
     with run(out, "finetune", fp(data), overwrite=True, reads=[out / "cache" / "corpus.txt"]):
         pass
-    assert not data.exists() and (out / "cache" / "corpus.txt").exists()
+    assert (out / "cache" / "corpus.txt").exists() and not (out / "config.json").exists()
+    assert data.exists()       # there before the first run: no run's to delete (foreign)
 
 
 def test_a_run_that_died_before_writing_a_model_blocks_nothing(tmp_path, data):
