@@ -129,11 +129,30 @@ def _is_json_list(text: str) -> bool:
     return isinstance(v, list) and all(isinstance(x, dict) for x in v)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's dict; a key given twice is refused (json keeps the last one
+    silently, so which text or label the writer meant is a guess)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _DuplicateKey(key)
+    return obj
+
+
 def _json_value(text: str, path, line):
     """json.loads, with every way it can fail (bad syntax, a 5000-digit number, nesting
-    deeper than Python's stack) reported at the file and line."""
+    deeper than Python's stack, a key given twice in one object) reported at the file
+    and line."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise data_error(path, line, f"the key {e.args[0]!r} appears twice in one JSON object "
+                         "(which value is meant?)")
     except json.JSONDecodeError as e:
         raise data_error(path, (line or 1) + e.lineno - 1, f"not valid JSON ({_json_msg(e)})")
     except (ValueError, RecursionError) as e:
@@ -226,7 +245,8 @@ JSON_SPACE = re.compile(r"[ \t\n\r]*")
 def _json_array_objects(path: Path):
     """(line where it starts, dict) for each element of a file holding one JSON array."""
     text = "\n".join(t for _, t in read_lines(path))   # UTF-8 checked, line-numbered
-    decode, pos, line, seen = json.JSONDecoder().raw_decode, text.index("[") + 1, 1, 0
+    decode = json.JSONDecoder(object_pairs_hook=_unique_keys).raw_decode
+    pos, line, seen = text.index("[") + 1, 1, 0
     line += text.count("\n", 0, pos)
 
     def skip(pos):      # past whitespace; the line number follows along
@@ -241,6 +261,9 @@ def _json_array_objects(path: Path):
             break
         try:
             obj, end = decode(text, pos)
+        except _DuplicateKey as e:
+            raise data_error(path, line, f"the key {e.args[0]!r} appears twice in one JSON "
+                             "object (which value is meant?)")
         except json.JSONDecodeError as e:
             where = line + text.count("\n", pos, e.pos)
             raise data_error(path, where, "not valid JSON (one JSON array of objects, or JSON "

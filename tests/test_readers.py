@@ -494,3 +494,20 @@ def test_a_single_document_corpus_error_names_the_file(tmp_path):
     f = write(tmp_path, "one.txt", "just one document here.\n")
     assert error_of(load_corpus, [f], log=lambda *a: None).startswith(f"{f}: the corpus has a "
                                                                        "single document")
+
+
+def test_a_key_given_twice_in_one_json_object_is_refused(tmp_path):
+    """json keeps the last of two equal keys silently; which text or label was meant is
+    a guess, so the reader names the key and the line (JSON Lines, a JSON array, SQuAD)."""
+    lines = tmp_path / "dup.jsonl"
+    lines.write_text('{"text": "fine", "label": 1}\n{"text": "a", "label": 0, "text": "b"}\n')
+    with pytest.raises(NanobertError, match=r"dup.jsonl:2: the key 'text' appears twice"):
+        D.read_classification(lines)
+    array = tmp_path / "dup.json"
+    array.write_text('[\n {"text": "x", "label": 1},\n {"label": 1, "text": "y", "label": 0}\n]\n')
+    with pytest.raises(NanobertError, match=r"dup.json:3: the key 'label' appears twice"):
+        D.read_classification(array)
+    fine = tmp_path / "fine.jsonl"
+    fine.write_text('{"text": "a", "label": 1, "meta": {"text": "nested is its own object"}}\n'
+                    '{"text": "b", "label": 0}\n')
+    assert [e.text_a for e in D.read_classification(fine)] == ["a", "b"]
