@@ -120,11 +120,8 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
     """Sub-word features of pre-split words; the word's tag on its first sub-word only."""
     from .tokenizer import report_truncation
     words = [s.words for s in sentences]
-    tok.tk.enable_truncation(max_length)
-    try:
-        encs = tok.tk.encode_batch(words, is_pretokenized=True)
-    finally:
-        tok.tk.no_truncation()
+    with tok.truncating(max_length) as tk:
+        encs = tk.encode_batch(words, is_pretokenized=True)
     report_truncation(tok, encs, words, max_length, "sentences",
                       is_pretokenized=True, flag=None)
     items = []

@@ -13,9 +13,11 @@ unk) from tokenizer_config.json / special_tokens_map.json.
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import re
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -106,6 +108,9 @@ class Tokenizer:
         tk.no_truncation()
         tk.no_padding()
         self.tk = tk
+        # truncation is a setting of the tokenizer, switched on around each call: threads
+        # that share one Tokenizer (a server's batch split over the cores) take turns
+        self._lock = threading.Lock()
         self.model_max_length = model_max_length
         self.lowercase = lowercase
         self.quiet = False     # True: no truncation notes (a server counts and answers them)
@@ -196,6 +201,23 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tk.get_vocab_size()
 
+    @contextlib.contextmanager
+    def truncating(self, max_length: int, **kw):
+        """The wrapped tokenizer with truncation to max_length on, for this thread only."""
+        with self._lock:
+            self.tk.enable_truncation(max_length, **kw)
+            try:
+                yield self.tk
+            finally:
+                self.tk.no_truncation()
+
+    def __getstate__(self):           # (a lock does not pickle)
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def encode(self, text: str, pair: Optional[str] = None, max_length: Optional[int] = None):
         """One `tokenizers.Encoding` (ids, type_ids, tokens, offsets, word_ids...)."""
         return self.encode_batch([text], None if pair is None else [pair], max_length)[0]
@@ -214,11 +236,8 @@ class Tokenizer:
             budget = max_length - self.tk.num_special_tokens_to_add(True)
             tokenized = [self.clip_long_pair(a, b, budget)
                          if min(len(a), len(b)) > 4 * max_length else (a, b) for a, b in inputs]
-        self.tk.enable_truncation(max_length, stride=stride, strategy=strategy)
-        try:
+        with self.truncating(max_length, stride=stride, strategy=strategy):
             encodings = self.tk.encode_batch(tokenized)
-        finally:
-            self.tk.no_truncation()
         if report:
             report_truncation(self, encodings, inputs, max_length, report, flag=None)
         return encodings
