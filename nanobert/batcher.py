@@ -102,11 +102,15 @@ def heap_trimmer(min_interval: float = 1.0) -> Callable[[], None]:
 class Batcher:
     """One inference thread fed by a queue; batches are cut by `max_tokens`."""
 
-    def __init__(self, max_tokens: int, observer: Optional[BatchObserver] = None):
+    def __init__(self, max_tokens: int, observer: Optional[BatchObserver] = None,
+                 split: Optional[Callable] = None):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self.max_tokens = max_tokens
         self.observer = observer or BatchObserver()
+        # split(run, items, lengths) -> outputs: how a batch runs (threads.run_on_cores
+        # spreads it over the CPU cores); by default run(items)
+        self.split = split or (lambda run, items, lengths: run(items))
         self._trim = heap_trimmer()
         self._fresh_turn = False      # _cut: whose turn, new requests or those under way
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -193,7 +197,8 @@ class Batcher:
                 self.observer.queued(start - job.queued_at)
         run = batch[0][0].run
         try:
-            outputs = run([job.items[i] for job, i in batch])
+            outputs = self.split(run, [job.items[i] for job, i in batch],
+                                 [job.lengths[i] for job, i in batch])
             error = None
         except BaseException as e:  # handed to the request that waits; the thread goes on
             outputs, error = [None] * len(batch), e

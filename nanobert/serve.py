@@ -37,6 +37,7 @@ import torch
 
 from .batcher import Batcher, heap_trimmer
 from .files import NanobertError
+from .threads import run_on_cores, torch_threads
 from .serve_models import Counts, Served, load_served, split_spec
 
 # ----------------------------------------------------------------------------------
@@ -217,8 +218,14 @@ class Server:
     def start(self):
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
-        self.warm_up()
-        self.batcher = Batcher(self.config.max_batch_tokens, self.metrics)
+        # on the CPU every forward pass runs on one thread, a batch in one part per core
+        # (threads.run_on_cores): oneDNN's code is built, and warmed, for one thread
+        on_cpu = all(next(m.model.parameters()).device.type == "cpu"
+                     for m in self.models.values())
+        with torch_threads(1 if on_cpu else torch.get_num_threads()):
+            self.warm_up()
+        self.batcher = Batcher(self.config.max_batch_tokens, self.metrics,
+                               run_on_cores if on_cpu else None)
         self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="nanobert-tokenize")
 
     def warm_up(self):

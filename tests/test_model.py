@@ -110,13 +110,17 @@ def test_onednn_rows_bound_the_shapes_a_server_sees():
     assert len(set(rows)) < 200
 
 
-WARM_SCRIPT = """
+WARM_MODEL = """
 import random, sys, torch
+import nanobert
 from nanobert.model import Bert, BertConfig
-torch.set_num_threads(1)
 torch.manual_seed(0)
 model = Bert(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=64)).eval()
+"""
+
+WARM_SCRIPT = WARM_MODEL + """
+torch.set_num_threads(1)
 if sys.argv[1] == "warm":
     print("rows", len(model.bert.warm_shapes(200)), flush=True)
 print("BATCHES", flush=True)
@@ -131,29 +135,39 @@ with torch.inference_mode():
 """
 
 
-def test_warm_shapes_leave_no_kernel_to_build_for_later_batches(tmp_path):
-    """After `warm_shapes(200)`, batches of up to 200 real tokens make oneDNN build no new
-    product (its verbose log: no inner_product cache miss); without it, they do."""
+def product_builds_after_warming(tmp_path, script: str) -> dict:
+    """{'cold': n, 'warm': n}: oneDNN inner products built (verbose log: cache misses)
+    after the line BATCHES of `script`, run in a fresh process with argv[1] 'cold' or
+    'warm'. Skips where this torch runs no oneDNN products."""
     import os
     import subprocess
     import sys
     from pathlib import Path
-    from nanobert.model import onednn_rows
-    script = tmp_path / "warm.py"
-    script.write_text(WARM_SCRIPT)
-    env = dict(os.environ, ONEDNN_VERBOSE="all", OMP_NUM_THREADS="1",
+    path = tmp_path / "warm.py"
+    path.write_text(script)
+    env = dict(os.environ, ONEDNN_VERBOSE="all",
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    misses = {}
+    env.pop("OMP_NUM_THREADS", None)
+    builds = {}
     for mode in ("cold", "warm"):
-        out = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
+        out = subprocess.run([sys.executable, str(path), mode], env=env, capture_output=True,
                              text=True, check=True).stdout
         if "onednn_verbose" not in out:
             pytest.skip("this torch runs no oneDNN products (nothing to warm)")
-        if mode == "warm":
-            assert f"rows {len({onednn_rows(m) for m in range(1, 201)})}" in out
         later = out.split("BATCHES", 1)[1].splitlines()
-        misses[mode] = sum("create:cache_miss" in x and "inner_product" in x for x in later)
-    assert misses["cold"] > 0 and misses["warm"] == 0, misses
+        builds[mode] = sum("create:cache_miss" in x and "inner_product" in x for x in later)
+        builds[mode + " output"] = out
+    return builds
+
+
+def test_warm_shapes_leave_no_kernel_to_build_for_later_batches(tmp_path):
+    """After `warm_shapes(200)`, batches of up to 200 real tokens make oneDNN build no new
+    product (its verbose log: no inner_product cache miss); without it, they do."""
+    from nanobert.model import onednn_rows
+    builds = product_builds_after_warming(tmp_path, WARM_SCRIPT)
+    assert f"rows {len({onednn_rows(m) for m in range(1, 201)})}" in builds["warm output"]
+    assert builds["cold"] > 0 and builds["warm"] == 0, (builds["cold"], builds["warm"])
+
 
 def test_fast_linear_equals_plain_linear_for_any_row_count():
     import torch.nn.functional as F

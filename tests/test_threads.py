@@ -10,6 +10,7 @@ from nanobert import threads
 from nanobert.embed import Encoder
 from nanobert.finetune import predict_classify
 from nanobert.data import Example
+from test_model import WARM_MODEL, product_builds_after_warming
 
 
 @pytest.fixture
@@ -86,3 +87,67 @@ def test_int8_embeddings_equal_one_thread(minilm_dir, two_threads):
     two = enc.encode(texts, batch_size=3)
     torch.set_num_threads(1)
     np.testing.assert_allclose(two, enc.encode(texts, batch_size=3), atol=1e-6)
+
+
+def test_token_parts_balance_tokens_and_keep_order():
+    lengths = [50, 3, 40, 8, 30, 12, 7]
+    parts = threads.token_parts(lengths, 2)
+    assert sorted(i for p in parts for i in p) == list(range(7)) and all(p == sorted(p) for p in parts)
+    loads = [sum(lengths[i] for i in p) for p in parts]
+    assert max(loads) <= 1.05 * sum(lengths) / 2               # 77 of 150 (one part: 150)
+    assert threads.token_parts([5], 2) == [[0]]                # never an empty part
+
+
+def test_a_server_batch_runs_one_part_per_core(two_threads):
+    """run_on_cores: the items in token-balanced parts, each on a thread of its own with
+    one torch thread, outputs in input order; one input on one thread too."""
+    calls = []
+
+    def run(items):
+        calls.append((threading.current_thread().name, torch.get_num_threads(), list(items)))
+        return [x * 10 for x in items]
+    lengths = [20, 5, 18, 7, 9]
+    assert threads.run_on_cores(run, [0, 1, 2, 3, 4], lengths) == [0, 10, 20, 30, 40]
+    assert len(calls) == 2 and {c[1] for c in calls} == {1}
+    assert all(c[0].startswith("nanobert-core") for c in calls)
+    assert max(sum(lengths[i] for i in c[2]) for c in calls) <= 1.1 * sum(lengths) / 2
+    assert torch.get_num_threads() == 2
+    calls.clear()
+    assert threads.run_on_cores(run, [7], [12]) == [70] and calls[0][1] == 1
+    assert torch.get_num_threads() == 2
+    calls.clear()
+    assert threads.run_on_cores(run, [1, 2], [300, 4]) == [10, 20]
+    assert sorted(c[2] for c in calls) == [[1], [2]] and {c[1] for c in calls} == {1}
+    torch.set_num_threads(1)
+    calls.clear()
+    assert threads.run_on_cores(run, [1, 2], [3, 4]) == [10, 20]
+    assert len(calls) == 1 and calls[0][1] == 1               # one thread: run as it is
+
+
+SERVER_WARM_SCRIPT = WARM_MODEL + """
+from nanobert.threads import run_on_cores, torch_threads
+torch.set_num_threads(2)
+if sys.argv[1] == "warm":
+    with torch_threads(1):                   # as Server.start warms up
+        model.bert.warm_shapes(200)
+print("BATCHES", flush=True)
+rng = random.Random(0)
+
+def run(lengths):
+    with torch.inference_mode():
+        for T in lengths:
+            model(torch.randint(1, 100, (1, T)))
+    return lengths
+
+for _ in range(30):                          # batches of 1-8 inputs of 2-25 tokens
+    lengths = [rng.randint(2, 25) for _ in range(rng.randint(1, 8))]
+    run_on_cores(run, lengths, lengths)
+"""
+
+
+def test_a_server_warmed_on_one_thread_builds_no_kernel_for_its_parts(tmp_path):
+    """oneDNN keeps its code per shape and per thread count: the server warms up on one
+    thread because run_on_cores runs every forward pass on one (warmed on two, the same
+    batches built 96 new products)."""
+    builds = product_builds_after_warming(tmp_path, SERVER_WARM_SCRIPT)
+    assert builds["cold"] > 0 and builds["warm"] == 0, (builds["cold"], builds["warm"])
