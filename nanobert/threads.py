@@ -74,6 +74,17 @@ _POOLS: dict = {}                 # n -> the n worker threads, kept for the next
 _POOLS_LOCK = threading.Lock()
 
 
+def _forget_pools_after_fork():
+    """A forked child has none of its parent's threads: it makes its own pools."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+
 def _core_pool(n: int) -> ThreadPoolExecutor:
     """n worker threads, made once: a new thread per batch would build oneDNN's scratch
     memory afresh each time (a server's 8-sentence batch in two parts took as long as

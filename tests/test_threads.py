@@ -1,6 +1,7 @@
 """CPU threads: batches run one per core (threads.map_on_cores) give the same numbers
 as batches run one at a time, in the same order, and leave torch as they found it."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -151,3 +152,31 @@ def test_a_server_warmed_on_one_thread_builds_no_kernel_for_its_parts(tmp_path):
     batches built 96 new products)."""
     builds = product_builds_after_warming(tmp_path, SERVER_WARM_SCRIPT)
     assert builds["cold"] > 0 and builds["warm"] == 0, (builds["cold"], builds["warm"])
+
+
+def test_a_forked_child_makes_its_own_workers(two_threads):
+    """The worker threads are kept between calls; a child process forked afterwards has
+    none of them and must not wait for them forever."""
+    import os
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    with torch.no_grad():
+        assert list(threads.map_on_cores(lambda i: i + 1, [1, 2, 3])) == [2, 3, 4]
+    pid = os.fork()
+    if pid == 0:                                  # the child: exit 0 only if it worked
+        try:
+            with torch.no_grad():
+                ok = list(threads.map_on_cores(lambda i: i * 2, [1, 2, 3])) == [2, 4, 6]
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.time() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung waiting for its parent's worker threads")
+        time.sleep(0.05)
+    assert os.WEXITSTATUS(status) == 0
