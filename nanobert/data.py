@@ -352,6 +352,24 @@ def detect_format(path, plain_text: bool = False) -> str:
                      "CoNLL columns or SQuAD JSON)")
 
 
+SQUAD_START = re.compile(r'\s*\{\s*("version"\s*:\s*"[^"]*"\s*,\s*)?"data"\s*:\s*\[')
+# {"data": [...  or {"version": "v2.0", "data": [...
+
+
+def task_of_file(path) -> Optional[str]:
+    """'ner' for CoNLL columns, 'qa' for SQuAD-style JSON; None for anything else (a table
+    or JSON Lines can hold any task's data) or a file that cannot be read."""
+    try:
+        fmt = detect_format(path, plain_text=True)
+        if fmt == "conll" and looks_like_conll(path):
+            return "ner"
+        if fmt in ("json", "jsonl") and SQUAD_START.match(_first_content(path)[1]):
+            return "qa"
+    except (NanobertError, OSError):
+        pass
+    return None
+
+
 QUOTED_FIELD = re.compile(r'(?:^|(?<=\t))"(?:[^"]|"")*"(?=\t|$)')
 
 

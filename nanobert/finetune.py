@@ -957,7 +957,8 @@ def evaluate_cmd(args):
     model, tok, settings = load_finetuned(args.model, args.dtype)
     settings.update(B.evaluate_overrides(args))
     task = TASKS[settings["task"]]
-    examples = task.read(args.data, _columns(args, settings), True)
+    examples = read_for(task, args.model, lambda: task.read(args.data, _columns(args, settings),
+                                                            True), args.data)
     check_known_labels(task.name, examples, model, args.data)
     result = evaluate_task(task.name, model, tok, examples, settings, args.batch_size,
                            progress=not args.json)
@@ -980,9 +981,28 @@ def predict_args(p):
     p.add_argument("--json", action="store_true", help="one JSON object per input")
 
 
+def read_for(task: Task, model_name, read: Callable, path):
+    """read(), with a hint appended to its error when the file holds another task's data
+    (CoNLL columns for a classifier, SQuAD JSON for an embedding model...)."""
+    try:
+        return read()
+    except NanobertError as e:
+        other = D.task_of_file(path)
+        if other is None or other == task.name or OTHER_DATA[other][1] in str(e):
+            raise
+        raise NanobertError(f"{e} ({path} holds {OTHER_DATA[other][0]}, but {model_name} is "
+                            f"a{'n' * (task.name[0] in 'aeiou')} {task.name} model)") from None
+
+
+OTHER_DATA = {"ner": ("NER data (CoNLL columns)", "CoNLL"),   # what, and a word that says it
+              "qa": ("QA data (SQuAD JSON)", "SQuAD")}
+
+
 def _predict_inputs(task: Task, args, settings) -> list:
     if args.input:
-        return task.inputs(args.input, _columns(args, settings))
+        return read_for(task, args.model, lambda: task.inputs(args.input,
+                                                               _columns(args, settings)),
+                        args.input)
     texts = [(t, args.context) for t in args.texts] if args.context else args.texts
     return [task.make_input(i, t) for i, t in enumerate(texts)]
 

@@ -135,6 +135,19 @@ def test_classify_overfits_evaluates_predicts_and_loads_in_transformers(tiny_dir
     err = capsys.readouterr().err
     assert rc == 2 and f"{bad}:3: unknown label 'meh'" in err
 
+    # another task's data: the reader's error, and what the file looks like
+    conll = tmp_path / "tags.conll"
+    conll.write_text("John B-PER\nlives O\n\nMary B-PER\nruns O\n")
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [
+        {"context": "abc def", "qas": [{"id": "1", "question": "what?",
+                                         "answers": [{"text": "abc", "answer_start": 0}]}]}]}]}))
+    for data, what in ((conll, "NER data (CoNLL columns)"), (squad, "QA data (SQuAD JSON)")):
+        rc = cli.main(["evaluate", "--model", str(out), "--data", str(data)])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"({data} holds {what}, but {out} is a classify model)" in err, err
+        assert len(err.strip().splitlines()) == 1
+
     # BEIR-only flags on a labelled file would change nothing: refused, not ignored
     for flag, value in (("--holdout", "0.5"), ("--split", "test"), ("--rerank-k", "5")):
         rc = cli.main(["evaluate", "--model", str(out), "--data", str(train), flag, value])
