@@ -287,6 +287,44 @@ def test_ner_entities_equal_predict(server, models):
             assert text[e["start"]:e["end"]] == e["text"]
 
 
+def test_two_threads_run_a_batch_in_parts_with_the_same_answers(models, tmp_path, minilm):
+    """With --threads 2 each batch runs as two token-balanced parts, one per core
+    (threads.run_on_cores): concurrent requests batched together, each answer equal to
+    the offline functions; /classify, /ner and /qa too."""
+    from nanobert.embed import encode
+    s = Running(["minilm", f"sst={models['sst']}", f"tags={models['tags']}",
+                 f"reader={models['reader']}"], "--threads", "2")
+    try:
+        model, tok = minilm
+        groups = [[f"{w} number {i}" + " and more words" * (i % 5) for i in range(k, k + 6)]
+                  for k, w in enumerate(["apples", "rivers", "engines", "songs", "clouds"])]
+        offline = [encode(model, tok, g) for g in groups]
+        with cf.ThreadPoolExecutor(5) as pool:
+            answers = list(pool.map(lambda g: s.post("/embed", {"inputs": g}), groups))
+        for r, want in zip(answers, offline):
+            assert r.status_code == 200, r.text
+            assert np.allclose(np.array(r.json()["embeddings"]), want, atol=1e-5)
+        cm, ctok, cset = load_finetuned(models["sst"])
+        probs = predict_classify(cm, ctok, [Example(t) for t in SENTENCES], cset["max_length"])
+        r = s.post("/classify", {"inputs": SENTENCES, "model": "sst"}).json()["results"]
+        assert np.allclose([x["score"] for x in r], probs.max(-1).values.numpy(), atol=1e-5)
+        nm, ntok, nset = load_finetuned(models["tags"])
+        texts = ["John met Mary in Paris and London.", "where does mary live", "Paris"]
+        want = predict_ner_text(nm, ntok, texts, nset["max_length"])
+        r = s.post("/ner", {"inputs": texts}).json()["results"]
+        assert [x["entities"] for x in r] == [[dict(e) for e in ents] for ents in want]
+        qm, qtok, qset = load_finetuned(models["reader"])
+        context = " ".join(["Mary lives in Paris."] + ["It rains a lot there."] * 40)
+        want = predict_qa(qm, qtok, [QAExample("0", "who lives in paris?", context)], qset)[0]
+        got = s.post("/qa", {"question": "who lives in paris?", "context": context,
+                             "model": "reader"}).json()["results"][0]
+        assert (got["answer"], got["start"]) == (want["answer"], want["start"])
+        assert got["windows"] > 1 and abs(got["score"] - want["score"]) < 1e-4
+        assert s.post("/embed", {"inputs": "still up"}).status_code == 200
+    finally:
+        s.close()
+
+
 def test_qa_over_windows_equals_predict(server, models):
     model, tok, settings = load_finetuned(models["reader"])
     context = " ".join(random.Random(3).choices(WORDS, k=120))
