@@ -28,25 +28,27 @@ class Window:
     end: int = 0
 
 
-def check_room(tk, question: str, context: str, max_length: int, doc_stride: int):
-    """NanobertError when the question leaves a window no more room for the context than
+def check_room(tk, questions: list, contexts: list, max_length: int, doc_stride: int):
+    """NanobertError when a question leaves a window no more room for its context than
     the doc stride and the context has to be cut: the tokenizers library then panics (a
-    BaseException, with a Rust backtrace on stderr) instead of raising."""
-    room = (max_length - tk.num_special_tokens_to_add(True)
-            - len(tk.encode(question, add_special_tokens=False).ids))
-    if room <= doc_stride and len(tk.encode(question, context).ids) > max_length:
-        raise NanobertError(f"the question leaves {max(room, 0)} tokens of a window of "
-                            f"{max_length} for the context, not more than the doc stride "
-                            f"{doc_stride}: use a larger --max-length or a smaller --doc-stride "
-                            f"(question: {question[:60]!r})")
+    BaseException, with a Rust backtrace on stderr) instead of raising. The questions
+    are measured in one batch; only a question that leaves too little room has its
+    context tokenized here."""
+    special = tk.num_special_tokens_to_add(True)
+    for q, c, e in zip(questions, contexts, tk.encode_batch(questions, add_special_tokens=False)):
+        room = max_length - special - len(e.ids)
+        if room <= doc_stride and len(tk.encode(q, c).ids) > max_length:
+            raise NanobertError(f"the question leaves {max(room, 0)} tokens of a window of "
+                                f"{max_length} for the context, not more than the doc stride "
+                                f"{doc_stride}: use a larger --max-length or a smaller "
+                                f"--doc-stride (question: {q[:60]!r})")
 
 
 def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: bool = False):
     """All windows of all examples (list of `Window`)."""
     questions = [e.question.strip() for e in examples]
     contexts = [e.context for e in examples]
-    for q, c in zip(questions, contexts):
-        check_room(tokenizer.tk, q, c, max_length, doc_stride)
+    check_room(tokenizer.tk, questions, contexts, max_length, doc_stride)
     try:
         encs = tokenizer.encode_batch(questions, contexts, max_length=max_length,
                                       stride=doc_stride, strategy="only_second")

@@ -121,51 +121,19 @@ class Served:
 
     def clip_tokens(self, a: str, b: Optional[str] = None) -> tuple:
         """(a, b) cut to prefixes that hold the same first tokens as the whole texts and
-        enough of them that truncation keeps exactly what it keeps of the whole texts.
-        For what clip_text leaves long: a text without plain spaces is not cut there, and
-        a pair of two long ones costs the tokenizer the PRODUCT of their lengths (it pairs
-        every overflowing piece of one side with every piece of the other): a /rerank of
-        two 300 KB CJK texts took over 20 GB and the server was killed. Longest-first
-        truncation of a pair to `budget` tokens depends only on which side is longer and
-        on the shorter side's length up to budget + 1, so the shorter side keeps
-        budget + 1 tokens and the longer one more than that, and more than budget in all."""
+        enough of them that truncation keeps exactly what it keeps of the whole texts
+        (Tokenizer.token_prefix, clip_long_pair), for what clip_text leaves long: a text
+        without plain spaces is not cut there."""
         from .tokenizer import CLIP_MIN_CHARS
-        tk = self.counter.tk
+        tok = self.counter
         if b is None:
             if len(a) <= CLIP_MIN_CHARS * (self.max_length + 1):
                 return a, None
-            return self._token_prefix(a, tk.encode(a, add_special_tokens=False),
-                                      self.max_length + 1)[0], None
+            return tok.token_prefix(a, tok.tk.encode(a, add_special_tokens=False),
+                                    self.max_length + 1)[0], None
         if len(a) * len(b) <= (4 * self.max_length) ** 2:      # few overflowing pieces
             return a, b
-        ea, eb = tk.encode_batch([a, b], add_special_tokens=False)
-        budget = self.max_length - tk.num_special_tokens_to_add(True)
-        if len(ea.ids) + len(eb.ids) <= budget:
-            return a, b
-        swap = len(ea.ids) > len(eb.ids)          # a ties with b as the shorter side
-        (s, es), (l, el) = ((b, eb), (a, ea)) if swap else ((a, ea), (b, eb))
-        s, kept = self._token_prefix(s, es, budget + 1)
-        l, _ = self._token_prefix(l, el, max(kept + 1, budget + 1 - kept))
-        return (l, s) if swap else (s, l)
-
-    def _token_prefix(self, text: str, enc, keep: int, tries: int = 8) -> tuple:
-        """(prefix, its token count): the shortest prefix of `text` found, ending at a token
-        boundary, whose tokens are exactly the first `keep` or more tokens of `text` (`enc`:
-        its encoding without special tokens); checked by encoding it, so that it holds for
-        every tokenizer. (text, all its tokens) when none is found in `tries` attempts."""
-        n = len(enc.ids)
-        if n <= keep:
-            return text, n
-        offsets, words = enc.offsets, enc.word_ids
-        # a cut between two pre-tokenized words is the likeliest to leave the tokens as
-        # they are; then any cut between two tokens that do not share a character
-        cuts = [j for j in range(keep, min(n, keep + 64)) if offsets[j - 1][1] <= offsets[j][0]]
-        cuts.sort(key=lambda j: (words[j] == words[j - 1], j))
-        for j in cuts[:tries]:
-            prefix = text[:offsets[j][0]]
-            if self.counter.tk.encode(prefix, add_special_tokens=False).ids == enc.ids[:j]:
-                return prefix, j
-        return text, n
+        return tok.clip_long_pair(a, b, self.max_length - tok.tk.num_special_tokens_to_add(True))
 
     # ---- the tokenize thread ---------------------------------------------------------
     def count(self, texts, pairs=None) -> Counts:
