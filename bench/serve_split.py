@@ -18,14 +18,16 @@ import argparse
 import os
 import random
 
-from speedlib import machine, median, need_data, positive_int, race, ratio, read_sst2, report, today
+from speedlib import (machine, median, need_data, positive_int, positive_ints, race, ratio,
+                      read_sst2, report, today)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=positive_int, default=20)
     ap.add_argument("--threads", type=positive_int, default=os.cpu_count())
-    ap.add_argument("--sizes", default="1,8,32,128")
+    ap.add_argument("--sizes", type=positive_ints, default="1,8,32,128",
+                    help="sentences per batch, comma-separated")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     import nanobert  # noqa: F401  (first: its thread policy, as in the server, before torch loads)
@@ -34,6 +36,9 @@ def main():
     from nanobert.serve_models import load_served
     from nanobert.threads import run_on_cores, set_threads, torch_threads
     texts = read_sst2(need_data("sst2", "dev.tsv"))
+    if max(args.sizes) > len(texts):
+        ap.error(f"argument --sizes: at most {len(texts)} (the SST-2 dev sentences), "
+                 f"got {max(args.sizes)}")
     set_threads(args.threads)
     served = load_served("minilm", "float32")
     run = served.runner("embed")
@@ -45,7 +50,7 @@ def main():
              "per-round ratios.", "",
              "| sentences | parts, one thread each (serve) | whole batch, all threads | "
              "one thread | parts vs whole |", "|---|---|---|---|---|"]
-    for size in [int(x) for x in args.sizes.split(",")]:
+    for size in args.sizes:
         batches = [rnd.sample(texts, size) for _ in range(args.rounds + 1)]
         lengths = [[len(t) for t in b] for b in batches]   # characters: enough to balance
         it = {"parts": 0, "whole": 0, "one": 0}
