@@ -270,24 +270,35 @@ class Linear(nn.Linear):
     (a name of ACTIVATIONS) applied to the output.
 
     Without autograd (torch.no_grad / inference_mode), on fp32 CPU tensors, the product
-    runs on a copy of the weight that oneDNN laid out once in its own blocked format, so
-    no call repacks the weight, and the activation is applied in the same pass over the
-    output. Measured on minilm over SST-2, interleaved: 1.2-1.3x (docs/speed.md).
-    The copy is rebuilt when the weight changes: an in-place update (load_state_dict)
+    runs on a copy of the weight laid out once for the kernel that is fastest at the
+    input's row count, so no call repacks the weight:
+      rows <= SMALL_ROWS  MKL's sgemm on a (K, N) copy: one sentence or a few (1.16x a
+                          whole forward of one SST-2 sentence, docs/speed.md)
+      more rows           oneDNN on its own blocked layout, the activation applied in the
+                          same pass over the output (1.2-1.3x F.linear on SST-2 batches)
+    The copies are rebuilt when the weight changes: an in-place update (load_state_dict)
     moves the tensor's version counter, a new tensor its address; the fused AdamW step
     moves neither, so the Trainer drops the copies after each step."""
+
+    SMALL_ROWS = 128
 
     def forward(self, x, act: Optional[str] = None):
         if not self._inference_on_cpu(x):
             y = F.linear(x, self.weight, self.bias)
             return ACTIVATIONS[act](y) if act else y
-        post, algorithm = FUSED_ACTIVATIONS.get(act, ("none", ""))
         rows = x.numel() // x.shape[-1]
-        x2, extra = x.reshape(rows, x.shape[-1]), onednn_rows(rows) - rows   # (M, K)
+        x2 = x.reshape(rows, x.shape[-1])                                   # (M, K)
+        if rows <= self.SMALL_ROWS:
+            w = self._weight_copy("kn")                                     # (K, N)
+            y = x2 @ w if self.bias is None else torch.addmm(self.bias, x2, w)
+            y = y.reshape(*x.shape[:-1], y.shape[-1])
+            return ACTIVATIONS[act](y) if act else y
+        post, algorithm = FUSED_ACTIVATIONS.get(act, ("none", ""))
+        extra = onednn_rows(rows) - rows
         if extra:
             x2 = F.pad(x2, (0, 0, 0, extra))                            # (M', K), zero rows
-        y = torch.ops.mkldnn._linear_pointwise(x2, self._packed_weight(), self.bias, post, [],
-                                               algorithm)[:rows]       # (M, N)
+        y = torch.ops.mkldnn._linear_pointwise(x2, self._weight_copy("onednn"), self.bias,
+                                               post, [], algorithm)[:rows]   # (M, N)
         y = y.reshape(*x.shape[:-1], y.shape[-1])
         return ACTIVATIONS[act](y) if act and act not in FUSED_ACTIVATIONS else y
 
@@ -299,16 +310,21 @@ class Linear(nn.Linear):
         return (ONEDNN and not torch.is_grad_enabled() and x.device.type == "cpu"
                 and x.dtype == torch.float32 and x.numel() > 0 and not torch.jit.is_tracing())
 
-    def __getstate__(self):  # the packed copy is a cache: deepcopy and pickle skip it
+    def __getstate__(self):  # the weight copies are a cache: deepcopy and pickle skip them
         state = dict(super().__getstate__())
         state.pop("_packed", None)
         return state
 
-    def _packed_weight(self):
+    def _weight_copy(self, layout: str):
+        """The weight laid out for one kernel: "onednn" (blocked) or "kn" (transposed)."""
         key = (self.weight.data_ptr(), self.weight._version)
         if getattr(self, "_packed", (None,))[0] != key:
-            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
-        return self._packed[1]
+            self._packed = (key, {})
+        copies, w = self._packed[1], self.weight.detach()
+        if layout not in copies:
+            copies[layout] = (w.t().contiguous() if layout == "kn"
+                              else torch.ops.mkldnn._reorder_linear_weight(w))
+        return copies[layout]
 
 
 # ----------------------------------------------------------------------------------
@@ -755,8 +771,8 @@ class BertModel(nn.Module):
     @torch.inference_mode()
     def warm_shapes(self, max_tokens: int) -> list:
         """Build oneDNN's code for every row count a CPU batch of up to `max_tokens` real
-        tokens runs its products at (onednn_rows: 144 counts up to 4,096 tokens, the CPU's
-        forward-pass cap), at once. oneDNN keeps the code of each shape it meets (minilm:
+        tokens runs its products at (onednn_rows above Linear.SMALL_ROWS: 80 counts up
+        to 4,096 tokens, the CPU's forward-pass cap), at once. oneDNN keeps the code of each shape it meets (minilm:
         about 2.4 MB per row count), so a server that meets them one by one, as rare batch
         sizes arrive, grows for many minutes; warmed, its memory starts where it stays.
         Blocks share their shapes, so one block runs. Returns the row counts (none off
@@ -765,7 +781,8 @@ class BertModel(nn.Module):
         if not (isinstance(block.up, Linear) and isinstance(block.attn.qkv, Linear)
                 and Linear.fast_path(block.up.weight)):
             return []
-        rows = sorted({onednn_rows(m) for m in range(1, max_tokens + 1)})
+        rows = sorted({onednn_rows(m) for m in range(Linear.SMALL_ROWS + 1, max_tokens + 1)})
+        block.warm(1)  # the (K, N) copies of the small-row products
         for r in rows:
             block.warm(r)
         return rows

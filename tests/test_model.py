@@ -122,12 +122,12 @@ model = Bert(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
 WARM_SCRIPT = WARM_MODEL + """
 torch.set_num_threads(1)
 if sys.argv[1] == "warm":
-    print("rows", len(model.bert.warm_shapes(200)), flush=True)
+    print("rows", len(model.bert.warm_shapes(480)), flush=True)
 print("BATCHES", flush=True)
 rng = random.Random(0)
 with torch.inference_mode():
-    for _ in range(30):                      # random batches of at most 8 x 25 = 200 tokens
-        B, T = rng.randint(1, 8), rng.randint(2, 25)
+    for _ in range(30):                      # random batches of at most 8 x 60 = 480 tokens
+        B, T = rng.randint(1, 8), rng.randint(2, 60)
         mask = torch.ones(B, T, dtype=torch.long)
         for b in range(B):
             mask[b, rng.randint(1, T):] = 0
@@ -161,11 +161,13 @@ def product_builds_after_warming(tmp_path, script: str) -> dict:
 
 
 def test_warm_shapes_leave_no_kernel_to_build_for_later_batches(tmp_path):
-    """After `warm_shapes(200)`, batches of up to 200 real tokens make oneDNN build no new
-    product (its verbose log: no inner_product cache miss); without it, they do."""
-    from nanobert.model import onednn_rows
+    """After `warm_shapes(480)`, batches of up to 480 real tokens make oneDNN build no new
+    product (its verbose log: no inner_product cache miss); without it, they do. (Batches
+    of up to Linear.SMALL_ROWS tokens run on MKL, which builds nothing per shape.)"""
+    from nanobert.model import Linear, onednn_rows
     builds = product_builds_after_warming(tmp_path, WARM_SCRIPT)
-    assert f"rows {len({onednn_rows(m) for m in range(1, 201)})}" in builds["warm output"]
+    rows = {onednn_rows(m) for m in range(Linear.SMALL_ROWS + 1, 481)}
+    assert f"rows {len(rows)}" in builds["warm output"]
     assert builds["cold"] > 0 and builds["warm"] == 0, (builds["cold"], builds["warm"])
 
 
@@ -174,13 +176,19 @@ def test_fast_linear_equals_plain_linear_for_any_row_count():
 
     from nanobert.model import ACTIVATIONS, Linear
     torch.manual_seed(0)
-    lin = Linear(24, 40)
-    for shape in [(1, 24), (33, 24), (65, 24), (3, 11, 24)]:
-        x = torch.randn(shape)
-        for act in (None, "gelu"):
-            with torch.no_grad():
-                fast = lin(x, act)
-                ref = F.linear(x, lin.weight, lin.bias)
-                ref = ACTIVATIONS[act](ref) if act else ref
-            assert fast.shape == ref.shape
-            assert torch.allclose(fast, ref, atol=1e-5), (shape, act)
+    for lin in (Linear(24, 40), Linear(24, 40, bias=False)):
+        # up to Linear.SMALL_ROWS rows on MKL's (K, N) copy, more on oneDNN's blocked one
+        for shape in [(1, 24), (33, 24), (65, 24), (3, 11, 24), (129, 24), (5, 61, 24)]:
+            x = torch.randn(shape)
+            for act in (None, "gelu"):
+                with torch.no_grad():
+                    fast = lin(x, act)
+                    ref = F.linear(x, lin.weight, lin.bias)
+                    ref = ACTIVATIONS[act](ref) if act else ref
+                assert fast.shape == ref.shape
+                assert torch.allclose(fast, ref, atol=1e-5), (shape, act)
+    with torch.no_grad():  # an in-place change of the weight reaches both copies
+        lin.weight.mul_(2)
+        for rows in (3, 300):
+            x = torch.randn(rows, 24)
+            assert torch.allclose(lin(x), F.linear(x, lin.weight), atol=1e-5), rows

@@ -130,7 +130,7 @@ from nanobert.threads import run_on_cores, torch_threads
 torch.set_num_threads(2)
 if sys.argv[1] == "warm":
     with torch_threads(1):                   # as Server.start warms up
-        model.bert.warm_shapes(200)
+        model.bert.warm_shapes(300)
 print("BATCHES", flush=True)
 rng = random.Random(0)
 
@@ -140,8 +140,8 @@ def run(lengths):
             model(torch.randint(1, 100, (1, T)))
     return lengths
 
-for _ in range(30):                          # batches of 1-8 inputs of 2-25 tokens
-    lengths = [rng.randint(2, 25) for _ in range(rng.randint(1, 8))]
+for _ in range(30):                          # batches of 1-8 inputs of 2-300 tokens
+    lengths = [rng.randint(2, 300) for _ in range(rng.randint(1, 8))]
     run_on_cores(run, lengths, lengths)
 """
 
