@@ -3,7 +3,7 @@
     client ──► uvicorn (ASGI) ──► Starlette route: API key, in-flight limit, JSON body
                                    │  read and check the fields (400/413/422 name the field)
                                    ▼
-              tokenize thread:  token counts and truncation of every input
+              tokenize threads: token counts and truncation of every input
                                    ▼
               Batcher:          queued with other requests' inputs of the same model;
                                 one inference thread runs batches of up to
@@ -60,6 +60,10 @@ class ServeConfig:
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
+# threads that tokenize requests (and decode /qa answers), each with its own copy of every
+# model's tokenizer: with one, a request far over the limit (a megabyte of text without
+# spaces: 6-10 s) made every request behind it wait that long
+TOKENIZE_THREADS = 4
 
 
 class ApiError(Exception):
@@ -81,6 +85,13 @@ class ApiError(Exception):
 
 def unprocessable(param: str, what: str) -> ApiError:
     return ApiError(422, f"field '{param}' {what}", param)
+
+
+def shown(value, limit: int = 40) -> str:
+    """A value from the request as an error message quotes it: cut short, since a client
+    can send a megabyte where a name belongs (or a number of thousands of digits)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ----------------------------------------------------------------------------------
@@ -105,7 +116,7 @@ def read_bool(body, name, default):
 def read_int(body, name, default=None, lo=1):
     value = _get(body, name, int, default, "an integer")
     if value is not None and value < lo:
-        raise unprocessable(name, f"must be at least {lo}, got {value}")
+        raise unprocessable(name, f"must be at least {lo}, got {shown(value)}")
     return value
 
 
@@ -203,7 +214,7 @@ class Metrics:
 
 
 # ----------------------------------------------------------------------------------
-# The server state: models, batcher, tokenize thread, limits
+# The server state: models, batcher, tokenize threads, limits
 
 
 class Server:
@@ -226,7 +237,8 @@ class Server:
             self.warm_up()
         self.batcher = Batcher(self.config.max_batch_tokens, self.metrics,
                                run_on_cores if on_cpu else None)
-        self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="nanobert-tokenize")
+        self.tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS,
+                                             thread_name_prefix="nanobert-tokenize")
 
     def warm_up(self):
         """Before the first request: every row count its batches can have, once per
@@ -267,7 +279,7 @@ class Server:
                                     f"(models: {self._list()})")
             return serving[0]
         if name not in self.models:
-            raise unprocessable("model", f"names no served model: {name!r} "
+            raise unprocessable("model", f"names no served model: {shown(name)} "
                                          f"(models: {self._list()})")
         m = self.models[name]
         if route not in m.routes:
@@ -280,7 +292,7 @@ class Server:
         return ", ".join(f"{n} ({m.task})" for n, m in self.models.items())
 
     async def tokenized(self, fn, *args):
-        """Run a tokenizing function on the tokenize thread, timed."""
+        """Run a tokenizing function on a tokenize thread, timed."""
         start = time.perf_counter()
         out = await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
         self.metrics.tokenize.observe(time.perf_counter() - start)
@@ -288,9 +300,10 @@ class Server:
         return out
 
     async def on_tokenizer(self, fn, *args):
-        """fn(*args) on the tokenize thread, the only one that may use a model's `counter`
-        (its tokenizer switches truncation on and off around each call: a length measured
-        on the event loop, for a 422, made another request's count see no truncation).
+        """fn(*args) on a tokenize thread, the only ones that may use a model's `counter`
+        (each its own copy: a tokenizer switches truncation on and off around each call,
+        and a length measured on the event loop, for a 422, made another request's count
+        see no truncation).
         Clipping (Served.clip) runs there too: a text it cannot cut at a space, it cuts
         after tokenizing it (seconds for megabytes of CJK)."""
         return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
@@ -308,7 +321,7 @@ class Server:
 def check_truncation(m: Served, name: str, counts, texts, pairs=None, sent=None):
     """422 for the first truncated input (for a request that says truncate: false). `texts`
     and `pairs` as clipped (Served.clip); `sent`: the characters of each input as sent.
-    On the tokenize thread (Server.on_tokenizer): it measures with the model's counter."""
+    On a tokenize thread (Server.on_tokenizer): it measures with the model's counter."""
     for i, cut in enumerate(counts.truncated):
         if cut:
             n = m.full_length(texts[i], pairs[i] if pairs else None)
@@ -336,7 +349,7 @@ async def embed_inputs(server: Server, body: dict, field_name: str, normalize: b
     dimensions = read_int(body, "dimensions")
     if dimensions is not None and dimensions > m.hidden_size:
         raise unprocessable("dimensions", f"must be at most the model's {m.hidden_size}, "
-                                          f"got {dimensions}")
+                                          f"got {shown(dimensions)}")
     clipped, _ = await server.on_tokenizer(m.clip, texts)
     counts = await server.tokenized(m.count, clipped)
     if not truncate:
@@ -349,7 +362,7 @@ async def embed_inputs(server: Server, body: dict, field_name: str, normalize: b
 async def openai_embeddings(server: Server, body: dict) -> dict:
     fmt = read_str(body, "encoding_format", "float")
     if fmt not in ("float", "base64"):
-        raise unprocessable("encoding_format", f"must be 'float' or 'base64', got {fmt!r}")
+        raise unprocessable("encoding_format", f"must be 'float' or 'base64', got {shown(fmt)}")
     m, vecs, counts, _ = await embed_inputs(server, body, "input", normalize=True)
     as_value = ((lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode("ascii"))
                 if fmt == "base64" else (lambda v: v.tolist()))
@@ -722,7 +735,10 @@ def make_app(server: Server):
         return json_response(ApiError(exc.status_code, msg.get(exc.status_code, str(exc.detail))).body(),
                              exc.status_code, getattr(exc, "headers", None))
 
-    routes = [StarletteRoute(r.path, endpoint(server, r), methods=[r.method]) for r in ROUTES]
+    # each route answers with a trailing slash too: Starlette's default, a 307 redirect
+    # with an empty body, left a client that does not follow it without an answer
+    routes = [StarletteRoute(path, handle, methods=[r.method]) for r in ROUTES
+              for handle in [endpoint(server, r)] for path in (r.path, r.path + "/")]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
 
@@ -783,6 +799,48 @@ def config_from_args(args) -> ServeConfig:
                        args.dtype, args.body_timeout, args.warmup)
 
 
+def http_protocol(header_timeout: float):
+    """uvicorn's HTTP protocol (httptools), with a time limit on a request's headers: a
+    connection that sends none, or stops in the middle of them, is closed after
+    `header_timeout` seconds. Without it such connections stayed open for good, each
+    holding a file descriptor (uvicorn only times out idle connections after an answer).
+    "auto" (no limit) where httptools is not installed."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "auto"
+
+    class TimedHeaders(HttpToolsProtocol):
+        header_timer = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self.start_header_timer()
+
+        def on_message_begin(self):
+            super().on_message_begin()
+            self.start_header_timer()
+
+        def on_headers_complete(self):
+            self.stop_header_timer()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc):
+            self.stop_header_timer()
+            super().connection_lost(exc)
+
+        def start_header_timer(self):
+            self.stop_header_timer()
+            self.header_timer = self.loop.call_later(header_timeout, self.transport.close)
+
+        def stop_header_timer(self):
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+
+    return TimedHeaders
+
+
 def check_address(host: str, port: int):
     """Fail before loading any model when the address cannot be listened on."""
     import socket
@@ -831,7 +889,7 @@ def serve_cmd(args):
     # uvicorn's default is also 5 s), so a client never reuses one the server is closing
     uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",
                         timeout_graceful_shutdown=60, timeout_keep_alive=KEEP_ALIVE_S,
-                        access_log=False)
+                        access_log=False, http=http_protocol(config.body_timeout))
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that
     # was there before it; this one lets the command finish (status 0, a clean stop)
     stopped_by = []

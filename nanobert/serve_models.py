@@ -1,12 +1,11 @@
 """The models a server answers with: a thin adapter over the offline code.
 
-A `Served` model is loaded once and then used from two threads: the tokenize thread
-counts tokens (its own `Tokenizer`, `counter`) and the inference thread computes
-batches through the public Python API (`nanobert.Encoder`, `nanobert.Predictor`),
-which runs what `nanobert embed` and `nanobert predict` run, so requests get exactly
-their answers. (A `tokenizers`
-tokenizer switches truncation on and off around each call, so two threads must not
-share one.)
+A `Served` model is loaded once and then used from several threads: the tokenize
+threads count tokens (each with its own copy of the model's `Tokenizer`, `counter`) and
+the inference thread computes batches through the public Python API (`nanobert.Encoder`,
+`nanobert.Predictor`), which runs what `nanobert embed` and `nanobert predict` run, so
+requests get exactly their answers. (A `tokenizers` tokenizer switches truncation on and
+off around each call, so two threads must not share one.)
 
 What a model serves follows from its head: a classification head serves /classify
 and, with one or two labels, /rerank (a pair classifier scores (query, document));
@@ -15,7 +14,9 @@ transformers checkpoint, an MLM) serves embeddings with its declared pooling.
 """
 from __future__ import annotations
 
+import copy
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -71,10 +72,21 @@ class Served:
     name: str
     path: Path
     engine: object                # a nanobert.Encoder or nanobert.Predictor (public API)
-    counter: object               # a Tokenizer for the tokenize thread only
+    counting: object              # a Tokenizer, copied for each tokenize thread (counter)
     task: str                     # a key of TASK_ROUTES
     max_length: int
     settings: dict = field(default_factory=dict)   # the fine-tuning settings (nanobert.json)
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def counter(self):
+        """This thread's own copy of `counting`: the tokenize threads count at the same
+        time, and one long input (a megabyte without spaces takes seconds) holds up only
+        its own thread, not every request behind it."""
+        tok = getattr(self._local, "counter", None)
+        if tok is None:
+            tok = self._local.counter = copy.deepcopy(self.counting)
+        return tok
 
     @property
     def model(self):
@@ -113,7 +125,7 @@ class Served:
         changing what the model reads (tokenizer.clip_text): a 2 MB input took the
         tokenizer 10-20 s, twice, and held up every request behind it. What clip_text
         cannot cut (no plain spaces: CJK, runs of punctuation) is cut at a token
-        boundary instead (clip_tokens). On the tokenize thread: it may tokenize."""
+        boundary instead (clip_tokens). On a tokenize thread: it may tokenize."""
         from .tokenizer import clip_pair
         cut = [self.clip_tokens(*clip_pair(t, p, self.max_length))
                for t, p in zip(texts, pairs if pairs is not None else [None] * len(texts))]
@@ -129,13 +141,15 @@ class Served:
         if b is None:
             if len(a) <= CLIP_MIN_CHARS * (self.max_length + 1):
                 return a, None
-            return tok.token_prefix(a, tok.tk.encode(a, add_special_tokens=False),
-                                    self.max_length + 1)[0], None
+            # encode_batch, not encode: only it lets go of the GIL (encode held the whole
+            # server, /health too, for the 3 s of a megabyte of punctuation)
+            whole = tok.tk.encode_batch([a], add_special_tokens=False)[0]
+            return tok.token_prefix(a, whole, self.max_length + 1)[0], None
         if len(a) * len(b) <= (4 * self.max_length) ** 2:      # few overflowing pieces
             return a, b
         return tok.clip_long_pair(a, b, self.max_length - tok.tk.num_special_tokens_to_add(True))
 
-    # ---- the tokenize thread ---------------------------------------------------------
+    # ---- the tokenize threads --------------------------------------------------------
     def count(self, texts, pairs=None) -> Counts:
         encs = self.counter.encode_batch(texts, pairs, max_length=self.max_length)
         return Counts([len(e.ids) for e in encs], [bool(e.overflowing) for e in encs])

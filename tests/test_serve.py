@@ -449,6 +449,69 @@ def test_truncate_false_measures_on_the_tokenize_thread(models):
     assert threads and all(t.startswith("nanobert-tokenize") for t in threads), threads
 
 
+def test_a_slow_input_holds_up_only_its_own_tokenize_thread(models):
+    """Requests are tokenized on several threads, each with its own copy of the tokenizer:
+    with one thread, an input that takes seconds to cut (a megabyte without spaces) made
+    every request behind it wait as long."""
+    import asyncio
+    from nanobert.serve import Server, ServeConfig, classify
+    from nanobert.serve_models import load_served
+    m = load_served(f"sst={models['sst']}")
+    clip, counters = m.clip, set()
+
+    def slow_clip(texts, pairs=None):
+        counters.add(id(m.counter))
+        if texts == ["slow"]:
+            time.sleep(3)
+        return clip(texts, pairs)
+
+    m.clip = slow_clip
+    s = Server([m], ServeConfig(warmup=False))
+    s.start()
+    done = []
+
+    async def one(text):
+        await classify(s, {"inputs": [text]})
+        done.append(text)
+
+    async def both():
+        slow = asyncio.ensure_future(one("slow"))
+        await asyncio.sleep(0.2)
+        await asyncio.wait_for(one("fast"), 2.5)
+        await slow
+    try:
+        asyncio.run(both())
+    finally:
+        s.stop()
+    assert done == ["fast", "slow"] and len(counters) == 2
+
+
+def test_cutting_a_long_text_lets_go_of_the_gil(models):
+    """A text without spaces is tokenized whole to be cut at a token (Served.clip_tokens)
+    with encode_batch: `encode` holds the GIL, and a megabyte of punctuation held the
+    whole server, /health too, for seconds."""
+    from nanobert.serve_models import load_served
+    m = load_served(f"sst={models['sst']}")
+    calls = []
+
+    class Spy:
+        def __init__(self, tk):
+            self.tk = tk
+
+        def __getattr__(self, name):
+            method = getattr(self.tk, name)
+            if name not in ("encode", "encode_batch"):
+                return method
+            return lambda inputs, *a, **kw: calls.append((name, len(inputs))) or method(
+                inputs, *a, **kw)
+
+    m.counter.tk = Spy(m.counter.tk)
+    text = "!" * 20000
+    (cut,), _ = m.clip([text])
+    assert text.startswith(cut) and len(cut) < 100
+    assert ("encode_batch", 1) in calls and not any(n >= len(text) for _, n in calls), calls
+
+
 def test_a_rust_panic_is_a_bug_not_a_crash():
     """The tokenizers library raises a PanicException, a BaseException only: it went past
     the handler's `except Exception` (a plain-text 500 and a traceback in the log)."""
@@ -537,9 +600,25 @@ def test_bad_requests_are_answered_with_the_field(server, path, body, status, sa
     assert says in err["message"] and err["code"] == status and "Traceback" not in r.text
 
 
+def test_error_messages_quote_values_cut_short(server):
+    """An error quotes what was sent only in part: a name of a megabyte was echoed whole."""
+    for path, body, says in [("/embed", {"inputs": "x", "model": "m" * 5000}, "'mmmm"),
+                             ("/v1/embeddings", {"input": "x", "encoding_format": "f" * 5000},
+                              "'ffff"),
+                             ("/embed", {"inputs": "x", "dimensions": 10 ** 3000}, "1000"),
+                             ("/rerank", {"query": "q", "documents": ["a"], "top_n": -10 ** 3000},
+                              "-1000")]:
+        r = server.post(path, body)
+        message = r.json()["error"]["message"]
+        assert r.status_code == 422 and says in message and len(message) < 300, message
+
+
 def test_method_and_api_key(server):
     r = server.http.get("/embed")
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    # a trailing slash is the same route (it was a 307 redirect with an empty body)
+    assert server.post("/v1/embeddings/", {"input": "x"}).json()["object"] == "list"
+    assert server.http.get("/health/").json() == {"status": "ok"}
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         r = httpx.post(server.url + "/embed", json={"inputs": "x"}, headers=headers)
         assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
@@ -619,6 +698,14 @@ def test_stalled_or_vanished_body_frees_its_place(models):
             assert time.time() < deadline, "the disconnect was not counted as 499"
             time.sleep(0.05)
         assert s.metric('nanobert_requests_total{route="/embed",status="500"}') == 0
+        # a connection that sends no request, or stops in its headers, is closed after
+        # --body-timeout too (it stayed open for good, holding a file descriptor)
+        silent = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        halfway = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        halfway.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Le")
+        assert silent.recv(100) == b"" and halfway.recv(100) == b""
+        silent.close()
+        halfway.close()
         r = s.post("/embed", {"inputs": ["word " * 300, "and another " * 200]})
         assert r.status_code == 200 and r.json()["truncated"] == [True, True]
         s.proc.send_signal(signal.SIGTERM)
