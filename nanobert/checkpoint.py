@@ -24,7 +24,7 @@ from .model import ACTIVATIONS, Bert, BertConfig
 from .rundir import require_finished
 
 QKV = re.compile(r"bert\.blocks\.(\d+)\.attn\.qkv\.(\w+)")
-TIED = "mlm.word_embeddings.weight"  # the MLM decoder shares the word embeddings
+TIED = "mlm.word_embeddings.weight"  # the MLM decoder: the word embeddings, unless untied
 HEAD_PREFIXES = ("mlm.", "pair.", "classifier.", "qa.", "bert.pooler.")
 
 
@@ -124,14 +124,17 @@ def read_config(model_dir: Path) -> dict:
 
 def read_weights(model_dir: Path) -> dict:
     """All tensors of the directory's checkpoint, by their (normalised) HF names."""
-    st, index, pt = (model_dir / n for n in
-                     ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    st, index, pt, pt_index = (model_dir / n for n in (
+        "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+        "pytorch_model.bin.index.json"))
     if st.is_file():
         files = [st]
     elif index.is_file():
         files = [model_dir / s for s in _index_shards(index)]
     elif pt.is_file():
         files = [pt]
+    elif pt_index.is_file():  # pytorch_model-00001-of-00002.bin, ... (older large models)
+        files = [model_dir / s for s in _index_shards(pt_index)]
     else:
         raise NanobertError(f"{model_dir}: no weights (model.safetensors or pytorch_model.bin)")
     state = {}
@@ -153,20 +156,21 @@ def read_weights(model_dir: Path) -> dict:
 
 
 def _index_shards(index: Path) -> list:
-    """The shard files a model.safetensors.index.json names: {"weight_map": {tensor:
-    file}}, each file a plain name in the model directory."""
+    """The shard files a model.safetensors.index.json (or pytorch_model.bin.index.json)
+    names: {"weight_map": {tensor: file}}, each file a plain name in the model directory."""
+    what = "safetensors index" if ".safetensors" in index.name else "weights index"
     try:
         d = json.loads(index.read_text("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
-        raise NanobertError(f"{index}: not a valid safetensors index ({e})")
+        raise NanobertError(f"{index}: not a valid {what} ({e})")
     weight_map = d.get("weight_map") if isinstance(d, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise NanobertError(f"{index}: not a valid safetensors index (expected a non-empty "
+        raise NanobertError(f"{index}: not a valid {what} (expected a non-empty "
                             '"weight_map": {tensor name: shard file})')
     shards = sorted(set(weight_map.values()), key=str)
     bad = [x for x in shards if not isinstance(x, str) or not x or Path(x).name != x]
     if bad:
-        raise NanobertError(f"{index}: not a valid safetensors index (shard {bad[0]!r} is not "
+        raise NanobertError(f"{index}: not a valid {what} (shard {bad[0]!r} is not "
                             "a file name in the model directory)")
     return shards
 
@@ -226,6 +230,9 @@ def validate_hf_config(hf: dict, path):
         if hf.get(key) is not None and not isinstance(hf[key], str):
             raise NanobertError(f"{path}: {key} must be a string, got {hf[key]!r}")
     _validate_labels(hf, path)
+    if hf.get("is_decoder"):  # transformers then masks attention causally
+        raise NanobertError(f"{path}: is_decoder is true (a left-to-right decoder); nanobert "
+                            "encoders attend in both directions")
     pad, vocab = hf.get("pad_token_id"), hf.get("vocab_size")
     if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab:
         raise NanobertError(f"{path}: pad_token_id {pad} is not below vocab_size {vocab}")
@@ -291,13 +298,31 @@ def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
         raise NanobertError(f"{model_dir}: head {head!r} is not supported for {fam.name} models "
                             f"(supported: {', '.join(fam.heads)})")
     model = Bert(config, head)
+    if model.head in ("mlm", "pretraining") and hf.get("tie_word_embeddings") is False:
+        untie_decoder(model)
     model.new_weights = load_state(model, state, fam, source=model_dir)
     model.source_dir = model_dir
     return model
 
 
+def decoder_is_tied(model: Bert) -> bool:
+    """Whether the MLM decoder is the word embedding matrix (as HF's default
+    tie_word_embeddings=true has it) or a matrix of its own."""
+    return model.mlm.word_embeddings is model.bert.emb.tok
+
+
+def untie_decoder(model: Bert):
+    """Give the MLM head a decoder matrix of its own, starting as a copy of the word
+    embeddings: what a checkpoint saved with tie_word_embeddings=false holds (its
+    decoder.weight then differs from the embeddings, and transformers uses it)."""
+    weight = model.bert.emb.tok.weight.detach().clone()
+    model.mlm.word_embeddings = torch.nn.Embedding.from_pretrained(weight, freeze=False)
+
+
 def _hf_names(name: str, fam: Family, head) -> list:
     """The HF tensor(s) one of our parameters comes from (Q, K, V are three)."""
+    if name == TIED:
+        return [fam.decoder + ".weight"]
     m = QKV.fullmatch(name)
     if m:
         i, kind = m.groups()
@@ -310,8 +335,9 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
     """Copy HF-named tensors into `model`. Missing encoder weights are an error; a
     missing pooler or head is left initialised and its names returned."""
     new, missing = {}, []
+    tied = model.head in ("mlm", "pretraining") and decoder_is_tied(model)
     for name, param in model.state_dict().items():
-        if name == TIED:
+        if name == TIED and tied:
             continue
         hf_names = _hf_names(name, fam, model.head)
         if name == "mlm.bias" and hf_names and hf_names[0] not in hf_state:
@@ -363,9 +389,10 @@ def _unexpected_encoder_weights(hf_state: dict, model: Bert, fam: Family) -> lis
 def hf_state_dict(model: Bert) -> dict:
     """The model's tensors under its family's HF names (base models without prefix)."""
     fam = FAMILIES[model.config.family]
+    tied = model.head in ("mlm", "pretraining") and decoder_is_tied(model)
     out = {}
     for name, t in model.state_dict().items():
-        if name == TIED:
+        if name == TIED and tied:
             continue
         hf_names = _hf_names(name, fam, model.head)
         if not hf_names:
@@ -374,7 +401,7 @@ def hf_state_dict(model: Bert) -> dict:
             out[hf] = chunk
     if model.head is None:
         out = {k.removeprefix(fam.prefix): v for k, v in out.items()}
-    elif model.head in ("mlm", "pretraining"):  # HF expects the tied decoder too
+    elif tied:  # HF expects the tied decoder too
         out[fam.decoder + ".weight"] = model.bert.emb.tok.weight
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
@@ -402,6 +429,8 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
             (tmp / name).write_text(text, encoding="utf-8")
         hf = fam.to_hf(model.config)
         hf["architectures"] = [fam.architecture(model.head)]
+        if model.head in ("mlm", "pretraining") and not decoder_is_tied(model):
+            hf["tie_word_embeddings"] = False
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
         for f in sorted(tmp.rglob("*"), key=lambda f: f.name == "config.json"):
             if f.is_file():

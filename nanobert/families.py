@@ -262,6 +262,8 @@ def _modern_from_hf(d):
         classifier_dropout=d.get("classifier_dropout", 0.0))
     if bool(d.get("mlp_bias", False)) != kw["bias"]:
         raise ValueError("attention_bias and mlp_bias must agree")
+    if d.get("classifier_bias", False) and not kw["bias"]:  # the head's dense layer
+        raise ValueError("classifier_bias=true is not supported without attention_bias=true")
     return kw
 
 

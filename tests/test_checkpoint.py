@@ -216,3 +216,29 @@ def test_info_command(capsys):
     s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert s["layers"] == 6 and s["hidden"] == 384 and s["vocab_size"] == 30522
     assert s["parameters"]["total"] == 22_713_216
+
+
+def test_sharded_pytorch_bin_with_index_loads(tmp_path):
+    """pytorch_model-0000k-of-0000n.bin shards named by pytorch_model.bin.index.json."""
+    ref_model = _random_hf_dir(tmp_path, hf.BertForSequenceClassification)
+    (tmp_path / "model.safetensors").unlink()
+    state = ref_model.state_dict()
+    names = sorted(state)
+    shards = {"pytorch_model-00001-of-00002.bin": names[::2],
+              "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for file, part in shards.items():
+        torch.save({n: state[n] for n in part}, tmp_path / file)
+    index = {"weight_map": {n: file for file, part in shards.items() for n in part}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    model = load_model(tmp_path).eval()
+    batch = random_batch(vocab=99)
+    with torch.no_grad():
+        assert maxdiff(model(**batch).logits, ref_model(**batch).logits) < TOL
+
+
+def test_causal_decoder_config_is_refused(tmp_path, capsys):
+    """is_decoder=true makes transformers mask attention left to right: not an encoder."""
+    _random_hf_dir(tmp_path, hf.BertModel, is_decoder=True)
+    capsys.readouterr()   # transformers' progress bars
+    code, err = _cli_error(capsys, "info", str(tmp_path))
+    assert code == 2 and "is_decoder" in err and len(err.splitlines()) == 1

@@ -195,3 +195,35 @@ def test_deberta_other_settings(tmp_path):
     b = random_batch(B=3, T=24, vocab=99, seed=5)
     with torch.no_grad():
         _compare(ref(**b), model(**b), None, b["attention_mask"])
+
+
+@pytest.mark.parametrize("fam", [f for f, (_, heads) in FAMILIES.items() if "mlm" in heads])
+def test_untied_decoder_loads_and_saves(tmp_path, fam):
+    """tie_word_embeddings=false: the checkpoint's own decoder matrix is used, and saved
+    back (with the flag) so that transformers reads the same logits."""
+    make_config, heads = FAMILIES[fam]
+    config = make_config()
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    ref = heads["mlm"](config).eval()
+    assert not torch.equal(ref.get_output_embeddings().weight, ref.get_input_embeddings().weight)
+    ref.save_pretrained(tmp_path / "hf")
+    model = load_model(tmp_path / "hf").eval()
+    batch = _batch(fam)
+    with torch.no_grad():
+        _compare(ref(**batch), model(**batch), "mlm", batch["attention_mask"])
+    model.save_pretrained(tmp_path / "ours")
+    again = heads["mlm"].from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        _compare(again(**batch), model(**batch), "mlm", batch["attention_mask"])
+        _compare(again(**batch), load_model(tmp_path / "ours").eval()(**batch), "mlm",
+                 batch["attention_mask"])
+
+
+def test_modernbert_head_bias_without_encoder_biases_is_refused(tmp_path):
+    from nanobert.files import NanobertError
+    config = modernbert()
+    config.classifier_bias = True          # the head's dense has a bias, the encoder none
+    hf.ModernBertForSequenceClassification(config).save_pretrained(tmp_path)
+    with pytest.raises(NanobertError, match="classifier_bias"):
+        load_model(tmp_path)
