@@ -85,9 +85,48 @@ def _byte_level_bpe(path: Path) -> HFTokenizer:
     return tk
 
 
-def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary") -> HFTokenizer:
+# transformers' tokenizer classes that build BERT's WordPiece pipeline themselves: they
+# take casing, accents and CJK splitting from tokenizer_config.json (lower-case, strip
+# accents when lower-casing, split CJK by default), whatever tokenizer.json's normaliser
+# says. AutoTokenizer picks one when tokenizer_config.json names it, or, naming none,
+# when config.json's model_type is one of BERT_MODEL_TYPES.
+BERT_TOKENIZER_CLASSES = ("BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer",
+                          "DistilBertTokenizerFast", "ElectraTokenizer", "ElectraTokenizerFast")
+BERT_MODEL_TYPES = ("bert", "distilbert", "electra")
+
+
+def _loads_as_bert(path: Path, conf: dict) -> bool:
+    """Whether transformers loads the directory with a BERT tokenizer class."""
+    named = conf.get("tokenizer_class")
+    if named is None:
+        return _read_json(path / "config.json").get("model_type") in BERT_MODEL_TYPES
+    return named in BERT_TOKENIZER_CLASSES
+
+
+def _bert_settings(conf: dict, lowercase: Optional[bool]) -> dict:
+    """BertNormalizer settings from tokenizer_config.json, with transformers' defaults;
+    `lowercase`, when given, overrides the file's do_lower_case."""
+    accents = conf.get("strip_accents")
+    return {"lowercase": bool(conf.get("do_lower_case", True) if lowercase is None else lowercase),
+            "strip_accents": accents if isinstance(accents, bool) else None,
+            "handle_chinese_chars": bool(conf.get("tokenize_chinese_chars", True))}
+
+
+def _bert_normalizer(tk: HFTokenizer) -> Optional[dict]:
+    """The settings of a BertNormalizer (lowercase, strip_accents, handle_chinese_chars),
+    or None when the tokenizer normalises some other way."""
+    state = json.loads(tk.to_str()).get("normalizer") or {}
+    if state.get("type") != "BertNormalizer":
+        return None
+    return {k: state.get(k) for k in ("lowercase", "strip_accents", "handle_chinese_chars")}
+
+
+def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary",
+                   strip_accents: Optional[bool] = None,
+                   handle_chinese_chars: bool = True) -> HFTokenizer:
     tk.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
+        clean_text=True, handle_chinese_chars=handle_chinese_chars, strip_accents=strip_accents,
+        lowercase=lowercase)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tk.decoder = decoders.WordPiece(prefix="##")
     cls, sep = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
@@ -112,7 +151,8 @@ class Tokenizer:
         # that share one Tokenizer (a server's batch split over the cores) take turns
         self._lock = threading.Lock()
         self.model_max_length = model_max_length
-        self.lowercase = lowercase
+        bert = _bert_normalizer(tk)  # what the tokenizer does wins over what it was told
+        self.lowercase = bool(bert["lowercase"]) if bert else lowercase
         self.quiet = False     # True: no truncation notes (a server counts and answers them)
         vocab = tk.get_vocab()
         self.specials = specials or BERT_TOKENS             # role -> token string
@@ -125,7 +165,8 @@ class Tokenizer:
     # ---- construction --------------------------------------------------------
     @classmethod
     def from_dir(cls, path, lowercase: Optional[bool] = None) -> "Tokenizer":
-        """tokenizer.json when present, else vocab.txt; casing from tokenizer_config.json."""
+        """tokenizer.json when present, else vocab.txt; casing, accents and CJK splitting of
+        a BERT WordPiece tokenizer from tokenizer_config.json, as transformers reads them."""
         path = Path(path)
         if not path.is_dir():
             what = ("is a file; give the directory that holds it" if path.exists()
@@ -133,6 +174,7 @@ class Tokenizer:
             raise NanobertError(f"{path}: {what} (a tokenizer is a directory with "
                                 "tokenizer.json or vocab.txt)")
         conf = _read_json(path / "tokenizer_config.json")
+        bert = _bert_settings(conf, lowercase)
         if lowercase is None:
             lowercase = bool(conf.get("do_lower_case", True))
         max_len = _max_length(conf.get("model_max_length"), path / "tokenizer_config.json")
@@ -141,8 +183,10 @@ class Tokenizer:
                 tk = HFTokenizer.from_file(str(path / "tokenizer.json"))
             except Exception as e:
                 raise NanobertError(f"{path / 'tokenizer.json'}: cannot be read ({e})")
+            if isinstance(tk.model, models.WordPiece) and _loads_as_bert(path, conf):
+                tk.normalizer = normalizers.BertNormalizer(clean_text=True, **bert)
         elif (path / "vocab.txt").is_file():
-            tk = cls.from_vocab(path / "vocab.txt", lowercase=lowercase).tk
+            tk = cls.from_vocab(path / "vocab.txt", **bert).tk
         elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
             tk = _byte_level_bpe(path)
             lowercase = False
@@ -151,14 +195,16 @@ class Tokenizer:
         return cls(tk, max_len, lowercase, _special_tokens(path, conf, tk.get_vocab()))
 
     @classmethod
-    def from_vocab(cls, vocab_file, lowercase: bool = True, model_max_length: int = 512):
+    def from_vocab(cls, vocab_file, lowercase: bool = True, strip_accents: Optional[bool] = None,
+                   handle_chinese_chars: bool = True, model_max_length: int = 512):
         vocab = {}
         for n, line in read_lines(vocab_file):  # bad UTF-8 is reported with its line
             vocab.setdefault(line, n - 1)
         if not vocab:
             raise NanobertError(f"{vocab_file}: empty vocabulary")
         tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-        return cls(_bert_pipeline(tk, lowercase, vocab_file), model_max_length, lowercase)
+        return cls(_bert_pipeline(tk, lowercase, vocab_file, strip_accents, handle_chinese_chars),
+                   model_max_length, lowercase)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8000, lowercase: bool = True,
@@ -181,11 +227,16 @@ class Tokenizer:
         out_dir.mkdir(parents=True, exist_ok=True)
         wordpiece = isinstance(self.tk.model, models.WordPiece)
         specials = {f"{role}_token": t for role, t in self.specials.items()}
+        bert = _bert_normalizer(self.tk) if wordpiece else None
+        if bert is not None:  # transformers' BertTokenizer rebuilds the normaliser from these
+            settings = {"tokenizer_class": "BertTokenizer", "strip_accents": bert["strip_accents"],
+                        "tokenize_chinese_chars": bool(bert["handle_chinese_chars"])}
+        else:  # tokenizer.json as it is
+            settings = {"tokenizer_class": "PreTrainedTokenizerFast"}
         files = {
             "tokenizer.json": self.tk.to_str(),
             "tokenizer_config.json": json.dumps(dict(
-                tokenizer_class="BertTokenizer" if wordpiece else "PreTrainedTokenizerFast",
-                do_lower_case=self.lowercase, model_max_length=self.model_max_length,
+                **settings, do_lower_case=self.lowercase, model_max_length=self.model_max_length,
                 **specials), indent=2),
             "special_tokens_map.json": json.dumps(specials, indent=2),
         }

@@ -1,6 +1,8 @@
 """The tokenizer gives the ids, type ids and masks of transformers' BertTokenizerFast."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import transformers as hf
 
@@ -182,3 +184,41 @@ def test_long_pairs_truncate_as_the_tokenizer_does_without_the_quadratic_cost(mi
     e = tok.encode_batch([long], [long + "end"], max_length=32)[0]
     assert len(e.ids) == 32 and e.ids.count(tok.token_to_id("word")) == 29
     assert len(e.overflowing) < 100          # the plain cut keeps 76,361 pieces
+
+
+CASED_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "Hello", "hello", "World", "world",
+               "café", "cafe", "Café", "中", "##文", "文", "!"]
+CASED_TEXTS = ["Hello World!", "Café café cafe", "中文 world"]
+
+
+def _cased_dir(path, tokenizer_config=None):
+    path.mkdir()
+    (path / "vocab.txt").write_text("\n".join(CASED_VOCAB) + "\n", encoding="utf-8")
+    (path / "config.json").write_text('{"model_type": "bert"}')
+    if tokenizer_config is not None:
+        conf = dict(tokenizer_config, tokenizer_class="BertTokenizer")
+        (path / "tokenizer_config.json").write_text(json.dumps(conf))
+    return path
+
+
+@pytest.mark.parametrize("conf", [None, {"do_lower_case": False},
+                                  {"do_lower_case": True, "strip_accents": False},
+                                  {"do_lower_case": False, "strip_accents": True},
+                                  {"do_lower_case": False, "tokenize_chinese_chars": False}])
+def test_tokenizer_config_settings_as_transformers_reads_them(tmp_path, conf):
+    """Casing, accent stripping and CJK splitting come from tokenizer_config.json, for a
+    vocab.txt and for a tokenizer.json whose own normaliser says otherwise (transformers'
+    BertTokenizer rebuilds it from the config); a saved copy reads the same in both."""
+    d = _cased_dir(tmp_path / "vocab", conf)
+    ref = hf.AutoTokenizer.from_pretrained(d)
+    contrary = _cased_dir(tmp_path / "json", dict(conf or {}, do_lower_case=False))
+    Tokenizer.from_dir(contrary).save(contrary)      # a tokenizer.json that does not lower-case
+    (contrary / "vocab.txt").unlink()
+    (contrary / "tokenizer_config.json").unlink()
+    if conf is not None:
+        (contrary / "tokenizer_config.json").write_text(json.dumps(dict(conf)))
+    for ours in (Tokenizer.from_dir(d), Tokenizer.from_dir(contrary)):
+        assert [ours.encode(t).ids for t in CASED_TEXTS] == [ref(t)["input_ids"] for t in CASED_TEXTS]
+        ours.save(tmp_path / "saved")
+        again = hf.AutoTokenizer.from_pretrained(tmp_path / "saved")
+        assert [ours.encode(t).ids for t in CASED_TEXTS] == [again(t)["input_ids"] for t in CASED_TEXTS]
