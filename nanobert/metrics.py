@@ -18,13 +18,14 @@ from .files import NanobertError
 
 
 def classification_metrics(gold, pred, num_labels=None) -> dict:
-    """gold, pred: sequences of label ids. F1 is the positive class's for two labels
-    (as GLUE reports MRPC/QQP), the macro average otherwise; `f1_macro` is always there."""
+    """gold, pred: sequences of label ids. F1 is the positive class's (id 1) for two labels
+    (as GLUE reports MRPC/QQP), the macro average otherwise; `f1_macro` is always there.
+    The macro average is scikit-learn's: over the classes that occur in gold or pred (a
+    class of the model that a test file never mentions is not a zero in the average)."""
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
     gold, pred = np.asarray(gold), np.asarray(pred)
     n = num_labels or int(max(gold.max(initial=0), pred.max(initial=0)) + 1)
-    labels = list(range(n))
-    macro = f1_score(gold, pred, labels=labels, average="macro", zero_division=0)
+    macro = f1_score(gold, pred, average="macro", zero_division=0)
     f1 = f1_score(gold, pred, pos_label=1, average="binary", zero_division=0) if n == 2 else macro
     return {"accuracy": float(accuracy_score(gold, pred)), "f1": float(f1),
             "f1_macro": float(macro), "mcc": float(matthews_corrcoef(gold, pred))}

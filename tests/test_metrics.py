@@ -62,3 +62,65 @@ def test_regression():
     m = regression_metrics([1, 2, 3, 4], [2, 4, 6, 9])
     assert m["spearman"] == pytest.approx(1.0) and 0.98 < m["pearson"] < 1.0
     assert math.isclose(m["mse"], (1 + 4 + 9 + 25) / 4)
+
+
+def test_macro_f1_is_sklearns_when_a_class_never_occurs():
+    """A class of the model that neither gold nor pred mention is left out of the macro
+    average, as scikit-learn's f1_score(average="macro") does; it is not a zero."""
+    from sklearn.metrics import f1_score
+    gold, pred = [0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 2, 0]
+    m = classification_metrics(gold, pred, num_labels=5)   # classes 3 and 4 never occur
+    assert m["f1"] == pytest.approx(f1_score(gold, pred, average="macro"))
+    assert m["f1"] == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)
+
+
+def test_ner_iob1_file_scores_as_seqeval_on_its_own_tags():
+    """Gold tags are read as IOB2 (an I- that starts an entity becomes B-); the scores equal
+    seqeval's default mode on the file's own IOB1 tags: B- after O, I- without B-, an I-
+    after another type, hyphenated types."""
+    from seqeval.metrics import f1_score, precision_score, recall_score
+    from nanobert.data import iob1_to_iob2
+    gold = [["I-PER", "I-PER", "B-PER", "O", "B-MISC", "I-MISC"],
+            ["O", "I-ORG-X", "I-LOC", "I-LOC", "O"], ["I-MISC", "O", "I-MISC", "B-MISC"]]
+    pred = [["B-PER", "I-PER", "B-PER", "O", "I-MISC", "I-MISC"],
+            ["O", "B-ORG-X", "B-LOC", "I-LOC", "I-LOC"], ["B-MISC", "O", "O", "B-MISC"]]
+    m = ner_metrics([iob1_to_iob2(s) for s in gold], pred)
+    assert m["precision"] == pytest.approx(precision_score(gold, pred))
+    assert m["recall"] == pytest.approx(recall_score(gold, pred))
+    assert m["f1"] == pytest.approx(f1_score(gold, pred))
+    # by hand: gold PER x2, MISC, ORG-X, LOC, MISC x3 = 8 entities; predicted 7, all right
+    # but the LOC that runs one word too far: P 6/7, R 6/8, F1 12/15
+    assert (m["precision"], m["recall"], m["f1"]) == pytest.approx((6 / 7, 6 / 8, 12 / 15))
+
+
+def _squad_reference(predictions: dict, dataset: list) -> dict:
+    """SQuAD v1.1's evaluate-v1.1.py, rewritten: normalise (lower, drop punctuation, drop
+    articles, squeeze spaces), token F1 and exact match, max over golds, mean x 100."""
+    import collections
+    import re
+    import string
+
+    def norm(s):
+        s = "".join(c for c in s.lower() if c not in set(string.punctuation))
+        return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+    def f1(p, g):
+        p, g = norm(p).split(), norm(g).split()
+        same = sum((collections.Counter(p) & collections.Counter(g)).values())
+        return 0.0 if same == 0 else 2 * same / (len(p) + len(g))
+    em = f = 0.0
+    for qid, golds in dataset:
+        if qid in predictions:
+            em += max(float(norm(predictions[qid]) == norm(g)) for g in golds)
+            f += max(f1(predictions[qid], g) for g in golds)
+    return {"exact_match": 100 * em / len(dataset), "f1": 100 * f / len(dataset)}
+
+
+def test_squad_metrics_equal_the_official_logic():
+    golds = {"a": ["The Eiffel Tower", "Eiffel Tower"], "b": ["in 1889", "1889"],
+             "c": ["Gustave Eiffel's firm"], "d": ["an apple a day"], "e": ["x"],
+             "f": ["Ünïcode—dash"], "g": ["the the"]}
+    preds = {"a": "eiffel tower.", "b": "built in 1889 ,", "c": "Gustave   Eiffels firm!",
+             "d": "apple day apple", "f": "ünïcode—dash", "g": "a"}   # "e" unanswered
+    assert squad_metrics(preds, golds) == pytest.approx(
+        _squad_reference(preds, list(golds.items())))

@@ -86,3 +86,40 @@ def test_evaluate_sts_correlations():
         R.evaluate_sts(encode, [TextRow(("a",), 1.0)])
     with pytest.raises(NanobertError, match="vary"):
         R.correlations([1, 1], [0, 1])
+
+
+def _trec_reference(qrels: dict, run: dict) -> dict:
+    """trec_eval's ndcg_cut.10, recip_rank at 10, recall.100, written independently: sort
+    by (score, doc id) descending, gains are the grades, ideal over every judged document
+    (those missing from the corpus too), mean over every judged query."""
+    out = {"ndcg_at_10": 0.0, "mrr_at_10": 0.0, "recall_at_100": 0.0}
+    for q, judged in qrels.items():
+        docs = sorted(((s, d) for d, s in run.get(q, {}).items() if d != q), reverse=True)
+        grades = [judged.get(d, 0) for _, d in docs]
+        gains = sorted((g for g in judged.values() if g > 0), reverse=True)
+        ideal = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:10]))
+        dcg = sum(g / math.log2(i + 2) for i, g in enumerate(grades[:10]) if g > 0)
+        out["ndcg_at_10"] += dcg / ideal if ideal else 0.0
+        out["mrr_at_10"] += next((1 / (i + 1) for i, g in enumerate(grades[:10]) if g > 0), 0.0)
+        out["recall_at_100"] += sum(g > 0 for g in grades[:100]) / len(gains) if gains else 0.0
+    return {k: v / len(qrels) for k, v in out.items()}
+
+
+def test_retrieval_metrics_equal_an_independent_trec_eval():
+    """Graded qrels, a query with no relevant document, heavy score ties, judged documents
+    missing from the corpus, a query missing from the run, more than 100 results."""
+    rng = np.random.default_rng(0)
+    corpus = [f"d{i}" for i in range(150)]
+    qrels, run = {}, {}
+    for q in range(12):
+        judged = {str(d): int(rng.integers(0, 4)) for d in rng.choice(corpus, 6, replace=False)}
+        if q % 4 == 0:
+            judged["not-in-corpus"] = 2
+        qrels[f"q{q}"] = judged
+        if q != 5:
+            run[f"q{q}"] = {d: float(rng.integers(0, 4)) for d in corpus[:120]}
+    qrels["q12"] = {"d1": 0, "d2": 0}
+    run["q12"] = {"d1": 1.0, "d2": 0.5}
+    got = R.retrieval_metrics(qrels, run)
+    for name, value in _trec_reference(qrels, run).items():
+        assert got[name] == pytest.approx(value, abs=1e-12), name
