@@ -26,7 +26,8 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from .files import NanobertError, atomic_path, read_lines
+from .data import opens_json
+from .files import NanobertError, atomic_path, data_error, read_lines
 
 CACHE_VERSION = 1
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -68,11 +69,16 @@ def corpus_files(paths: Sequence) -> list:
 
 def iter_documents(files: Sequence) -> Iterator[list]:
     """Yield documents as lists of non-blank lines. A blank line (or a file's end) ends a
-    document. Bad UTF-8 and text-less files raise an error naming the file and line."""
+    document. Bad UTF-8, JSON (a JSON Lines dataset, a BEIR folder's corpus.jsonl: their
+    keys and brackets would be learnt as text) and text-less files raise an error naming
+    the file and line."""
     for f in files:
         doc, any_text = [], False
-        for _, line in read_lines(f):  # (a NUL byte is refused there: binary data)
+        for n, line in read_lines(f):  # (a NUL byte is refused there: binary data)
             line = line.strip()
+            if line and not any_text and opens_json(line):
+                raise data_error(f, n, "JSON, not plain text (a pretraining corpus is text: "
+                                 "one paragraph a line, a blank line between documents)")
             if line:
                 doc.append(line)
                 any_text = True

@@ -167,15 +167,22 @@ def _json_msg(e: json.JSONDecodeError) -> str:
     return e.msg
 
 
+def opens_json(first: str) -> bool:
+    """Does a file whose first non-blank line is `first` surely hold JSON: does the line
+    open an object with a key, an array of objects, or is it a lone bracket? (Text that
+    merely starts with a bracket, '[Music] hi', does not.)"""
+    s = first.strip()
+    return s in ("{", "[") or s.startswith('{"') or s.replace(" ", "").startswith("[{")
+
+
 def _is_json_file(path, first: str) -> bool:
     """Does a file whose first non-blank line is `first` hold JSON (JSON Lines, a JSON
     document, perhaps broken) rather than text or columns that merely start with a
-    bracket ('[Music] hi', '( O')? A line that opens an object with a key, a lone bracket,
-    or a whole file that parses as JSON say it is."""
-    s = first.strip()
-    if not s.startswith(("{", "[")):
+    bracket ('[Music] hi', '( O')? `opens_json`, or a whole file that parses as JSON,
+    say it is."""
+    if not first.strip().startswith(("{", "[")):
         return False
-    if s in ("{", "[") or s.startswith('{"') or s.replace(" ", "").startswith("[{"):
+    if opens_json(first):
         return True
     try:
         json.loads("\n".join(t for _, t in read_lines(path)))
@@ -434,10 +441,11 @@ def integral_label(s: str) -> str:
 
 def _label_str(value, path, line, require: bool = True) -> Optional[str]:
     """A label as a string; integral numbers (1, 1.0, "1.0", "01", "1e0") all become "1",
-    so one class is one class whatever the file's writer did with its numbers."""
-    if value is None:
-        if require:
-            raise data_error(path, line, "the label is null (every example needs a label)")
+    so one class is one class whatever the file's writer did with its numbers. Without
+    `require` (inputs to predict), a null or empty label is an unlabelled row: None."""
+    if value is None and require:
+        raise data_error(path, line, "the label is null (every example needs a label)")
+    if value is None or (not require and isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, bool) or isinstance(value, (list, dict)):
         raise data_error(path, line, f"label {value!r} is not a number or a string")
@@ -504,7 +512,7 @@ def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
         if len(row) != len(header):
             raise data_error(path, n, f"expected {len(header)} fields like the header, "
                              f"found {len(row)}")
-        label = _label_str(row[il], path, n) if il is not None else None
+        label = _label_str(row[il], path, n, cols["require_label"]) if il is not None else None
         out.append(Example(row[ia], row[ib] if ib is not None else None, label, n))
     return out
 
@@ -533,11 +541,12 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
 def read_inputs(path, columns: Optional[dict] = None) -> list:
     """Unlabelled inputs for prediction: a classification file (JSON Lines, MSRP, or a
     TSV/CSV whose header names a known or given text column), else plain text, one input
-    a line (`Excellent!`, `很好`, `Hello, world` included)."""
+    a line (`Excellent!`, `很好`, `Hello, world` included). A .tsv/.csv file is a table
+    whatever its header: read as text, its header and every column would be inputs."""
     path = Path(path)
     columns = {k: v for k, v in (columns or {}).items() if v}
     fmt = detect_format(path, plain_text=True)
-    if fmt in ("tsv", "csv"):
+    if fmt in ("tsv", "csv") and path.suffix.lower() not in (".tsv", ".csv"):
         first = _first_content(path)[1]
         header = [h.strip().strip('"') for h in first.split("\t" if fmt == "tsv" else ",")]
         if not any(h in TEXT_COLUMNS + list(columns.values()) for h in header):
@@ -771,7 +780,16 @@ def _squad_article(article, where, path, require_answers) -> list:
 
 def _answers(raw, context: str, where: str) -> list:
     """[(text, char_start)], each checked against the context: an answer that is not at
-    its answer_start would train the model on the wrong span."""
+    its answer_start would train the model on the wrong span. Hugging Face datasets'
+    layout, {"text": [...], "answer_start": [...]} (SQuAD saved with `to_json`), is read
+    as the list it stands for."""
+    if isinstance(raw, dict) and set(raw) >= {"text", "answer_start"}:
+        texts, starts = raw["text"], raw["answer_start"]
+        if not isinstance(texts, list) or not isinstance(starts, list) \
+                or len(texts) != len(starts):
+            raise NanobertError(f"{where}: 'answers' holds 'text' and 'answer_start' lists of "
+                                "different lengths (one start for each answer is needed)")
+        raw = [{"text": t, "answer_start": a} for t, a in zip(texts, starts)]
     if not isinstance(raw, list):
         raise NanobertError(f"{where}: 'answers' must be a list")
     out = []
@@ -868,9 +886,9 @@ def read_records(path) -> tuple:
     with a header."""
     path = Path(path)
     fmt = detect_format(path)
-    if fmt == "jsonl":
+    if fmt == "jsonl":  # the fields of all lines: one first seen on line 2 is still a column
         rows = list(_jsonl_objects(path))
-        return list(rows[0][1]) if rows else [], rows
+        return list(dict.fromkeys(k for _, obj in rows for k in obj)), rows
     if fmt == "json":
         line, what = _json_trouble(path)
         raise data_error(path, line, f"{what}; expected a TSV/CSV file with a header, or "
@@ -920,6 +938,9 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     _single_columns(names, roles + [score], path, 1)
     out = []
     for n, rec in records:
+        absent = next((c for c in roles + [score] if c is not None and c not in rec), None)
+        if absent is not None:
+            raise data_error(path, n, f"missing field {absent!r} (other lines have it)")
         texts = tuple(rec.get(r) for r in roles)
         if not all(isinstance(t, str) for t in texts):
             raise data_error(path, n, f"fields {', '.join(roles)} must all be present and be strings")
@@ -974,18 +995,26 @@ def beir_splits(root) -> list:
 
 
 def _read_beir_jsonl(path: Path, fields: tuple) -> dict:
+    """{_id: the string fields} of corpus.jsonl ((title, text); a null field is "") or
+    queries.jsonl (text, which a query must have: an empty one matches nothing)."""
     out, first = {}, {}
     for n, obj in _jsonl_objects(path):
-        if "_id" not in obj or not all(isinstance(obj.get(f) or "", str) for f in fields):
-            raise data_error(path, n, f"expected an object with '_id' and string {', '.join(fields)}")
+        values = [obj.get(f) for f in fields]
+        if not isinstance(obj.get("_id"), (str, int)) or isinstance(obj.get("_id"), bool) \
+                or not all(v is None or isinstance(v, str) for v in values):
+            raise data_error(path, n, "expected an object with a string '_id' and string "
+                             f"{', '.join(map(repr, fields))}")
         if "text" not in obj:
             raise data_error(path, n, "missing field 'text'")
+        values = tuple(v or "" for v in values)
+        if len(fields) == 1 and not values[0].strip():
+            raise data_error(path, n, f"query {obj['_id']!r} has no text")
         key = str(obj["_id"])
         if key in first:  # the later one silently replaced the earlier
             raise data_error(path, n, f"_id {key!r} is used twice (first on line {first[key]}); "
                              "ids must be unique")
         first[key] = n
-        out[key] = tuple(obj.get(f) or "" for f in fields) if len(fields) > 1 else obj["text"]
+        out[key] = values if len(fields) > 1 else values[0]
     if not out:
         raise data_error(path, None, "empty file")
     return out
@@ -997,9 +1026,9 @@ def read_qrels(path, queries: Optional[dict] = None) -> dict:
     twice with two grades gets a note (the last grade counts, as BEIR's loader has it)."""
     path = Path(path)
     qrels, first, regraded = {}, {}, []
-    for n, text in read_lines(path):
-        f = text.strip().split("\t")
-        if not text.strip() or (n == 1 and f[0] == "query-id"):
+    rows = ((n, text.strip().split("\t")) for n, text in read_lines(path) if text.strip())
+    for k, (n, f) in enumerate(rows):
+        if k == 0 and _is_qrels_header(f):
             continue
         if len(f) < 3:
             raise data_error(path, n, f"expected query-id, corpus-id, score; found {len(f)} field(s)")
@@ -1026,6 +1055,19 @@ def read_qrels(path, queries: Optional[dict] = None) -> dict:
         raise data_error(path, None, "no relevant documents: every score is 0 or less (nothing "
                          "to retrieve, every metric would be 0)")
     return qrels
+
+
+def _is_qrels_header(fields: list) -> bool:
+    """Is this first row of a qrels file a header: BEIR's `query-id corpus-id score`, or
+    three names whose last is no number (`qid docid relevance`)? BEIR's loader skips the
+    first row whatever it holds; here a row of judgements is read."""
+    if fields[0] == "query-id":
+        return True
+    try:
+        float(fields[-1])
+    except ValueError:
+        return len(fields) == 3
+    return False
 
 
 def _grade(text: str) -> Optional[int]:

@@ -127,3 +127,46 @@ def test_beir_ids_and_judged_documents(tmp_path, capsys):
     from nanobert.biencoder import read_pairs_or_beir
     with pytest.raises(NanobertError, match="missing corpus.jsonl"):
         read_pairs_or_beir(root)
+
+
+@pytest.mark.parametrize("query, msg", [
+    ('{"_id": "q1", "text": null}', "query 'q1' has no text"),      # was a TypeError traceback
+    ('{"_id": "q1", "text": "  "}', "query 'q1' has no text"),      # matched nothing, silently
+    ('{"_id": "q1", "text": 5}', "expected an object with a string '_id' and string 'text'"),
+    ('{"_id": null, "text": "x"}', "expected an object with a string '_id'")])   # was id 'None'
+def test_beir_queries_need_an_id_and_a_text(tmp_path, query, msg):
+    root = _beir(tmp_path)
+    _write(root / "queries.jsonl", query + '\n{"_id": "q2", "text": "second"}\n')
+    with pytest.raises(NanobertError, match=rf"queries.jsonl:1: {msg}"):
+        D.read_beir(root)
+
+
+def test_beir_corpus_fields_are_strings_or_null(tmp_path):
+    root = _beir(tmp_path)
+    _write(root / "corpus.jsonl", '{"_id": "d1", "title": null, "text": null}\n'
+                                  '{"_id": 2, "text": "two"}\n')
+    assert D._read_beir_jsonl(root / "corpus.jsonl", ("title", "text")) == \
+        {"d1": ("", ""), "2": ("", "two")}
+    _write(root / "corpus.jsonl", '{"_id": "d1", "title": "T", "text": 0}\n')   # was text ""
+    with pytest.raises(NanobertError, match=r"corpus.jsonl:1: expected an object with a string "
+                                            r"'_id' and string 'title', 'text'"):
+        D.read_beir(root)
+
+
+@pytest.mark.parametrize("header", ["query_id\tdoc_id\trelevance\n", "qid\tdocid\tscore\n",
+                                    "\nquery-id\tcorpus-id\tscore\n"])
+def test_qrels_header_of_any_names_is_skipped(tmp_path, header):
+    # 'relevance' was "not an integer relevance grade" at line 1 (BEIR skips the first row)
+    root = _beir(tmp_path, header + "q1\td1\t1\nq2\td2\t2\n")
+    assert D.read_beir(root).qrels == {"q1": {"d1": 1}, "q2": {"d2": 2}}
+    headerless = _beir(tmp_path / "h", "q1\td1\t1\nq2\td2\t2\n")   # the first row is a row
+    assert D.read_beir(headerless).qrels == {"q1": {"d1": 1}, "q2": {"d2": 2}}
+
+
+def test_jsonl_rows_take_the_fields_of_every_line(tmp_path):
+    # the columns came from line 1 only: line 2's negative was dropped without a word
+    late = _write(tmp_path / "t.jsonl", '{"anchor": "a", "positive": "p"}\n'
+                                        '{"anchor": "b", "positive": "q", "negative": "n"}\n')
+    with pytest.raises(NanobertError, match=r"t.jsonl:1: missing field 'negative' \(other lines "
+                                            r"have it\)"):
+        D.read_text_rows(late)

@@ -75,6 +75,18 @@ def test_non_finite_labels_are_missing_values_not_classes(tmp_path):
     assert D.label_set(D.read_classification(words), words) == ["nan", "pos"]
 
 
+def test_empty_labels_are_unlabelled_rows_for_prediction(tmp_path):
+    # an unlabelled `text,label` file (label cells left empty) was "empty label" for
+    # predict and embed, which never read the labels
+    for name, text, line in (("u.csv", "text,label\ngood film,\nbad film, \n", 2),
+                             ("u.jsonl", '{"text": "good film", "label": ""}\n'
+                                         '{"text": "bad film", "label": null}\n', 1)):
+        p = write(tmp_path, name, text)
+        assert [(e.text_a, e.label) for e in D.read_inputs(p)] == \
+            [("good film", None), ("bad film", None)]
+        assert error_of(D.read_classification, p).startswith(f"{p}:{line}: empty label")
+
+
 def test_float_scores_point_to_regression(tmp_path):
     p = write(tmp_path, "sts.tsv", "sentence1\tsentence2\tlabel\n"
               "a\tb\t4.0\nc\td\t3.8\ne\tf\t0.5\n")
@@ -331,6 +343,16 @@ def test_predict_input_with_a_header_is_a_table(tmp_path):
     assert [e.text_a for e in D.read_inputs(q, {"text_column": "review"})] == ["nice one"]
 
 
+def test_predict_input_tsv_or_csv_without_a_text_column_is_refused(tmp_path):
+    # its header was predicted as a text, and every row with its id ("1,good film")
+    for name, text in (("in.csv", "id,review\n1,good film\n"), ("in.tsv", "id\treview\n1\tgood\n"),
+                       ("one.csv", "review\ngood film\n")):
+        p = write(tmp_path, name, text)
+        assert error_of(D.read_inputs, p).startswith(f"{p}:1: no text column")
+    assert [e.text_a for e in D.read_inputs(write(tmp_path, "in.txt", "id,review\n1,good\n"))] \
+        == ["id,review", "1,good"]                     # no table suffix: lines of text
+
+
 # ---- SQuAD ----------------------------------------------------------------------------
 
 def squad(tmp_path, answers, qid="q7"):
@@ -371,6 +393,18 @@ def test_squad_jsonl_answers_are_found_or_refused(tmp_path):
                          {"id": "a2", "question": "Who?", "context": "Ann met Bob.",
                           "answers": ["Carl"]}])
     assert error_of(D.read_squad, p).startswith(f"{p}:2: question 'a2': answer 'Carl' does not occur")
+
+
+def test_squad_answers_in_the_hugging_face_layout(tmp_path):
+    # SQuAD saved by `datasets` (answers: {"text": [...], "answer_start": [...]}) was
+    # "'answers' must be a list"
+    row = {"id": "a", "question": "Capital?", "context": "Paris is the capital of France.",
+           "answers": {"text": ["Paris", "Paris"], "answer_start": [0, 0]}}
+    assert D.read_squad(jsonl(tmp_path, [row]))[0].answers == [("Paris", 0), ("Paris", 0)]
+    row["answers"]["answer_start"] = [0]
+    assert "lists of different lengths" in error_of(D.read_squad, jsonl(tmp_path, [row]))
+    row["answers"]["answer_start"] = [1, 1]
+    assert "is not at answer_start 1" in error_of(D.read_squad, jsonl(tmp_path, [row]))
 
 
 def test_squad_repeated_question_ids_are_refused(tmp_path):
@@ -487,6 +521,18 @@ def test_a_corpus_file_named_twice_is_refused(tmp_path):
     f = write(d, "a.txt", "one.\n\ntwo.\n")
     assert error_of(corpus_files, [f, f]) == f"{f}: given twice in the corpus; name each file once"
     assert "given twice in the corpus" in error_of(corpus_files, [d, f])
+
+
+@pytest.mark.parametrize("text, line", [
+    ('{"text": "a document.", "id": 1}\n{"text": "another."}\n', 1),
+    ('\n[\n {"text": "a document."}\n]\n', 2)])
+def test_a_json_corpus_is_refused_not_learnt_as_text(tmp_path, text, line):
+    # a JSON Lines corpus (or a BEIR folder's corpus.jsonl) trained on its keys and brackets
+    from nanobert.corpus import iter_documents
+    f = write(tmp_path, "c.jsonl", text)
+    assert error_of(list, iter_documents([f])).startswith(f"{f}:{line}: JSON, not plain text")
+    brackets = write(tmp_path, "t.txt", "[Music] plays.\n\n{curly} text.\n")
+    assert list(iter_documents([brackets])) == [["[Music] plays."], ["{curly} text."]]
 
 
 def test_a_single_document_corpus_error_names_the_file(tmp_path):
