@@ -3,6 +3,7 @@ packing and pairs are in test_corpus.py)."""
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -206,6 +207,20 @@ def test_ablate_masking_table_and_plot(corpus_dir, tmp_path, capsys):
     assert curves[0] == curves[1] == [2, 4]
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (a fixed one can be taken by another run)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def failed_ranks(stderr: str) -> str:
+    """What a failed torchrun said: each rank's own lines (its error comes first, before
+    torchrun's summary) and the summary's end."""
+    own = [line for line in stderr.splitlines() if "torch/distributed" not in line]
+    return "\n".join(own[:40]) + "\n...\n" + stderr[-1500:]
+
+
 def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
     flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "4", "--batch-size", "8",
              "--seq-len", "32", "--vocab-size", "120", "--eval-every", "2", "--dropout", "0",
@@ -214,9 +229,9 @@ def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
     subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--out", str(tmp_path / "one")],
                    check=True, env=env, capture_output=True)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", str(29500 + os.getpid() % 1000), "-m", "nanobert.cli",
+                        "--master_port", str(free_port()), "-m", "nanobert.cli",
                         *flags, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failed_ranks(r.stderr)
     one, two = records(tmp_path / "one", "eval"), records(tmp_path / "two", "eval")
     assert [e["loss"] for e in two] == pytest.approx([e["loss"] for e in one], abs=1e-5)
     assert [e["loss"] for e in records(tmp_path / "two", "train")] == pytest.approx(
@@ -235,7 +250,7 @@ def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):
                    capture_output=True)
     before = sorted(p.name for p in (tmp_path / "run").iterdir())
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", str(30500 + os.getpid() % 1000), "-m", "nanobert.cli",
+                        "--master_port", str(free_port()), "-m", "nanobert.cli",
                         *flags[:-2], "--steps", "3", "--out", str(tmp_path / "run")],
                        env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode != 0
