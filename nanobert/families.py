@@ -29,6 +29,9 @@ class Family:
     from_hf: Callable[[dict], dict]           # config.json -> BertConfig keyword arguments
     to_hf: Callable[[BertConfig], dict]       # BertConfig -> config.json
     heads: tuple = ("mlm", "pretraining", "classify", "regression", "token", "qa")
+    # transformers' sequence classifier reads classifier_pooling from config.json
+    # (ModernBERT); the others always read [CLS]
+    reads_pooling: bool = False
 
     def hf_name(self, ours: str, head) -> Optional[str]:
         for pat, template, heads in self.rules:
@@ -298,7 +301,7 @@ MODERNBERT = Family(
        (r"classifier\.(\w+)", "classifier.{}", ALL)],
     ("model.layers.{}.attn.Wqkv",),
     _modern_from_hf, _modern_to_hf,
-    heads=("mlm", "classify", "regression"),
+    heads=("mlm", "classify", "regression"), reads_pooling=True,
 )
 
 # ---- DeBERTa-v2/v3: disentangled attention over relative positions ---------------------

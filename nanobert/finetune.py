@@ -780,18 +780,19 @@ POOLED_HEADS = ("classify", "regression")   # heads on one vector per text (pair
 
 
 def hf_pools_mean(c) -> bool:
-    """Does transformers read this family's pooling setting (only if its config.json
-    carries it: ModernBERT), or always [CLS]?"""
+    """Does transformers read this family's pooling setting (ModernBERT), or always [CLS]?"""
     from .families import FAMILIES
-    return "classifier_pooling" in FAMILIES[c.family].to_hf(c)
+    return FAMILIES[c.family].reads_pooling
 
 
 def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
     """How a text becomes one vector: --pooling, else the task's default. embed pools
-    the mean; classify and regress pool as the starting checkpoint was trained to (a
-    sentence-transformers model such as minilm declares mean pooling; its [CLS] vector
-    was never trained) and otherwise keep the model's own (BERT's [CLS]); rerank keeps
-    [CLS], the cross-encoder format sentence-transformers loads. None: the model's own."""
+    the mean. classify and regress read [CLS] (BERT's classifier, and the only vector
+    transformers' BertForSequenceClassification reads, so the saved model gives the same
+    logits there), unless the family's transformers classifier reads the pooling from
+    config.json (ModernBERT): then a sentence-transformers checkpoint's declared pooling
+    (minilm's mean) is kept. rerank keeps [CLS], the cross-encoder format
+    sentence-transformers loads. None: the model's own."""
     given = cfg.retrieval.pooling
     if task.name == "embed":
         return given or "mean"
@@ -802,10 +803,13 @@ def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
         return None
     if given or task.name == "rerank":
         return given
-    from .checkpoint import resolve
+    from .checkpoint import family_of, read_config, resolve
     from .embed import declared_pooling
-    declared = declared_pooling(resolve(cfg.model))
-    return declared if declared in B.POOLINGS else None
+    model_dir = resolve(cfg.model)
+    declared = declared_pooling(model_dir)
+    if declared not in B.POOLINGS or not family_of(read_config(model_dir), model_dir).reads_pooling:
+        return None
+    return declared
 
 
 def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):

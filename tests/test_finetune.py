@@ -3,6 +3,7 @@ import json
 import random
 
 import pytest
+import transformers
 import torch
 
 from conftest import tiny_model_dir
@@ -50,9 +51,37 @@ def last_json(capsys):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+def test_classifier_from_a_mean_pooling_checkpoint_runs_the_same_in_transformers(tiny_dir, tmp_path):
+    """A classifier fine-tuned by default from a sentence-transformers checkpoint (which
+    declares mean pooling, as minilm does) gives transformers' BertForSequenceClassification
+    the logits nanobert computes: before, it was trained on the mean and transformers read
+    [CLS], so a model that went out gave other predictions there."""
+    import shutil
+    st = tmp_path / "st"
+    shutil.copytree(tiny_dir, st)
+    (st / "1_Pooling").mkdir()
+    (st / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(24, 0))
+    out = tmp_path / "model"
+    assert cli.main(["finetune", "--task", "classify", "--model", str(st), "--train", str(train),
+                     "--dev", str(train), "--out", str(out), "--epochs", "2", "--lr", "3e-3",
+                     "--batch-size", "8", "--max-length", "16", "--no-progress"]) == 0
+    model, tok, _ = load_finetuned(out)
+    model.cpu().eval()
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    batch = tok(["the movie was great", "a dull plot and boring acting ."])
+    with torch.inference_mode():
+        ours = model(**batch).logits
+        theirs = hf(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask",
+                                                                 "token_type_ids")}).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+
 def test_pooling_follows_the_checkpoint_and_mean_pooling_round_trips(tiny_dir, tmp_path, capsys):
-    """classify/regress pool as the starting checkpoint declares (a sentence-transformers
-    model: mean), else [CLS]; --pooling overrides; the choice is saved with the model."""
+    """classify/regress read [CLS], the vector transformers' BertForSequenceClassification
+    reads, even from a sentence-transformers checkpoint that declares mean pooling, unless
+    the family's transformers classifier reads the pooling (ModernBERT); --pooling
+    overrides; the choice is saved with the model."""
     import shutil
     from nanobert.finetune import TASKS, FinetuneConfig, sentence_pooling
     st = tmp_path / "st"
@@ -65,8 +94,14 @@ def test_pooling_follows_the_checkpoint_and_mean_pooling_round_trips(tiny_dir, t
                                     out_dir="o", **kw)
         return sentence_pooling(TASKS[task], cfg)
 
-    assert pooling("classify", st) == "mean" and pooling("regress", st) == "mean"
-    assert pooling("classify", tiny_dir) is None            # the model's own: BERT's [CLS]
+    assert pooling("classify", st) is None and pooling("regress", st) is None  # BERT's [CLS]
+    assert pooling("classify", tiny_dir) is None
+    assert pooling("classify", st, pooling="mean") == "mean"
+    modern = tmp_path / "modern"
+    (modern / "1_Pooling").mkdir(parents=True)
+    transformers.ModernBertConfig().save_pretrained(modern)
+    (modern / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    assert pooling("classify", modern) == "mean"           # transformers reads it there
     assert pooling("classify", st, pooling="cls") == "cls"
     assert pooling("rerank", st) is None                     # cross-encoders read [CLS]
     assert pooling("embed", tiny_dir) == "mean"
@@ -77,7 +112,7 @@ def test_pooling_follows_the_checkpoint_and_mean_pooling_round_trips(tiny_dir, t
     out = tmp_path / "model"
     rc = cli.main(["finetune", "--task", "classify", "--model", str(st), "--train", str(train),
                    "--dev", str(train), "--out", str(out), "--epochs", "12", "--lr", "3e-3",
-                   "--batch-size", "8", "--max-length", "16", "--no-progress"])
+                   "--batch-size", "8", "--max-length", "16", "--no-progress", "--pooling", "mean"])
     assert rc == 0 and "classify: mean pooling" in capsys.readouterr().out
     model, tok, _ = load_finetuned(out)
     model.cpu()  # (load_finetuned puts it on the GPU where there is one)
