@@ -225,6 +225,7 @@ class Server:
         self.batcher: Optional[Batcher] = None
         self.tokenizing: Optional[ThreadPoolExecutor] = None
         self.in_flight = 0
+        self.created = int(time.time())     # /v1/models: when the models were loaded
 
     def start(self):
         if self.config.threads:
@@ -497,6 +498,14 @@ def info(server: Server):
         "routes": [f"{r.method} {r.path}" for r in ROUTES]})
 
 
+def openai_models(server: Server):
+    """OpenAI's model list (`client.models.list()`): every served model, each with the
+    routes it answers, so a client can find the name to send as `model`."""
+    return json_response({"object": "list", "data": [
+        {"id": m.name, "object": "model", "created": server.created, "owned_by": "nanobert",
+         "task": m.task, "routes": m.paths} for m in server.models.values()]})
+
+
 def health(server: Server):
     return json_response({"status": "ok"})
 
@@ -526,6 +535,7 @@ ROUTES = [
     Route("POST", "/tokenize", tokenize, "tokens with ids and character offsets"),
     Route("GET", "/health", health, "liveness: 200 when up", open=True),
     Route("GET", "/info", info, "models, tasks and limits"),
+    Route("GET", "/v1/models", openai_models, "OpenAI-compatible list of the served models"),
     Route("GET", "/metrics", metrics, "Prometheus metrics"),
 ]
 

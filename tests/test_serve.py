@@ -150,6 +150,10 @@ def test_startup_prints_models_and_routes(server):
     routes = {m["name"]: m["routes"] for m in info["models"]}
     assert routes["minilm"] == ["/v1/embeddings", "/embed", "/tokenize"]
     assert routes["sst"] == ["/classify", "/rerank", "/tokenize"]
+    listed = server.http.get("/v1/models").json()          # OpenAI's client.models.list()
+    assert listed["object"] == "list"
+    assert {m["id"]: m["task"] for m in listed["data"]} == tasks
+    assert all(m["object"] == "model" and isinstance(m["created"], int) for m in listed["data"])
 
 
 def test_embeddings_equal_nanobert_embed(server, tmp_path):
