@@ -12,6 +12,7 @@ hub name, downloaded through `huggingface_hub` when online.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -297,12 +298,29 @@ def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
     if head is not None and head not in fam.heads:
         raise NanobertError(f"{model_dir}: head {head!r} is not supported for {fam.name} models "
                             f"(supported: {', '.join(fam.heads)})")
+    if head == "classify" and config.problem_type == MULTI_LABEL:
+        config = _single_label(config, config_overrides, model_dir / "config.json")
     model = Bert(config, head)
     if model.head in ("mlm", "pretraining") and hf.get("tie_word_embeddings") is False:
         untie_decoder(model)
     model.new_weights = load_state(model, state, fam, source=model_dir)
     model.source_dir = model_dir
     return model
+
+
+MULTI_LABEL = "multi_label_classification"
+
+
+def _single_label(config: BertConfig, overrides: dict, path) -> BertConfig:
+    """A multi-label classifier (a yes/no sigmoid per label, transformers'
+    problem_type multi_label_classification) read as nanobert's single-label one would
+    answer one label where several hold, with softmax scores the model never learnt: it is
+    refused, unless a new label set is given (fine-tuning it into a single-label model)."""
+    if "id2label" not in overrides:
+        raise NanobertError(f"{path}: problem_type {MULTI_LABEL!r} (a yes/no score per label) "
+                            "is not supported; nanobert's classifiers pick one label. Its "
+                            "encoder still loads for embeddings or fine-tuning")
+    return dataclasses.replace(config, problem_type="single_label_classification")
 
 
 def decoder_is_tied(model: Bert) -> bool:

@@ -12,6 +12,7 @@ import transformers as hf
 import nanobert
 from nanobert.checkpoint import load_model
 from nanobert.cli import main as cli
+from nanobert.files import NanobertError
 from conftest import random_batch
 
 TOL = 1e-5
@@ -242,3 +243,16 @@ def test_causal_decoder_config_is_refused(tmp_path, capsys):
     capsys.readouterr()   # transformers' progress bars
     code, err = _cli_error(capsys, "info", str(tmp_path))
     assert code == 2 and "is_decoder" in err and len(err.splitlines()) == 1
+
+
+def test_multi_label_classifier_refused_unless_given_new_labels(tmp_path):
+    """transformers' multi-label classifiers score each label yes/no (sigmoid); read as a
+    single-label one they would answer one softmax label. Refused with the file named;
+    the encoder still loads, and a new label set (fine-tuning) makes it single-label."""
+    _random_hf_dir(tmp_path, hf.BertForSequenceClassification,
+                   problem_type="multi_label_classification")
+    with pytest.raises(NanobertError, match=r"config\.json: problem_type 'multi_label"):
+        load_model(tmp_path)
+    assert load_model(tmp_path, head=None).head is None
+    model = load_model(tmp_path, head="classify", id2label={0: "a", 1: "b", 2: "c"})
+    assert model.config.problem_type == "single_label_classification"
