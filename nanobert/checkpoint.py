@@ -358,6 +358,8 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
         if name == TIED and tied:
             continue
         hf_names = _hf_names(name, fam, model.head)
+        if not hf_names and name.startswith("bert.pooler."):
+            continue  # a pooler the head's transformers class lacks: nothing to load
         if name == "mlm.bias" and hf_names and hf_names[0] not in hf_state:
             hf_names = [fam.decoder + ".bias"]  # newer files keep the bias on the decoder
         if not hf_names or any(n not in hf_state for n in hf_names):

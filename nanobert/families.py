@@ -15,6 +15,10 @@ from typing import Callable, Optional
 from .model import BertConfig
 
 ALL = None  # a rule that holds for every head
+# the heads whose transformers class has BERT's pooler (dense + tanh on [CLS]); the
+# masked-LM, token and QA classes are built without it, and a file that carried it
+# makes transformers warn of unused weights
+POOLED = (None, "pretraining", "classify", "regression")
 
 
 @dataclass
@@ -92,7 +96,7 @@ def _labels_out(c: BertConfig, d: dict) -> dict:
 BERT_BLOCK = {"attn.proj": "attention.output.dense", "norm1": "attention.output.LayerNorm",
               "up": "intermediate.dense", "down": "output.dense", "norm2": "output.LayerNorm"}
 _BERT_HEADS = [
-    (r"bert\.pooler\.dense\.(\w+)", "bert.pooler.dense.{}", ALL),
+    (r"bert\.pooler\.dense\.(\w+)", "bert.pooler.dense.{}", POOLED),
     (r"mlm\.dense\.(\w+)", "cls.predictions.transform.dense.{}", ALL),
     (r"mlm\.norm\.(\w+)", "cls.predictions.transform.LayerNorm.{}", ALL),
     (r"mlm\.bias", "cls.predictions.bias", ALL),
@@ -135,7 +139,7 @@ ROBERTA = Family(
         # the classification head is its own dense + tanh on <s>: our pooler, then out_proj
         (r"bert\.pooler\.dense\.(\w+)", "classifier.dense.{}", ("classify", "regression")),
         (r"classifier\.(\w+)", "classifier.out_proj.{}", ("classify", "regression")),
-        (r"bert\.pooler\.dense\.(\w+)", "roberta.pooler.dense.{}", ALL),
+        (r"bert\.pooler\.dense\.(\w+)", "roberta.pooler.dense.{}", (None,)),
         (r"mlm\.dense\.(\w+)", "lm_head.dense.{}", ALL),
         (r"mlm\.norm\.(\w+)", "lm_head.layer_norm.{}", ALL),
         (r"mlm\.bias", "lm_head.bias", ALL),
@@ -178,7 +182,7 @@ ALBERT = Family(
                                    "up": "ffn", "down": "ffn_output",
                                    "norm2": "full_layer_layer_norm"}, "albert.embeddings.", [
         (r"bert\.emb\.proj\.(\w+)", "albert.encoder.embedding_hidden_mapping_in.{}", ALL),
-        (r"bert\.pooler\.dense\.(\w+)", "albert.pooler.{}", ALL),
+        (r"bert\.pooler\.dense\.(\w+)", "albert.pooler.{}", POOLED),
         (r"mlm\.dense\.(\w+)", "predictions.dense.{}", ALL),
         (r"mlm\.norm\.(\w+)", "predictions.LayerNorm.{}", ALL),
         (r"mlm\.bias", "predictions.bias", ALL),
