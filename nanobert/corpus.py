@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from .data import opens_json
-from .files import NanobertError, atomic_path, data_error, read_lines
+from .files import (NanobertError, atomic_path, data_error, open_input, path_kind,
+                    read_lines)
 
 CACHE_VERSION = 1
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -44,16 +45,19 @@ def corpus_files(paths: Sequence) -> list:
     refused: its documents would count twice, and could be held out and trained on."""
     files, given = [], {}
     for p in paths:
+        if str(p) == "":   # (Path("") is the current directory)
+            raise NanobertError("--corpus: an empty path was given")
         p = Path(p)
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file()
+        kind = path_kind(p)   # (a path that cannot be looked up is an error saying why)
+        if kind == "dir":
+            found = sorted(f for f in p.rglob("*") if path_kind(f) == "file"
                            and not any(part.startswith(".") for part in f.relative_to(p).parts))
             if not found:
                 raise NanobertError(f"{p}: directory holds no files")
             files.extend(found)
-        elif p.is_file():
+        elif kind == "file":
             files.append(p)
-        elif p.exists():  # a pipe would be read up by the corpus hash, then be empty
+        elif kind == "other":  # a pipe would be read up by the corpus hash, then be empty
             raise NanobertError(f"{p}: not a regular file (a pipe or a device); save the "
                                 "text to a file and pass its path")
         else:
@@ -99,7 +103,7 @@ def files_hash(files: Sequence) -> str:
     h = hashlib.sha256(f"nanobert-corpus-v{CACHE_VERSION}".encode())
     for f in files:
         h.update(str(Path(f).resolve()).encode() + b"\0")
-        with open(f, "rb") as fh:
+        with open_input(f) as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
         h.update(b"\0\0")

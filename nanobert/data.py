@@ -10,9 +10,9 @@ Classification (one text or a text pair, and a label):
     JSON Lines   {"text": ..., "label": ...} or {"text_a", "text_b", "label"}
     Column names can be given instead (--text-column, --text-pair-column, --label-column).
 NER: CoNLL columns, token first and tag last, sentences separated by blank lines,
-    `-DOCSTART-` lines skipped; IOB1 tags are rewritten as IOB2.
+    `-DOCSTART-` lines skipped; IOB1, BIOES and BILOU tags are rewritten as IOB2.
 QA: SQuAD v1.1 JSON (data[].paragraphs[].{context, qas[].{id, question, answers}}),
-    or JSON Lines with `question` and `context` (for prediction).
+    or JSON Lines or a TSV/CSV table with `question` and `context` (for prediction).
 
 Every problem is a `NanobertError` naming the file and line.
 """
@@ -26,7 +26,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Optional
 
-from .files import NanobertError, data_error, note, read_lines
+from .files import NanobertError, data_error, input_path, note, path_kind, read_lines
 
 csv.field_size_limit(1 << 26)
 
@@ -78,6 +78,29 @@ class Columns:
     label: Optional[str]
 
 
+def column_named(names, wanted: Optional[str], loose: bool = True) -> Optional[str]:
+    """The column of `names` that is the well-known column `wanted`: the one spelt so, else
+    (when `loose`) the one spelt so in other capitals ('Text', 'LABEL': spreadsheets and
+    Kaggle files capitalise headers) when just one is."""
+    if not wanted:
+        return None
+    if wanted in names:
+        return wanted
+    same = [n for n in names if isinstance(n, str) and n.casefold() == wanted.casefold()]
+    return same[0] if loose and len(same) == 1 else None
+
+
+def first_column(names, candidates) -> Optional[str]:
+    """The first of `candidates` that `names` has, spelt exactly; else in other capitals
+    (an exact 'class' wins over a 'Label')."""
+    for loose in (False, True):
+        found = next((column_named(names, c, loose) for c in candidates
+                      if column_named(names, c, loose)), None)
+        if found:
+            return found
+    return None
+
+
 def choose_columns(names, path, line, text_column=None, pair_column=None, label_column=None,
                    require_label=True) -> Columns:
     names = list(names)
@@ -91,9 +114,7 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
     if text_column:
         text = need(text_column, "text")
     else:
-        # a pair first (QNLI's `question sentence`), then a single text
-        text = next((c for c in TEXT_COLUMNS if c in names and PAIR_COLUMNS.get(c) in names), None)
-        text = text or next((c for c in TEXT_COLUMNS if c in names), None)
+        text = _text_column(names)
         if text is None:
             raise data_error(path, line, f"no text column (expected one of sentence, sentence1, "
                              f"text, text_a, question, question1; columns: {shown}); "
@@ -101,15 +122,29 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
     if pair_column:
         pair = need(pair_column, "text pair")
     else:
-        pair = PAIR_COLUMNS.get(text) if PAIR_COLUMNS.get(text) in names else None
+        known = next((c for c in PAIR_COLUMNS if column_named(names, c) == text), text)
+        pair = column_named(names, PAIR_COLUMNS.get(known))
     if label_column:
         label = need(label_column, "label")
     else:
-        label = next((c for c in LABEL_COLUMNS if c in names), None)
+        label = first_column(names, LABEL_COLUMNS)
     if label is None and require_label:
         raise data_error(path, line, f"no label column (expected 'label'; columns: {shown}); "
                          "name it with --label-column")
     return Columns(text, pair, label)
+
+
+def _text_column(names) -> Optional[str]:
+    """The text column of a header: the first known one with its pair column there too
+    (QNLI's `question sentence`), else the first known one; exact spellings first."""
+    for loose in (False, True):
+        def find(c):
+            return column_named(names, c, loose)
+        known = next((c for c in TEXT_COLUMNS if find(c) and find(PAIR_COLUMNS.get(c))), None)
+        known = known or next((c for c in TEXT_COLUMNS if find(c)), None)
+        if known:
+            return find(known)
+    return None
 
 
 def _first_content(path: Path) -> tuple:
@@ -160,11 +195,13 @@ def _json_value(text: str, path, line):
 
 
 def _json_msg(e: json.JSONDecodeError) -> str:
-    """json's message, with what 'Extra data' means in these files."""
+    """json's message with its column ('Unterminated string starting at' said nowhere),
+    and with what 'Extra data' means in these files."""
     if e.msg == "Extra data":
         return ("more after the first value; JSON Lines hold one object a line, with nothing "
                 "after it (no comma)")
-    return e.msg
+    msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg
+    return f"{msg} at column {e.colno}"
 
 
 def opens_json(first: str) -> bool:
@@ -274,7 +311,7 @@ def _json_array_objects(path: Path):
         except json.JSONDecodeError as e:
             where = line + text.count("\n", pos, e.pos)
             raise data_error(path, where, "not valid JSON (one JSON array of objects, or JSON "
-                             f"Lines, were expected: {e.msg})")
+                             f"Lines, were expected: {_json_msg(e)})")
         except (ValueError, RecursionError) as e:
             raise data_error(path, line, f"not usable JSON ({str(e)[:80] or type(e).__name__})")
         if not isinstance(obj, dict):
@@ -306,8 +343,23 @@ def conll_columns(text: str) -> list:
     return CONLL_SEPARATOR.split(text.strip(" \t"))
 
 
+TAG_PREFIXES = ("B-", "I-", "E-", "S-", "L-", "U-")   # IOB1/IOB2, BIOES, BILOU
+
+
 def is_iob_tag(tag: str) -> bool:
-    return tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2)
+    """O, or a prefix of IOB (B-, I-), BIOES (E-, S-) or BILOU (L-, U-) and a type."""
+    return tag == "O" or (tag[:2] in TAG_PREFIXES and len(tag) > 2)
+
+
+TO_IOB = {"S-": "B-", "U-": "B-", "E-": "I-", "L-": "I-"}
+
+
+def to_iob2(tags: list) -> list:
+    """IOB2 tags of a sentence tagged in IOB1, IOB2, BIOES or BILOU. The last two mark
+    an entity's end (E-, L-) and one-token entities (S-, U-), which IOB2 says with B-
+    and I- alone: the entities stay the same, and a model trained on them predicts IOB2
+    (scored by entities, as seqeval scores them, nothing is lost)."""
+    return iob1_to_iob2([TO_IOB.get(t[:2], t[:2]) + t[2:] if t != "O" else t for t in tags])
 
 
 def looks_like_conll(path, sample: int = 50) -> bool:
@@ -332,7 +384,7 @@ def looks_like_conll(path, sample: int = 50) -> bool:
 def detect_format(path, plain_text: bool = False) -> str:
     """'jsonl' | 'json' | 'tsv' | 'csv' | 'msrp' | 'conll', from the file's content; with
     `plain_text`, a file that is none of these is 'text' (one input a line)."""
-    path = Path(path)
+    path = input_path(path)
     n, first = _first_content(path)
     s = first.lstrip()
     if s.rstrip() == "[" or s.replace(" ", "").startswith("[{") or _is_json_list(s):
@@ -447,8 +499,12 @@ def _label_str(value, path, line, require: bool = True) -> Optional[str]:
         raise data_error(path, line, "the label is null (every example needs a label)")
     if value is None or (not require and isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, bool) or isinstance(value, (list, dict)):
-        raise data_error(path, line, f"label {value!r} is not a number or a string")
+    if isinstance(value, bool):  # a boolean column ('is_toxic'), as datasets' to_json writes
+        return str(value)        # it; 'True', as pandas' to_csv writes the same column
+    if isinstance(value, (list, dict)):
+        raise data_error(path, line, f"label {value!r} is not a number or a string"
+                         + (" (a multi-label list? each example needs one label)"
+                            if isinstance(value, list) else ""))
     if isinstance(value, float) and (value != value or abs(value) == float("inf")):
         raise data_error(path, line, f"label {value!r} is not a finite number (a missing value?)")
     if isinstance(value, float) and value.is_integer():
@@ -466,6 +522,7 @@ def _read_jsonl_examples(path: Path, cols: dict) -> list:
     objs = list(_jsonl_objects(path))
     if not objs:
         raise data_error(path, None, "empty file")
+    _not_a_frame(objs, path)
     fields = list(dict.fromkeys(k for _, obj in objs for k in obj))
     chosen = choose_columns(fields, path, objs[0][0], **cols)
     out = []
@@ -473,14 +530,40 @@ def _read_jsonl_examples(path: Path, cols: dict) -> list:
         for c in (chosen.text, chosen.pair, chosen.label):
             if c is not None and c not in obj:
                 raise data_error(path, n, f"missing field {c!r} (other lines have it)")
+        for c in (chosen.text, chosen.pair):
+            if c is not None and not isinstance(obj[c], str):
+                raise data_error(path, n, _not_a_text(c, obj[c]))
         a = obj[chosen.text]
         b = obj[chosen.pair] if chosen.pair else None
-        if not isinstance(a, str) or (chosen.pair and not isinstance(b, str)):
-            raise data_error(path, n, "text fields must be strings")
         label = (_label_str(obj[chosen.label], path, n, cols["require_label"])
                  if chosen.label else None)
         out.append(Example(a, b, label, n))
     return out
+
+
+JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+              list: "a list", dict: "an object"}
+
+
+def _not_a_frame(objs: list, path):
+    """A file of one JSON object whose every value is an object or a list is a whole table
+    in one object (pandas' to_json orient='columns', 'index' or 'split'), not a record:
+    its keys are row numbers or 'columns'/'data', and were taken for field names."""
+    if len(objs) == 1 and objs[0][1] and all(isinstance(v, (dict, list))
+                                             for v in objs[0][1].values()):
+        raise data_error(path, objs[0][0], "one JSON object holding a whole table (pandas' "
+                         "to_json layout?), not one record a line; write it with "
+                         "orient='records', lines=True")
+
+
+def _not_a_text(field: str, value) -> str:
+    """Why a JSON value cannot be a text, and (for an object of values keyed by row, the
+    file pandas' `to_json` writes by default) how to write the file instead."""
+    msg = f"field {field!r} holds {JSON_KINDS.get(type(value), 'no string')}, not a text"
+    if isinstance(value, dict):
+        msg += (" (pandas' to_json writes columns so by default; write the file with "
+                "orient='records', lines=True)")
+    return msg
 
 
 def _single_columns(header: list, used, path, line):
@@ -492,16 +575,55 @@ def _single_columns(header: list, used, path, line):
                              "header; rename the one not meant")
 
 
-def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
-    """Classification examples of a TSV/CSV/MSRP file with a header row."""
-    delim = "," if fmt == "csv" else "\t"
+def _delimiter(path: Path, fmt: str) -> str:
+    """The field separator of a table: a tab (TSV, MSRP) or a comma, or for a .csv file
+    whose header has semicolons and no comma, a semicolon (what spreadsheets write where
+    the comma is the decimal mark, as in most of Europe)."""
+    if fmt != "csv":
+        return "\t"
+    first = _first_content(path)[1]
+    return ";" if ";" in first and "," not in first else ","
+
+
+def _unquoted(name: str) -> str:
+    """A header name without the quotes around it: a TSV whose texts hold literal quotes
+    is read without CSV quoting, and its writer may still have quoted the header."""
+    return name[1:-1] if len(name) >= 2 and name[0] == name[-1] == '"' else name
+
+
+def _table(path: Path, fmt: str) -> tuple:
+    """(header line, header, rows) of a TSV/CSV/MSRP file: rows yields (line, fields),
+    each row as wide as the header. Empty fields past the header's width (a tab or comma
+    at the end of each line, as some writers leave) are dropped, and so are empty names
+    at the header's end; any other difference in width is an error naming the line."""
+    delim = _delimiter(path, fmt)
     quoting = fmt == "csv" or (fmt == "tsv" and tsv_uses_quoting(path))
-    rows = _read_table(path, delim, quoting)
+    table = _read_table(path, delim, quoting)
     try:
-        hline, header = next(rows)
+        hline, header = next(table)
     except StopIteration:
         raise data_error(path, None, "empty file")
-    header = [h.strip() for h in header]
+    header = [_unquoted(h.strip()) if not quoting else h.strip() for h in header]
+    while len(header) > 1 and not header[-1]:
+        header.pop()
+    sep = {"\t": "tab", ",": "comma", ";": "semicolon"}[delim]
+
+    def rows():
+        for n, fields in table:
+            while len(fields) > len(header) and not fields[-1].strip():
+                fields = fields[:-1]
+            if len(fields) != len(header):
+                more = (f" (a {sep} inside a text? such a field must be quoted)"
+                        if len(fields) > len(header) else "")
+                raise data_error(path, n, f"expected {len(header)} fields like the header, "
+                                 f"found {len(fields)}{more}")
+            yield n, fields
+    return hline, header, rows()
+
+
+def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
+    """Classification examples of a TSV/CSV/MSRP file with a header row."""
+    hline, header, rows = _table(path, fmt)
     chosen = choose_columns(header, path, hline, **cols)
     _single_columns(header, (chosen.text, chosen.pair, chosen.label), path, hline)
     ia = header.index(chosen.text)
@@ -509,9 +631,6 @@ def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
     il = header.index(chosen.label) if chosen.label else None
     out = []
     for n, row in rows:
-        if len(row) != len(header):
-            raise data_error(path, n, f"expected {len(header)} fields like the header, "
-                             f"found {len(row)}")
         label = _label_str(row[il], path, n, cols["require_label"]) if il is not None else None
         out.append(Example(row[ia], row[ib] if ib is not None else None, label, n))
     return out
@@ -520,7 +639,7 @@ def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
 def read_classification(path, text_column=None, pair_column=None, label_column=None,
                         require_label=True) -> list:
     """A list of `Example` from any supported classification file."""
-    path = Path(path)
+    path = input_path(path)
     fmt = detect_format(path)
     cols = dict(text_column=text_column, pair_column=pair_column, label_column=label_column,
                 require_label=require_label)
@@ -543,24 +662,34 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
     TSV/CSV whose header names a known or given text column), else plain text, one input
     a line (`Excellent!`, `很好`, `Hello, world` included). A .tsv/.csv file is a table
     whatever its header: read as text, its header and every column would be inputs."""
-    path = Path(path)
+    path = input_path(path)
     columns = {k: v for k, v in (columns or {}).items() if v}
     fmt = detect_format(path, plain_text=True)
     if fmt in ("tsv", "csv") and path.suffix.lower() not in (".tsv", ".csv"):
         first = _first_content(path)[1]
         header = [h.strip().strip('"') for h in first.split("\t" if fmt == "tsv" else ",")]
-        if not any(h in TEXT_COLUMNS + list(columns.values()) for h in header):
+        if not any(column_named(header, c) for c in TEXT_COLUMNS) and \
+                not any(h in columns.values() for h in header):
             fmt = "text"
+    if fmt == "jsonl" and not columns and _holds_tokens(path):
+        return [Example(" ".join(s.words), line=s.line) for s in read_conll(path, False)]
     if fmt in ("jsonl", "msrp", "tsv", "csv"):
         return read_classification(path, require_label=False, **columns)
     return read_text_lines(path)
+
+
+def _holds_tokens(path: Path) -> bool:
+    """JSON Lines of token lists ({"tokens": [...]}, a tagger's data) and no text field:
+    each record's tokens, joined by spaces, are its input."""
+    names = {k for _, obj in _jsonl_objects(path) for k in obj}
+    return first_column(names, TOKEN_FIELDS) is not None and _text_column(names) is None
 
 
 def read_text_lines(path) -> list:
     """`Example`s of a plain text file, one input a line (blank lines skipped). A file
     that is JSON (JSON Lines broken on their first line, a JSON document) or CoNLL
     columns is refused: read as text, each of its lines would be taken for an input."""
-    path = Path(path)
+    path = input_path(path)
     n, first = _first_content(path)
     if _is_json_file(path, first):
         line, what = _json_trouble(path)
@@ -585,6 +714,7 @@ def label_set(examples, path=None) -> list:
         odd = next(e for e in examples if e.label in missing)
         raise data_error(where, odd.line, f"label {odd.label!r} is not a number like the other "
                          "labels (a missing value?)")
+    _one_kind(examples, labels, numbers, missing, where)
     if labels and all(v is not None for v in numbers.values()):
         frac = next((e for e in examples if e.label is not None
                      and not numbers[e.label].is_integer()), None)
@@ -601,6 +731,25 @@ def label_set(examples, path=None) -> list:
         return sorted(labels)
     _one_spelling(examples, values, where)
     return sorted(labels, key=values.get)
+
+
+def _one_kind(examples, labels: set, numbers: dict, missing: set, where):
+    """Labels that are numbers and labels that are words in one training file (1, 0 and
+    'positive') are refused: they come from two writers or two label schemes, and each
+    spelling would silently become a class of its own. The line named is the first of
+    the rarer kind."""
+    words = {x for x in labels - missing if numbers[x] is None}
+    nums = labels - missing - words
+    if not words or not nums:
+        return
+    n_words = sum(e.label in words for e in examples)
+    n_nums = sum(e.label in nums for e in examples)
+    rare, common, kind, kinds = ((words, nums, "a word", "numbers") if n_words <= n_nums
+                                 else (nums, words, "a number", "words"))
+    odd = next(e for e in examples if e.label in rare)
+    raise data_error(where, odd.line, f"label {odd.label!r} is {kind} but other labels are "
+                     f"{kinds} (e.g. {min(common)!r}): mixed label types; write every class "
+                     "one way")
 
 
 def _one_spelling(examples, values: dict, where):
@@ -658,17 +807,19 @@ def iob1_to_iob2(tags: list) -> list:
 
 def read_conll(path, require_tags=True) -> list:
     """Sentences of a CoNLL file (token first, tag last; blank lines between sentences)."""
-    path = Path(path)
+    path = input_path(path)
     n, first = _first_content(path)
     if _is_json_file(path, first):
+        if detect_format(path) == "jsonl":
+            return _read_json_ner(path, require_tags)
         raise data_error(path, n, "JSON, not CoNLL columns (a token and its tag a line, a blank "
-                         "line between sentences)")
+                         "line between sentences) nor JSON Lines of tokens and tags")
     out, words, tags, start = [], [], [], 0
     width = None  # (columns, line) of the first token line: every token line has as many
 
     def flush():
         if words:
-            out.append(Sentence(list(words), iob1_to_iob2(tags) if require_tags else None, start))
+            out.append(Sentence(list(words), to_iob2(tags) if require_tags else None, start))
         words.clear()
         tags.clear()
 
@@ -687,7 +838,8 @@ def read_conll(path, require_tags=True) -> list:
                 raise data_error(path, n, "expected a token and a tag (CoNLL columns)")
             tag = cols[-1]
             if not is_iob_tag(tag):
-                raise data_error(path, n, f"tag {tag!r} is not IOB (O, B-TYPE or I-TYPE)")
+                raise data_error(path, n, f"tag {tag!r} is not IOB (O, B-TYPE or I-TYPE; "
+                                 "BIOES and BILOU tags are read too)")
             tags.append(tag)
         if width is None:
             width = (len(cols), n)
@@ -700,6 +852,49 @@ def read_conll(path, require_tags=True) -> list:
     if not out:
         raise data_error(path, None, "no sentences")
     return out
+
+
+TOKEN_FIELDS = ["tokens", "words"]
+TAG_FIELDS = ["ner_tags", "tags", "labels", "ner", "label"]
+
+
+def _read_json_ner(path: Path, require_tags: bool) -> list:
+    """Sentences of JSON Lines (or a JSON array) with a list of tokens and a list of
+    tags a record, as Hugging Face datasets' to_json writes them ({"tokens": [...],
+    "ner_tags": [...]}). Tags must be names: integers are a ClassLabel's indices, whose
+    names are not in the file. Records without tokens are skipped (conll2003 has some)."""
+    objs = list(_jsonl_objects(path))
+    names = list(dict.fromkeys(k for _, obj in objs for k in obj))
+    words_at, tags_at = first_column(names, TOKEN_FIELDS), first_column(names, TAG_FIELDS)
+    if words_at is None or (require_tags and tags_at is None):
+        raise data_error(path, objs[0][0], "expected CoNLL columns, or JSON Lines with a "
+                         f"'tokens' list{' and a ner_tags list' if require_tags else ''} "
+                         f"(fields: {', '.join(map(repr, names))})")
+    out = []
+    for n, obj in objs:
+        words = obj.get(words_at)
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise data_error(path, n, f"{words_at!r} must be a list of strings")
+        tags = _json_tags(obj.get(tags_at), len(words), path, n) if require_tags else None
+        if words:
+            out.append(Sentence(words, tags, n))
+    if not out:
+        raise data_error(path, None, "no sentences")
+    return out
+
+
+def _json_tags(tags, n_words: int, path, n) -> list:
+    """The IOB2 tags of one JSON record, checked: names, one per token."""
+    if not isinstance(tags, list) or len(tags) != n_words:
+        raise data_error(path, n, f"expected a list of {n_words} tags, one per token")
+    if any(isinstance(t, int) for t in tags):
+        raise data_error(path, n, "tags are numbers (a ClassLabel's indices, whose names "
+                         "this file lacks); write the tag names ('B-PER', 'O')")
+    odd = next((t for t in tags if not isinstance(t, str) or not is_iob_tag(t)), None)
+    if odd is not None:
+        raise data_error(path, n, f"tag {odd!r} is not IOB (O, B-TYPE or I-TYPE; BIOES and "
+                         "BILOU tags are read too)")
+    return to_iob2(tags)
 
 
 # ----------------------------------------------------------------------------------
@@ -716,7 +911,7 @@ def _load_json(path: Path):
 def read_squad(path, require_answers=True) -> list:
     """QA examples from SQuAD v1.1 JSON, or from JSON Lines with question/context. Every
     answer must sit at its answer_start in the context; errors name the question id."""
-    path = Path(path)
+    path = input_path(path)
     fmt = detect_format(path)
     if fmt == "jsonl" and '"data"' in _first_content(path)[1][:200]:
         fmt = "json"  # a SQuAD document written on one line
@@ -728,8 +923,11 @@ def read_squad(path, require_answers=True) -> list:
             raise data_error(path, 1, "not a SQuAD file (expected an object with a 'data' list)")
         out = [ex for a, article in enumerate(doc["data"])
                for ex in _squad_article(article, f"data[{a}]", path, require_answers)]
+    elif fmt in ("tsv", "csv"):
+        out = _table_questions(path, require_answers)
     else:
-        raise data_error(path, 1, "expected SQuAD JSON or JSON Lines with question/context")
+        raise data_error(path, 1, "expected SQuAD JSON, or JSON Lines or a TSV/CSV table with "
+                         "question and context")
     if not out:
         raise data_error(path, None, "no questions")
     seen = set()
@@ -741,9 +939,30 @@ def read_squad(path, require_answers=True) -> list:
     return out
 
 
+def _table_questions(path: Path, require_answers: bool) -> list:
+    """QA examples of a TSV/CSV table (a spreadsheet of questions) with `question` and
+    `context` columns, and optionally `id` and `answer` (the answer's text, which is
+    looked up in the context, as a bare answer in JSON Lines is)."""
+    names, rows = read_records(path)
+    q, c = column_named(names, "question"), column_named(names, "context")
+    if not q or not c:
+        shown = ", ".join(map(repr, names))
+        raise data_error(path, 1, f"no 'question' and 'context' columns (columns: {shown}); "
+                         "expected SQuAD JSON, or JSON Lines or a table with question and context")
+    i, a = column_named(names, "id"), column_named(names, "answer")
+    out = []
+    for n, rec in rows:
+        obj = {"question": rec[q], "context": rec[c], "id": (rec[i] if i else "") or n,
+               "answers": [rec[a]] if a and rec[a] else []}
+        out.append(_jsonl_question(obj, path, n, require_answers))
+    return out
+
+
 def _jsonl_question(obj: dict, path, n, require_answers) -> QAExample:
     if not isinstance(obj.get("question"), str) or not isinstance(obj.get("context"), str):
-        raise data_error(path, n, "expected an object with string fields 'question' and 'context'")
+        raise data_error(path, n, "expected an object with string fields 'question' and "
+                         "'context' (JSON Lines of questions), or SQuAD JSON (an object with "
+                         "a 'data' list)")
     qid = str(obj.get("id", n))
     answers = _answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}")
     if require_answers and not answers:
@@ -804,6 +1023,8 @@ def _answers(raw, context: str, where: str) -> list:
         start = a.get("answer_start") if isinstance(a, dict) else None
         if isinstance(start, str) and start.isascii() and start.isdigit():
             start = int(start)  # some converters write the offset as a string
+        elif isinstance(start, float) and start.is_integer():
+            start = int(start)  # or as a float (pandas, a column that once held a NaN)
         if not isinstance(text, str) or not text or isinstance(start, bool) \
                 or not isinstance(start, int):
             raise NanobertError(f"{where}: each answer needs a non-empty 'text' and an integer "
@@ -845,6 +1066,9 @@ class TextRow:
 
 
 def _score(value, path, line) -> float:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise data_error(path, line, "the score is missing (an empty cell or null); every row "
+                         "needs one here")
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -884,10 +1108,11 @@ def _read_sts_original(path: Path, require_score: bool) -> list:
 def read_records(path) -> tuple:
     """(column names, [(line, {column: value})]) of a JSON Lines file or a TSV/CSV file
     with a header."""
-    path = Path(path)
+    path = input_path(path)
     fmt = detect_format(path)
     if fmt == "jsonl":  # the fields of all lines: one first seen on line 2 is still a column
         rows = list(_jsonl_objects(path))
+        _not_a_frame(rows, path)
         return list(dict.fromkeys(k for _, obj in rows for k in obj)), rows
     if fmt == "json":
         line, what = _json_trouble(path)
@@ -895,23 +1120,14 @@ def read_records(path) -> tuple:
                          "JSON Lines")
     if fmt not in ("tsv", "csv"):
         raise data_error(path, 1, "expected a TSV/CSV file with a header, or JSON Lines")
-    delim = "," if fmt == "csv" else "\t"
-    table = _read_table(path, delim, fmt == "csv" or tsv_uses_quoting(path))
-    hline, header = next(table)
-    header = [h.strip() for h in header]
-    rows = []
-    for n, fields in table:
-        if len(fields) != len(header):
-            raise data_error(path, n, f"expected {len(header)} fields like the header, "
-                             f"found {len(fields)}")
-        rows.append((n, dict(zip(header, fields))))
-    return header, rows
+    _, header, table = _table(path, fmt)
+    return header, [(n, dict(zip(header, fields))) for n, fields in table]
 
 
 def _pick(names, candidates, given=None):
     if given:
         return given if given in names else None
-    return next((c for c in candidates if c in names), None)
+    return first_column(names, candidates)
 
 
 def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional[dict] = None) -> list:
@@ -942,8 +1158,9 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         if absent is not None:
             raise data_error(path, n, f"missing field {absent!r} (other lines have it)")
         texts = tuple(rec.get(r) for r in roles)
-        if not all(isinstance(t, str) for t in texts):
-            raise data_error(path, n, f"fields {', '.join(roles)} must all be present and be strings")
+        odd = next((r for r in roles if not isinstance(rec.get(r), str)), None)
+        if odd is not None:
+            raise data_error(path, n, _not_a_text(odd, rec.get(odd)))
         out.append(TextRow(texts, _score(rec.get(score), path, n) if score else None, n))
     if not out:
         raise data_error(path, None, "no rows (only a header?)")
@@ -984,7 +1201,8 @@ BEIR_SPLIT_PREFERENCE = ("test", "dev", "validation", "train")
 
 def is_beir_dir(path) -> bool:
     p = Path(path)
-    return p.is_dir() and (p / "corpus.jsonl").is_file() and (p / "qrels").is_dir()
+    return path_kind(p) == "dir" and path_kind(p / "corpus.jsonl") == "file" \
+        and path_kind(p / "qrels") == "dir"
 
 
 def beir_splits(root) -> list:
@@ -1024,9 +1242,9 @@ def read_qrels(path, queries: Optional[dict] = None) -> dict:
     """{query id: {doc id: relevance}} of a BEIR qrels TSV (header optional). Grades are
     integers; a file without one relevant (grade > 0) document is refused; a pair judged
     twice with two grades gets a note (the last grade counts, as BEIR's loader has it)."""
-    path = Path(path)
+    path = input_path(path)
     qrels, first, regraded = {}, {}, []
-    rows = ((n, text.strip().split("\t")) for n, text in read_lines(path) if text.strip())
+    rows = ((n, _qrels_fields(text)) for n, text in read_lines(path) if text.strip())
     for k, (n, f) in enumerate(rows):
         if k == 0 and _is_qrels_header(f):
             continue
@@ -1057,6 +1275,13 @@ def read_qrels(path, queries: Optional[dict] = None) -> dict:
     return qrels
 
 
+def _qrels_fields(text: str) -> list:
+    """The fields of a qrels line: tab-separated as BEIR writes them, or, in a line without
+    a tab, separated by spaces (as TREC tools write qrels; ids hold no spaces)."""
+    text = text.strip()
+    return text.split("\t") if "\t" in text else text.split()
+
+
 def _is_qrels_header(fields: list) -> bool:
     """Is this first row of a qrels file a header: BEIR's `query-id corpus-id score`, or
     three names whose last is no number (`qid docid relevance`)? BEIR's loader skips the
@@ -1083,29 +1308,54 @@ def _beir_lacks(root: Path) -> list:
     """What keeps `root` from being a BEIR folder: a part missing (perhaps there compressed),
     or a file where a folder belongs (or the other way round)."""
     out = []
+    if path_kind(root) != "dir":
+        return ["no such folder" if path_kind(root) is None else "a file, not a folder"]
     for name, folder in (("corpus.jsonl", False), ("queries.jsonl", False), ("qrels", True)):
         p = root / name
-        if p.exists() and p.is_dir() != folder:
+        kind = path_kind(p)
+        if kind is not None and (kind == "dir") != folder:
             out.append(f"{name} is {'a file, not a folder' if folder else 'a folder, not a file'}")
-        elif not p.exists():
+        elif kind is None:
             packed = sorted(q.name for q in root.glob(f"{name}.*")
                             if q.suffix in (".gz", ".bz2", ".xz", ".zip", ".zst"))
             out.append(f"missing {name}{'/' if folder else ''}" +
                        (f" ({packed[0]} is there: decompress it)" if packed else ""))
+    inner = _beir_inside(root) if out else None
+    if inner:  # an unpacked archive: scifact.zip holds scifact/
+        out.append(f"{inner} is a BEIR folder: pass that one")
     return out
+
+
+def _beir_inside(root: Path) -> Optional[Path]:
+    """A BEIR folder directly inside `root`, if one is (entries that cannot be looked at
+    are passed over: this only adds a hint to another error)."""
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return None
+    for d in entries:
+        try:
+            if is_beir_dir(d):
+                return d
+        except NanobertError:
+            continue
+    return None
 
 
 def read_beir(root, split: Optional[str] = None) -> Beir:
     """A BEIR folder; `split` names qrels/<split>.tsv (default: test, dev, validation,
     then train, whichever exists)."""
-    root = Path(root)
+    root = input_path(root)
     if not is_beir_dir(root):
         lacking = "; ".join(_beir_lacks(root))
         raise NanobertError(f"{root}: not a BEIR folder (expected corpus.jsonl, queries.jsonl "
                             f"and qrels/*.tsv{'; ' + lacking if lacking else ''})")
     splits = beir_splits(root)
     if not splits:
-        raise NanobertError(f"{root / 'qrels'}: no qrels .tsv files")
+        others = sorted(q.name for q in (root / "qrels").iterdir() if not q.name.startswith("."))
+        raise NanobertError(f"{root / 'qrels'}: no qrels .tsv files" + (
+            f" (found {', '.join(others[:3])}: BEIR qrels are <split>.tsv, tab-separated)"
+            if others else ""))
     split = split or splits[0]
     if split not in splits:
         raise NanobertError(f"{root}: no qrels for split {split!r} (available: {', '.join(splits)})")

@@ -7,9 +7,11 @@ name beside the target and renamed into place, so nothing is ever half-written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -39,15 +41,16 @@ def read_lines(path):
     as 'valid' UTF-8 with a NUL between letters). Lines end in LF, CRLF or a lone CR (old
     Mac and some spreadsheet exports), as Python's universal newlines read them. A
     compressed file (gzip, bzip2, xz, zip, zstd) is named as such, not as bad UTF-8."""
-    path = Path(path)
-    if path.is_dir():
+    path = input_path(path)
+    kind = path_kind(path)
+    if kind == "dir":
         raise NanobertError(f"{path}: is a directory, expected a file")
-    if path.exists() and not path.is_file():  # a pipe (<(...), /dev/stdin) or a device
+    if kind == "other":  # a pipe (<(...), /dev/stdin) or a device
         raise NanobertError(f"{path}: not a regular file (a pipe or a device); save the data "
                             "to a file and pass its path")
-    if not path.is_file():
+    if kind is None:
         raise NanobertError(f"{path}: no such file")
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         head = f.read(10)
         packed = next((name for magic, name in COMPRESSED if magic.match(head)), None)
         if packed:
@@ -63,6 +66,52 @@ def read_lines(path):
                 raise data_error(path, n, "binary data (NUL byte), not a text file (UTF-16 "
                                  "without a byte-order mark? save it as UTF-8)")
             yield n, text
+
+
+def input_path(path) -> Path:
+    """`path` as a Path; an empty one (a flag given '', a variable left unset) is refused:
+    Path("") is ".", and the error named the current directory."""
+    if str(path) == "":
+        raise NanobertError("an empty path was given where a file is expected")
+    return Path(path)
+
+
+def path_kind(path):
+    """'file', 'dir', 'other' (a pipe, a device, a socket) or None (nothing there, or a
+    dangling link), following links. A path the system cannot look up (a name too long,
+    a link loop, a folder on the way that may not be entered) is a `NanobertError`
+    saying why: `Path.is_dir` and friends raise OSError for some of these and answer
+    False for others, which read as 'no such file'."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ENOTDIR:   # a file on the way: 'data.tsv/x'
+            return None
+        raise NanobertError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except ValueError:                 # a NUL character in the name
+        raise NanobertError(f"{str(path)!r}: not a usable path (it holds a NUL character)") \
+            from None
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if stat.S_ISREG(mode) else "other"
+
+
+@contextlib.contextmanager
+def open_input(path):
+    """open(path, "rb"), with the ways opening fails (no permission, a file that went
+    away, too many open files) as a `NanobertError` naming the file, and read errors
+    (an I/O error of the disk, a network mount gone) too."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise NanobertError(f"{path}: cannot be read ({e.strerror or e})") from None
+    with f:
+        try:
+            yield f
+        except OSError as e:
+            raise NanobertError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
 COMPRESSED = (  # magic bytes at the start of a file (bzip2: "BZh", a level, a block magic)

@@ -99,3 +99,18 @@ def test_streaming_corpus_reads_everything_once_per_pass(corpus_dir, loaded_corp
     key = lambda x: x.tobytes()  # noqa: E731
     assert sorted(map(key, first_pass)) == sorted(map(key, train))  # a shuffled full pass
     assert val and all(len(x) <= 30 for x in train + val)
+
+
+def test_corpus_paths_that_cannot_be_read_are_named(tmp_path):
+    # a name too long raised OSError from Path.is_dir; a link loop in a folder was skipped
+    from nanobert.files import NanobertError
+    long = tmp_path / ("y" * 300)
+    with pytest.raises(NanobertError, match="cannot be read \\(File name too long\\)"):
+        corpus_files([long])
+    with pytest.raises(NanobertError, match="an empty path"):
+        corpus_files([""])
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("One. Two.\n\nThree.\n")
+    (tmp_path / "d" / "loop").symlink_to(tmp_path / "d" / "loop")
+    with pytest.raises(NanobertError, match="loop: cannot be read \\(Too many levels"):
+        corpus_files([tmp_path / "d"])

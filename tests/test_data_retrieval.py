@@ -170,3 +170,39 @@ def test_jsonl_rows_take_the_fields_of_every_line(tmp_path):
     with pytest.raises(NanobertError, match=r"t.jsonl:1: missing field 'negative' \(other lines "
                                             r"have it\)"):
         D.read_text_rows(late)
+
+
+def test_qrels_separated_by_spaces_and_qrels_of_another_suffix(tmp_path):
+    # TREC-style `q1 d1 1` lines were 'found 1 field(s)'; qrels/test.csv was only 'no
+    # qrels .tsv files'
+    root = _beir(tmp_path, "query-id corpus-id score\nq1 d1 1\nq2  d2\t\n")
+    with pytest.raises(NanobertError, match=r"train.tsv:3: expected query-id, corpus-id, score"):
+        D.read_beir(root)     # (a line with a tab is split at tabs only)
+    _write(root / "qrels" / "train.tsv", "query-id corpus-id score\nq1 d1 1\nq2  d2 2\n")
+    assert D.read_beir(root).qrels == {"q1": {"d1": 1}, "q2": {"d2": 2}}
+    (root / "qrels" / "train.tsv").rename(root / "qrels" / "train.csv")
+    with pytest.raises(NanobertError) as e:
+        D.read_beir(root)
+    assert str(e.value) == (f"{root / 'qrels'}: no qrels .tsv files (found train.csv: BEIR "
+                            "qrels are <split>.tsv, tab-separated)")
+
+
+def test_the_folder_above_a_beir_folder_points_at_it(tmp_path):
+    # scifact.zip unpacks to scifact/scifact/...: the outer folder was only 'missing ...'
+    root = _beir(tmp_path)
+    with pytest.raises(NanobertError) as e:
+        D.read_beir(tmp_path)
+    assert str(e.value).endswith(f"; {root} is a BEIR folder: pass that one)")
+    with pytest.raises(NanobertError, match="cannot be read"):   # (not an OSError traceback)
+        D.is_beir_dir(tmp_path / ("x" * 300))
+
+
+def test_a_missing_score_is_called_missing(tmp_path):
+    # an empty cell was "score '' is not a finite number"
+    f = _write(tmp_path / "s.tsv", "sentence1\tsentence2\tscore\na\tb\t1\nc\td\t\n")
+    with pytest.raises(NanobertError) as e:
+        D.read_text_rows(f, require_score=True)
+    assert str(e.value) == f"{f}:3: the score is missing (an empty cell or null); every row needs one here"
+    j = _write(tmp_path / "s.jsonl", '{"sentence1": "a", "sentence2": "b", "score": null}\n')
+    with pytest.raises(NanobertError, match=r"s.jsonl:1: the score is missing"):
+        D.read_text_rows(j, require_score=True)

@@ -557,3 +557,172 @@ def test_a_key_given_twice_in_one_json_object_is_refused(tmp_path):
     fine.write_text('{"text": "a", "label": 1, "meta": {"text": "nested is its own object"}}\n'
                     '{"text": "b", "label": 0}\n')
     assert [e.text_a for e in D.read_classification(fine)] == ["a", "b"]
+
+
+# ---- paths that cannot be read --------------------------------------------------------
+
+def test_paths_the_system_cannot_look_up_or_open_are_named_not_tracebacks(tmp_path, monkeypatch):
+    # a name over 255 bytes raised OSError from Path.is_dir (a traceback); a link loop
+    # was 'no such file'; a file without read permission raised PermissionError
+    from nanobert import files
+    from nanobert.corpus import corpus_files
+    long = tmp_path / ("x" * 300)
+    assert error_of(D.read_classification, long) == f"{long}: cannot be read (File name too long)"
+    assert error_of(corpus_files, [long]) == f"{long}: cannot be read (File name too long)"
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert "Too many levels of symbolic links" in error_of(D.read_inputs, loop)
+    assert error_of(D.read_classification, "") == "an empty path was given where a file is expected"
+    assert error_of(corpus_files, [""]) == "--corpus: an empty path was given"
+
+    p = write(tmp_path, "d.tsv", "sentence\tlabel\na\t1\n")
+
+    def refuse(path, mode="r", *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(files, "open", refuse, raising=False)   # (root may read any file)
+    assert error_of(D.read_classification, p) == f"{p}: cannot be read (Permission denied)"
+
+
+# ---- tables as real tools write them -------------------------------------------------
+
+def test_empty_fields_past_the_header_are_dropped_other_extra_fields_are_not(tmp_path):
+    # a tab at the end of each row (or of the header too) was 'expected 2 fields, found 3'
+    body = write(tmp_path, "b.tsv", "sentence\tlabel\ngood film\t1\t\nbad film\t0\t \n")
+    both = write(tmp_path, "h.tsv", "sentence\tlabel\t\ngood film\t1\t\nbad film\t0\n")
+    for p in (body, both):
+        assert [(e.text_a, e.label) for e in D.read_classification(p)] == \
+            [("good film", "1"), ("bad film", "0")]
+    tab = write(tmp_path, "t.tsv", "sentence\tlabel\ngood\tfilm\t1\n")
+    assert error_of(D.read_classification, tab) == (
+        f"{tab}:2: expected 2 fields like the header, found 3 (a tab inside a text? such a "
+        "field must be quoted)")
+    csv = write(tmp_path, "c.csv", "text,label\ngood,film,1\n")
+    assert "(a comma inside a text?" in error_of(D.read_classification, csv)
+
+
+def test_semicolon_csv_and_capitalised_headers(tmp_path):
+    # Excel in comma-decimal locales writes 'Text;Label': it was one column 'text;label'
+    semi = write(tmp_path, "s.csv", "\ufeffText;Label\r\ngood film;1\r\n\"a; b\";0\r\n")
+    assert [(e.text_a, e.label) for e in D.read_classification(semi)] == \
+        [("good film", "1"), ("a; b", "0")]
+    pair = write(tmp_path, "p.tsv", "Sentence1\tSentence2\tLabel\na\tb\t1\n")
+    assert [(e.text_a, e.text_b, e.label) for e in D.read_classification(pair)] == [("a", "b", "1")]
+    assert [e.text_a for e in D.read_inputs(write(tmp_path, "in.txt", "Text\tid\nhi\t1\n"))] == ["hi"]
+    rows = D.read_text_rows(write(tmp_path, "sts.tsv", "Sentence1\tSentence2\tScore\na\tb\t0.5\n"))
+    assert [(r.texts, r.score) for r in rows] == [(("a", "b"), 0.5)]
+    two = write(tmp_path, "two.tsv", "Text\tTEXT\tlabel\na\tb\t1\n")   # which one? neither
+    assert "no text column" in error_of(D.read_classification, two)
+    exact = write(tmp_path, "e.tsv", "Label\tclass\ttext\na\tb\tc\n")    # exact names first
+    assert [(e.text_a, e.label) for e in D.read_classification(exact)] == [("c", "b")]
+
+
+def test_mixed_label_types_are_refused_and_booleans_are_one_class(tmp_path):
+    # 1, 0 and 'positive' trained a three-class model without a word
+    p = jsonl(tmp_path, [{"text": "a", "label": 1}, {"text": "b", "label": 0},
+                         {"text": "c", "label": "positive"}, {"text": "d", "label": "0"}])
+    assert error_of(D.label_set, D.read_classification(p), p) == (
+        f"{p}:3: label 'positive' is a word but other labels are numbers (e.g. '0'): mixed "
+        "label types; write every class one way")
+    q = write(tmp_path, "q.tsv", "sentence\tlabel\na\tpos\nb\tneg\nc\t1\n")
+    assert error_of(D.label_set, D.read_classification(q), q).startswith(f"{q}:4: label '1' is a number")
+    # JSON booleans were refused ('not a number or a string'); pandas writes True/False
+    b = jsonl(tmp_path, [{"text": "a", "label": True}, {"text": "b", "label": False}], "b.jsonl")
+    t = write(tmp_path, "b.tsv", "sentence\tlabel\na\tTrue\nb\tFalse\n")
+    assert [e.label for e in D.read_classification(b)] == ["True", "False"]
+    assert [e.label for e in D.read_classification(t)] == ["True", "False"]
+    assert D.label_set(D.read_classification(b)) == ["False", "True"]
+    multi = jsonl(tmp_path, [{"text": "a", "label": [1, 2]}], "m.jsonl")
+    assert "a multi-label list?" in error_of(D.read_classification, multi)
+
+
+@pytest.mark.parametrize("doc", [
+    {"text": {"0": "good", "1": "bad"}, "label": {"0": 1, "1": 0}},          # orient='columns'
+    {"0": {"text": "good", "label": 1}, "1": {"text": "bad", "label": 0}},   # orient='index'
+    {"columns": ["text", "label"], "index": [0, 1], "data": [["good", 1], ["bad", 0]]},
+])
+def test_a_whole_table_in_one_json_object_is_named(tmp_path, doc):
+    # pandas' default to_json: 'text fields must be strings' or 'no text column ('0', '1')'
+    p = write(tmp_path, "d.json", json.dumps(doc))
+    for read in (D.read_classification, D.read_text_rows):
+        msg = error_of(read, p)
+        assert msg.startswith(f"{p}:1: one JSON object holding a whole table") and \
+            "orient='records', lines=True" in msg
+    q = jsonl(tmp_path, [{"text": "a", "label": 1}, {"text": {"x": 1}, "label": 0}], "q.jsonl")
+    assert error_of(D.read_classification, q).startswith(
+        f"{q}:2: field 'text' holds an object, not a text")
+
+
+def test_json_errors_name_the_column(tmp_path):
+    # 'Unterminated string starting at' ended the message: at what?
+    p = write(tmp_path, "d.jsonl", '{"text": "a", "label": 1}\n{"text": "b, "label": 0}\n')
+    assert error_of(D.read_classification, p) == \
+        f"{p}:2: not valid JSON (Expecting ',' delimiter at column 15)"
+    q = write(tmp_path, "a.json", '[{"text": "a", "label": 1},\n {"text": "b')
+    assert error_of(D.read_classification, q).endswith("Unterminated string starting at column 11)")
+
+
+def test_bioes_and_bilou_tags_are_read_as_iob2(tmp_path):
+    # S-/E- (BIOES) and U-/L- (BILOU) were 'not IOB'
+    bioes = write(tmp_path, "b.conll", "Ann S-PER\nmet O\nNew B-LOC\nYork I-LOC\nCity E-LOC\n"
+                                       "\nBob S-PER\nBob S-PER\n")
+    bilou = write(tmp_path, "u.conll", "Ann U-PER\nmet O\nNew B-LOC\nYork L-LOC\n")
+    got = D.read_conll(bioes)
+    assert [s.tags for s in got] == [["B-PER", "O", "B-LOC", "I-LOC", "I-LOC"], ["B-PER", "B-PER"]]
+    assert D.read_conll(bilou)[0].tags == ["B-PER", "O", "B-LOC", "I-LOC"]
+    assert D.looks_like_conll(bioes) and D.task_of_file(bilou) == "ner"
+    assert D.to_iob2(["I-X", "I-X", "O", "E-Y"]) == ["B-X", "I-X", "O", "B-Y"]   # IOB1 too
+
+
+def test_squad_answer_start_written_as_a_float(tmp_path):
+    # pandas writes an integer column that once held a NaN as 13.0
+    p = jsonl(tmp_path, [{"id": "a", "question": "Who?", "context": "Ann met Bob.",
+                          "answers": [{"text": "Bob", "answer_start": 8.0}]}])
+    assert D.read_squad(p)[0].answers == [("Bob", 8)]
+    q = jsonl(tmp_path, [{"id": "a", "question": "Who?", "context": "Ann met Bob.",
+                          "answers": [{"text": "Bob", "answer_start": 8.5}]}], "q.jsonl")
+    assert "integer 'answer_start'" in error_of(D.read_squad, q)
+
+
+def test_qa_questions_in_a_table(tmp_path):
+    # a spreadsheet of questions was 'expected SQuAD JSON or JSON Lines'
+    p = write(tmp_path, "q.csv", "Question,Context,id\r\nWho?,\"Ann met Bob, then left.\",a\r\n"
+                                 "Where?,In Paris.,\r\n")
+    got = D.read_squad(p, require_answers=False)
+    assert [(e.id, e.question, e.context) for e in got] == [
+        ("a", "Who?", "Ann met Bob, then left."), ("3", "Where?", "In Paris.")]
+    assert error_of(D.read_squad, p).startswith(f"{p}:2: question 'a' has no answers")
+    t = write(tmp_path, "q.tsv", "question\tcontext\tanswer\nWho?\tAnn met Bob.\tBob\n")
+    assert D.read_squad(t)[0].answers == [("Bob", 8)]
+    other = write(tmp_path, "c.tsv", "sentence\tlabel\na\t1\n")
+    assert error_of(D.read_squad, other) == (
+        f"{other}:1: no 'question' and 'context' columns (columns: 'sentence', 'label'); "
+        "expected SQuAD JSON, or JSON Lines or a table with question and context")
+
+
+def test_a_quoted_header_over_literal_quotes_is_read(tmp_path):
+    # quoting is off for SST-2-like literal quotes, and the quoted header's names kept
+    # their quotes: 'no text column ('"sentence"', '"label"')'
+    p = write(tmp_path, "q.tsv", '"sentence"\t"label"\nthe "best" film\t1\nbad\t0\n')
+    assert [(e.text_a, e.label) for e in D.read_classification(p)] == \
+        [('the "best" film', "1"), ("bad", "0")]
+
+
+def test_ner_json_lines_of_tokens_and_tags(tmp_path):
+    # what Hugging Face datasets' to_json writes for a tagger was 'JSON, not CoNLL columns'
+    p = jsonl(tmp_path, [{"id": "0", "tokens": ["EU", "rejects", "German", "call"],
+                          "ner_tags": ["S-ORG", "O", "B-MISC", "O"]},
+                         {"id": "1", "tokens": [], "ner_tags": []},
+                         {"id": "2", "tokens": ["Peter", "Blackburn"], "ner_tags": ["I-PER", "I-PER"]}])
+    got = D.read_conll(p)
+    assert [(s.words, s.tags, s.line) for s in got] == [
+        (["EU", "rejects", "German", "call"], ["B-ORG", "O", "B-MISC", "O"], 1),
+        (["Peter", "Blackburn"], ["B-PER", "I-PER"], 3)]
+    assert [e.text_a for e in D.read_inputs(p)] == ["EU rejects German call", "Peter Blackburn"]
+    ints = jsonl(tmp_path, [{"tokens": ["EU"], "ner_tags": [3]}], "i.jsonl")
+    assert error_of(D.read_conll, ints).startswith(f"{ints}:1: tags are numbers (a ClassLabel")
+    assert D.read_conll(ints, require_tags=False)[0].words == ["EU"]
+    short = jsonl(tmp_path, [{"tokens": ["EU", "x"], "ner_tags": ["O"]}], "s.jsonl")
+    assert error_of(D.read_conll, short) == f"{short}:1: expected a list of 2 tags, one per token"
+    text = jsonl(tmp_path, [{"text": "EU rejects", "label": 1}], "t.jsonl")
+    assert error_of(D.read_conll, text).startswith(
+        f"{text}:1: expected CoNLL columns, or JSON Lines with a 'tokens' list and a ner_tags list")

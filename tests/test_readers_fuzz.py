@@ -20,6 +20,8 @@ JSON_SEEDS = [
     [{"id": "a", "question": "Who?", "context": "Ann met Bob.", "answers": ["Bob"]}],
     {"data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
         {"id": "q1", "question": "Where?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]},
+    {"text": {"0": "good", "1": "bad"}, "label": {"0": 1, "1": 0}},   # pandas' to_json default
+    [{"tokens": ["EU", "rejects"], "ner_tags": ["B-ORG", "O"]}, {"tokens": [], "ner_tags": []}],
 ]
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -32,10 +34,13 @@ VALID = {
     "jsonl": '{"text": "good", "label": 1}\n{"text": "bad", "label": 0.0}\n'
              '{"text": "x", "label": "1"}\n',
     "conll": "-DOCSTART- O\n\nEU B-ORG\nrejects O\nGerman I-MISC\n\nPeter B-PER\n",
+    "bioes": "Ann S-PER\nmet O\nNew B-LOC\nYork E-LOC\n\nBob U-PER\nSmith L-PER\n",
+    "trailing_tsv": "sentence\tlabel\t\ngood film\t1\t\nbad\t0\n",
     "squad": json.dumps({"data": [{"title": "t", "paragraphs": [{
         "context": "Paris is the capital of France.",
         "qas": [{"id": "q1", "question": "Capital?", "answers": [
             {"text": "Paris", "answer_start": 0}]}]}]}]}, indent=1),
+    "qa_tsv": "question\tcontext\tanswer\nWho?\tAnn met Bob.\tBob\nWhere?\t\"In\tParis\"\tParis\n",
     "squad_jsonl": '{"id": "a", "question": "Who?", "context": "Ann met Bob.", "answers": ["Bob"]}\n',
     "sts": "main-captions\tMSRvid\t2012test\t0001\t5.000\tA plane.\tAn air plane.\n"
            "main-news\tx\t2012\t2\t0.5\tOne \"two\".\tThree\textra\n",
@@ -134,12 +139,13 @@ READERS = {
     "embed_rows": lambda p: read_embed_data(p),
     "rerank_rows": lambda p: read_rerank_data(p),
 }
-SOURCES = {"classification": ("tsv", "pair_tsv", "csv", "msrp", "jsonl"),
+SOURCES = {"classification": ("tsv", "pair_tsv", "csv", "msrp", "jsonl", "trailing_tsv"),
            "classification_unlabelled": ("tsv", "csv", "jsonl"),
            "label_set": ("tsv", "jsonl"),
            "predict_inputs": ("tsv", "csv", "jsonl", "corpus"),
-           "conll": ("conll",), "conll_unlabelled": ("conll",),
-           "squad": ("squad", "squad_jsonl"), "squad_unlabelled": ("squad", "squad_jsonl"),
+           "conll": ("conll", "bioes"), "conll_unlabelled": ("conll", "bioes"),
+           "squad": ("squad", "squad_jsonl", "qa_tsv"),
+           "squad_unlabelled": ("squad", "squad_jsonl", "qa_tsv"),
            "corpus": ("corpus",), "lines": ("corpus", "tsv"),
            "text_rows": ("sts", "triplets", "scored_jsonl", "tsv"),
            "scored_rows": ("sts", "scored_jsonl", "csv"), "qrels": ("qrels",),
@@ -192,7 +198,8 @@ def test_the_valid_seeds_parse(name, tmp_path):
     """The fuzzing starts from files that really are valid."""
     p = tmp_path / "f"
     p.write_text(VALID[name], encoding="utf-8")
-    reader = {"conll": D.read_conll, "squad": D.read_squad, "squad_jsonl": D.read_squad,
+    reader = {"conll": D.read_conll, "bioes": D.read_conll, "squad": D.read_squad, "squad_jsonl": D.read_squad,
+              "qa_tsv": D.read_squad,
               "corpus": lambda q: list(iter_documents([q])), "qrels": D.read_qrels,
               "beir_corpus": lambda q: D._read_beir_jsonl(q, ("title", "text")),
               "rerank": read_rerank_data}.get(
