@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import re
 import string
+import warnings
 
 import numpy as np
 
@@ -25,10 +26,16 @@ def classification_metrics(gold, pred, num_labels=None) -> dict:
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
     gold, pred = np.asarray(gold), np.asarray(pred)
     n = num_labels or int(max(gold.max(initial=0), pred.max(initial=0)) + 1)
-    macro = f1_score(gold, pred, average="macro", zero_division=0)
-    f1 = f1_score(gold, pred, pos_label=1, average="binary", zero_division=0) if n == 2 else macro
+    with warnings.catch_warnings():
+        # one class in gold and pred (a small or one-sided test file): scikit-learn warns,
+        # with a source line, that its confusion matrix has one row; MCC is then 0
+        warnings.simplefilter("ignore", UserWarning)
+        macro = f1_score(gold, pred, average="macro", zero_division=0)
+        f1 = f1_score(gold, pred, pos_label=1, average="binary", zero_division=0) \
+            if n == 2 else macro
+        mcc = matthews_corrcoef(gold, pred)
     return {"accuracy": float(accuracy_score(gold, pred)), "f1": float(f1),
-            "f1_macro": float(macro), "mcc": float(matthews_corrcoef(gold, pred))}
+            "f1_macro": float(macro), "mcc": float(mcc)}
 
 
 def ner_metrics(gold_tags, pred_tags) -> dict:

@@ -512,8 +512,11 @@ def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: st
         example if isinstance(example, str) else " | ".join(example))
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     lost = [n - max_length for n in lengths]
-    return (f"{len(cut)} of {len(encodings)} {what} are longer than {max_length} tokens and "
-            f"were cut by {min(lost)} to {max(lost)} tokens (the longest, #{cut[worst] + 1}, has "
+    by = f"{min(lost)}" if min(lost) == max(lost) else f"{min(lost)} to {max(lost)}"
+    one = len(cut) == 1
+    which = f"#{cut[worst] + 1}" if one else f"the longest, #{cut[worst] + 1},"
+    return (f"{len(cut)} of {len(encodings)} {what} {'is' if one else 'are'} longer than "
+            f"{max_length} tokens and {'was' if one else 'were'} cut by {by} tokens ({which} has "
             f"{lengths[worst]}: {shown!r})" + (f"; raise {flag} to keep more" if flag else ""))
 
 
