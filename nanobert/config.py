@@ -71,8 +71,15 @@ def seed_range() -> Range:
     return Range(0, 2**32 - 1)
 
 
-def at_least(n) -> Range:
-    return Range(lo=n)
+def at_least(n, at_most=None) -> Range:
+    return Range(lo=n, hi=at_most)
+
+
+# Ceilings of counts that have no natural one: far beyond any real run, but they turn a
+# typo (--steps 1e20 spelled out, --seq-len 1000000000) into an error naming the flag
+# instead of a run that never ends or a traceback from a failed allocation.
+MAX_STEPS = 10**9
+MAX_SEQ_LEN = 1 << 17
 
 
 def positive() -> Range:
@@ -138,6 +145,31 @@ def checked(kind: type, allowed: Optional[Range] = None, flag: str = ""):
         return value
     convert.__name__ = kind.__name__  # argparse names the type in its messages
     return convert
+
+
+def nonempty(convert=None):
+    """An argparse `type` that refuses an empty string (a path or a name left empty by a
+    shell variable that was not set: `--tokenizer "$TOK"`), then converts with `convert`."""
+    def check(text: str):
+        if isinstance(text, str) and not text.strip():
+            raise argparse.ArgumentTypeError(f"got {text!r}, expected a non-empty value")
+        return convert(text) if convert is not None else text
+    check.__name__ = getattr(convert, "__name__", "str")
+    return check
+
+
+def reject_empty_values(parser: argparse.ArgumentParser, keep=()):
+    """Every flag and argument of `parser` that takes a string (a path, a model, a column,
+    a preset) refuses an empty one, with the flag named, before any work, instead of
+    treating it as unset or as the current directory. `keep`: the dests where an empty
+    string means something (free text that the command checks itself)."""
+    for action in parser._actions:
+        if not isinstance(action, (argparse._StoreAction, argparse._AppendAction)):
+            continue
+        if action.dest in keep or action.choices is not None or action.nargs == 0:
+            continue
+        if action.type is None or action.type is str:
+            action.type = nonempty()
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -271,6 +303,8 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip=(), **defaults):
         if meta.get("range") is not None:
             kw["help"] += f" [{meta['range'].describe(kind)}]"
         kw["dest"] = _dest(flag)
+        if kind is bool and default and kw["help"]:   # --no-X turns off what X does
+            kw["help"] = f"turn off (on by default): {kw['help']}"
         if kind is bool:
             parser.add_argument(flag if not default else _negated(flag), default=default,
                                 action="store_false" if default else "store_true", **kw)

@@ -141,15 +141,20 @@ class DistillConfig(PretrainConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.student_preset:
+        if self.student_preset is not None:
             _check_preset(self.student_preset, "--student-preset")
+        if not (self.kl_weight or self.mlm_weight or self.cos_weight):
+            raise NanobertError("--kl-weight, --mlm-weight and --cos-weight are all 0: the "
+                                "student would learn nothing; give at least one a weight > 0")
 
     def weights(self) -> DistillWeights:
         return DistillWeights(self.kl_weight, self.mlm_weight, self.cos_weight, self.temperature)
 
 
 def distill_args(p):
-    add_flags(p, DistillConfig, skip=("preset", "model_config", "objective", "mask_split"))
+    # (the student uses the teacher's vocabulary: no --vocab-size)
+    add_flags(p, DistillConfig, skip=("preset", "model_config", "objective", "mask_split",
+                                      "vocab_size"))
 
 
 def _teacher(cfg: DistillConfig) -> Bert:
@@ -161,6 +166,20 @@ def _teacher(cfg: DistillConfig) -> Bert:
     return teacher
 
 
+def _check_same_vocabulary(tokenizer_dir: str, teacher: str):
+    """The student reads the teacher's token ids and learns its distribution over the
+    teacher's vocabulary: a --tokenizer with other ids would index past the teacher's
+    embeddings (a traceback mid-run) or silently pair the wrong tokens."""
+    from .checkpoint import resolve
+    from .tokenizer import Tokenizer
+    given = Tokenizer.from_dir(tokenizer_dir).tk.get_vocab()
+    own = Tokenizer.from_dir(resolve(teacher)).tk.get_vocab()
+    if given != own:
+        raise NanobertError(f"--tokenizer {tokenizer_dir}: its vocabulary ({len(given):,} "
+                            f"tokens) is not the teacher's ({len(own):,}); the student must "
+                            "use the teacher's token ids (leave --tokenizer out)")
+
+
 def distill(cfg: DistillConfig) -> dict:
     """Distil `cfg.teacher` into a student; returns the best validation metrics."""
     from .checkpoint import resolve
@@ -169,7 +188,12 @@ def distill(cfg: DistillConfig) -> dict:
     teacher = _teacher(cfg)
     if cfg.tokenizer is None:
         cfg = cfg.replace(tokenizer=str(resolve(cfg.teacher)))  # the teacher's vocabulary
+    else:
+        _check_same_vocabulary(cfg.tokenizer, cfg.teacher)
     config = student_config(teacher, cfg.student_layers, cfg.student_preset)
+    from .pretrain import check_seq_len
+    check_seq_len(cfg.seq_len, teacher.config, f"the teacher's ({cfg.teacher})")
+    check_seq_len(cfg.seq_len, config, "the student's")
     if config.hidden_size != teacher.config.hidden_size and cfg.cos_weight:
         raise NanobertError("the cosine loss needs the student's hidden size to equal the "
                             f"teacher's ({teacher.config.hidden_size}); pass --cos-weight 0")

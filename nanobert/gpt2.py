@@ -58,6 +58,26 @@ def _hub_reachable(host="huggingface.co", timeout=3.0) -> bool:
         return False
 
 
+# encoder families: transformers would build a causal LM head on them (BertLMHeadModel)
+# with random weights and a GPT-2 comparison of noise would follow
+ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "albert", "distilbert",
+                 "deberta", "deberta-v2", "modernbert", "electra", "mpnet", "nomic_bert"}
+
+
+def _check_causal(path: Path, name) -> None:
+    """A local --gpt2 directory holds a causal (left-to-right) language model."""
+    try:
+        hf = json.loads((path / "config.json").read_text("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return   # transformers says what is wrong with it
+    if not isinstance(hf, dict):
+        return
+    kind, arch = hf.get("model_type"), ", ".join(hf.get("architectures") or []) or "?"
+    if kind in ENCODER_TYPES and not hf.get("is_decoder"):
+        raise NanobertError(f"{name}: a {kind} encoder ({arch}), not a causal language model; "
+                            "--gpt2 needs a GPT-2 style model that predicts the next token")
+
+
 def load_gpt2(name_or_dir, device="cpu"):
     """(model, tokenizer) of a causal LM from a local directory or a hub name (cached
     copies are used offline). Any errors become one-line `NanobertError`s."""
@@ -68,6 +88,8 @@ def load_gpt2(name_or_dir, device="cpu"):
         raise NanobertError(f"{name_or_dir}: no such model directory")
     tf.utils.logging.set_verbosity_error()
     tf.utils.logging.disable_progress_bar()
+    if local:
+        _check_causal(path, name_or_dir)
 
     def _load(**kw):
         src = str(path) if local else str(name_or_dir)
@@ -230,9 +252,17 @@ class CompareConfig(Config):
         if len(words) != 2 or not all(words):
             raise NanobertError(f"--verdicts: got {self.verdicts!r}, expected two words, "
                                 "negative first: negative,positive")
-        if "{}" not in self.template:
-            raise NanobertError(f"--template: got {self.template!r}, expected a sentence with "
-                                "{} for the verdict word")
+        if words[0] == words[1]:
+            raise NanobertError(f"--verdicts: got {self.verdicts!r}, two different words are "
+                                "needed (GPT-2 chooses between them)")
+        expected = "expected a sentence with one {} for the verdict word"
+        try:
+            filled = self.template.format("\0")
+        except (IndexError, KeyError, ValueError):   # '{} {}', '{x}', '{'
+            raise NanobertError(f"--template: got {self.template!r}, {expected} (write a "
+                                "literal brace as {{ or }})") from None
+        if filled.count("\0") != 1:
+            raise NanobertError(f"--template: got {self.template!r}, {expected}")
         self.words = words
 
 

@@ -194,6 +194,11 @@ def attention_args(p):
 def attention_cmd(args):
     """Attention heatmaps for chosen layers and heads, or [CLS] attention across layers."""
     from . import load
+    if not args.text.strip():
+        raise NanobertError("--text: empty text; there would be no tokens to look at but "
+                            "[CLS] and [SEP]")
+    if args.pair is not None and not args.pair.strip():
+        raise NanobertError("--pair: empty second sentence (leave --pair out to look at one)")
     check_output_file(args.out, "--out", IMAGE_SUFFIXES)
     model, tokenizer = load(args.model)
     tokens, probs = attention_maps(model, tokenizer, args.text, args.pair, args.max_length)

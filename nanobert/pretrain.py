@@ -30,7 +30,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .config import Config, add_flags, as_flags, at_least, checked, fraction, param
+from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
+                     param)
 from .files import NanobertError, atomic_path, check_output_dir, write_text
 from .masking import IGNORE, Masker, fixed_masks, parse_split, split_name
 from .model import pair_loss
@@ -96,7 +97,8 @@ class PretrainConfig(Config):
                                      "(default: train one)")
     vocab_size: int = param(8000, "vocabulary size when training one", at_least(16))
     batch_size: int = param(32, "global sequences per optimizer step", at_least(1))
-    seq_len: int = param(128, "tokens per row, with [CLS] and [SEP]", at_least(8))
+    seq_len: int = param(128, "tokens per row, with [CLS] and [SEP]",
+                         at_least(8, MAX_SEQ_LEN))
     mask_prob: float = param(0.15, "fraction of tokens selected", fraction(open_lo=True))
     mask_split: str = param("80/10/10", "[MASK]/random/unchanged percentages")
     whole_word_mask: bool = param(False, "mask all pieces of a word together")
@@ -127,8 +129,10 @@ class PretrainConfig(Config):
             raise NanobertError("--steps: required (the number of optimizer steps)")
         if self.model_config:
             _read_model_config(self.model_config)   # a bad file fails before the corpus is read
-        elif self.preset:
+        elif self.preset is not None:
             _check_preset(self.preset, "--preset")
+        elif not hasattr(self, "teacher"):       # (a distillation's student is the teacher's)
+            raise NanobertError("--preset: required when no --config is given")
 
     @property
     def pairs(self) -> Optional[str]:
@@ -171,6 +175,18 @@ def _read_model_config(path: str, **overrides):
         raise NanobertError(f"{path}: not a usable BERT config.json ({e})") from None
 
 
+def usable_positions(c) -> int:
+    """Tokens a row of this config may hold: its position table less the offset at which
+    positions start (RoBERTa: pad + 1)."""
+    return c.max_position_embeddings - getattr(c, "position_offset", 0)
+
+
+def check_seq_len(seq_len: int, c, whose: str = "the model's"):
+    if seq_len > usable_positions(c):
+        raise NanobertError(f"--seq-len {seq_len} exceeds {whose} {usable_positions(c)} "
+                            "positions")
+
+
 def _model_config(cfg: PretrainConfig, tok):
     from .model import preset
     drop = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
@@ -180,9 +196,7 @@ def _model_config(cfg: PretrainConfig, tok):
         c = preset(cfg.preset, vocab_size=tok.vocab_size,
                    max_position_embeddings=max(512, cfg.seq_len), **drop)
     c = dataclasses.replace(c, pad_token_id=tok.pad_id, attn_backend=cfg.attn_backend)
-    if cfg.seq_len > c.max_position_embeddings:
-        raise NanobertError(f"--seq-len {cfg.seq_len} exceeds the model's "
-                            f"{c.max_position_embeddings} positions")
+    check_seq_len(cfg.seq_len, c)
     from .families import FAMILIES
     if cfg.pairs and "pretraining" not in FAMILIES[c.family].heads:
         raise NanobertError(f"--objective {cfg.objective}: {c.family} checkpoints have no "
@@ -277,6 +291,7 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
     def own():
         if rank == 0:
             check_output_dir(run.out)  # before hashing the corpus
+            check_outputs_outside_corpus(cfg, run.out)
             command = "distill" if hasattr(cfg, "teacher") else "pretrain"
             reads = [*cfg.corpus, cfg.tokenizer, cfg.model_config, getattr(cfg, "teacher", None)]
             owner.enter_context(rundir.run(run.out, command, _fingerprint(cfg), t.resume,
@@ -284,6 +299,27 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
     with owner:
         _meet(world, own)
         return _pretrain(run, make_model, loss_fn)
+
+
+def check_outputs_outside_corpus(cfg: PretrainConfig, out: Path):
+    """--cache-dir can be a directory, and neither it nor --out lies in a --corpus
+    directory: every file there is read as text, so the run's own files (its record,
+    vocabulary, cached arrays) would become corpus on the next run or the resume."""
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else None
+    if cache is not None:
+        check_output_dir(cache, "--cache-dir")
+    for flag, target in (("--out", out), ("--cache-dir", cache)):
+        if target is None:
+            continue
+        t = target.resolve()
+        for given in cfg.corpus:
+            src = Path(str(given))
+            if src.is_dir() and (t == src.resolve() or src.resolve() in t.parents):
+                where = "is" if t == src.resolve() else "is inside"
+                raise NanobertError(
+                    f"{flag} {target}: {where} the --corpus directory {given}, whose every "
+                    "file is read as text (the run's own files would become corpus); choose "
+                    "a directory outside it")
 
 
 def _fingerprint(cfg: PretrainConfig) -> dict:
@@ -513,13 +549,24 @@ def fill_mask_args(p):
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
 
 
+def _shown(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
 def fill_mask(model, tok, text: str, k: int = 5) -> list:
     """For each [MASK] in `text`: a list of (token, probability), best first."""
     enc = tok(text)
     ids = enc["input_ids"]                                          # (1, T)
     where = (ids[0] == tok.mask_id).nonzero().squeeze(1)
     if len(where) == 0:
-        raise NanobertError(f"no [MASK] token in {text!r}")
+        mask = tok.id_to_token(tok.mask_id)
+        full = tok.tk.encode(text).ids if mask in text else []
+        if tok.mask_id in full:   # there is one, past the length the model reads
+            raise NanobertError(
+                f"the {mask} in {_shown(text)} is token {full.index(tok.mask_id) + 1} of "
+                f"{len(full)}, past the {ids.shape[1]} tokens the model reads; put it earlier "
+                "or shorten the text")
+        raise NanobertError(f"no {mask} token in {_shown(text)}")
     with torch.no_grad():
         logits = model(**enc).logits[0, where]                      # (n_masks, V)
     probs = logits.float().softmax(-1)
@@ -558,7 +605,7 @@ def fill_mask_cmd(args):
 
 
 def ablate_masking_args(p):
-    add_flags(p, PretrainConfig, skip=("mask_split", "resume"), max_steps=1000)
+    add_flags(p, PretrainConfig, skip=("mask_split",), max_steps=1000)
     p.add_argument("--splits", default="80/10/10,100/0/0,0/0/100,50/50/0",
                    help="comma-separated [MASK]/random/unchanged splits to compare")
 
@@ -578,10 +625,14 @@ def ablate_masking_cmd(args):
     twice = [n for i, n in enumerate(names) if n in names[:i]]
     if twice:
         raise NanobertError(f"--splits: {twice[0]} is given twice in {args.splits!r}")
+    if not cfg.val_fraction:
+        raise NanobertError("--val-fraction: got 0, but the ablation compares the splits by "
+                            "their validation loss; hold out some documents (e.g. 0.1)")
     out = Path(cfg.trainer.out_dir)
     check_output_dir(out)
+    check_outputs_outside_corpus(cfg, out)
     from . import rundir
-    with rundir.parent_of_runs(out):
+    with rundir.parent_of_runs(out, "ablate-masking"):
         return _ablate(cfg, out, splits)
 
 
@@ -592,8 +643,10 @@ def _ablate(cfg, out: Path, splits: list) -> int:
         name = split_name(split)
         run_dir = out / ("split-" + name.replace("/", "-"))
         print(f"== mask split {name} -> {run_dir}", flush=True)
+        # --resume: a split that finished is read back, an unfinished one continues
+        resume = cfg.trainer.resume and (run_dir / "nanobert-run.json").is_file()
         run_pretrain(cfg.replace(out_dir=str(run_dir), mask_split=name, cache_dir=cache,
-                                 resume=False))
+                                 resume=resume))
         from .train import read_metrics
         evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("type") == "eval"]
         curves[name] = [(r["step"], r["loss"]) for r in evals]

@@ -356,11 +356,18 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
 
 
 @contextlib.contextmanager
-def parent_of_runs(out_dir):
-    """A directory that holds several runs (the masking ablation: one run per split). On
+def parent_of_runs(out_dir, command: str = "this command"):
+    """A directory that holds several runs (the masking ablation: one run per split). It
+    may not be a run's or a model's directory itself (the runs would be mixed into it). On
     an error or Ctrl-C before any of its runs wrote a model or a checkpoint, it is taken
     back like a single run's: removed if the command made it, else what it added."""
     out_dir = Path(out_dir)
+    rec = read_run(out_dir) if out_dir.is_dir() else None
+    if rec is not None or (out_dir.is_dir() and _holds_a_run(out_dir)):
+        what = f"a {rec.get('command') or 'nanobert'} run's directory" if rec else "a model directory"
+        raise NanobertError(f"--out {out_dir} is {what}; {command} writes one "
+                            "run per setting under --out, which would mix them into it: "
+                            "choose another directory")
     before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
     out_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .config import Config, at_least, check_device, fraction, param, positive, seed_range
+from .config import (MAX_STEPS, Config, at_least, check_device, fraction, param, positive,
+                     seed_range)
 from .files import NanobertError, atomic_path
 
 
@@ -49,16 +50,18 @@ class TrainConfig(Config):
     these fields they offer as flags (`nested_flags`)."""
     out_dir: str = param("", "output directory", flag="--out", required=True)
     epochs: int = param(1, "passes over the training data (ignored when --max-steps is set)",
-                        at_least(1))
-    max_steps: Optional[int] = param(None, "stop after this many optimizer steps", at_least(1))
+                        at_least(1, 10**6))
+    max_steps: Optional[int] = param(None, "stop after this many optimizer steps",
+                                    at_least(1, MAX_STEPS))
     lr: float = param(5e-5, "peak learning rate", positive())
     weight_decay: float = param(0.01, "AdamW weight decay (not on biases and LayerNorm weights)",
                                 at_least(0))
     warmup_ratio: float = param(0.1, "fraction of the steps spent warming up the learning rate",
                                 fraction())
     warmup_steps: Optional[int] = param(None, "warmup steps (takes precedence over the ratio)",
-                                        at_least(0))
-    grad_accum: int = param(1, "micro-batches per optimizer step", at_least(1))
+                                        at_least(0, MAX_STEPS))
+    grad_accum: int = param(1, "micro-batches per optimizer step",
+                            at_least(1, MAX_STEPS))
     max_grad_norm: float = param(1.0, "gradient norm clip (0: no clipping)", at_least(0))
     head_lr_scale: float = param(1.0, "the head (pooler and task layer) learns at this multiple "
                                  "of the lr: it starts untrained, the encoder does not",
@@ -72,14 +75,15 @@ class TrainConfig(Config):
               "last 500 steps); evaluation and the saved model use the average",
         fraction(open_lo=True, open_hi=True), metavar="DECAY")
     seed: int = param(42, "random seed (data order, new weights, dropout)", seed_range())
-    log_every: int = param(10, "steps between 'train' records in metrics.jsonl", at_least(1))
+    log_every: int = param(10, "steps between 'train' records in metrics.jsonl",
+                          at_least(1, MAX_STEPS))
     eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
-                                      at_least(1))
+                                      at_least(1, MAX_STEPS))
     save_every: Optional[int] = param(None, "steps between checkpoints (default: at each "
-                                      "evaluation)", at_least(1))
+                                      "evaluation)", at_least(1, MAX_STEPS))
     early_stopping: Optional[int] = param(
         None, "stop after this many evaluations without a better dev metric (patience)",
-        at_least(1), metavar="PATIENCE")
+        at_least(1, MAX_STEPS), metavar="PATIENCE")
     metric: str = "loss"          # eval key that decides the best model
     greater_is_better: bool = False
     device: str = param("auto", "cpu, cuda, cuda:1, ... (auto: cuda when available)",

@@ -96,3 +96,39 @@ def test_distill_command_end_to_end(tmp_path):
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(r["type"] == "eval" for r in records)
     hf.BertForMaskedLM.from_pretrained(out)
+
+
+def test_distill_refuses_what_would_crash_or_learn_nothing(tmp_path, capsys):
+    """A --tokenizer with another vocabulary and a --seq-len past the teacher's positions
+    were IndexError tracebacks mid-run; all loss weights 0 trained a student on a zero
+    loss; each is now one line, status 2, and no output directory."""
+    from nanobert.cli import main
+    from conftest import WORDS, tiny_model_dir
+    lines = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(10)) + "." for i in range(60)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    tok = nanobert.Tokenizer.train(lines, vocab_size=80)
+    torch.manual_seed(0)
+    teacher = nanobert.Bert(nanobert.preset("tiny", vocab_size=tok.vocab_size,
+                                            max_position_embeddings=64), "mlm")
+    teacher.save_pretrained(tmp_path / "teacher", tokenizer=tok)
+    other = tiny_model_dir(tmp_path / "other", [w + "x" for w in WORDS], 90, "!")
+    out = tmp_path / "student"
+    base = ["distill", "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus),
+            "--out", str(out), "--steps", "1", "--batch-size", "2", "--seq-len", "24",
+            "--no-progress"]
+
+    def refusal(extra):
+        try:
+            rc = main(base + extra)
+        except SystemExit as e:
+            rc = e.code
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "is not the teacher's" in refusal(["--tokenizer", str(other)])
+    assert "exceeds the teacher's" in refusal(["--seq-len", "100"])
+    assert "all 0" in refusal(["--kl-weight", "0", "--mlm-weight", "0", "--cos-weight", "0"])
+    assert "--vocab-size" in refusal(["--vocab-size", "100"])        # not a distill flag
+    assert not out.exists()

@@ -11,7 +11,8 @@ import torch
 import nanobert
 from nanobert.cli import main
 from nanobert.files import NanobertError
-from nanobert.gpt2 import (compare, load_gpt2, polarity, sequence_nll, zero_shot_predict)
+from nanobert.gpt2 import (CompareConfig, compare, load_gpt2, polarity, sequence_nll,
+                           zero_shot_predict)
 
 
 
@@ -201,3 +202,27 @@ def test_label_names_aligned_by_polarity():
     assert _align_names(["positive", "negative"], ["negative", "positive"], {"0", "1"}) == ["1", "0"]
     assert _align_names(["1"], ["0", "1"], {"neg", "pos"}) == ["pos"]
     assert _align_names(["a"], ["a", "b"], {"0", "1"}) == ["a"]   # left for the caller to report
+
+
+@pytest.mark.parametrize("flags,flag", [
+    (["--template", "{} {}"], "--template"),          # was an IndexError traceback
+    (["--template", "{x} is {}"], "--template"),      # a KeyError traceback
+    (["--template", "a { b {}"], "--template"),       # a ValueError traceback
+    (["--verdicts", "good,good"], "--verdicts"),      # GPT-2 chose between two equal words
+])
+def test_compare_gpt2_refuses_templates_and_verdicts_it_cannot_use(
+        tiny_bert, tiny_gpt2, sentiment_tsv, capsys, flags, flag):
+    rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+               "--data", str(sentiment_tsv)] + flags)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"nanobert: error: {flag}") and "Traceback" not in err
+    CompareConfig.create(bert="b", gpt2="g", data="d", template=" {0}, {{literally}}.")
+
+
+def test_an_encoder_is_not_taken_for_gpt2(tiny_bert, sentiment_tsv, capsys):
+    """--gpt2 <a BERT directory> loaded as BertLMHeadModel with a random head and
+    reported a 'zero-shot accuracy' of noise."""
+    rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_bert),
+               "--data", str(sentiment_tsv), "--n", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not a causal language model" in err

@@ -236,3 +236,14 @@ def test_read_labelled_formats(tmp_path):
     bad.write_text("words\tlabel\nx\t1\n")
     with pytest.raises(NanobertError, match="b.tsv"):
         read_labelled(bad)
+
+
+def test_attention_refuses_empty_text(tmp_path, capsys):
+    """--text '' drew a map of [CLS] and [SEP] alone, and --pair '' a pair with nothing."""
+    from nanobert.cli import main
+    for flags, flag in ((["--text", " "], "--text"), (["--text", "a", "--pair", ""], "--pair")):
+        rc = main(["attention", "--model", str(tmp_path / "none"), "--out",
+                   str(tmp_path / "a.png")] + flags)
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(f"nanobert: error: {flag}") and err.count("\n") == 1
+    assert not (tmp_path / "a.png").exists()

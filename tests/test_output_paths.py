@@ -60,7 +60,11 @@ def test_output_files_and_image_formats(tmp_path):
 
 
 def refused(capsys, argv) -> str:
-    assert main(argv) == 2
+    try:                       # while parsing (argparse exits) or while running
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
     return err.removeprefix("nanobert: error: ")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from nanobert.cli import main
+from nanobert.files import NanobertError
 from nanobert.pretrain import PretrainConfig, run_pretrain
 
 
@@ -260,3 +261,132 @@ def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):
     assert "nanobert/" not in "".join(line for line in r.stderr.splitlines()
                                       if line.strip().startswith("File "))  # (torchrun's own report aside)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+
+
+# ---- probing the command line: refusals before work, output directories ------------------
+
+def cli_refusal(capsys, argv) -> str:
+    """The one line `nanobert argv` prints when it refuses (status 2, no traceback)."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:   # refused while parsing
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "Traceback" not in err, err
+    return err.removeprefix("nanobert: error: ")
+
+
+def test_outputs_inside_the_corpus_directory_are_refused(corpus_dir, tmp_path, capsys):
+    """--out (or --cache-dir) inside a --corpus directory: the run's own record was read
+    back as corpus ('nanobert-run.json:1: JSON, not plain text'), blaming the wrong file;
+    a --cache-dir that is a file was a FileExistsError traceback."""
+    base = ["pretrain", "--corpus", str(corpus_dir), "--steps", "1", "--no-progress"]
+    for out in (corpus_dir / "run", corpus_dir):
+        assert "the --corpus directory" in cli_refusal(capsys, base + ["--out", str(out)])
+    assert not (corpus_dir / "run").exists() and not (corpus_dir / "nanobert-run.json").exists()
+    assert "the --corpus directory" in cli_refusal(
+        capsys, base + ["--out", str(tmp_path / "o"), "--cache-dir", str(corpus_dir / "cache")])
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x\n")
+    for cache in (a_file, a_file / "sub"):
+        assert cli_refusal(capsys, base + ["--out", str(tmp_path / "o"), "--cache-dir",
+                                           str(cache)]).startswith(f"--cache-dir {cache}")
+    assert not (tmp_path / "o").exists()
+
+
+def test_empty_huge_and_missing_values_are_refused_while_parsing(tmp_path, capsys):
+    """An empty string was taken as 'unset' (--tokenizer ''), as the current directory
+    (--model '' -> 'config.json: missing') or crashed late (--preset '': ValueError
+    traceback after the corpus was read); a huge --seq-len was an allocation traceback and
+    a huge --steps a run that never ends."""
+    base = ["pretrain", "--corpus", str(tmp_path / "c.txt"), "--out", str(tmp_path / "o")]
+    for flag in ("--preset", "--tokenizer", "--config", "--cache-dir"):
+        assert cli_refusal(capsys, base + [flag, ""]).startswith(f"{flag}: got ''")
+    assert cli_refusal(capsys, ["fill-mask", "--model", "", "a [MASK]"]).startswith("--model: got ''")
+    assert cli_refusal(capsys, base + ["--seq-len", "1000000000"]).startswith(
+        "--seq-len: got 1000000000, expected an integer >= 8 and <= 131072")
+    assert cli_refusal(capsys, base + ["--steps", "99999999999999999999"]).startswith("--steps: got")
+    with pytest.raises(NanobertError, match="--preset"):
+        PretrainConfig(corpus=["c"], preset=None)
+    assert not (tmp_path / "o").exists()
+
+
+def test_help_of_a_negated_flag_says_what_it_turns_off(capsys):
+    """'--no-progress  a progress bar with loss and throughput (default: True)' read as if
+    the flag turned the bar on."""
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--no-progress turn off (on by default): a progress bar" in out
+    assert "(default: True)" not in out
+
+
+def test_fill_mask_says_when_the_mask_is_past_the_length(tmp_path, capsys):
+    """A [MASK] beyond the model's length was 'no [MASK] token in <the whole text>'."""
+    import nanobert
+    from conftest import WORDS, tiny_model_dir
+    d = tiny_model_dir(tmp_path / "m", WORDS, 60, ".")
+    tok = nanobert.Tokenizer.from_dir(d)
+    model = nanobert.Bert(nanobert.preset("tiny", vocab_size=tok.vocab_size,
+                                          max_position_embeddings=64), "mlm")
+    model.save_pretrained(d, tokenizer=tok)
+    err = cli_refusal(capsys, ["fill-mask", "--model", str(d), "cat " * 600 + "[MASK]"])
+    assert "past the" in err and "[MASK]" in err and len(err) < 300
+    assert len(cli_refusal(capsys, ["fill-mask", "--model", str(d), "cat " * 600])) < 200
+
+
+def test_ablation_refuses_a_model_directory_and_no_validation(corpus_dir, tmp_path, capsys):
+    """ablate-masking --out <a pretraining run> wrote its split runs and table into the
+    model's directory; --val-fraction 0 was an IndexError traceback after training."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    base = ["ablate-masking", "--corpus", str(corpus_dir), "--steps", "1", "--no-progress"]
+    assert "is a model directory" in cli_refusal(capsys, base + ["--out", str(model_dir)])
+    assert sorted(p.name for p in model_dir.iterdir()) == ["config.json"]
+    assert cli_refusal(capsys, base + ["--out", str(tmp_path / "a"), "--val-fraction", "0"]
+                       ).startswith("--val-fraction")
+    assert not (tmp_path / "a").exists()
+
+
+def test_ablation_resumes_its_runs(corpus_dir, tmp_path, capsys):
+    """ablate-masking had no --resume, while a second run told to 'continue it with
+    --resume': with it, finished splits are read back and new ones trained."""
+    out = tmp_path / "abl"
+    argv = ["ablate-masking", "--corpus", str(corpus_dir), "--out", str(out), "--steps", "2",
+            "--batch-size", "8", "--seq-len", "32", "--vocab-size", "120", "--no-progress",
+            "--attn-backend", "eager", "--splits"]
+    assert main(argv + ["80/10/10"]) == 0
+    first = (out / "split-80-10-10" / "model.safetensors").read_bytes()
+    assert main(argv + ["80/10/10"]) == 2                       # not without --resume
+    assert main(argv + ["80/10/10,0/0/100", "--resume"]) == 0
+    assert (out / "split-80-10-10" / "model.safetensors").read_bytes() == first
+    assert len((out / "ablation.csv").read_text().splitlines()) == 3
+
+
+def test_sigterm_saves_a_checkpoint_like_ctrl_c(corpus_dir, tmp_path):
+    """`kill` / `timeout` (SIGTERM) killed a run at once: the steps since the last
+    checkpoint were lost. Now it is Ctrl-C: a checkpoint, status 143, and --resume gives
+    the model an uninterrupted run gives."""
+    import signal
+    import time
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "nanobert.cli", "pretrain", "--corpus", str(corpus_dir),
+            "--out", str(out), "--steps", "100000", "--batch-size", "8", "--seq-len", "32",
+            "--vocab-size", "120", "--save-every", "100000", "--eval-every", "100000",
+            "--no-progress", "--threads", "1"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=ROOT)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "model.safetensors").exists() and \
+            not (out / "checkpoint").exists():
+        time.sleep(0.2)
+        if (out / "vocab.txt").exists():
+            time.sleep(2)       # training has started: a few steps
+            break
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "terminated" in err
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] >= 1
