@@ -30,7 +30,7 @@ import torch
 
 from .batching import forward_tokens, restore_order, sorted_batches
 from .config import at_least, checked
-from .files import NanobertError, atomic_path, check_output_file, read_lines
+from .files import NanobertError, atomic_path, check_output_file
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
 
@@ -297,25 +297,20 @@ def top_k(queries: np.ndarray, corpus: np.ndarray, k: int = 5, normalized: bool 
 # Reading inputs and caching corpus embeddings
 
 
-LABELLED_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")
-
-
 def read_texts(path, text_column: Optional[str] = None) -> list[str]:
-    """Texts to embed: a classification file, labels optional (.tsv/.csv/.jsonl, or an MSRP
-    file: its text column, or `text_column`, pairs joined by a space) or plain text, one
-    sentence per line (blank lines are skipped)."""
-    path = Path(path)
-    lines = [t for _, t in read_lines(path) if t.strip()]
-    if not lines:
-        raise NanobertError(f"{path}: empty file (no sentences)")
-    if path.suffix.lower() in LABELLED_SUFFIXES or lines[0].split("\t")[:2] == ["Quality", "#1 ID"]:
-        from .data import read_classification  # (not finetune: it imports the embed tasks)
-        return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}"
-                for e in read_classification(path, text_column, require_label=False)]
-    if text_column:
+    """Texts to embed, read as `predict` reads its inputs (data.read_inputs): a
+    classification file, labels optional (TSV/CSV/JSON Lines, MSRP: its text column, or
+    `text_column`, pairs joined by a space), else plain text, one sentence a line (blank
+    lines skipped). JSON or CoNLL columns in a file without their suffix are refused, not
+    embedded line by line as if each line were a sentence."""
+    from .data import detect_format, read_inputs  # (not finetune: it imports the embed tasks)
+    examples = read_inputs(path, {"text_column": text_column})
+    if text_column and detect_format(Path(path), plain_text=True) == "text":
         raise NanobertError(f"--text-column {text_column}: {path} is plain text, one sentence "
                             "a line, without columns (a .tsv/.csv/.jsonl file has them)")
-    return lines
+    if not examples:
+        raise NanobertError(f"{path}: empty file (no sentences)")
+    return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}" for e in examples]
 
 
 def _cache_paths(corpus: Path, key: str) -> list[Path]:

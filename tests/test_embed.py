@@ -262,3 +262,16 @@ def test_text_column_flag_on_embed_and_search(encoder, tmp_path, capsys):
                  "a kitten on a rug", "-k", "1", "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)[0]["hits"]
     assert hits[0]["text"] == "the cat sat on the mat"
+
+
+def test_texts_to_embed_are_read_by_content_not_by_suffix(tmp_path):
+    """A .txt holding JSON Lines gives its text fields (it was embedded line by line, the
+    JSON itself as sentences); CoNLL columns are refused with the file and line."""
+    from nanobert.embed import read_texts
+    jsonl = tmp_path / "a.txt"
+    jsonl.write_text('{"text": "hello there"}\n{"text": "world"}\n')
+    assert read_texts(jsonl) == ["hello there", "world"]
+    conll = tmp_path / "c.txt"
+    conll.write_text("EU B-ORG\nrejects O\n\nGerman B-MISC\n")
+    with pytest.raises(NanobertError, match=r"c\.txt:1: CoNLL columns"):
+        read_texts(conll)
