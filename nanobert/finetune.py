@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +97,19 @@ def label2id(model) -> dict:
 
 
 def encode_classification(tok, examples, max_length, label2id=None) -> list:
-    texts = [e.text_a for e in examples]
-    pairs = None if examples[0].text_b is None else [e.text_b or "" for e in examples]
-    encs = tok.encode_batch(texts, pairs, max_length=max_length, report="texts")
+    """[CLS] text_a [SEP] (text_b [SEP]) per example: a pair where the example has one,
+    one text where it has none (inputs from Python or the command line may mix them)."""
+    encs = [None] * len(examples)
+    single = [i for i, e in enumerate(examples) if e.text_b is None]
+    paired = [i for i, e in enumerate(examples) if e.text_b is not None]
+    for idx in (single, paired):
+        if not idx:
+            continue
+        pairs = [examples[i].text_b for i in idx] if idx is paired else None
+        done = tok.encode_batch([examples[i].text_a for i in idx], pairs,
+                                max_length=max_length, report="texts")
+        for i, enc in zip(idx, done):
+            encs[i] = enc
     items = []
     for e, enc in zip(examples, encs):
         item = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
@@ -234,11 +245,29 @@ def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress
 
 
 def predict_ner_text(model, tok, texts, max_length, batch_size=64) -> list:
-    """Entities of raw texts: [{"type", "start", "end", "text", "score"}] per text."""
+    """Entities of raw texts: [{"type", "start", "end", "text", "score"}] per text. The
+    words are the tokenizer's pre-tokens (punctuation is a word of its own)."""
     encs = tok.encode_batch(texts, max_length=max_length, report="texts")
     preds = word_predictions(model, [word_features(e) for e in encs], batch_size, tok.pad_id or 0)
     return [entities(text, enc, p, model.config.id2label)
             for text, enc, p in zip(texts, encs, preds)]
+
+
+def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> list:
+    """Entities of pre-split sentences (a CoNLL file's words, or a list of words from
+    Python): the words are exactly the ones given, tokenized as training and `evaluate`
+    tokenize them, so the word tags are the ones `evaluate` scores. Character spans are
+    in the words joined by single spaces (the "text" of the result)."""
+    items = encode_ner(tok, sentences, max_length)
+    preds = word_predictions(model, items, batch_size, tok.pad_id or 0)
+    out = []
+    for s, p in zip(sentences, preds):
+        spans, pos = {}, 0
+        for w, word in enumerate(s.words):
+            spans[w] = (pos, pos + len(word))
+            pos += len(word) + 1
+        out.append(entity_spans(" ".join(s.words), spans, p, model.config.id2label))
+    return out
 
 
 def entities(text, enc, word_preds: dict, id2label: dict) -> list:
@@ -248,9 +277,18 @@ def entities(text, enc, word_preds: dict, id2label: dict) -> list:
     for (a, b), w in zip(enc.offsets, enc.word_ids):
         if w is not None:
             spans[w] = (min(a, spans.get(w, (a, b))[0]), max(b, spans.get(w, (a, b))[1]))
+    return entity_spans(text, spans, word_preds, id2label)
+
+
+def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
+    """Entities of word tags, read as seqeval reads IOB2 (an I-X after O or after another
+    type starts an entity); `spans`: word index -> (char start, char end) in `text`. A
+    word without a prediction (cut by the max length, or a word of no tokens such as a
+    lone zero-width space) is O, as `predict_ner_words` reads it: it ends an entity."""
     ents, cur = [], None
-    for w in sorted(word_preds):
-        tag, conf = id2label[word_preds[w][0]], word_preds[w][1]
+    for w in sorted(spans):
+        tag, conf = ((id2label[word_preds[w][0]], word_preds[w][1]) if w in word_preds
+                     else ("O", 1.0))
         kind = tag[2:] if tag != "O" else None
         if cur is not None and (tag.startswith("I-") and kind == cur["type"]):
             cur["end"] = spans[w][1]
@@ -359,14 +397,31 @@ def classify_predict(model, tok, examples, settings, batch_size=64) -> list:
 
 
 def ner_predict(model, tok, examples, settings, batch_size=64) -> list:
-    texts = [e.text_a for e in examples]
-    ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size)
-    return [{"text": t, "entities": es} for t, es in zip(texts, ents)]
+    """Entities of texts (D.Example: the tokenizer splits the words) and of pre-split
+    sentences (D.Sentence, from a CoNLL file: its words, as `evaluate` reads them)."""
+    out = [None] * len(examples)
+    split = [i for i, e in enumerate(examples) if isinstance(e, D.Sentence)]
+    raw = [i for i, e in enumerate(examples) if not isinstance(e, D.Sentence)]
+    if split:
+        sentences = [examples[i] for i in split]
+        ents = predict_ner_sentences(model, tok, sentences, settings["max_length"], batch_size)
+        for i, s, es in zip(split, sentences, ents):
+            out[i] = {"text": " ".join(s.words), "entities": es}
+    if raw:
+        texts = [examples[i].text_a for i in raw]
+        ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size)
+        for i, t, es in zip(raw, texts, ents):
+            out[i] = {"text": t, "entities": es}
+    return out
 
 
 def qa_predict(model, tok, examples, settings, batch_size=64) -> list:
     preds = predict_qa(model, tok, examples, settings, batch_size)
-    return [{"id": e.id, "question": e.question, **p} for e, p in zip(examples, preds)]
+    out = [{"id": e.id, "question": e.question, **p} for e, p in zip(examples, preds)]
+    for r in out:
+        if not math.isfinite(r["score"]):   # an empty context: no span (JSON has no -inf)
+            r["score"] = None
+    return out
 
 
 def classify_show(r: dict) -> str:
@@ -380,7 +435,8 @@ def ner_show(r: dict) -> str:
 
 
 def qa_show(r: dict) -> str:
-    return f"{r['question']}\t{r['answer']}\t{r['score']:.3f}\t{r['probability']:.4f}"
+    score = "-" if r["score"] is None else f"{r['score']:.3f}"
+    return f"{r['question']}\t{r['answer']}\t{score}\t{r['probability']:.4f}"
 
 
 def text_input(i, x):
@@ -413,13 +469,37 @@ def classify_inputs(path, columns: dict) -> list:
 
 
 def ner_inputs(path, columns=None) -> list:
-    """One text a line (or JSON Lines / a table with a text field); a CoNLL file (a
-    labelled test set, say) gives its sentences, the tokens joined by spaces (the tags are
-    not read)."""
-    if D.looks_like_conll(path):
-        return [D.Example(" ".join(s.words), line=s.line)
-                for s in D.read_conll(path, require_tags=False)]
+    """One text a line (or JSON Lines / a table with a text field); a CoNLL file or JSON
+    Lines of tokens (a labelled test set, say) gives its sentences as they are split there (the tags are not
+    read: `evaluate` scores them), so predictions are made on the words `evaluate` reads
+    and the entities' spans are in the words joined by spaces."""
+    if D.looks_like_conll(path) or _token_lists(path, columns):
+        return D.read_conll(path, require_tags=False)
     return D.read_inputs(path, columns)
+
+
+def _token_lists(path, columns) -> bool:
+    """JSON Lines of token lists ({"tokens": [...]}, Hugging Face datasets' NER layout)?"""
+    path = D.input_path(path)
+    return (not any((columns or {}).values()) and D.detect_format(path, plain_text=True) == "jsonl"
+            and D._holds_tokens(path))
+
+
+def ner_input(i, x):
+    """A Python/command-line input of a tagger: a text, or its words (a list of strings,
+    tagged as they are split, as a CoNLL file's are)."""
+    if isinstance(x, (D.Example, D.Sentence)):
+        return x
+    if isinstance(x, str):
+        return D.Example(x)
+    if isinstance(x, list) and x and all(isinstance(w, str) and w and not w.isspace()
+                                         and len(w.split()) == 1 for w in x):
+        return D.Sentence(list(x))
+    if isinstance(x, tuple):
+        raise NanobertError(f"input {i}: a tagger reads one text, not a pair (--context is "
+                            "for qa and pair models)")
+    raise NanobertError(f"input {i}: expected a text or a list of words (strings without "
+                        f"spaces), got {x!r}")
 
 
 def qa_inputs(path, columns=None) -> list:
@@ -502,7 +582,7 @@ TASKS = {t.name: t for t in [
     Task("ner", "token", "f1", 128,
          read=lambda path, cols, req: D.read_conll(path, require_tags=req),
          labels=ner_labels, features=ner_features, check=ner_check, evaluate=ner_evaluate,
-         inputs=ner_inputs, make_input=text_input, predict=ner_predict, show=ner_show,
+         inputs=ner_inputs, make_input=ner_input, predict=ner_predict, show=ner_show,
          help="a tag per word, CoNLL files (entity F1)"),
     Task("qa", "qa", "f1", 384,
          read=lambda path, cols, req: D.read_squad(path, require_answers=req),

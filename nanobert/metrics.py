@@ -79,7 +79,9 @@ def squad_metrics(predictions: dict, golds: dict) -> dict:
     question counts (a missing prediction scores 0). Returns 0-100 like the official script."""
     em = f1 = 0.0
     for qid, answers in golds.items():
-        pred = predictions.get(qid, "")
+        if qid not in predictions:  # unanswered: 0, even for a gold that normalises to ""
+            continue
+        pred = predictions[qid]
         em += max(squad_exact(pred, a) for a in answers)
         f1 += max(squad_f1(pred, a) for a in answers)
     n = max(1, len(golds))

@@ -102,13 +102,45 @@ def best_spans(start_logits, end_logits, offsets, n_best: int = 20, max_answer_l
     return out[:n_best]
 
 
+def best_span_anywhere(start_logits, end_logits, offsets, max_answer_length: int = 30):
+    """(score, char_start, char_end) of the best span of one window over ALL its context
+    tokens (end >= start, at most `max_answer_length` tokens), or None when the window
+    holds no context token. The fallback of `decode` when the n-best starts and ends of
+    every window pair into no valid span (say with --n-best 1, when the best start comes
+    after the best end, or lies in the question)."""
+    ctx = [i for i, o in enumerate(offsets) if o is not None]
+    if not ctx:
+        return None
+    idx = torch.tensor(ctx)
+    s, e = start_logits[idx].float(), end_logits[idx].float()
+    scores = s[:, None] + e[None, :]                              # (C, C): start row, end column
+    pos = idx.float()
+    gap = pos[None, :] - pos[:, None]                             # end token - start token
+    valid = (gap >= 0) & (gap + 1 <= max_answer_length)
+    scores = scores.masked_fill(~valid, float("-inf"))
+    flat = int(scores.argmax())
+    i, j = divmod(flat, len(ctx))
+    if not torch.isfinite(scores[i, j]):
+        return None
+    return float(scores[i, j]), offsets[ctx[i]][0], offsets[ctx[j]][1]
+
+
 def decode(examples, windows, start_logits, end_logits, n_best=20, max_answer_length=30) -> list:
     """The best answer of every example over all its windows: a list of dicts
     {"answer", "start", "end", "score", "probability"} in example order. `start_logits`
-    and `end_logits` are per window (lists of 1-D tensors, one per window)."""
+    and `end_logits` are per window (lists of 1-D tensors, one per window). Every example
+    whose context holds a token gets a span (SQuAD v1.1: every question has an answer):
+    when no n-best pair is valid in any window, the best valid span over all context
+    tokens. Only a context without tokens (empty) gets "" and score -inf."""
     cands = [[] for _ in examples]
     for w, s, e in zip(windows, start_logits, end_logits):
         cands[w.example].extend(best_spans(s, e, w.offsets, n_best, max_answer_length))
+    empty = {i for i, cs in enumerate(cands) if not cs}
+    for w, s, e in zip(windows, start_logits, end_logits):
+        if w.example in empty:
+            found = best_span_anywhere(s, e, w.offsets, max_answer_length)
+            if found is not None:
+                cands[w.example].append(found)
     out = []
     for ex, cs in zip(examples, cands):
         if not cs:
@@ -126,3 +158,4 @@ def decode(examples, windows, start_logits, end_logits, n_best=20, max_answer_le
         out.append({"answer": ex.context[a:b], "start": a, "end": b, "score": score,
                     "probability": float(probs[0])})
     return out
+

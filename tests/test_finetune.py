@@ -463,3 +463,111 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
                    str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert rc == 2 and "--teacher: a regress run cannot learn from teachers" in err
+
+
+class FakeTagger(torch.nn.Module):
+    """A token-classification 'model' whose tag of each token is fixed by its id (`tags`:
+    token id -> label id, 0 = O elsewhere): what a word gets is then known exactly."""
+    head = "token"
+
+    def __init__(self, id2label: dict, tags: dict):
+        super().__init__()
+        self.config = type("C", (), {"id2label": id2label})()
+        self.tags = tags
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        logits = torch.zeros(*input_ids.shape, len(self.config.id2label))
+        for b in range(input_ids.shape[0]):
+            for t, i in enumerate(input_ids[b].tolist()):
+                logits[b, t, self.tags.get(i, 0)] = 5.0
+        return type("O", (), {"logits": logits})()
+
+
+def test_ner_predict_on_conll_words_gives_the_tags_evaluate_scores(minilm, tmp_path):
+    """`predict --input FILE.conll` tags the file's words as `evaluate` does (the tag of a
+    word is its first sub-word's). Before, the sentence was joined by spaces and split
+    again by the tokenizer, so "U.S." became four words, three of them tagged on pieces
+    the model never learnt to tag: the entity came out as "U" and the predictions scored
+    by hand were not the numbers `evaluate` printed."""
+    from nanobert.data import Example
+    from nanobert.finetune import ner_inputs, ner_predict, predict_ner_words
+    from nanobert.metrics import ner_metrics
+    _, tok = minilm
+    u, s = tok.tk.token_to_id("u"), tok.tk.token_to_id("john")
+    model = FakeTagger({0: "O", 1: "B-LOC", 2: "I-LOC", 3: "B-PER"}, {u: 1, s: 3})
+    conll = tmp_path / "test.conll"
+    conll.write_text("-DOCSTART- -X- -X- O\n\nJohn B-PER\nvisited O\nthe O\nU.S. B-LOC\n"
+                     "today O\n\nU.S. B-LOC\nand O\nJohn B-PER\n" + "x O\n" * 30 + "John B-PER\n")
+    inputs = ner_inputs(conll)
+    assert [type(x).__name__ for x in inputs] == ["Sentence", "Sentence"]
+    settings = {"max_length": 24}   # the second sentence's last "John" is cut: O
+    out = ner_predict(model, tok, inputs, settings)
+    assert out[0]["text"] == "John visited the U.S. today"
+    assert [(e["type"], e["text"]) for e in out[0]["entities"]] == [("PER", "John"),
+                                                                    ("LOC", "U.S.")]
+    for r in out:
+        assert all(r["text"][e["start"]:e["end"]] == e["text"] for e in r["entities"])
+    # the entities, read back onto the words, are evaluate's word tags
+    words_tags = predict_ner_words(model, tok, inputs, 24)
+    back = []
+    for sent, r in zip(inputs, out):
+        starts = [sum(len(w) + 1 for w in sent.words[:k]) for k in range(len(sent.words))]
+        tags = ["O"] * len(sent.words)
+        for e in r["entities"]:
+            inside = [k for k, a in enumerate(starts) if e["start"] <= a < e["end"]]
+            tags[inside[0]] = "B-" + e["type"]
+            for k in inside[1:]:
+                tags[k] = "I-" + e["type"]
+        back.append(tags)
+    assert back == words_tags and back[1][-1] == "O"
+    gold = [["B-PER", "O", "O", "B-LOC", "O"], ["B-LOC", "O", "B-PER"] + ["O"] * 30 + ["B-PER"]]
+    assert ner_metrics(gold, back) == ner_metrics(gold, words_tags)
+    # a raw text still goes through the tokenizer's words, with its own character spans
+    raw = ner_predict(model, tok, [Example("  John\u00a0went  home")], settings)[0]
+    assert raw["entities"][0]["text"] == "John" and raw["entities"][0]["start"] == 2
+
+
+def test_ner_inputs_from_python_are_texts_or_word_lists(tmp_path):
+    from nanobert.data import Example, Sentence
+    from nanobert.finetune import ner_input, ner_inputs
+    tokens = tmp_path / "test.jsonl"     # Hugging Face datasets' layout: its words, as split
+    tokens.write_text('{"tokens": ["U.S.", "troops"], "ner_tags": ["B-LOC", "O"]}\n'
+                      '{"tokens": ["in", "Rome"]}\n')
+    assert [s.words for s in ner_inputs(tokens)] == [["U.S.", "troops"], ["in", "Rome"]]
+    lines = tmp_path / "texts.txt"
+    lines.write_text("U.S. troops\nin Rome\n")
+    assert [e.text_a for e in ner_inputs(lines)] == ["U.S. troops", "in Rome"]
+    assert ner_input(0, "Carol lives in Rome") == Example("Carol lives in Rome")
+    assert ner_input(0, ["U.S.", "troops"]) == Sentence(["U.S.", "troops"])
+    for bad in (("a", "b"), ["two words"], [], [""], 3):
+        with pytest.raises(NanobertError):
+            ner_input(0, bad)
+
+
+def test_classification_inputs_mix_single_texts_and_pairs(minilm):
+    """Each input is encoded as what it is: before, the first input decided for the whole
+    batch, so a pair after a single text lost its second text silently."""
+    from nanobert.data import Example
+    from nanobert.finetune import encode_classification
+    _, tok = minilm
+    ex = [Example("a cat sat"), Example("a cat sat", "on the mat"), Example("dogs", "")]
+    items = encode_classification(tok, ex, 16)
+    one = tok.tk.encode("a cat sat")
+    two = tok.tk.encode("a cat sat", "on the mat")
+    three = tok.tk.encode("dogs", "")
+    assert [it["input_ids"] for it in items] == [one.ids, two.ids, three.ids]
+    assert [it["token_type_ids"] for it in items] == [one.type_ids, two.type_ids, three.type_ids]
+    assert 1 in items[1]["token_type_ids"] and set(items[0]["token_type_ids"]) == {0}
+
+
+def test_entities_end_at_a_word_with_no_prediction():
+    """A word with no tokens (a lone zero-width space in a CoNLL file) or cut by the max
+    length is O for `evaluate`; the entities `predict` shows end there too."""
+    from nanobert.finetune import entity_spans
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
+    spans = {0: (0, 3), 1: (4, 5), 2: (6, 9)}
+    ents = entity_spans("Ann \u200b Lee", spans, {0: (1, 0.9), 2: (2, 0.8)}, id2label)
+    assert [(e["text"], e["start"]) for e in ents] == [("Ann", 0), ("Lee", 6)]
+    ents = entity_spans("Ann Lee", {0: (0, 3), 1: (4, 7)}, {0: (1, 0.9), 1: (2, 0.7)}, id2label)
+    assert [(e["text"], e["score"]) for e in ents] == [("Ann Lee", 0.8)]

@@ -124,3 +124,52 @@ def test_squad_metrics_equal_the_official_logic():
              "d": "apple day apple", "f": "ünïcode—dash", "g": "a"}   # "e" unanswered
     assert squad_metrics(preds, golds) == pytest.approx(
         _squad_reference(preds, list(golds.items())))
+
+
+def test_metrics_equal_the_references_on_random_predictions():
+    """Seeded random predictions: scikit-learn (accuracy, F1 of class 1 or macro, MCC),
+    scipy (Pearson, Spearman), seqeval (entity P/R/F1 on IOB2 and on IOB1 gold) and the
+    official SQuAD v1.1 logic give the numbers nanobert reports."""
+    import random
+    from scipy.stats import pearsonr, spearmanr
+    from seqeval.metrics import f1_score as seq_f1, precision_score, recall_score
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+    from nanobert.data import iob1_to_iob2
+    rng = random.Random(7)
+    for n_labels in (2, 3, 5):
+        gold = [rng.randrange(n_labels) for _ in range(200)]
+        pred = [g if rng.random() < 0.6 else rng.randrange(n_labels) for g in gold]
+        m = classification_metrics(gold, pred, n_labels)
+        assert m["accuracy"] == pytest.approx(accuracy_score(gold, pred))
+        avg = {"average": "binary", "pos_label": 1} if n_labels == 2 else {"average": "macro"}
+        assert m["f1"] == pytest.approx(f1_score(gold, pred, **avg))
+        assert m["f1_macro"] == pytest.approx(f1_score(gold, pred, average="macro"))
+        assert m["mcc"] == pytest.approx(matthews_corrcoef(gold, pred))
+    g = [rng.uniform(0, 5) for _ in range(100)]
+    p = [x + rng.gauss(0, 2) for x in g]
+    r = regression_metrics(g, p)
+    assert r["pearson"] == pytest.approx(pearsonr(g, p)[0], abs=1e-12)
+    assert r["spearman"] == pytest.approx(spearmanr(g, p)[0], abs=1e-12)
+    tags = ["O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-ORG", "B-MISC"]
+    gold1 = [[rng.choice(tags).replace("B-", "I-") if rng.random() < 0.5 else rng.choice(tags)
+              for _ in range(rng.randrange(1, 12))] for _ in range(60)]
+    pred = [[rng.choice(tags) for _ in s] for s in gold1]
+    m = ner_metrics([iob1_to_iob2(s) for s in gold1], pred)
+    for k, f in (("precision", precision_score), ("recall", recall_score), ("f1", seq_f1)):
+        assert m[k] == pytest.approx(f(gold1, pred))                     # IOB1 gold, as is
+        assert m[k] == pytest.approx(f([iob1_to_iob2(s) for s in gold1], pred))
+    words = ["The", "a", "an", "Eiffel", "tower", ",", "1889", "Paris!", "the.", "(x)", "Ünï"]
+    golds = {str(i): [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 5)))
+                      for _ in range(rng.randrange(1, 4))] for i in range(80)}
+    preds = {q: " ".join(rng.choice(words) for _ in range(rng.randrange(0, 5)))
+             for q in golds if rng.random() < 0.9}
+    assert squad_metrics(preds, golds) == pytest.approx(
+        _squad_reference(preds, list(golds.items())))
+
+
+def test_squad_an_unanswered_question_scores_zero_even_against_an_empty_gold():
+    """The official script gives an unanswered question 0; before, a missing prediction
+    was read as "" and matched a gold answer that normalises to "" ("the", "a.")."""
+    golds = {"x": ["the"], "y": ["A."]}
+    assert squad_metrics({}, golds) == {"exact_match": 0.0, "f1": 0.0}
+    assert squad_metrics({"x": "", "y": "an"}, golds)["exact_match"] == 100.0   # answered

@@ -146,3 +146,74 @@ def test_qa_finetune_end_to_end(tiny_dir, tmp_path, capsys):
         h = hf(**batch)
     torch.testing.assert_close(o.start_logits, h.start_logits, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(o.end_logits, h.end_logits, atol=1e-5, rtol=1e-4)
+
+
+def test_decode_finds_a_span_when_no_n_best_pair_is_valid():
+    """With a small --n-best the best start can come after the best end (or sit in the
+    question) in every window: SQuAD v1.1 still needs an answer, the best valid span over
+    all context tokens, never "" with a score of -inf (not even JSON)."""
+    ex = QAExample("q", "what", "aa bb cc dd", [])
+    from nanobert.qa import Window
+    offsets = [None, None, None, (0, 2), (3, 5), (6, 8), (9, 11), None]
+    w = Window(0, list(range(8)), [0] * 8, offsets)
+    s = torch.tensor([0.0, 9.0, 0.0, 1.0, 2.0, 6.0, 0.0, 0.0])   # best start: "cc"
+    e = torch.tensor([0.0, 0.0, 0.0, 0.0, 5.0, 0.0, 2.0, 0.0])   # best end: "bb", before it
+    assert best_spans(s, e, offsets, n_best=1) == []
+    out = decode([ex], [w], [s], [e], n_best=1, max_answer_length=30)[0]
+    # the best valid pair: start "cc" (6) + end "dd" (2) = 8 beats "bb".."bb" (2 + 5)
+    assert (out["answer"], out["score"]) == ("cc dd", 8.0)
+    assert ex.context[out["start"]:out["end"]] == out["answer"]
+    out = decode([ex], [w], [s], [e], n_best=1, max_answer_length=1)[0]
+    assert (out["answer"], out["score"]) == ("bb", 7.0)          # one token at most
+    # the fallback is only used when nothing is found: the n-best answer is unchanged
+    assert decode([ex], [w], [s], [e], n_best=20)[0]["answer"] == "cc dd"
+    empty = QAExample("z", "what", "", [])
+    none = decode([empty], [Window(0, [0, 1, 2], [0, 0, 0], [None, None, None])],
+                  [torch.zeros(3)], [torch.zeros(3)])[0]
+    assert none["answer"] == "" and none["score"] == float("-inf")
+
+
+class FakeReader(torch.nn.Module):
+    """A QA 'model' that always points at the context token with id `target`."""
+    head = "qa"
+
+    def __init__(self, target: int):
+        super().__init__()
+        self.target = target
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        hit = (input_ids == self.target).float() * 5.0
+        return type("O", (), {"start_logits": hit, "end_logits": hit})()
+
+
+def test_qa_predict_offsets_are_exact_in_unicode_contexts_and_json_safe(minilm):
+    """Answers are cut from the original context through the offsets, across windows, in
+    contexts with accents, emoji, CJK, odd spaces; an empty context answers "" with a null
+    score (valid JSON), not -Infinity."""
+    from nanobert.finetune import qa_predict
+    _, tok = minilm
+    target = tok.tk.token_to_id("zurich")
+    filler = "Le café 🙂 de São\u00a0Paulo   est\touvert à 9h. 東京 は 高い。 "
+    ctx = filler * 6 + "It moved to Zürich in 1990. " + filler * 2
+    examples = [QAExample("a", "where did it move", ctx), QAExample("b", "what", "")]
+    settings = {"max_length": 32, "doc_stride": 8, "n_best": 20, "max_answer_length": 30}
+    windows = make_windows(tok, examples[:1], 32, 8)
+    assert len(windows) > 3
+    out = qa_predict(FakeReader(target), tok, examples, settings)
+    assert out[0]["answer"] == "Zürich" and ctx[out[0]["start"]:out[0]["end"]] == "Zürich"
+    assert out[1]["answer"] == "" and out[1]["score"] is None
+    json.dumps(out, allow_nan=False)
+
+
+def test_training_windows_label_answers_exactly_in_unicode_contexts(minilm):
+    _, tok = minilm
+    ctx = ("Ｆｕｌｌ width and e\u0301te\u0301 🙂 words " * 4 + "the Naïve Bayes café 🙂 "
+           "model " + "東京タワー は 高い。 " * 4)
+    answer = "Naïve Bayes café"
+    ex = QAExample("q", "which model", ctx, [(answer, ctx.index(answer))])
+    windows = make_windows(tok, [ex], max_length=32, doc_stride=8, train=True)
+    inside = [w for w in windows if w.start > 0]
+    assert inside and len(inside) < len(windows)
+    for w in inside:
+        assert ctx[w.offsets[w.start][0]:w.offsets[w.end][1]] == answer
