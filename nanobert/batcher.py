@@ -147,7 +147,15 @@ class Batcher:
                 stopping = self._take(pending, block=True)
                 continue
             stopping = self._take(pending, block=False) or stopping
-            self._run_one(self._cut(pending))
+            batch = self._cut(pending)
+            try:
+                self._run_one(batch)
+            except BaseException as e:   # a bug here: fail the batch, not every request after
+                for job, _ in batch:
+                    try:
+                        job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, e)
+                    except RuntimeError:
+                        pass
 
     def _take(self, pending: deque, block: bool) -> bool:
         """Move queued jobs into `pending`; True when the stop mark came."""
@@ -187,6 +195,11 @@ class Batcher:
         pending.extend(e for e in live if (id(e[0]), e[1]) not in taken)  # arrival order
         return batch
 
+    @property
+    def alive(self) -> bool:
+        """Whether the inference thread runs (the server's /health says so)."""
+        return self._thread.is_alive()
+
     def _run_one(self, batch: list):
         if not batch:
             return
@@ -194,22 +207,50 @@ class Batcher:
         for job, _ in batch:
             if not job.started:
                 job.started = True
-                self.observer.queued(start - job.queued_at)
+                _quietly(self.observer.queued, start - job.queued_at)
+        outcomes = self._compute(batch)
+        _quietly(self.observer.batch, len(batch), sum(job.lengths[i] for job, i in batch),
+                 time.perf_counter() - start)
+        for (job, i), (out, error) in zip(batch, outcomes):
+            job.outputs[i] = out
+            job.left -= 1
+            if error is not None or job.left == 0:
+                try:
+                    job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, error)
+                except RuntimeError:   # its event loop is closed: nobody to answer
+                    pass
+        self._trim()   # after the answers are on their way, not before
+
+    def _compute(self, batch: list) -> list:
+        """[(output, error)] of each (job, item) of the batch. When a batch of several
+        requests fails, each request's items run again on their own, so that only the
+        request whose input fails gets the error: one bad input failed every request
+        that shared its batch (with an error message about another client's input)."""
         run = batch[0][0].run
         try:
             outputs = self.split(run, [job.items[i] for job, i in batch],
                                  [job.lengths[i] for job, i in batch])
-            error = None
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"a batch of {len(batch)} inputs gave {len(outputs)} outputs")
+            return [(out, None) for out in outputs]
         except BaseException as e:  # handed to the request that waits; the thread goes on
-            outputs, error = [None] * len(batch), e
-        self.observer.batch(len(batch), sum(job.lengths[i] for job, i in batch),
-                            time.perf_counter() - start)
-        for (job, i), out in zip(batch, outputs):
-            job.outputs[i] = out
-            job.left -= 1
-            if error is not None or job.left == 0:
-                job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, error)
-        self._trim()   # after the answers are on their way, not before
+            jobs = list({id(job): job for job, _ in batch}.values())
+            if len(jobs) == 1:
+                return [(None, e)] * len(batch)
+        outcomes = {}
+        for job in jobs:
+            mine = [(j, i) for j, i in batch if j is job]
+            results = [(None, None)] * len(mine) if job.cancelled else self._compute(mine)
+            outcomes.update(((id(job), i), o) for (_, i), o in zip(mine, results))
+        return [outcomes[(id(job), i)] for job, i in batch]
+
+
+def _quietly(fn, *args):
+    """fn(*args), where a failure (of a metrics observer) must not end the thread."""
+    try:
+        fn(*args)
+    except Exception:
+        pass
 
 
 def _settle(future: asyncio.Future, outputs: list, error):

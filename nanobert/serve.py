@@ -28,6 +28,7 @@ import re
 import signal
 import sys
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
@@ -57,9 +58,11 @@ class ServeConfig:
     dtype: str = "float32"              # or "int8": int8 Linear layers (nanobert.quantize)
     body_timeout: float = 30.0          # seconds to receive a request's body; then 408
     warmup: bool = True                 # build every batch shape's kernels before serving
+    drain_timeout: float = 25.0         # SIGTERM: seconds to finish requests in flight; then 503
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
+MAX_HEADER_BYTES = 65536   # request line and headers; more is a 431 (httptools has no limit)
 # threads that tokenize requests (and decode /qa answers), each with its own copy of every
 # model's tokenizer: with one, a request far over the limit (a megabyte of text without
 # spaces: 6-10 s) made every request behind it wait that long
@@ -71,16 +74,30 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, param: Optional[str] = None,
                  headers: Optional[dict] = None):
+        # what the request sent can be in the message and the field's path (a key that is
+        # a lone surrogate, "inputs[0].\ud800"): escaped, or no JSON writer takes it (a
+        # plain-text 500 and a traceback, the connection reset)
+        message, param = text_safe(message), None if param is None else text_safe(param)
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers
 
     def body(self) -> dict:
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found",
                 405: "invalid_request_error", 408: "timeout", 413: "payload_too_large",
-                422: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed",
+                415: "invalid_request_error", 422: "invalid_request_error",
+                429: "rate_limit_error", 431: "invalid_request_error", 499: "client_closed",
                 503: "unavailable"}.get(self.status, "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.status}}
+
+
+def text_safe(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (lone surrogates) written as escapes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def unprocessable(param: str, what: str) -> ApiError:
@@ -104,6 +121,9 @@ def _get(body: dict, name: str, kind, default, what: str):
         value = default
     if value is None:
         return None
+    if isinstance(value, HugeInt) and kind is int:
+        raise unprocessable(name, f"is an integer of {len(value.digits.lstrip('-'))} digits, "
+                                  "far out of range")
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise unprocessable(name, f"must be {what}")
     return value
@@ -225,6 +245,7 @@ class Server:
         self.batcher: Optional[Batcher] = None
         self.tokenizing: Optional[ThreadPoolExecutor] = None
         self.in_flight = 0
+        self.cut_off = 0                    # requests answered 503 at the drain deadline
         self.created = int(time.time())     # /v1/models: when the models were loaded
 
     def start(self):
@@ -507,6 +528,11 @@ def openai_models(server: Server):
 
 
 def health(server: Server):
+    """200 while the server can answer; 503 once its inference thread has ended (every
+    request would wait for good), so that a liveness probe restarts it."""
+    if server.batcher is not None and not server.batcher.alive:
+        return json_response({"status": "error", "message": "the inference thread has "
+                              "stopped; restart the server"}, 503)
     return json_response({"status": "ok"})
 
 
@@ -568,6 +594,10 @@ async def read_body(request, limit: int, timeout: float) -> dict:
     over `timeout` seconds to arrive (a stalled client would hold its place in flight
     for good), 400 when not JSON, 422 for a string that is not Unicode."""
     from starlette.requests import ClientDisconnect
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in CONTENT_ENCODINGS:
+        raise ApiError(415, f"Content-Encoding {shown(encoding)} is not supported (send the "
+                            "body as is, or gzip or deflate it)", "Content-Encoding")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "
@@ -580,7 +610,39 @@ async def read_body(request, limit: int, timeout: float) -> dict:
                        headers={"Connection": "close"})
     except ClientDisconnect:
         raise ApiError(CLIENT_GONE, "the client disconnected before sending the whole body")
+    if CONTENT_ENCODINGS[encoding] is not None:
+        raw = inflate(raw, encoding, limit)
     return parse_json(raw)
+
+
+# Content-Encoding -> zlib's wbits (None: as is); deflate is zlib-wrapped (RFC 9110), but
+# some clients send it raw, which is tried too
+CONTENT_ENCODINGS = {"identity": None, "": None, "gzip": 16 + zlib.MAX_WBITS,
+                     "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip or deflate body, decompressed to at most `limit` bytes (the payload limit
+    holds for what the body decompresses to: a 2 MB gzip bomb is gigabytes); 413 over it,
+    400 when it is not what its Content-Encoding says."""
+    wbits = CONTENT_ENCODINGS[encoding]
+    tries = [wbits, -zlib.MAX_WBITS] if encoding == "deflate" else [wbits]
+    for i, bits in enumerate(tries):
+        try:
+            out, rest = [], raw
+            while rest:                     # gzip: one member after another
+                d = zlib.decompressobj(bits)
+                out.append(d.decompress(rest, limit + 1 - sum(map(len, out))))
+                if sum(map(len, out)) > limit or d.unconsumed_tail:
+                    raise ApiError(413, f"payload decompresses to over the limit of {limit} "
+                                        "bytes (--payload-limit)")
+                if not d.eof:
+                    raise zlib.error("incomplete or truncated stream")
+                rest = d.unused_data if bits == 16 + zlib.MAX_WBITS else b""
+            return b"".join(out)
+        except zlib.error as e:
+            if i + 1 == len(tries):
+                raise ApiError(400, f"body is not valid {encoding} data ({e})", "Content-Encoding")
 
 
 async def _receive(request, limit: int) -> bytes:
@@ -588,8 +650,10 @@ async def _receive(request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
+            # the connection is closed after the answer: a chunked body has no end the
+            # server knows of, and reading on to discard it kept the connection busy
             raise ApiError(413, f"payload of more than {limit} bytes is over the limit "
-                                f"(--payload-limit {limit})")
+                                f"(--payload-limit {limit})", headers={"Connection": "close"})
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -598,22 +662,47 @@ def _no_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
-LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")   # the escape that may start one
+class HugeInt:
+    """An integer in the request of more digits than Python converts (4300): valid JSON,
+    but the json module refused the whole body as if it were not. Kept as its digits, so
+    the field that holds it is a 422 that names it (no field takes it: not a str either)."""
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str):
+        self.digits = digits
+
+    def __repr__(self):
+        return self.digits
+
+
+def _parse_int(digits: str):
+    return int(digits) if len(digits) <= 4000 else HugeInt(digits)
+
+
+LONE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")   # the escape that may start one
 
 
 def parse_json(raw: bytes) -> dict:
-    """A request body -> its JSON object. Strict JSON (no NaN or Infinity); nesting too
-    deep for the parser is a 400, a string with a lone surrogate (valid JSON, but no
-    text: no tokenizer or JSON writer takes it) a 422 naming the field."""
+    """A request body -> its JSON object. Strict JSON (no NaN or Infinity) in UTF-8 (or
+    UTF-16/32, found as the json module finds them; a BOM is skipped); bytes that are not
+    valid in it, nesting too deep for the parser, and anything but an object are a 400; a
+    string with a lone surrogate escape (valid JSON, but no text: no tokenizer or JSON
+    writer takes it) a 422 naming the field."""
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError) as e:
+        # strict: json.loads(bytes) decodes with 'surrogatepass', and the bytes of a lone
+        # surrogate (b"\xed\xa0\x80", invalid UTF-8) reached the tokenizer: a 500
+        text = raw.decode(json.detect_encoding(raw))
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"body is not valid {e.encoding.upper()} (byte {e.start}: {e.reason})")
+    try:
+        body = json.loads(text, parse_constant=_no_constant, parse_int=_parse_int)
+    except ValueError as e:
         raise ApiError(400, f"body is not valid JSON ({str(e)[:100]})")
     except RecursionError:
         raise ApiError(400, "body is not valid JSON (nested too deeply)")
     if not isinstance(body, dict):
         raise ApiError(400, "body must be a JSON object")
-    if LONE_SURROGATE.search(raw):
+    if LONE_SURROGATE.search(text):
         where = not_unicode(body)
         if where is not None:
             raise unprocessable(where, "is not valid Unicode (a lone surrogate escape)")
@@ -663,8 +752,11 @@ async def answer_unless_gone(request, work):
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
-    if not task.done():
-        task.cancel()
+        # also when this handler is cancelled itself (the drain on SIGTERM ran out of
+        # time): the work went on without anyone waiting, and the shutdown waited for it
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():       # cancelled here, on the way out
         from starlette.responses import Response
         return Response(status_code=CLIENT_GONE)
     return json_response(task.result())
@@ -706,6 +798,16 @@ def endpoint(server: Server, route: Route):
             response = json_response(e.body(), e.status, e.headers)
         except NanobertError as e:   # found wrong only while computing
             response = json_response(ApiError(422, str(e)).body(), 422)
+        except asyncio.CancelledError:
+            server.cut_off += 1
+            # uvicorn cancels the requests still in flight when the drain after SIGTERM
+            # runs past DRAIN_S (nothing else cancels a handler: a client that goes away
+            # is seen by answer_unless_gone); it answered a plain-text 500 and logged a
+            # traceback for each
+            response = json_response(ApiError(503, "the server is shutting down and could "
+                                                   "not finish this request in time; retry "
+                                                   "on another instance").body(), 503,
+                                     {"Connection": "close", "Retry-After": "1"})
         except BaseException as e:  # a bug: one line in the log and in the answer, no traceback
             if not is_bug(e):
                 raise
@@ -737,7 +839,10 @@ def make_app(server: Server):
         try:
             yield
         finally:
-            server.stop()
+            # off the event loop: the batch under way finishes in the inference thread,
+            # and a blocked loop wrote no answer meanwhile (the clients of requests cut
+            # off by the drain deadline waited for their 503 until it was done)
+            await asyncio.get_running_loop().run_in_executor(None, server.stop)
 
     async def http_error(request, exc):
         msg = {404: f"no route {request.url.path} (see GET /info)",
@@ -776,6 +881,10 @@ def serve_args(p):
     p.add_argument("--body-timeout", type=float, default=d.body_timeout, metavar="SECONDS",
                    help="time to receive a request's body; a slower one is answered 408 (a "
                         "stalled client would otherwise hold its place in flight)")
+    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout, metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C, time to answer the requests in flight; those "
+                        "still running then are answered 503 (default 25: inside the 30 s "
+                        "Kubernetes waits before it kills)")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
@@ -794,9 +903,11 @@ def config_from_args(args) -> ServeConfig:
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
-    if not (math.isfinite(args.body_timeout) and args.body_timeout > 0):
-        raise NanobertError(f"--body-timeout must be a number of seconds > 0, "
-                            f"got {args.body_timeout}")
+    for flag in ("body_timeout", "drain_timeout"):
+        v = getattr(args, flag)
+        if not (math.isfinite(v) and v > 0):
+            raise NanobertError(f"--{flag.replace('_', '-')} must be a number of seconds > 0, "
+                                f"got {v}")
     if args.api_key is not None and not args.api_key.strip():
         raise NanobertError("--api-key must not be empty")
     if args.api_key is not None and not (args.api_key.isascii() and args.api_key.isprintable()
@@ -806,15 +917,41 @@ def config_from_args(args) -> ServeConfig:
                             "spaces (what an 'Authorization: Bearer KEY' header can carry)")
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
-                       args.dtype, args.body_timeout, args.warmup)
+                       args.dtype, args.body_timeout, args.warmup, args.drain_timeout)
 
 
-def http_protocol(header_timeout: float):
-    """uvicorn's HTTP protocol (httptools), with a time limit on a request's headers: a
+def raw_error(protocol, status: int, message: str):
+    """Write a JSON error answer straight to a connection and close it: for what is wrong
+    before there is a request to hand to the app (the request line or headers)."""
+    from http import HTTPStatus
+    body = to_json(ApiError(status, message).body())
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+    head += [name + b": " + value + b"\r\n" for name, value in protocol.server_state.default_headers]
+    head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n" % len(body))
+    protocol.transport.write(b"".join(head) + body)
+    # a lingering close, as nginx does: the answer is sent and the sending side shut, but
+    # what the client still sends is read (and dropped) for LINGER_S seconds; closed at
+    # once, the unread bytes made the kernel reset the connection, and the client lost
+    # the answer
+    protocol.lingering = True
+    if protocol.transport.can_write_eof():
+        protocol.transport.write_eof()
+    protocol.loop.call_later(LINGER_S, protocol.transport.close)
+
+
+LINGER_S = 2.0
+
+
+def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES):
+    """uvicorn's HTTP protocol (httptools), with limits on a request's headers: a
     connection that sends none, or stops in the middle of them, is closed after
-    `header_timeout` seconds. Without it such connections stayed open for good, each
-    holding a file descriptor (uvicorn only times out idle connections after an answer).
-    "auto" (no limit) where httptools is not installed."""
+    `header_timeout` seconds (without it such connections stayed open for good, each
+    holding a file descriptor: uvicorn only times out idle connections after an answer);
+    headers over `max_header_bytes` are a 431 (httptools buffers them without limit: one
+    connection sending an endless header grew the server by 70 MB in 2 s). Malformed
+    HTTP is a JSON 400 like every other error (uvicorn's is plain text).
+    "auto" (no limits) where httptools is not installed."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
@@ -822,10 +959,30 @@ def http_protocol(header_timeout: float):
 
     class TimedHeaders(HttpToolsProtocol):
         header_timer = None
+        header_bytes = 0
+        lingering = False          # an error was answered (raw_error): reading to drop
+
 
         def connection_made(self, transport):
             super().connection_made(transport)
             self.start_header_timer()
+
+        def data_received(self, data):
+            if self.lingering:
+                return
+            super().data_received(data)
+            # still in the headers after this data: all of it was headers
+            if self.header_timer is not None and not self.transport.is_closing():
+                self.header_bytes += len(data)
+                if self.header_bytes > max_header_bytes:
+                    self.stop_header_timer()
+                    self.logger.warning("Request headers too large.")
+                    raw_error(self, 431, f"request line and headers over {max_header_bytes} "
+                                         "bytes")
+
+        def send_400_response(self, msg):
+            raw_error(self, 400, "malformed HTTP request (not HTTP/1.1 as RFC 9112 writes "
+                                 "it: request line, headers, Content-Length or chunks)")
 
         def on_message_begin(self):
             super().on_message_begin()
@@ -841,6 +998,7 @@ def http_protocol(header_timeout: float):
 
         def start_header_timer(self):
             self.stop_header_timer()
+            self.header_bytes = 0
             self.header_timer = self.loop.call_later(header_timeout, self.transport.close)
 
         def stop_header_timer(self):
@@ -851,17 +1009,26 @@ def http_protocol(header_timeout: float):
     return TimedHeaders
 
 
-def check_address(host: str, port: int):
-    """Fail before loading any model when the address cannot be listened on."""
+def listening_socket(host: str, port: int):
+    """The server's socket, bound before any model loads: an address that cannot be
+    listened on fails at once, no other process can take the port while the models
+    load (uvicorn bound it only after, and failed with a log line and status 1), and
+    `--port 0` is a free port, which the banner shows. uvicorn listens on it once the
+    models are loaded and warm (until then, connections are refused)."""
     import socket
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+        s = socket.socket(infos[0][0], socket.SOCK_STREAM)
+        try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(infos[0][4])
+        except OSError:
+            s.close()
+            raise
     except OSError as e:
         raise NanobertError(f"cannot listen on --host {host} --port {port} "
                             f"({e.strerror or e})")
+    return s
 
 
 def banner(server: Server) -> str:
@@ -891,21 +1058,29 @@ def serve_cmd(args):
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise NanobertError(f"two models are named {dup!r}; name them with NAME=PATH")
-    check_address(config.host, config.port)
-    models = [load_served(spec, config.dtype) for spec in args.models]
+    sock = listening_socket(config.host, config.port)
+    config.port = sock.getsockname()[1]              # --port 0: the one the system chose
+    try:
+        models = [load_served(spec, config.dtype) for spec in args.models]
+    except BaseException:
+        sock.close()
+        raise
     server = Server(models, config)
     print(banner(server), flush=True)
     # idle connections live longer than clients' pools keep them (httpx, aiohttp: 5 s;
     # uvicorn's default is also 5 s), so a client never reuses one the server is closing
     uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",
-                        timeout_graceful_shutdown=60, timeout_keep_alive=KEEP_ALIVE_S,
+                        timeout_graceful_shutdown=config.drain_timeout,
+                        timeout_keep_alive=KEEP_ALIVE_S,
                         access_log=False, http=http_protocol(config.body_timeout))
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that
     # was there before it; this one lets the command finish (status 0, a clean stop)
     stopped_by = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
-    uvicorn.Server(uv).run()
+    uvicorn.Server(uv).run(sockets=[sock])
+    cut = (f"; {server.cut_off} still running after --drain-timeout {config.drain_timeout:g} "
+           "answered 503" if server.cut_off else "")
     print(f"nanobert serve: stopped{' by ' + stopped_by[0] if stopped_by else ''}, "
-          "requests in flight answered", flush=True)
+          f"requests in flight answered{cut}", flush=True)
     return 0

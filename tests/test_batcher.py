@@ -81,6 +81,39 @@ def test_a_failing_batch_fails_its_requests_and_the_thread_goes_on():
     b.stop(5)
 
 
+def test_a_bad_input_fails_only_its_own_request_not_those_sharing_its_batch():
+    """A batch of several requests that fails runs each request's items again on their
+    own: only the request with the bad input gets the error (it failed every request in
+    its batch, each told about another client's input), and the thread goes on."""
+    b = Batcher(max_tokens=100)
+    gate, calls = threading.Event(), []
+
+    def run(items):
+        gate.wait(5)
+        calls.append(list(items))
+        if "bad" in items:
+            raise ValueError("cannot take 'bad'")
+        return [x.upper() for x in items]
+
+    async def go():
+        first = asyncio.create_task(b.submit("g", ["a"], [1], run))       # runs alone
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(b.submit("g", items, [1] * len(items), run))
+                for items in (["b", "c"], ["d", "bad"], ["e"])]
+        await asyncio.sleep(0.05)                 # all three queued behind the first
+        gate.set()
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    a, bc, bad, e = asyncio.run(go())
+    assert (a, bc, e) == (["A"], ["B", "C"], ["E"])
+    assert isinstance(bad, ValueError) and "bad" in str(bad)
+    assert calls[1] == ["b", "c", "d", "bad", "e"]          # one batch, then one per request
+    assert sorted(map(tuple, calls[2:])) == [("b", "c"), ("d", "bad"), ("e",)]
+    assert b.alive
+    b.stop(5)
+    assert not b.alive
+
+
 def test_stop_finishes_queued_work_first():
     b = Batcher(max_tokens=2)
     run = Recorder()

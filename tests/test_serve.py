@@ -77,8 +77,8 @@ def free_port() -> int:
 class Running:
     """A `nanobert serve` process and an HTTP client for it."""
 
-    def __init__(self, specs, *flags, key=None, warmup=False):
-        self.port = free_port()
+    def __init__(self, specs, *flags, key=None, warmup=False, port=None):
+        self.port = free_port() if port is None else port
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "nanobert", "serve", *specs, "--port", str(self.port),
                "--threads", "1", *flags] + (["--api-key", key] if key else []) + \
@@ -97,6 +97,10 @@ class Running:
             lines.append(self.proc.stdout.readline())
             if not lines[-1] and self.proc.poll() is not None:
                 raise RuntimeError("server exited:\n" + "".join(lines))
+        if self.port == 0:            # --port 0: the banner names the port it listens on
+            self.port = int(re.match(r"nanobert serve: http://[^ ]+:(\d+)$", lines[0]).group(1))
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.http.base_url = self.url
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
@@ -587,6 +591,15 @@ def test_concurrent_requests_share_batches(server):
     ("/embed", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
     ("/embed", b'{"inputs": {"a": [[[[' + b"[" * 3000 + b"]" * 3000 + b"]]]]}}", 400, "nested"),
     ("/embed", b'{"inputs": NaN}', 400, "NaN is not JSON"),
+    # the bytes of a lone surrogate are not UTF-8 (json.loads let them through: a 500)
+    ("/embed", b'{"inputs": "a\xed\xa0\x80b"}', 400, "body is not valid UTF-8"),
+    ("/embed", b'\xef\xbb\xbf{"inputs": "x", "dimensions": 0}', 422, "'dimensions'"),  # a BOM
+    # ... and a key that is one, in the field's path: no JSON writer took the message
+    ("/qa", rb'{"inputs": [{"question": "q", "\ud800": "\ud800"}]}', 422,
+     r"'inputs[0].\ud800' is not valid Unicode"),
+    # valid JSON past Python's 4300 digits: was a 400 "not valid JSON"
+    ("/embed", b'{"inputs": "x", "dimensions": ' + b"9" * 5000 + b"}", 422,
+     "'dimensions' is an integer of 5000 digits"),
     ("/embed", rb'{"inputs": ["ok", "a\ud800"]}', 422, "'inputs[1]' is not valid Unicode"),
     ("/tokenize", rb'{"inputs": [["a", "\udfff"]]}', 422, "'inputs[0][1]' is not valid"),
     ("/rerank", rb'{"query": "\udc00", "documents": ["a"]}', 422, "'query' is not valid"),
@@ -602,6 +615,56 @@ def test_bad_requests_are_answered_with_the_field(server, path, body, status, sa
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert says in err["message"] and err["code"] == status and "Traceback" not in r.text
+
+
+def test_compressed_bodies(server):
+    """gzip and deflate bodies are read (their decompressed size under --payload-limit:
+    a 20 kB bomb of 20 MB is a 413); other encodings are a 415 (they were read as JSON:
+    a 400 about a byte 0x8b, or a brotli body taken as plain)."""
+    import gzip
+    import zlib
+    plain = server.post("/embed", {"inputs": SENTENCES[:2]}).json()["embeddings"]
+    body = json.dumps({"inputs": SENTENCES[:2]}).encode()
+    for encoding, packed in [("gzip", gzip.compress(body)), ("deflate", zlib.compress(body)),
+                             ("GZip", gzip.compress(body[:20]) + gzip.compress(body[20:]))]:
+        r = server.http.post("/embed", content=packed, headers={"Content-Encoding": encoding})
+        assert r.status_code == 200 and r.json()["embeddings"] == plain, (encoding, r.text)
+    for encoding, packed, status, says in [
+            ("gzip", gzip.compress(b'{"inputs": "' + b"a" * 20_000_000 + b'"}'), 413,
+             "decompresses to over the limit of 20000 bytes"),
+            ("gzip", body, 400, "body is not valid gzip data"),
+            ("br", body, 415, "Content-Encoding 'br' is not supported")]:
+        r = server.http.post("/embed", content=packed, headers={"Content-Encoding": encoding})
+        assert r.status_code == status and says in r.json()["error"]["message"], r.text
+
+
+def raw_http(port: int, request: bytes) -> bytes:
+    """What the server answers to `request` sent as is, until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        try:
+            s.sendall(request)
+        except ConnectionError:      # closed while it was still being sent
+            pass
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_malformed_http_and_endless_headers_are_json_errors(server):
+    """Malformed HTTP is a JSON 400 (it was uvicorn's plain text); a request line and
+    headers over 64 kB are a 431 (httptools kept them all: an endless header grew the
+    server by 70 MB in 2 s)."""
+    for request in (b"GARBAGE\r\n\r\n", b"POST /embed HTTP/1.1\r\nHost: x\r\n"
+                                          b"Content-Length: abc\r\n\r\n{}"):
+        head, _, body = raw_http(server.port, request).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
+        assert "malformed HTTP request" in json.loads(body)["error"]["message"]
+    head, _, body = raw_http(server.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
+                             + b"a" * 300_000 + b"\r\n\r\n").partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431") and b"over 65536 bytes" in body
+    big_but_fine = {"X-Cookie": "c" * 30_000}       # under the limit: answered
+    assert server.http.get("/health", headers=big_but_fine).status_code == 200
 
 
 def test_error_messages_quote_values_cut_short(server):
@@ -665,6 +728,36 @@ def test_queue_full_is_429_and_sigterm_drains(models):
             answer = first.result(timeout=120)
         assert answer.status_code == 200 and len(answer.json()["embeddings"]) == 128
         assert s.proc.wait(60) == 0
+    finally:
+        s.close()
+
+
+def test_drain_deadline_answers_503_and_exits(models):
+    """On SIGTERM the requests in flight get --drain-timeout seconds; those still running
+    then are answered 503 (they were a plain-text 500 with a traceback each, and their
+    work went on: the server stopped only after it, with the event loop blocked, so the
+    clients whose 503s were not yet written waited for minutes). Listening on --port 0
+    takes a free port, which the banner names."""
+    s = Running(["minilm"], "--max-batch-tokens", "256", "--max-client-batch", "128",
+                "--drain-timeout", "1", port=0)
+    try:
+        assert s.port != 0 and s.http.get("/health").status_code == 200
+        slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 128}   # seconds each
+        with cf.ThreadPoolExecutor(3) as pool:
+            answers = [pool.submit(s.post, "/embed", slow) for _ in range(3)]
+            while s.metric("nanobert_requests_in_flight") < 3:
+                time.sleep(0.05)
+            start = time.time()
+            s.proc.send_signal(signal.SIGTERM)
+            answers = [a.result(timeout=60) for a in answers]
+        assert s.proc.wait(60) == 0
+        assert time.time() - start < 15       # the drain, and at most a batch of 256 tokens
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses[-1] == 503 and set(statuses) <= {200, 503}, statuses
+        cut = next(a for a in answers if a.status_code == 503)
+        assert "shutting down" in cut.json()["error"]["message"]
+        log = s.proc.stdout.read()
+        assert "Traceback" not in log and "answered 503" in log, log
     finally:
         s.close()
 
@@ -744,6 +837,7 @@ def test_int8_server_equals_offline_int8(models):
 @pytest.mark.parametrize("flags, says", [
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
     (["--body-timeout", "nan"], "--body-timeout must be a number of seconds > 0, got nan"),
+    (["--drain-timeout", "0"], "--drain-timeout must be a number of seconds > 0, got 0.0"),
     (["--port", "BUSY"], "Address already in use"),
     # keys no 'Authorization: Bearer' header can match (stripped, Latin-1): every request
     # 401; and model specs: all refused before the address is tried and any model loads
