@@ -170,6 +170,8 @@ def add_threads_flag(parser) -> None:
     """The --threads flag every command takes (kept as is where a command has its own)."""
     if "--threads" in parser._option_string_actions:
         return
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
+    from .config import at_least, checked
+    parser.add_argument("--threads", type=checked(int, at_least(1, MAX_THREADS), "--threads"),
+                        default=None, metavar="N",
                         help="CPU threads for torch (default: every available core; idle "
                              "threads sleep, so a busy machine does not stall them)")

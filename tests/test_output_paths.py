@@ -275,7 +275,9 @@ def test_bad_device_and_thread_counts_fail_before_work(tmp_path, capsys):
         assert "no CUDA GPU" in refused(capsys, ft + ["--device", "cuda"])
     TrainConfig(device="cpu")
     assert refused(capsys, ["info", missing, "--threads", "99999999999"]).startswith(
-        "--threads 99999999999: must be from 1 to 1024")
+        "--threads: got 99999999999, expected an integer >= 1 and <= 1024")
+    assert refused(capsys, ["info", missing, "--threads", "abc"]) == \
+        "--threads: got 'abc', expected an integer >= 1 and <= 1024"
     assert not (tmp_path / "out").exists()
 
 
