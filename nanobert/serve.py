@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .batcher import Batcher, heap_trimmer
+from .config import checked
 from .files import NanobertError
 from .threads import run_on_cores, torch_threads
 from .serve_models import Counts, Served, load_served, split_spec
@@ -867,25 +868,28 @@ def serve_args(p):
                    help="model directory, 'minilm' or a hub name; NAME=PATH names it "
                         "(default name: the directory's name)")
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+    p.add_argument("--port", type=checked(int), default=d.port)
+    p.add_argument("--max-batch-tokens", type=checked(int), default=d.max_batch_tokens,
                    help="real tokens per inference batch (requests are batched together up to it)")
-    p.add_argument("--max-concurrent-requests", type=int, default=d.max_concurrent_requests,
+    p.add_argument("--max-concurrent-requests", type=checked(int),
+                   default=d.max_concurrent_requests,
                    help="requests in flight; more are answered 429 with Retry-After")
-    p.add_argument("--max-client-batch", type=int, default=d.max_client_batch,
+    p.add_argument("--max-client-batch", type=checked(int), default=d.max_client_batch,
                    help="inputs (or rerank documents) per request; more are answered 413")
-    p.add_argument("--payload-limit", type=int, default=d.payload_limit,
+    p.add_argument("--payload-limit", type=checked(int), default=d.payload_limit,
                    help="bytes per request body; more are answered 413")
     p.add_argument("--api-key", default=d.api_key,
                    help="require 'Authorization: Bearer KEY' on every route but /health")
-    p.add_argument("--body-timeout", type=float, default=d.body_timeout, metavar="SECONDS",
+    p.add_argument("--body-timeout", type=checked(float), default=d.body_timeout,
+                   metavar="SECONDS",
                    help="time to receive a request's body; a slower one is answered 408 (a "
                         "stalled client would otherwise hold its place in flight)")
-    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout, metavar="SECONDS",
+    p.add_argument("--drain-timeout", type=checked(float), default=d.drain_timeout,
+                   metavar="SECONDS",
                    help="on SIGTERM or Ctrl-C, time to answer the requests in flight; those "
                         "still running then are answered 503 (default 25: inside the 30 s "
                         "Kubernetes waits before it kills)")
-    p.add_argument("--threads", type=int, default=d.threads,
+    p.add_argument("--threads", type=checked(int), default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the start-up pass over every batch shape (it builds the CPU "
