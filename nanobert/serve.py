@@ -966,10 +966,9 @@ def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTE
         header_bytes = 0
         lingering = False          # an error was answered (raw_error): reading to drop
 
-
         def connection_made(self, transport):
             super().connection_made(transport)
-            self.start_header_timer()
+            _start_header_timer(self, header_timeout)
 
         def data_received(self, data):
             if self.lingering:
@@ -979,7 +978,7 @@ def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTE
             if self.header_timer is not None and not self.transport.is_closing():
                 self.header_bytes += len(data)
                 if self.header_bytes > max_header_bytes:
-                    self.stop_header_timer()
+                    _stop_header_timer(self)
                     self.logger.warning("Request headers too large.")
                     raw_error(self, 431, f"request line and headers over {max_header_bytes} "
                                          "bytes")
@@ -990,27 +989,30 @@ def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTE
 
         def on_message_begin(self):
             super().on_message_begin()
-            self.start_header_timer()
+            _start_header_timer(self, header_timeout)
 
         def on_headers_complete(self):
-            self.stop_header_timer()
+            _stop_header_timer(self)
             super().on_headers_complete()
 
         def connection_lost(self, exc):
-            self.stop_header_timer()
+            _stop_header_timer(self)
             super().connection_lost(exc)
 
-        def start_header_timer(self):
-            self.stop_header_timer()
-            self.header_bytes = 0
-            self.header_timer = self.loop.call_later(header_timeout, self.transport.close)
-
-        def stop_header_timer(self):
-            if self.header_timer is not None:
-                self.header_timer.cancel()
-                self.header_timer = None
-
     return TimedHeaders
+
+
+def _start_header_timer(proto, timeout: float):
+    """Close `proto`'s connection unless its headers are complete within `timeout` s."""
+    _stop_header_timer(proto)
+    proto.header_bytes = 0
+    proto.header_timer = proto.loop.call_later(timeout, proto.transport.close)
+
+
+def _stop_header_timer(proto):
+    if proto.header_timer is not None:
+        proto.header_timer.cancel()
+        proto.header_timer = None
 
 
 def listening_socket(host: str, port: int):
