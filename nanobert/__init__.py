@@ -34,11 +34,15 @@ __version__ = "0.1.0"
 
 
 def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
-    """(model, tokenizer) from a HF directory, the alias 'minilm', or a hub name.
+    """(model, tokenizer) from a HF directory, the alias 'minilm', or a hub name; the
+    model in eval mode (dropout off), as transformers' from_pretrained gives it.
     head='auto' takes the checkpoint's head; None gives the bare encoder.
-    dtype="int8": int8 Linear layers for CPU inference (`nanobert.quantize`)."""
+    dtype="int8": int8 Linear layers for CPU inference (`nanobert.quantize`).
+    config_overrides: BertConfig fields, e.g. attn_backend="eager"."""
     from .checkpoint import load_model, resolve
-    from .quantize import to_dtype
+    from .quantize import dtype_name, to_dtype
+    _check_load_args(name_or_dir, head, config_overrides)
+    dtype = dtype_name(dtype)                    # before the weights are read
     model = load_model(name_or_dir, head=head, **config_overrides)
     tokenizer = Tokenizer.from_dir(resolve(name_or_dir))
     if tokenizer.vocab_size > model.config.vocab_size:  # else an IndexError at some input
@@ -46,7 +50,28 @@ def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
                             f"tokens, more than the model's vocab_size "
                             f"{model.config.vocab_size} (config.json): a vocabulary from "
                             "another model?")
-    return to_dtype(model, dtype, tokenizer), tokenizer
+    return to_dtype(model.eval(), dtype, tokenizer), tokenizer
+
+
+def _check_load_args(name_or_dir, head, overrides) -> None:
+    """load()'s arguments, each refused by name before anything is read."""
+    import os
+    from .model import HEADS
+    if not isinstance(name_or_dir, (str, os.PathLike)):
+        raise TypeError(f"load(name_or_dir): expected a model name or directory (str or "
+                        f"path), got {type(name_or_dir).__name__}")
+    if not str(name_or_dir).strip():
+        raise NanobertError("load(name_or_dir): empty model name")
+    if head != "auto" and head not in HEADS:
+        raise NanobertError(f"load(head={head!r}): choose 'auto', None or one of "
+                            f"{', '.join(h for h in HEADS if h)}")
+    unknown = sorted(set(overrides) - set(BertConfig.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"load() got an unexpected keyword argument {unknown[0]!r} (not a "
+                        "BertConfig field)")
+    backend = overrides.get("attn_backend")
+    if backend is not None and backend not in ("eager", "sdpa", "unpadded"):
+        raise NanobertError(f"load(attn_backend={backend!r}): choose eager, sdpa or unpadded")
 
 
 __all__ = ["Bert", "BertConfig", "BertModel", "Encoder", "FinetuneConfig", "NanobertError",

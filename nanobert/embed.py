@@ -173,9 +173,13 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     (1_Pooling/config.json), else mean. Batches are cut from length-sorted texts so they
     carry little padding; the rows come back in the order of `texts`."""
     base = getattr(model, "bert", model)
-    pooling = check_pooling(pooling or default_pooling(model))
-    max_length = max_length or declared_max_length(getattr(model, "source_dir", None)) \
-        or tokenizer.model_max_length
+    texts = check_texts(texts)
+    pooling = check_pooling(pooling if pooling is not None else default_pooling(model))
+    normalize = check_flag(normalize, "normalize")
+    batch_size = check_count(batch_size or 1, "batch_size") if not texts else \
+        check_count(batch_size, "batch_size")     # (none to batch: a server's empty call)
+    max_length = check_count(max_length, "max_length", none_ok=True) \
+        or declared_max_length(getattr(model, "source_dir", None)) or tokenizer.model_max_length
     max_length = min(max_length, base.config.max_position_embeddings)
 
     def vector(out, mask):
@@ -192,9 +196,61 @@ def default_pooling(model) -> str:
 
 
 def check_pooling(pooling: str) -> str:
-    if pooling not in POOLINGS:
+    if not isinstance(pooling, str) or pooling not in POOLINGS:
         raise NanobertError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
     return pooling
+
+
+def check_count(value, name: str, none_ok: bool = False, minimum: int = 1):
+    """A whole number >= minimum (numpy's too), or None where none_ok; else an error
+    naming the argument."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer >= {minimum}"
+                        f"{' or None' if none_ok else ''}, got {type(value).__name__} "
+                        f"{value!r}"[:200])
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} "
+                        f"{value!r}"[:200])
+    return bool(value)
+
+
+def check_texts(texts, name: str = "texts") -> list:
+    """A list of strings from any iterable of them (a list, a tuple, a numpy array of
+    str, a generator); an error naming the first item that is not one."""
+    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
+        raise TypeError(f"{name} must be a string or a list of strings, got "
+                        f"{type(texts).__name__}")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{i}] must be a string, got {type(t).__name__} "
+                            f"{t!r}"[:200])
+    return texts
+
+
+def _loaded_model(model, tokenizer, dtype: str):
+    """An in-memory (model, tokenizer) for Encoder, in the dtype asked for (an int8 copy
+    for "int8": the caller's model is left as it was)."""
+    import copy
+    from .model import Bert, BertModel
+    if not isinstance(model, (Bert, BertModel)):
+        raise TypeError("Encoder(model): expected a model name or directory, a nanobert "
+                        f"Bert/BertModel with its tokenizer, or (model, tokenizer); got "
+                        f"{type(model).__name__}")
+    if tokenizer is None:
+        raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
+    if dtype == "int8" and getattr(model, "dtype_name", "float32") != "int8":
+        from .quantize import quantize
+        model = quantize(copy.deepcopy(model), tokenizer)
+    return model
 
 
 class Encoder:
@@ -209,15 +265,22 @@ class Encoder:
     def __init__(self, model="minilm", tokenizer=None, pooling: Optional[str] = None,
                  normalize: bool = True, batch_size: int = 64, max_length: Optional[int] = None,
                  name: str = "", dtype: str = "float32"):
+        from .quantize import dtype_name
+        dtype = dtype_name(dtype)
+        self.pooling = check_pooling(pooling) if pooling is not None else None
+        self.normalize = check_flag(normalize, "normalize")
+        self.batch_size = check_count(batch_size, "batch_size")
+        self.max_length = check_count(max_length, "max_length", none_ok=True)
+        if isinstance(model, tuple) and len(model) == 2 and tokenizer is None:
+            model, tokenizer = model               # Encoder(nanobert.load(...))
         if isinstance(model, (str, Path)):
             from . import load
             name = name or str(model)
             model, tokenizer = load(model, head=None, dtype=dtype)
-        elif tokenizer is None:
-            raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
+        else:
+            model = _loaded_model(model, tokenizer, dtype)
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.pooling = check_pooling(pooling or default_pooling(model))
-        self.normalize, self.batch_size, self.max_length = normalize, batch_size, max_length
+        self.pooling = self.pooling or default_pooling(model)
         self.name = name or str(getattr(model, "source_dir", None) or "model")
 
     @classmethod
@@ -230,7 +293,8 @@ class Encoder:
         single = isinstance(texts, str)
         out = encode(self.model, self.tokenizer, [texts] if single else texts, self.pooling,
                      self.normalize if normalize is None else normalize,
-                     batch_size or self.batch_size, self.max_length, show_progress)
+                     self.batch_size if batch_size is None else batch_size,
+                     self.max_length, show_progress)
         return out[0] if single else out
 
     def identity(self) -> str:
@@ -260,19 +324,39 @@ class Encoder:
         [(index, score, text)] per query, best first. `corpus` is a list of texts or a
         file path (then the embeddings are cached beside it). `rerank`, a cross-encoder
         (`nanobert.Reranker`), re-scores the `rerank_k` nearest entries and keeps k."""
+        k = check_count(k, "k")
+        single = isinstance(query, str)
+        queries = [query] if single else check_texts(query, "query")
         if rerank is not None:
-            first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
+            first = self.search(query, corpus, max(k, check_count(rerank_k, "rerank_k")),
+                                corpus_embeddings)
             return rerank.rerank_hits(query, first, k)
         if isinstance(corpus, (str, Path)):
             texts, corpus_embeddings = corpus_embeddings_cached(self, corpus)
         else:
-            texts = list(corpus)
-            if corpus_embeddings is None:
-                corpus_embeddings = self.encode(texts)
-        single = isinstance(query, str)
-        q = self.encode([query] if single else list(query))
-        hits = [[(i, s, texts[i]) for i, s in row] for row in top_k(q, corpus_embeddings, k, self.normalize)]
+            texts = check_texts(corpus, "corpus")
+            corpus_embeddings = self._corpus_vectors(texts, corpus_embeddings)
+        q = self.encode(queries)
+        hits = [[(i, s, texts[i]) for i, s in row]
+                for row in top_k(q, corpus_embeddings, k, self.normalize)]
         return hits[0] if single else hits
+
+    def _corpus_vectors(self, texts: list, given) -> np.ndarray:
+        """The corpus' vectors: `given` (checked: one row per text, this model's width)
+        or computed."""
+        if given is None:
+            return self.encode(texts)
+        if isinstance(given, torch.Tensor):
+            given = given.detach().float().cpu().numpy()
+        given = np.asarray(given)
+        width = self.model.config.hidden_size
+        if given.ndim != 2 or given.shape != (len(texts), width):
+            raise ValueError(f"corpus_embeddings must have shape ({len(texts)}, {width}): one "
+                             f"row per corpus text, this model's width; got {given.shape}")
+        given = given.astype(np.float32, copy=False)
+        if self.normalize:   # top_k takes a dot product for normalised vectors
+            given = given / np.linalg.norm(given, axis=-1, keepdims=True).clip(1e-12)
+        return given
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from .files import NanobertError, atomic_path, check_not_input, check_output_dir
+from .quantize import dtype_flag
 from .rundir import RUN_FILE
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -66,6 +67,10 @@ class _Graph(nn.Module):
 
 def check_exportable(model) -> None:
     """A one-line NanobertError for a model the exporter does not cover."""
+    from .model import Bert
+    if not isinstance(model, Bert):
+        raise TypeError(f"ONNX export takes a nanobert Bert (nanobert.load(...)[0]), got "
+                        f"{type(model).__name__}")
     family, head = model.config.family, model.head
     if getattr(model, "dtype_name", "float32") != "float32":
         raise NanobertError("export takes the fp32 model; ask for int8 with --dtype int8 "
@@ -80,7 +85,7 @@ def check_exportable(model) -> None:
 def onnx_bytes(model, opset: int = OPSET) -> bytes:
     """The fp32 ONNX graph of `model` (its weights are not changed)."""
     check_exportable(model)
-    graph = _Graph(copy.deepcopy(model)).eval()
+    graph = _Graph(copy.deepcopy(model)).eval().cpu()   # (a CUDA model: traced on CPU)
     graph.model.config.attn_backend = "sdpa"    # the padded layout: a static graph
     example = {"input_ids": torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0]]),
                "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
@@ -143,8 +148,8 @@ def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     export there is replaced whole, a failed or interrupted one leaves nothing. Returns
     the path of the graph asked for."""
     from .checkpoint import save_model
-    if dtype not in ("float32", "int8"):
-        raise NanobertError(f"--dtype {dtype!r}: choose float32 or int8")
+    from .quantize import dtype_name
+    dtype = dtype_name(dtype)
     data = onnx_bytes(model)
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
@@ -176,8 +181,10 @@ def export_args(p):
     p.add_argument("out", help="directory to write (the model files plus the graph)")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="onnx",
                    help="what to export to")
-    p.add_argument("--dtype", default="float32", choices=("float32", "int8"),
+    p.add_argument("--dtype", default="float32", type=dtype_flag, choices=("float32", "int8"),
                    help="int8: also write model_quantized.onnx (ONNX Runtime dynamic int8)")
+    p.add_argument("--int8", dest="dtype", action="store_const", const="int8",
+                   help="the same as --dtype int8")
 
 
 def export_cmd(args):

@@ -120,17 +120,21 @@ class Int8Linear(nn.Module):
                 f"int8, {len(self.outliers)} fp32 channels")
 
 
-def _input_peaks(model: nn.Module, batch: dict) -> dict:
-    """(block index, layer name) -> the largest |input| of each channel on `batch`."""
+def _input_peaks(encoder: nn.Module, batch: dict) -> dict:
+    """(block index, layer name) -> the largest |input| of each channel on `batch`, for
+    a nanobert `BertModel`."""
     peaks, hooks = {}, []
-    for i, block in enumerate(model.bert.blocks):
+    for i, block in enumerate(encoder.blocks):
         for name in QUANTIZED:
             def hook(module, inputs, key=(i, name)):
-                peaks[key] = inputs[0].detach().abs().flatten(0, -2).amax(0)
+                peak = inputs[0].detach().abs().flatten(0, -2).amax(0)
+                # a block run more than once (ALBERT shares one block across layers):
+                # the largest value over every pass
+                peaks[key] = peak if key not in peaks else torch.maximum(peaks[key], peak)
             hooks.append(block.get_submodule(name).register_forward_pre_hook(hook))
     try:
         with torch.inference_mode():
-            model.bert(**batch)
+            encoder(**batch)
     finally:
         for h in hooks:
             h.remove()
@@ -146,27 +150,55 @@ def outlier_channels(peaks: torch.Tensor, k: int) -> torch.Tensor:
     return top.indices.sort().values
 
 
-def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.Module:
-    """Swap the block Linear layers of a nanobert `Bert` for Int8Linear, in place, and
-    put it in eval mode. `tokenizer` encodes the calibration sentences that find the
-    outlier channels (none are kept without it). Returns the model."""
+def _check_quantizable(model) -> nn.Module:
+    """The nanobert model's encoder (a `Bert` or a `BertModel`), or a one-line error."""
+    from .model import Bert, BertModel
+    if not isinstance(model, (Bert, BertModel)):
+        raise TypeError(f"quantize(model): expected a nanobert Bert or BertModel, got "
+                        f"{type(model).__name__}")
     if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
         raise NanobertError("--dtype int8 needs torch's quantized CPU kernels (fbgemm), "
                             "which this torch build lacks; use --dtype float32")
+    devices = {p.device.type for p in model.parameters()}
+    if devices - {"cpu"}:
+        raise NanobertError(f"dtype int8 is a CPU inference path; this model is on "
+                            f"{', '.join(sorted(devices - {'cpu'}))} (move it with "
+                            "model.cpu() first, or keep float32 on the GPU)")
+    other = {str(p.dtype) for p in model.parameters()} - {str(torch.float32)}
+    if other:
+        raise NanobertError(f"dtype int8 quantizes a float32 model; this one has "
+                            f"{', '.join(sorted(other))} weights (model.float() first)")
+    return getattr(model, "bert", model)
+
+
+def _refuse_save(*args, **kwargs):
+    raise NanobertError("an int8 model is not saved (its weights are rounded and packed for "
+                        "fbgemm): save the float32 model and load it with dtype='int8'")
+
+
+def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.Module:
+    """Swap the block Linear layers of a nanobert `Bert` (or `BertModel`) for Int8Linear,
+    in place, and put it in eval mode. `tokenizer` encodes the calibration sentences
+    that find the outlier channels (none are kept without it). Returns the model."""
+    encoder = _check_quantizable(model)
     if getattr(model, "dtype_name", "float32") == "int8":
         return model
     model.eval()
-    peaks = _input_peaks(model, tokenizer(CALIBRATION)) if tokenizer and outliers else {}
+    calibration = tokenizer(CALIBRATION) if tokenizer is not None and outliers else None
+    peaks = _input_peaks(encoder, calibration) if calibration is not None else {}
     reduce_range = not _has_vnni()
-    for i, block in enumerate(model.bert.blocks):
+    for i, block in enumerate(encoder.blocks):
         for name in QUANTIZED:
             parent_name, _, attr = name.rpartition(".")
             parent = block.get_submodule(parent_name)
             linear = getattr(parent, attr)
+            if isinstance(linear, Int8Linear):   # a block shared by several layers (ALBERT)
+                continue
             keep = outlier_channels(peaks[i, name], outliers) if peaks else \
                 torch.zeros(0, dtype=torch.long)
             setattr(parent, attr, Int8Linear(linear, keep, reduce_range))
     model.dtype_name = "int8"
+    model.save_pretrained = _refuse_save   # (checkpoint.save_model would drop the weights)
     return model
 
 
@@ -177,14 +209,43 @@ DTYPES = {
 }
 
 
-def to_dtype(model: nn.Module, dtype: str, tokenizer=None) -> nn.Module:
-    if dtype not in DTYPES:
+# other spellings of a --dtype value (torch's, numpy's, the common short ones)
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "torch.float32": "float32",
+                 "torch.float": "float32", "qint8": "int8", "torch.qint8": "int8",
+                 "torch.int8": "int8"}
+
+
+def dtype_name(dtype) -> str:
+    """'float32' or 'int8' for a dtype given as a string ('fp32', 'int8', ...), a torch
+    dtype or None (float32); a ValueError (TypeError) naming `dtype` for anything else."""
+    if dtype is None:
+        return "float32"
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype)
+    if not isinstance(dtype, str):
+        raise TypeError(f"dtype must be a string (one of {', '.join(DTYPES)}), got "
+                        f"{type(dtype).__name__}")
+    name = DTYPE_ALIASES.get(dtype.strip().lower(), dtype.strip().lower())
+    if name not in DTYPES:
         raise NanobertError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    return DTYPES[dtype](model, tokenizer)
+    return name
+
+
+def to_dtype(model: nn.Module, dtype: str, tokenizer=None) -> nn.Module:
+    return DTYPES[dtype_name(dtype)](model, tokenizer)
 
 
 def add_dtype_flag(parser) -> None:
     """--dtype for the inference commands (predict, evaluate, embed, search)."""
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+    parser.add_argument("--dtype", type=dtype_flag, choices=tuple(DTYPES), default="float32",
                         help="int8: int8 Linear layers with activations quantized per call "
                              "(CPU; faster, slightly different numbers; docs/deploy.md)")
+
+
+def dtype_flag(text: str) -> str:
+    """--dtype's type: an alias (fp32) to its name; an unknown value is left for
+    argparse's choices to refuse."""
+    try:
+        return dtype_name(text)
+    except (NanobertError, TypeError):
+        return text

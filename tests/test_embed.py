@@ -275,3 +275,50 @@ def test_texts_to_embed_are_read_by_content_not_by_suffix(tmp_path):
     conll.write_text("EU B-ORG\nrejects O\n\nGerman B-MISC\n")
     with pytest.raises(NanobertError, match=r"c\.txt:1: CoNLL columns"):
         read_texts(conll)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1, got 0"),
+    ({"batch_size": "8"}, TypeError, "batch_size"),
+    ({"max_length": 0}, ValueError, "max_length"),
+    ({"normalize": "yes"}, TypeError, "normalize"),
+    ({"pooling": "sum"}, NanobertError, "unknown pooling 'sum'"),
+    ({"dtype": "int4"}, NanobertError, "dtype 'int4'"),
+])
+def test_encoder_names_its_bad_argument(minilm, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        Encoder(*minilm, **kwargs)
+
+
+def test_encode_and_search_refuse_bad_inputs_by_name(encoder):
+    model, tok = encoder.model, encoder.tokenizer
+    for texts, words in [(None, "texts must be a string or a list"), (3, "got int"),
+                         ([3], r"texts\[0\] must be a string"), (["a", None], r"texts\[1\]")]:
+        with pytest.raises(TypeError, match=words):
+            encoder.encode(texts)
+    with pytest.raises(ValueError, match="batch_size"):
+        encoder.encode(["a"], batch_size=0)                 # not silently the default
+    with pytest.raises(TypeError, match="batch_size"):
+        encode(model, tok, ["a"], batch_size=2.5)
+    for k, error in [(-1, ValueError), (0, ValueError), ("2", TypeError)]:
+        with pytest.raises(error, match="k must be"):
+            encoder.search("a", ["b", "c"], k=k)
+    with pytest.raises(TypeError, match="query must be"):
+        encoder.search(3, ["b"])
+    with pytest.raises(ValueError, match=r"corpus_embeddings must have shape \(2, 384\)"):
+        encoder.search("a", ["b", "c"], corpus_embeddings=np.zeros((3, 384), np.float32))
+    assert encoder.encode(("a b", "c")).shape == encoder.encode(np.array(["a b", "c"])).shape
+
+
+def test_encoder_takes_what_load_returns_and_int8_is_a_copy(minilm, one_thread):
+    model, tok = minilm
+    pair = Encoder((model, tok))                       # Encoder(nanobert.load(...))
+    assert pair.model is model
+    with pytest.raises(TypeError, match="Encoder\\(model\\)"):
+        Encoder(3)
+    int8 = Encoder(model, tok, dtype="int8")
+    assert int8.model.dtype_name == "int8" and getattr(model, "dtype_name", "float32") == "float32"
+    a, b = Encoder(model, tok).encode(SENTENCES[:4]), int8.encode(SENTENCES[:4])
+    assert (a * b).sum(1).min() > 0.99 and not np.array_equal(a, b)
+    hits = pair.search("someone eats", SENTENCES[:4], k=2, corpus_embeddings=a * 3.0)
+    assert hits[0][0] == 0 and hits[0][1] <= 1.0 + 1e-6    # given vectors scored as cosines

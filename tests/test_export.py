@@ -116,3 +116,35 @@ def test_export_refuses_a_bad_out_before_loading(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and why in err and "OUT" in err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_cli_int8_flag_and_the_deploy_doc_feed(tmp_path, capsys, one_thread):
+    """`--int8` is `--dtype int8`; a family without segments is fed as docs/deploy.md
+    shows (the graph's own input names), and the graph refuses what is not a model."""
+    from nanobert.cli import main
+    from nanobert.tokenizer import Tokenizer
+    words = "the a film was good bad dull plot fun".split()
+    tok = Tokenizer.train([" ".join(words)] * 3, vocab_size=60, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("distilbert-tiny", vocab_size=tok.vocab_size, hidden_size=32,
+                          num_attention_heads=4, intermediate_size=37,
+                          max_position_embeddings=40)
+    src = tmp_path / "src"
+    nanobert.Bert(cfg, "classify").save_pretrained(src, tokenizer=tok)
+    assert main(["export", "--format", "onnx", str(src), str(tmp_path / "out"), "--int8",
+                 "--threads", "1"]) == 0
+    assert "model_quantized.onnx" in capsys.readouterr().out
+    sess = ort.InferenceSession(str(tmp_path / "out" / "model.onnx"),
+                                providers=["CPUExecutionProvider"])
+    batch = Tokenizer.from_dir(tmp_path / "out")(["the film was fun", "dull"])
+    feed = {i.name: batch[i.name].numpy() for i in sess.get_inputs()}
+    assert "token_type_ids" not in feed
+    logits, = sess.run(None, feed)
+    model, _ = nanobert.load(tmp_path / "out")
+    with torch.no_grad():
+        want = model(batch["input_ids"], batch["attention_mask"]).logits.numpy()
+    assert np.abs(logits - want).max() < TOL
+    with pytest.raises(TypeError, match="nanobert Bert"):
+        onnx_bytes(model.bert)
+    with pytest.raises(NanobertError, match="dtype 'int4'"):
+        export_onnx(model, tmp_path / "x", dtype="int4")

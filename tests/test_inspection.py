@@ -165,6 +165,7 @@ def test_silhouette_separates_clusters():
 
 def test_sentence_vectors_kinds(tiny_dir):
     model, tok = nanobert.load(tiny_dir)
+    model.train()
     texts = ["a good film", "the plot", "awful awful dull story film"]
     cls = sentence_vectors(model, tok, texts, kind="cls", batch_size=2)
     pooled = sentence_vectors(model, tok, texts, kind="pooled", batch_size=2)

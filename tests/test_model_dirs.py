@@ -328,3 +328,35 @@ def test_fuzzed_tokenizer_files_load_or_say_why(model_dir, tmp_path_factory):
         except NanobertError as e:
             assert "\n" not in str(e)
     run()
+
+
+def test_load_gives_an_eval_model_and_round_trips(model_dir, tmp_path):
+    """nanobert.load returns the model in eval mode (dropout off), as transformers'
+    from_pretrained does: two calls give the same numbers; save_pretrained round trips."""
+    model, tok = nanobert.load(model_dir)
+    assert not model.training
+    batch = tok(["the movie was great", "dull"])
+    with torch.inference_mode():
+        a, b = model.bert(**batch), model.bert(**batch)
+    assert torch.equal(a.last_hidden_state, b.last_hidden_state)
+    model.save_pretrained(tmp_path / "again", tokenizer=tok)
+    again, _ = nanobert.load(tmp_path / "again", dtype="fp32")
+    with torch.inference_mode():
+        c = again.bert(**batch)
+    assert torch.equal(a.last_hidden_state, c.last_hidden_state)
+
+
+@pytest.mark.parametrize("args, kwargs, error, words", [
+    ((None,), {}, TypeError, "name_or_dir"),
+    ((3,), {}, TypeError, "name_or_dir"),
+    (("  ",), {}, NanobertError, "empty model name"),
+    ((), {"head": "bogus"}, NanobertError, "head='bogus'"),
+    ((), {"attn_backend": "flash9"}, NanobertError, "attn_backend='flash9'"),
+    ((), {"hiden_size": 64}, TypeError, "hiden_size"),
+    ((), {"dtype": "int4"}, NanobertError, "dtype 'int4'"),
+    ((), {"dtype": 8}, TypeError, "dtype"),
+])
+def test_load_names_the_bad_argument(model_dir, args, kwargs, error, words):
+    with pytest.raises(error) as e:
+        nanobert.load(*(args or (model_dir,)), **kwargs)
+    assert words in str(e.value) and "\n" not in str(e.value)

@@ -103,3 +103,58 @@ def test_cli_int8_embed_and_identity(tmp_path, one_thread):
     assert cos.min() > 0.99 and not np.array_equal(outs["float32"], outs["int8"])
     # cached corpus embeddings of one dtype are never served for the other
     assert Encoder("minilm").identity() != Encoder("minilm", dtype="int8").identity()
+
+
+def test_dtype_spellings_and_refusals():
+    from nanobert.quantize import dtype_name, add_dtype_flag
+    import argparse
+    for given, want in [("fp32", "float32"), ("float32", "float32"), (None, "float32"),
+                        (torch.float32, "float32"), ("INT8", "int8"), ("int8", "int8")]:
+        assert dtype_name(given) == want, given
+    with pytest.raises(NanobertError, match="dtype 'float16': choose one of float32, int8"):
+        dtype_name("float16")
+    with pytest.raises(TypeError, match="dtype must be a string"):
+        dtype_name(8)
+    p = argparse.ArgumentParser()
+    add_dtype_flag(p)
+    assert p.parse_args(["--dtype", "fp32"]).dtype == "float32"
+
+
+def tiny(family="bert"):
+    torch.manual_seed(0)
+    cfg = nanobert.preset(f"{family}-tiny", vocab_size=99, hidden_size=32, num_attention_heads=4,
+                          intermediate_size=37, max_position_embeddings=40)
+    return nanobert.Bert(cfg, "classify").eval()
+
+
+def test_quantize_refuses_what_it_cannot_do(tmp_path, one_thread):
+    with pytest.raises(TypeError, match="expected a nanobert Bert"):
+        quantize(nn.Linear(4, 4))
+    with pytest.raises(NanobertError, match="float32 model"):
+        quantize(tiny().half())
+    q = quantize(tiny())
+    with pytest.raises(NanobertError, match="not saved"):   # would drop the block weights
+        q.save_pretrained(tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+    encoder = quantize(tiny().bert)                        # a bare BertModel works too
+    assert isinstance(encoder.blocks[0].up, Int8Linear)
+
+
+def test_shared_blocks_quantized_once_with_peaks_over_every_layer(one_thread):
+    """ALBERT runs one block for every layer: it is quantized once, and its outlier
+    channels come from the largest input over all the layers."""
+    from nanobert.quantize import _input_peaks
+    model = tiny("albert")
+    blocks = model.bert.blocks
+    batch = {"input_ids": torch.randint(5, 99, (2, 9)), "attention_mask": torch.ones(2, 9,
+                                                                                   dtype=torch.long)}
+    seen = []
+    hook = blocks[0].up.register_forward_pre_hook(
+        lambda m, x: seen.append(x[0].detach().abs().flatten(0, -2).amax(0)))
+    peaks = _input_peaks(model.bert, batch)
+    hook.remove()
+    assert torch.equal(peaks[0, "up"], torch.stack(seen).amax(0))
+    q = quantize(copy.deepcopy(model))
+    assert all(isinstance(b.up, Int8Linear) for b in q.bert.blocks)
+    with torch.no_grad():
+        assert (q(**batch).logits - model(**batch).logits).abs().max() < 0.05
