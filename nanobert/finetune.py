@@ -280,6 +280,17 @@ def entities(text, enc, word_preds: dict, id2label: dict) -> list:
     return entity_spans(text, spans, word_preds, id2label)
 
 
+def tag_parts(tag: str) -> tuple:
+    """(entity type or None for O, whether the tag may continue an entity of that type).
+    IOB2's B-/I-, and for checkpoints trained elsewhere BIOES/BILOU (E-, L- continue; S-,
+    U- start) and bare types (IO tagging: 'PER', 'LABEL_1' continue their own type)."""
+    if tag == "O":
+        return None, False
+    if len(tag) > 2 and tag[1] == "-" and tag[0] in "BIESLU":
+        return tag[2:], tag[0] in "IEL"
+    return tag, True
+
+
 def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
     """Entities of word tags, read as seqeval reads IOB2 (an I-X after O or after another
     type starts an entity); `spans`: word index -> (char start, char end) in `text`. A
@@ -289,8 +300,8 @@ def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
     for w in sorted(spans):
         tag, conf = ((id2label[word_preds[w][0]], word_preds[w][1]) if w in word_preds
                      else ("O", 1.0))
-        kind = tag[2:] if tag != "O" else None
-        if cur is not None and (tag.startswith("I-") and kind == cur["type"]):
+        kind, goes_on = tag_parts(tag)
+        if cur is not None and goes_on and kind == cur["type"]:
             cur["end"] = spans[w][1]
             cur["scores"].append(conf)
             continue

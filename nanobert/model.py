@@ -108,6 +108,10 @@ class BertConfig:
                      "relative_buckets", "max_relative_positions", "relative_norm")
 
     def __post_init__(self):
+        for key in self._REQUIRED:   # (a string here failed later, in the % below)
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{key} must be a whole number >= 1, got {v!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
                              f"num_attention_heads {self.num_attention_heads}")
@@ -220,6 +224,8 @@ VARIANTS = {
 
 def preset(name: str, **overrides) -> BertConfig:
     """A size ("base"), or a variant and a size ("albert-base"), plus any overrides."""
+    if not isinstance(name, str):
+        raise TypeError(f"preset(name): a preset name such as 'tiny', got {name!r}")
     variant, _, size = name.rpartition("-")
     variant = variant or "bert"
     if size not in PRESETS or variant not in VARIANTS:
@@ -711,6 +717,38 @@ class EncoderOutput:
     layout: Optional[Layout] = None
 
 
+def check_inputs(c: BertConfig, input_ids, attention_mask, token_type_ids):
+    """A ValueError naming the argument for what would otherwise fail deep inside torch
+    (an IndexError from an embedding lookup) or, worse, silently: ids that are no (B, T)
+    integer tensor, outside the vocabulary or longer than the positions, a mask or token
+    types of another shape. The value checks run where they cost no device sync (CPU)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
+            or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        shown = (f"a {input_ids.dim()}-D {input_ids.dtype} tensor"
+                 if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__)
+        raise ValueError(f"input_ids must be a (batch, length) tensor of token ids, got {shown}")
+    B, T = input_ids.shape
+    if B == 0 or T == 0:
+        raise ValueError(f"input_ids is empty: shape {tuple(input_ids.shape)}")
+    absolute = c.position_embedding_type == "absolute"
+    if absolute and T + c.position_offset > c.max_position_embeddings:
+        raise ValueError(f"input_ids has {T} tokens a row, more than the model's "
+                         f"{c.max_position_embeddings - c.position_offset} positions")
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != input_ids.shape):
+            shown = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must have the shape of input_ids {(B, T)}, got {shown}")
+    if input_ids.device.type != "cpu":
+        return
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= c.vocab_size:
+        raise ValueError(f"input_ids holds {lo if lo < 0 else hi}, outside the vocabulary "
+                         f"(0 to {c.vocab_size - 1})")
+    if token_type_ids is not None and c.type_vocab_size > 0:   # (0: the model reads none)
+        if int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= c.type_vocab_size:
+            raise ValueError(f"token_type_ids must be from 0 to {c.type_vocab_size - 1}")
+
+
 class BertModel(nn.Module):
     """Embeddings, blocks and pooler: the `BertModel` of the checkpoint format."""
 
@@ -730,6 +768,7 @@ class BertModel(nn.Module):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None,
                 output_attentions=False, keep_unpadded=False) -> EncoderOutput:
         # input_ids, attention_mask, token_type_ids: (B, T)
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         B, T = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -941,8 +980,9 @@ class Bert(nn.Module):
     # checkpoint I/O lives in nanobert.checkpoint; these are the convenient doors to it
     @classmethod
     def from_pretrained(cls, name_or_dir, head="auto", **config_overrides) -> "Bert":
+        """In eval mode, as transformers' from_pretrained returns it (dropout off)."""
         from .checkpoint import load_model
-        return load_model(name_or_dir, head=head, **config_overrides)
+        return load_model(name_or_dir, head=head, **config_overrides).eval()
 
     def save_pretrained(self, out_dir, tokenizer=None):
         from .checkpoint import save_model

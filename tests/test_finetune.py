@@ -571,3 +571,29 @@ def test_entities_end_at_a_word_with_no_prediction():
     assert [(e["text"], e["start"]) for e in ents] == [("Ann", 0), ("Lee", 6)]
     ents = entity_spans("Ann Lee", {0: (0, 3), 1: (4, 7)}, {0: (1, 0.9), 1: (2, 0.7)}, id2label)
     assert [(e["text"], e["score"]) for e in ents] == [("Ann Lee", 0.8)]
+
+
+def test_entity_spans_read_bioes_and_bare_labels():
+    """Checkpoints tagged elsewhere: BIOES (E- continues, S- is one word) and bare labels
+    (IO tagging, 'LABEL_1' from an unnamed head) were read as if their first two
+    characters were 'B-'/'I-' (types 'BEL_1')."""
+    from nanobert.finetune import entity_spans
+    text = "Ann Lee met Bo in Rome"
+    words = text.split()
+    spans, pos = {}, 0
+    for i, w in enumerate(words):
+        spans[i] = (pos, pos + len(w))
+        pos += len(w) + 1
+
+    def ents(tags):
+        id2label = dict(enumerate(sorted(set(tags))))
+        ids = {t: i for i, t in id2label.items()}
+        preds = {i: (ids[t], 0.9) for i, t in enumerate(tags)}
+        return [(e["type"], e["text"]) for e in entity_spans(text, spans, preds, id2label)]
+
+    assert ents(["B-PER", "E-PER", "O", "S-PER", "O", "S-LOC"]) == \
+        [("PER", "Ann Lee"), ("PER", "Bo"), ("LOC", "Rome")]
+    assert ents(["LABEL_1", "LABEL_1", "O", "LABEL_1", "O", "LABEL_2"]) == \
+        [("LABEL_1", "Ann Lee"), ("LABEL_1", "Bo"), ("LABEL_2", "Rome")]
+    assert ents(["B-PER", "I-PER", "O", "I-PER", "O", "B-LOC"]) == \
+        [("PER", "Ann Lee"), ("PER", "Bo"), ("LOC", "Rome")]

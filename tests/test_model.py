@@ -192,3 +192,36 @@ def test_fast_linear_equals_plain_linear_for_any_row_count():
         for rows in (3, 300):
             x = torch.randn(rows, 24)
             assert torch.allclose(lin(x), F.linear(x, lin.weight), atol=1e-5), rows
+
+
+def test_bad_inputs_and_configs_are_named(tiny_config):
+    """What failed deep inside torch (an IndexError in an embedding lookup, a '%' on a
+    string) or silently (a mask of another shape on the unpadded path) is a ValueError
+    naming the argument; token types are not checked where the model reads none."""
+    import dataclasses
+    model = nanobert.Bert(tiny_config).eval()
+    ids = torch.randint(0, tiny_config.vocab_size, (2, 5))
+    cases = {"tensor of token ids, got list": dict(input_ids=ids.tolist()),
+             "got a 1-D": dict(input_ids=ids[0]),
+             "torch.float32": dict(input_ids=ids.float()),
+             f"holds {tiny_config.vocab_size}, outside":
+                 dict(input_ids=ids.clamp(max=0) + tiny_config.vocab_size),
+             "holds -1": dict(input_ids=ids.clamp(max=0) - 1),
+             "empty": dict(input_ids=ids[:, :0]),
+             "positions": dict(input_ids=torch.zeros(1, tiny_config.max_position_embeddings + 1,
+                                                     dtype=torch.long)),
+             "attention_mask must have the shape":
+                 dict(input_ids=ids, attention_mask=torch.ones(2, 4)),
+             "token_type_ids must be from 0 to 1": dict(input_ids=ids, token_type_ids=ids * 0 + 2)}
+    for message, kwargs in cases.items():
+        for backend in ("eager", "sdpa", "unpadded"):
+            model.config.attn_backend = backend
+            with pytest.raises(ValueError, match=message):
+                model(**kwargs)
+    assert model.bert(input_ids=ids.int()).last_hidden_state.shape == (2, 5, tiny_config.hidden_size)
+    no_types = nanobert.Bert(dataclasses.replace(tiny_config, type_vocab_size=0)).eval()
+    no_types(input_ids=ids, token_type_ids=ids * 0 + 1)            # DistilBERT-like: ignored
+    with pytest.raises(ValueError, match="hidden_size must be a whole number"):
+        dataclasses.replace(tiny_config, hidden_size="x")
+    with pytest.raises(TypeError, match="preset"):
+        nanobert.preset(None)
