@@ -141,6 +141,20 @@ def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary",
     return tk
 
 
+def check_texts(name: str, texts) -> None:
+    """A non-empty list (or tuple) of strings, or a ValueError/TypeError naming `name`
+    and the first item that is not one (the tokenizers library's own messages name
+    neither)."""
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(f"{name} must be a string or a list of strings, got "
+                        f"{type(texts).__name__}")
+    if not texts:
+        raise ValueError(f"{name} is empty: nothing to encode")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise TypeError(f"{name}[{bad}] must be a string, got {type(texts[bad]).__name__}")
+
+
 class Tokenizer:
     def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True,
                  specials: Optional[dict] = None):
@@ -352,6 +366,13 @@ class Tokenizer:
         if isinstance(texts, str):
             texts = [texts]
             pairs = [pairs] if isinstance(pairs, str) else pairs
+        check_texts("texts", texts)
+        if pairs is not None:
+            check_texts("pairs", pairs)
+            if len(pairs) != len(texts):
+                raise ValueError(f"pairs: {len(pairs)} for {len(texts)} texts (one each)")
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
+            raise ValueError(f"max_length must be a whole number >= 2, got {max_length!r}")
         return self.pad(self.encode_batch(texts, pairs, max_length, report=report))
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

@@ -222,3 +222,20 @@ def test_tokenizer_config_settings_as_transformers_reads_them(tmp_path, conf):
         ours.save(tmp_path / "saved")
         again = hf.AutoTokenizer.from_pretrained(tmp_path / "saved")
         assert [ours.encode(t).ids for t in CASED_TEXTS] == [again(t)["input_ids"] for t in CASED_TEXTS]
+
+
+def test_calling_the_tokenizer_names_what_is_wrong(minilm_dir):
+    """tok(None), tok([3]), tok([]) failed inside the tokenizers library or in `pad`
+    (max() of an empty sequence); max_length=0 was silently ignored."""
+    tok = Tokenizer.from_dir(minilm_dir)
+    for bad, kind, message in [(None, TypeError, "texts must be a string or a list"),
+                               ([3], TypeError, r"texts\[0\] must be a string, got int"),
+                               (["a", None], TypeError, r"texts\[1\] must be a string"),
+                               ([], ValueError, "texts is empty")]:
+        with pytest.raises(kind, match=message):
+            tok(bad)
+    with pytest.raises(ValueError, match="max_length must be a whole number"):
+        tok("a", max_length=0)
+    with pytest.raises(ValueError, match="pairs: 1 for 2 texts"):
+        tok(["a", "b"], ["c"])
+    assert tok(("a b", "c"))["input_ids"].shape == (2, 4)
