@@ -348,8 +348,8 @@ class RetrievalConfig(Config):
                                 choices=("mnrl", "cosent", "cosine_mse"))
     pooling: Optional[str] = param(
         None, "how token vectors become the one vector of a text (pair): embed: mean "
-        "(default) or cls; classify, regress: the pooling the starting checkpoint declares "
-        "(minilm: mean), else cls (BERT's [CLS], what transformers runs); rerank: cls",
+        "(default) or cls; classify, regress: cls (BERT's [CLS], the vector transformers' "
+        "classifiers read; ModernBERT: the pooling the checkpoint declares) or mean; rerank: cls",
         choices=POOLINGS)
     scale: float = param(20.0, "embed: inverse temperature of the cosine (MNRL, CoSENT)",
                          positive())

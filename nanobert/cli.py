@@ -75,7 +75,9 @@ class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         h = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in h:
+        # (`is`, not `in`: 0 == False, and a default of 0 is worth showing)
+        if action.default is None or action.default is False or \
+                action.default is argparse.SUPPRESS or "default" in h:
             return h
         return super()._get_help_string(action)
 

@@ -137,6 +137,9 @@ class DistillConfig(PretrainConfig):
                               at_least(0))
     temperature: float = param(2.0, "softmax temperature T", positive())
     preset: Optional[str] = None            # the student comes from the teacher
+    tokenizer: Optional[str] = param(None, "directory with tokenizer.json or vocab.txt "
+                                     "(default: the teacher's; another must hold the "
+                                     "teacher's vocabulary)")
     trainer: TrainConfig = param(_distill_trainer)
 
     def __post_init__(self):

@@ -462,7 +462,8 @@ def _common(p):
     p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="token pooling (default: what the checkpoint declares, else mean)")
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the vectors")
-    p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64)
+    p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64,
+                   help="texts per forward pass")
     p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=None,
                    help="truncate texts to this many tokens (default: the model's)")
     add_dtype_flag(p)

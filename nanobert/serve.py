@@ -868,7 +868,8 @@ def serve_args(p):
                    help="model directory, 'minilm' or a hub name; NAME=PATH names it "
                         "(default name: the directory's name)")
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=checked(int), default=d.port)
+    p.add_argument("--port", type=checked(int), default=d.port,
+                   help="TCP port (0: a free one, named in the start-up lines)")
     p.add_argument("--max-batch-tokens", type=checked(int), default=d.max_batch_tokens,
                    help="real tokens per inference batch (requests are batched together up to it)")
     p.add_argument("--max-concurrent-requests", type=checked(int),
@@ -894,7 +895,8 @@ def serve_args(p):
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the start-up pass over every batch shape (it builds the CPU "
                         "kernels of each once, so memory stays flat from the first request "
-                        "instead of growing for minutes; minilm: about 2 s)")
+                        "instead of growing for minutes; minilm: about 2 s; the pass is on "
+                        "by default)")
     from .quantize import add_dtype_flag
     add_dtype_flag(p)
 

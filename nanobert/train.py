@@ -77,7 +77,8 @@ class TrainConfig(Config):
     seed: int = param(42, "random seed (data order, new weights, dropout)", seed_range())
     log_every: int = param(10, "steps between 'train' records in metrics.jsonl",
                           at_least(1, MAX_STEPS))
-    eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
+    eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch; "
+                                      "pretrain, distill, ablate-masking: a tenth of --steps)",
                                       at_least(1, MAX_STEPS))
     save_every: Optional[int] = param(None, "steps between checkpoints (default: at each "
                                       "evaluation)", at_least(1, MAX_STEPS))
