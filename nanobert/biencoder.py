@@ -574,8 +574,11 @@ def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) ->
     from .embed import encode
 
     def vectors(texts):
+        # at the length the model is saved with (sentence_bert_config.json's max_seq_length):
+        # during training the model still declared its starting checkpoint's (minilm: 256),
+        # and the dev scores in metrics.jsonl differed from `evaluate` on the saved model
         return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size,
-                      max_length=settings.get("eval_max_length"))
+                      max_length=settings.get("max_length"))
     if isinstance(data, list) and data[0].score is not None:
         return R.evaluate_sts(vectors, data)
     if isinstance(data, list):
