@@ -55,6 +55,18 @@ def read_tweets(path) -> list:
     return out
 
 
+def shares(n: int, sizes: list) -> list:
+    """n split in proportion to `sizes`, in whole numbers that add up to n (largest
+    remainders get the rest: rounding each share on its own made 3,000 into 3,001)."""
+    total = sum(sizes)
+    exact = [n * s / total for s in sizes]
+    out = [int(x) for x in exact]
+    by_remainder = sorted(range(len(sizes)), key=lambda i: (out[i] - exact[i], i))
+    for i in by_remainder[:n - sum(out)]:
+        out[i] += 1
+    return out
+
+
 def split(rows, n_train, n_dev, seed) -> tuple:
     """A seeded split, stratified by label (each label keeps its share in both parts)."""
     rng = random.Random(seed)
@@ -62,11 +74,10 @@ def split(rows, n_train, n_dev, seed) -> tuple:
     for r in rows:
         by_label.setdefault(r[1], []).append(r)
     train, dev = [], []
-    total = len(rows)
-    for label, rs in sorted(by_label.items()):
+    groups = sorted(by_label.items())
+    sizes = [len(rs) for _, rs in groups]
+    for (label, rs), k_dev, k_train in zip(groups, shares(n_dev, sizes), shares(n_train, sizes)):
         rng.shuffle(rs)
-        k_dev = round(n_dev * len(rs) / total)
-        k_train = round(n_train * len(rs) / total)
         dev += rs[:k_dev]
         train += rs[k_dev:k_dev + k_train]
     rng.shuffle(train)

@@ -303,6 +303,8 @@ def test_demo_reader_survives_encoding_debris_and_splits_by_label(tmp_path):
     assert len(dev) == 9 and sorted(l for _, l in dev) == ["negative"] * 3 + ["neutral"] * 3 + ["positive"] * 3
     assert not {t for t in map(id, train)} & {t for t in map(id, dev)}
     assert split(rows, 15, 9, seed=1) == (train, dev)
+    # the sizes asked for, exactly (each label's share rounded alone gave 3,001 for 3,000)
+    assert [len(part) for part in split(rows, 11, 7, seed=1)] == [11, 7]
 
 
 def test_demo_on_user_files(tiny_dir, tmp_path, capsys):
