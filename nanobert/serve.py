@@ -60,6 +60,7 @@ class ServeConfig:
     body_timeout: float = 30.0          # seconds to receive a request's body; then 408
     warmup: bool = True                 # build every batch shape's kernels before serving
     drain_timeout: float = 25.0         # SIGTERM: seconds to finish requests in flight; then 503
+    cors_origins: tuple = ()            # web pages (origins) whose scripts may call the API
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -855,7 +856,20 @@ def make_app(server: Server):
     # with an empty body, left a client that does not follow it without an answer
     routes = [StarletteRoute(path, handle, methods=[r.method]) for r in ROUTES
               for handle in [endpoint(server, r)] for path in (r.path, r.path + "/")]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    return Starlette(routes=routes, lifespan=lifespan, middleware=cors(server.config.cors_origins),
+                     exception_handlers={HTTPException: http_error})
+
+
+def cors(origins: tuple) -> list:
+    """Starlette's CORS middleware when origins are allowed: it answers the browser's
+    preflight OPTIONS itself (no API key is sent with one) and adds the
+    Access-Control-Allow-* headers; without origins, browsers keep other pages out."""
+    if not origins:
+        return []
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    return [Middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                       allow_headers=["Authorization", "Content-Type"], max_age=600)]
 
 
 # ----------------------------------------------------------------------------------
@@ -892,6 +906,9 @@ def serve_args(p):
                         "Kubernetes waits before it kills)")
     p.add_argument("--threads", type=checked(int), default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
+    p.add_argument("--cors-allow-origin", action="append", metavar="ORIGIN",
+                   help="let scripts on this web origin call the API from a browser "
+                        "(repeat for more; '*': any); by default browsers refuse them")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the start-up pass over every batch shape (it builds the CPU "
                         "kernels of each once, so memory stays flat from the first request "
@@ -923,7 +940,18 @@ def config_from_args(args) -> ServeConfig:
                             "spaces (what an 'Authorization: Bearer KEY' header can carry)")
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
-                       args.dtype, args.body_timeout, args.warmup, args.drain_timeout)
+                       args.dtype, args.body_timeout, args.warmup, args.drain_timeout,
+                       cors_origins(args.cors_allow_origin or []))
+
+
+def cors_origins(given: list) -> tuple:
+    """--cors-allow-origin values: '*' or scheme://host[:port], as a browser's Origin
+    header writes it (a path or a trailing slash never matches one)."""
+    for origin in given:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise NanobertError(f"--cors-allow-origin {origin!r}: give '*' or an origin such as "
+                                "https://example.com (scheme and host, no path)")
+    return tuple(given)
 
 
 def raw_error(protocol, status: int, message: str):

@@ -838,6 +838,7 @@ def test_int8_server_equals_offline_int8(models):
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
     (["--body-timeout", "nan"], "--body-timeout must be a number of seconds > 0, got nan"),
     (["--drain-timeout", "0"], "--drain-timeout must be a number of seconds > 0, got 0.0"),
+    (["--cors-allow-origin", "example.com/app"], "--cors-allow-origin 'example.com/app': give"),
     (["--port", "BUSY"], "Address already in use"),
     # keys no 'Authorization: Bearer' header can match (stripped, Latin-1): every request
     # 401; and model specs: all refused before the address is tried and any model loads
@@ -857,3 +858,26 @@ def test_bad_flag_is_one_line_and_status_2(flags, says, capsys):
         assert main(["serve", "minilm", *flags]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and says in err
+
+
+def test_cors_preflight_and_headers_only_for_allowed_origins():
+    """A web page's script calls the API only with --cors-allow-origin: the browser's
+    preflight OPTIONS (sent without the API key) is answered, and answers name the
+    origin; another origin gets no such header (the browser then refuses the answer)."""
+    page = "http://app.example.com"
+    s = Running(["minilm"], "--cors-allow-origin", page, key=KEY)
+    try:
+        pre = s.http.options("/v1/embeddings", headers={
+            "Origin": page, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == page
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        r = s.post("/v1/embeddings", {"input": "hi", "model": "minilm"}, headers={"Origin": page})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == page
+        other = s.post("/embed", {"inputs": "hi"}, headers={"Origin": "http://evil.example"})
+        assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+        assert httpx.post(s.url + "/embed", json={"inputs": "hi"},
+                          headers={"Origin": page}).status_code == 401   # the key still counts
+    finally:
+        s.close()
