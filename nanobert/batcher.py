@@ -152,10 +152,7 @@ class Batcher:
                 self._run_one(batch)
             except BaseException as e:   # a bug here: fail the batch, not every request after
                 for job, _ in batch:
-                    try:
-                        job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, e)
-                    except RuntimeError:
-                        pass
+                    _answer(job, e)
 
     def _take(self, pending: deque, block: bool) -> bool:
         """Move queued jobs into `pending`; True when the stop mark came."""
@@ -215,10 +212,7 @@ class Batcher:
             job.outputs[i] = out
             job.left -= 1
             if error is not None or job.left == 0:
-                try:
-                    job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, error)
-                except RuntimeError:   # its event loop is closed: nobody to answer
-                    pass
+                _answer(job, error)
         self._trim()   # after the answers are on their way, not before
 
     def _compute(self, batch: list) -> list:
@@ -243,6 +237,14 @@ class Batcher:
             results = [(None, None)] * len(mine) if job.cancelled else self._compute(mine)
             outcomes.update(((id(job), i), o) for (_, i), o in zip(mine, results))
         return [outcomes[(id(job), i)] for job, i in batch]
+
+
+def _answer(job, error=None):
+    """Settle the job's future on its event loop: its outputs, or `error`."""
+    try:
+        job.loop.call_soon_threadsafe(_settle, job.future, job.outputs, error)
+    except RuntimeError:   # its event loop is closed: nobody to answer
+        pass
 
 
 def _quietly(fn, *args):

@@ -27,6 +27,7 @@ from .rundir import require_finished
 QKV = re.compile(r"bert\.blocks\.(\d+)\.attn\.qkv\.(\w+)")
 TIED = "mlm.word_embeddings.weight"  # the MLM decoder: the word embeddings, unless untied
 HEAD_PREFIXES = ("mlm.", "pair.", "classifier.", "qa.", "bert.pooler.")
+MLM_HEADS = ("mlm", "pretraining")   # the heads with an MLM decoder
 
 
 def family_of(hf_config: dict, path) -> Family:
@@ -301,7 +302,7 @@ def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
     if head == "classify" and config.problem_type == MULTI_LABEL:
         config = _single_label(config, config_overrides, model_dir / "config.json")
     model = Bert(config, head)
-    if model.head in ("mlm", "pretraining") and hf.get("tie_word_embeddings") is False:
+    if model.head in MLM_HEADS and hf.get("tie_word_embeddings") is False:
         untie_decoder(model)
     model.new_weights = load_state(model, state, fam, source=model_dir)
     model.source_dir = model_dir
@@ -324,9 +325,9 @@ def _single_label(config: BertConfig, overrides: dict, path) -> BertConfig:
 
 
 def decoder_is_tied(model: Bert) -> bool:
-    """Whether the MLM decoder is the word embedding matrix (as HF's default
-    tie_word_embeddings=true has it) or a matrix of its own."""
-    return model.mlm.word_embeddings is model.bert.emb.tok
+    """Whether the model has an MLM decoder that is the word embedding matrix (as HF's
+    default tie_word_embeddings=true has it), not a matrix of its own."""
+    return model.head in MLM_HEADS and model.mlm.word_embeddings is model.bert.emb.tok
 
 
 def untie_decoder(model: Bert):
@@ -353,7 +354,7 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
     """Copy HF-named tensors into `model`. Missing encoder weights are an error; a
     missing pooler or head is left initialised and its names returned."""
     new, missing = {}, []
-    tied = model.head in ("mlm", "pretraining") and decoder_is_tied(model)
+    tied = decoder_is_tied(model)
     for name, param in model.state_dict().items():
         if name == TIED and tied:
             continue
@@ -409,7 +410,7 @@ def _unexpected_encoder_weights(hf_state: dict, model: Bert, fam: Family) -> lis
 def hf_state_dict(model: Bert) -> dict:
     """The model's tensors under its family's HF names (base models without prefix)."""
     fam = FAMILIES[model.config.family]
-    tied = model.head in ("mlm", "pretraining") and decoder_is_tied(model)
+    tied = decoder_is_tied(model)
     out = {}
     for name, t in model.state_dict().items():
         if name == TIED and tied:
@@ -432,6 +433,9 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
     import os
     import tempfile
     from safetensors.torch import save_file
+    if getattr(model, "dtype_name", "float32") != "float32":   # its Linear weights are packed
+        raise NanobertError("an int8 model is not saved (its weights are rounded and packed "
+                            "for fbgemm): save the float32 model and load it with dtype='int8'")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".save.", dir=out_dir) as tmp:
@@ -449,7 +453,7 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
             (tmp / name).write_text(text, encoding="utf-8")
         hf = fam.to_hf(model.config)
         hf["architectures"] = [fam.architecture(model.head)]
-        if model.head in ("mlm", "pretraining") and not decoder_is_tied(model):
+        if model.head in MLM_HEADS and not decoder_is_tied(model):
             hf["tie_word_embeddings"] = False
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
         for f in sorted(tmp.rglob("*"), key=lambda f: f.name == "config.json"):

@@ -678,6 +678,14 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
     return read_text_lines(path)
 
 
+def holds_token_lists(path, columns: Optional[dict] = None) -> bool:
+    """Is `path` JSON Lines of token lists (Hugging Face datasets' NER layout), with no
+    text column named in `columns`?"""
+    path = input_path(path)
+    return (not any((columns or {}).values()) and detect_format(path, plain_text=True) == "jsonl"
+            and _holds_tokens(path))
+
+
 def _holds_tokens(path: Path) -> bool:
     """JSON Lines of token lists ({"tokens": [...]}, a tagger's data) and no text field:
     each record's tokens, joined by spaces, are its input."""

@@ -33,6 +33,7 @@ from .config import at_least, checked
 from .files import NanobertError, atomic_path, check_output_file
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
+from .tokenizer import check_texts
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
@@ -220,20 +221,6 @@ def check_flag(value, name: str) -> bool:
         raise TypeError(f"{name} must be True or False, got {type(value).__name__} "
                         f"{value!r}"[:200])
     return bool(value)
-
-
-def check_texts(texts, name: str = "texts") -> list:
-    """A list of strings from any iterable of them (a list, a tuple, a numpy array of
-    str, a generator); an error naming the first item that is not one."""
-    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
-        raise TypeError(f"{name} must be a string or a list of strings, got "
-                        f"{type(texts).__name__}")
-    texts = list(texts)
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"{name}[{i}] must be a string, got {type(t).__name__} "
-                            f"{t!r}"[:200])
-    return texts
 
 
 def _loaded_model(model, tokenizer, dtype: str):

@@ -96,20 +96,26 @@ def label2id(model) -> dict:
     return {v: k for k, v in (model.config.id2label or {}).items()}
 
 
+def in_groups(items: list, kind, run) -> list:
+    """run(k, the items of kind k) for each kind of item, in one call per kind (one batch
+    for single texts, one for pairs), the results put back in the items' order: inputs
+    from Python or the command line may mix kinds."""
+    out, groups = [None] * len(items), {}
+    for i, x in enumerate(items):
+        groups.setdefault(kind(x), []).append(i)
+    for k, idx in groups.items():
+        for i, result in zip(idx, run(k, [items[i] for i in idx])):
+            out[i] = result
+    return out
+
+
 def encode_classification(tok, examples, max_length, label2id=None) -> list:
     """[CLS] text_a [SEP] (text_b [SEP]) per example: a pair where the example has one,
-    one text where it has none (inputs from Python or the command line may mix them)."""
-    encs = [None] * len(examples)
-    single = [i for i, e in enumerate(examples) if e.text_b is None]
-    paired = [i for i, e in enumerate(examples) if e.text_b is not None]
-    for idx in (single, paired):
-        if not idx:
-            continue
-        pairs = [examples[i].text_b for i in idx] if idx is paired else None
-        done = tok.encode_batch([examples[i].text_a for i in idx], pairs,
+    one text where it has none."""
+    def encode(paired, es):
+        return tok.encode_batch([e.text_a for e in es], [e.text_b for e in es] if paired else None,
                                 max_length=max_length, report="texts")
-        for i, enc in zip(idx, done):
-            encs[i] = enc
+    encs = in_groups(examples, lambda e: e.text_b is not None, encode)
     items = []
     for e, enc in zip(examples, encs):
         item = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
@@ -410,20 +416,15 @@ def classify_predict(model, tok, examples, settings, batch_size=64) -> list:
 def ner_predict(model, tok, examples, settings, batch_size=64) -> list:
     """Entities of texts (D.Example: the tokenizer splits the words) and of pre-split
     sentences (D.Sentence, from a CoNLL file: its words, as `evaluate` reads them)."""
-    out = [None] * len(examples)
-    split = [i for i, e in enumerate(examples) if isinstance(e, D.Sentence)]
-    raw = [i for i, e in enumerate(examples) if not isinstance(e, D.Sentence)]
-    if split:
-        sentences = [examples[i] for i in split]
-        ents = predict_ner_sentences(model, tok, sentences, settings["max_length"], batch_size)
-        for i, s, es in zip(split, sentences, ents):
-            out[i] = {"text": " ".join(s.words), "entities": es}
-    if raw:
-        texts = [examples[i].text_a for i in raw]
-        ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size)
-        for i, t, es in zip(raw, texts, ents):
-            out[i] = {"text": t, "entities": es}
-    return out
+    def predict(split, es):
+        if split:
+            texts = [" ".join(s.words) for s in es]
+            ents = predict_ner_sentences(model, tok, es, settings["max_length"], batch_size)
+        else:
+            texts = [e.text_a for e in es]
+            ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size)
+        return [{"text": t, "entities": e} for t, e in zip(texts, ents)]
+    return in_groups(examples, lambda e: isinstance(e, D.Sentence), predict)
 
 
 def qa_predict(model, tok, examples, settings, batch_size=64) -> list:
@@ -481,19 +482,12 @@ def classify_inputs(path, columns: dict) -> list:
 
 def ner_inputs(path, columns=None) -> list:
     """One text a line (or JSON Lines / a table with a text field); a CoNLL file or JSON
-    Lines of tokens (a labelled test set, say) gives its sentences as they are split there (the tags are not
-    read: `evaluate` scores them), so predictions are made on the words `evaluate` reads
-    and the entities' spans are in the words joined by spaces."""
-    if D.looks_like_conll(path) or _token_lists(path, columns):
+    Lines of tokens (a labelled test set, say) gives its sentences as they are split
+    there (the tags are not read: `evaluate` scores them), so predictions are made on the
+    words `evaluate` reads and the entities' spans are in the words joined by spaces."""
+    if D.looks_like_conll(path) or D.holds_token_lists(path, columns):
         return D.read_conll(path, require_tags=False)
     return D.read_inputs(path, columns)
-
-
-def _token_lists(path, columns) -> bool:
-    """JSON Lines of token lists ({"tokens": [...]}, Hugging Face datasets' NER layout)?"""
-    path = D.input_path(path)
-    return (not any((columns or {}).values()) and D.detect_format(path, plain_text=True) == "jsonl"
-            and D._holds_tokens(path))
 
 
 def ner_input(i, x):

@@ -811,9 +811,10 @@ class BertModel(nn.Module):
     def warm_shapes(self, max_tokens: int) -> list:
         """Build oneDNN's code for every row count a CPU batch of up to `max_tokens` real
         tokens runs its products at (onednn_rows above Linear.SMALL_ROWS: 80 counts up
-        to 4,096 tokens, the CPU's forward-pass cap), at once. oneDNN keeps the code of each shape it meets (minilm:
-        about 2.4 MB per row count), so a server that meets them one by one, as rare batch
-        sizes arrive, grows for many minutes; warmed, its memory starts where it stays.
+        to 4,096 tokens, the CPU's forward-pass cap), at once. oneDNN keeps the code of
+        each shape it meets (minilm: about 2.4 MB per row count), so a server that meets
+        them one by one, as rare batch sizes arrive, grows for many minutes; warmed, its
+        memory starts where it stays.
         Blocks share their shapes, so one block runs. Returns the row counts (none off
         the fast path)."""
         block = self.blocks[0]

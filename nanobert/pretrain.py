@@ -644,7 +644,8 @@ def _ablate(cfg, out: Path, splits: list) -> int:
         run_dir = out / ("split-" + name.replace("/", "-"))
         print(f"== mask split {name} -> {run_dir}", flush=True)
         # --resume: a split that finished is read back, an unfinished one continues
-        resume = cfg.trainer.resume and (run_dir / "nanobert-run.json").is_file()
+        from .rundir import RUN_FILE
+        resume = cfg.trainer.resume and (run_dir / RUN_FILE).is_file()
         run_pretrain(cfg.replace(out_dir=str(run_dir), mask_split=name, cache_dir=cache,
                                  resume=resume))
         from .train import read_metrics

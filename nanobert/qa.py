@@ -158,4 +158,3 @@ def decode(examples, windows, start_logits, end_logits, n_best=20, max_answer_le
         out.append({"answer": ex.context[a:b], "start": a, "end": b, "score": score,
                     "probability": float(probs[0])})
     return out
-

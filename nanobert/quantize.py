@@ -171,11 +171,6 @@ def _check_quantizable(model) -> nn.Module:
     return getattr(model, "bert", model)
 
 
-def _refuse_save(*args, **kwargs):
-    raise NanobertError("an int8 model is not saved (its weights are rounded and packed for "
-                        "fbgemm): save the float32 model and load it with dtype='int8'")
-
-
 def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.Module:
     """Swap the block Linear layers of a nanobert `Bert` (or `BertModel`) for Int8Linear,
     in place, and put it in eval mode. `tokenizer` encodes the calibration sentences
@@ -197,8 +192,7 @@ def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.M
             keep = outlier_channels(peaks[i, name], outliers) if peaks else \
                 torch.zeros(0, dtype=torch.long)
             setattr(parent, attr, Int8Linear(linear, keep, reduce_range))
-    model.dtype_name = "int8"
-    model.save_pretrained = _refuse_save   # (checkpoint.save_model would drop the weights)
+    model.dtype_name = "int8"     # (checkpoint.save_model refuses such a model)
     return model
 
 

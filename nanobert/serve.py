@@ -803,7 +803,7 @@ def endpoint(server: Server, route: Route):
         except asyncio.CancelledError:
             server.cut_off += 1
             # uvicorn cancels the requests still in flight when the drain after SIGTERM
-            # runs past DRAIN_S (nothing else cancels a handler: a client that goes away
+            # runs past --drain-timeout (nothing else cancels a handler: a client that goes away
             # is seen by answer_unless_gone); it answered a plain-text 500 and logged a
             # traceback for each
             response = json_response(ApiError(503, "the server is shutting down and could "

@@ -115,10 +115,10 @@ def _bert_settings(conf: dict, lowercase: Optional[bool]) -> dict:
 def _bert_normalizer(tk: HFTokenizer) -> Optional[dict]:
     """The settings of a BertNormalizer (lowercase, strip_accents, handle_chinese_chars),
     or None when the tokenizer normalises some other way."""
-    state = json.loads(tk.to_str()).get("normalizer") or {}
-    if state.get("type") != "BertNormalizer":
+    n = tk.normalizer
+    if not isinstance(n, normalizers.BertNormalizer):
         return None
-    return {k: state.get(k) for k in ("lowercase", "strip_accents", "handle_chinese_chars")}
+    return {k: getattr(n, k) for k in ("lowercase", "strip_accents", "handle_chinese_chars")}
 
 
 def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary",
@@ -141,18 +141,19 @@ def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary",
     return tk
 
 
-def check_texts(name: str, texts) -> None:
-    """A non-empty list (or tuple) of strings, or a ValueError/TypeError naming `name`
-    and the first item that is not one (the tokenizers library's own messages name
-    neither)."""
-    if not isinstance(texts, (list, tuple)):
+def check_texts(texts, name: str = "texts") -> list:
+    """A list of strings from any iterable of them (a list, a tuple, a numpy array of
+    str, a generator); a TypeError naming `name` and the first item that is not one (the
+    tokenizers library's own messages name neither)."""
+    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
         raise TypeError(f"{name} must be a string or a list of strings, got "
                         f"{type(texts).__name__}")
-    if not texts:
-        raise ValueError(f"{name} is empty: nothing to encode")
-    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-    if bad is not None:
-        raise TypeError(f"{name}[{bad}] must be a string, got {type(texts[bad]).__name__}")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{i}] must be a string, got {type(t).__name__} "
+                            f"{t!r}"[:200])
+    return texts
 
 
 class Tokenizer:
@@ -189,8 +190,7 @@ class Tokenizer:
                                 "tokenizer.json or vocab.txt)")
         conf = _read_json(path / "tokenizer_config.json")
         bert = _bert_settings(conf, lowercase)
-        if lowercase is None:
-            lowercase = bool(conf.get("do_lower_case", True))
+        lowercase = bert["lowercase"]
         max_len = _max_length(conf.get("model_max_length"), path / "tokenizer_config.json")
         if (path / "tokenizer.json").is_file():
             try:
@@ -366,9 +366,11 @@ class Tokenizer:
         if isinstance(texts, str):
             texts = [texts]
             pairs = [pairs] if isinstance(pairs, str) else pairs
-        check_texts("texts", texts)
+        texts = check_texts(texts)
+        if not texts:
+            raise ValueError("texts is empty: nothing to encode")
         if pairs is not None:
-            check_texts("pairs", pairs)
+            pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise ValueError(f"pairs: {len(pairs)} for {len(texts)} texts (one each)")
         if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
