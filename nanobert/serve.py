@@ -207,6 +207,9 @@ class Metrics:
                                  ["route"], buckets=seconds, registry=r)
         self.in_flight = Gauge("nanobert_requests_in_flight", "Requests being answered",
                                registry=r)
+        self.body_bytes = Gauge("nanobert_request_body_bytes_arriving", "Bytes of request "
+                                "bodies received so far whose rest is still arriving",
+                                registry=r)
         self.tokenize = Histogram("nanobert_tokenize_seconds", "Tokenizing one request",
                                   buckets=seconds, registry=r)
         self.queue = Histogram("nanobert_queue_seconds", "From queued to its first batch",
@@ -247,6 +250,7 @@ class Server:
         self.batcher: Optional[Batcher] = None
         self.tokenizing: Optional[ThreadPoolExecutor] = None
         self.in_flight = 0
+        self.bodies = BodyBytes(body_budget(config.payload_limit), self.metrics.body_bytes)
         self.cut_off = 0                    # requests answered 503 at the drain deadline
         self.created = int(time.time())     # /v1/models: when the models were loaded
 
@@ -591,10 +595,11 @@ def _json_writer():
 to_json = _json_writer()
 
 
-async def read_body(request, limit: int, timeout: float) -> dict:
+async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes") -> dict:
     """The JSON object of the request; 413 past `limit` bytes, 408 when the body takes
-    over `timeout` seconds to arrive (a stalled client would hold its place in flight
-    for good), 400 when not JSON, 422 for a string that is not Unicode."""
+    over `timeout` seconds to arrive (a stalled client would keep its connection and
+    its bytes for good), 503 when the bodies being received hold `bodies`' budget,
+    400 when not JSON, 422 for a string that is not Unicode."""
     from starlette.requests import ClientDisconnect
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in CONTENT_ENCODINGS:
@@ -606,7 +611,7 @@ async def read_body(request, limit: int, timeout: float) -> dict:
                             "(--payload-limit)")
     try:
         async with asyncio.timeout(timeout):
-            raw = await _receive(request, limit)
+            raw = await _receive(request, limit, bodies)
     except TimeoutError:
         raise ApiError(408, f"the body did not arrive within {timeout:g} s (--body-timeout)",
                        headers={"Connection": "close"})
@@ -647,17 +652,55 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
                 raise ApiError(400, f"body is not valid {encoding} data ({e})", "Content-Encoding")
 
 
-async def _receive(request, limit: int) -> bytes:
+class BodyBytes:
+    """The bytes of request bodies still arriving, over all connections, against a
+    budget: bodies hold no place in flight while they arrive, so this bounds the memory
+    that clients sending slowly (or many at once) can take. Over it: 503, retry."""
+
+    def __init__(self, budget: int, gauge=None):
+        self.budget, self.held, self.gauge = budget, 0, gauge
+
+    def take(self, n: int):
+        if self.held + n > self.budget:
+            raise ApiError(503, f"the server is receiving {self.held} bytes of request "
+                                f"bodies, its budget of {self.budget}; retry shortly",
+                           headers={"Retry-After": "1", "Connection": "close"})
+        self.held += n
+        self._show()
+
+    def give_back(self, n: int):
+        self.held -= n
+        self._show()
+
+    def _show(self):
+        if self.gauge is not None:
+            self.gauge.set(self.held)
+
+
+def body_budget(payload_limit: int) -> int:
+    """Bytes of bodies that may be arriving at once: BODIES_IN_TRANSIT bodies at the
+    payload limit, and never under 256 MB."""
+    return max(BODIES_IN_TRANSIT * payload_limit, 256 << 20)
+
+
+BODIES_IN_TRANSIT = 128
+
+
+async def _receive(request, limit: int, bodies: BodyBytes) -> bytes:
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            # the connection is closed after the answer: a chunked body has no end the
-            # server knows of, and reading on to discard it kept the connection busy
-            raise ApiError(413, f"payload of more than {limit} bytes is over the limit "
-                                f"(--payload-limit {limit})", headers={"Connection": "close"})
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                # the connection is closed after the answer: a chunked body has no end the
+                # server knows of, and reading on to discard it kept the connection busy
+                raise ApiError(413, f"payload of more than {limit} bytes is over the limit "
+                                    f"(--payload-limit {limit})", headers={"Connection": "close"})
+            bodies.take(len(chunk))
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        bodies.give_back(sum(map(len, chunks)))
 
 
 def _no_constant(name):
@@ -772,6 +815,15 @@ def is_bug(e: BaseException) -> bool:
     return isinstance(e, Exception) or type(e).__name__ == "PanicException"
 
 
+def check_room(server: Server):
+    """429 when --max-concurrent-requests requests are in flight."""
+    limit = server.config.max_concurrent_requests
+    if server.in_flight >= limit:
+        raise ApiError(429, f"{server.in_flight} requests in flight, the limit "
+                            f"(--max-concurrent-requests {limit}); retry shortly",
+                       headers={"Retry-After": "1"})
+
+
 def endpoint(server: Server, route: Route):
     """The Starlette endpoint of a route: API key, in-flight limit, body, metrics, and
     every failure turned into a JSON answer (never a traceback)."""
@@ -786,15 +838,16 @@ def endpoint(server: Server, route: Route):
             if route.method == "GET":
                 response = route.handler(server)
             else:
-                if server.in_flight >= server.config.max_concurrent_requests:
-                    raise ApiError(429, f"{server.in_flight} requests in flight, the limit "
-                                        f"(--max-concurrent-requests {server.config.max_concurrent_requests}); "
-                                        "retry shortly", headers={"Retry-After": "1"})
+                check_room(server)       # full already: no need to receive the body
+                # a body still arriving holds no place in flight (a few hundred clients
+                # sending slowly took every place, and everyone else got 429 until
+                # --body-timeout); the bytes of such bodies have a budget of their own
+                body = await read_body(request, server.config.payload_limit,
+                                       server.config.body_timeout, server.bodies)
+                check_room(server)
                 server.in_flight += 1
                 counted = True
                 server.metrics.in_flight.inc()
-                body = await read_body(request, server.config.payload_limit,
-                                       server.config.body_timeout)
                 response = await answer_unless_gone(request, route.handler(server, body))
         except ApiError as e:
             response = json_response(e.body(), e.status, e.headers)

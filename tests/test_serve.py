@@ -762,6 +762,35 @@ def test_drain_deadline_answers_503_and_exits(models):
         s.close()
 
 
+def test_bodies_arriving_have_a_byte_budget():
+    """Bodies still arriving hold no place in flight, so their bytes have a budget of
+    their own: past it a 503 to retry, and what a finished or failed body held is given
+    back."""
+    import asyncio
+    from nanobert.serve import ApiError, BodyBytes, _receive, body_budget
+
+    class Streaming:                      # a request whose body arrives in these chunks
+        def __init__(self, chunks):
+            self.chunks = chunks
+
+        async def stream(self):
+            for c in self.chunks:
+                yield c
+
+    bodies = BodyBytes(10)
+    assert asyncio.run(_receive(Streaming([b"1234", b"5678"]), 100, bodies)) == b"12345678"
+    assert bodies.held == 0
+    bodies.take(6)                                        # another body, still arriving
+    with pytest.raises(ApiError) as e:
+        asyncio.run(_receive(Streaming([b"1234", b"5678"]), 100, bodies))
+    assert e.value.status == 503 and e.value.headers["Retry-After"] == "1"
+    assert bodies.held == 6                               # the failed one gave its 4 back
+    with pytest.raises(ApiError) as e:                    # over the payload limit: 413
+        asyncio.run(_receive(Streaming([b"12", b"345"]), 4, BodyBytes(100)))
+    assert e.value.status == 413
+    assert body_budget(2_000_000) == 256 << 20 and body_budget(4_000_000) == 512_000_000
+
+
 def stalled_post(port: int, body: bytes = b'{"inputs": "x"}', keep: int = 5) -> socket.socket:
     """A connection that sends the headers and the first `keep` bytes of `body`, then stops."""
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -771,22 +800,26 @@ def stalled_post(port: int, body: bytes = b'{"inputs": "x"}', keep: int = 5) -> 
 
 
 def test_stalled_or_vanished_body_frees_its_place(models):
-    """A client that stops sending its body is answered 408 after --body-timeout (before,
-    it held its place in flight for good, and with it every other request got 429); one
-    that disconnects mid-body is a 499, not a 500. Neither, nor a truncated input, writes
-    a line to the server's log."""
-    s = Running(["minilm"], "--max-concurrent-requests", "1", "--body-timeout", "1")
+    """Clients that stop sending their bodies hold no place in flight (before, they took
+    every place and everyone else got 429 until --body-timeout) and are answered 408
+    after --body-timeout; their bytes are counted while they arrive. One that
+    disconnects mid-body is a 499, not a 500. Neither, nor a truncated input, writes a
+    line to the server's log."""
+    s = Running(["minilm"], "--max-concurrent-requests", "1", "--body-timeout", "2")
     try:
-        stalled = stalled_post(s.port)
-        while s.metric("nanobert_requests_in_flight") < 1:
+        stalled = [stalled_post(s.port) for _ in range(3)]
+        while s.metric("nanobert_request_body_bytes_arriving") < 15:   # 5 bytes each
             time.sleep(0.05)
-        assert s.post("/embed", {"inputs": "x"}).status_code == 429      # its place is taken
-        answer = b""
-        while chunk := stalled.recv(4096):          # until the server closes it
-            answer += chunk
-        stalled.close()
-        assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer
-        assert s.post("/embed", {"inputs": "x"}).status_code == 200      # ... and free again
+        assert s.metric("nanobert_requests_in_flight") == 0
+        assert s.post("/embed", {"inputs": "x"}).status_code == 200      # a place is free
+        for one in stalled:
+            answer = b""
+            while chunk := one.recv(4096):          # until the server closes it
+                answer += chunk
+            one.close()
+            assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer
+        assert s.metric("nanobert_request_body_bytes_arriving") == 0
+        assert s.post("/embed", {"inputs": "x"}).status_code == 200
         gone = stalled_post(s.port)
         time.sleep(0.2)
         gone.close()
