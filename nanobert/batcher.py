@@ -112,7 +112,7 @@ class Batcher:
         # spreads it over the CPU cores); by default run(items)
         self.split = split or (lambda run, items, lengths: run(items))
         self._trim = heap_trimmer()
-        self._fresh_turn = False      # _cut: whose turn, new requests or those under way
+        self._fresh_led = False       # _cut: whether new requests led the last batch
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="nanobert-inference", daemon=True)
         self._thread.start()
@@ -179,8 +179,12 @@ class Batcher:
             return []
         fresh = [e for e in live if not e[0].started]
         going = [e for e in live if e[0].started]
-        self._fresh_turn = not self._fresh_turn
-        order = fresh + going if (self._fresh_turn or not going) and fresh else going + fresh
+        # new requests lead unless they led the last batch and older work is waiting
+        # (flipping turns at every cut made new requests wait for two batches of a long
+        # request when it had run alone)
+        fresh_first = bool(fresh) and (not going or not self._fresh_led)
+        self._fresh_led = fresh_first
+        order = fresh + going if fresh_first else going + fresh
         group = order[0][0].group
         batch, taken, tokens = [], set(), 0
         for job, i in order:

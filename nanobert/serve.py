@@ -52,7 +52,7 @@ class ServeConfig:
     port: int = 8080
     max_batch_tokens: int = 16384       # real tokens per inference batch
     max_concurrent_requests: int = 512  # requests in flight; more are answered 429
-    max_client_batch: int = 32          # inputs (or documents) per request; more: 413
+    max_client_batch: int = 2048        # inputs (or documents) per request (OpenAI: 2048); more: 413
     payload_limit: int = 2_000_000      # bytes of request body; more: 413
     api_key: Optional[str] = None       # when set, every route but /health needs it
     threads: Optional[int] = None       # torch threads of the inference thread
@@ -207,9 +207,8 @@ class Metrics:
                                  ["route"], buckets=seconds, registry=r)
         self.in_flight = Gauge("nanobert_requests_in_flight", "Requests being answered",
                                registry=r)
-        self.body_bytes = Gauge("nanobert_request_body_bytes_arriving", "Bytes of request "
-                                "bodies received so far whose rest is still arriving",
-                                registry=r)
+        self.body_bytes = Gauge("nanobert_request_body_bytes", "Bytes of the request "
+                                "bodies arriving or being answered", registry=r)
         self.tokenize = Histogram("nanobert_tokenize_seconds", "Tokenizing one request",
                                   buckets=seconds, registry=r)
         self.queue = Histogram("nanobert_queue_seconds", "From queued to its first batch",
@@ -391,6 +390,11 @@ async def openai_embeddings(server: Server, body: dict) -> dict:
     fmt = read_str(body, "encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise unprocessable("encoding_format", f"must be 'float' or 'base64', got {shown(fmt)}")
+    read_str(body, "user")                     # (not used; OpenAI's type is checked)
+    texts, _, single = read_texts(body, "input", server.config.max_client_batch)
+    empty = next((i for i, t in enumerate(texts) if not t), None)
+    if empty is not None:                      # OpenAI refuses them too
+        raise unprocessable("input" if single else f"input[{empty}]", "must not be empty")
     m, vecs, counts, _ = await embed_inputs(server, body, "input", normalize=True)
     as_value = ((lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode("ascii"))
                 if fmt == "base64" else (lambda v: v.tolist()))
@@ -529,8 +533,21 @@ def openai_models(server: Server):
     """OpenAI's model list (`client.models.list()`): every served model, each with the
     routes it answers, so a client can find the name to send as `model`."""
     return json_response({"object": "list", "data": [
-        {"id": m.name, "object": "model", "created": server.created, "owned_by": "nanobert",
-         "task": m.task, "routes": m.paths} for m in server.models.values()]})
+        _model_card(server, m) for m in server.models.values()]})
+
+
+def openai_model(server: Server, model: str):
+    """One served model, as OpenAI's `client.models.retrieve(name)` reads it; 404 for
+    a name not served."""
+    if model not in server.models:
+        raise ApiError(404, f"no served model is named {shown(model)} (models: "
+                            f"{server._list()})", "model")
+    return json_response(_model_card(server, server.models[model]))
+
+
+def _model_card(server: Server, m: Served) -> dict:
+    return {"id": m.name, "object": "model", "created": server.created,
+            "owned_by": "nanobert", "task": m.task, "routes": m.paths}
 
 
 def health(server: Server):
@@ -554,20 +571,29 @@ class Route:
     path: str
     handler: object          # POST: async (server, body) -> dict; GET: (server) -> Response
     help: str
+    fields: tuple = ()       # POST: the body fields it reads; the rest is dropped on arrival
     open: bool = field(default=False)   # answered without the API key
 
 
 ROUTES = [
-    Route("POST", "/v1/embeddings", openai_embeddings, "OpenAI-compatible embeddings"),
-    Route("POST", "/embed", embed, "embeddings (normalize, truncate, dimensions)"),
-    Route("POST", "/classify", classify, "label and scores of texts or [text, pair] lists"),
-    Route("POST", "/ner", ner, "entities with type, text, character offsets, score"),
-    Route("POST", "/qa", qa, "answer span of a question in a context of any length"),
-    Route("POST", "/rerank", rerank, "documents ordered by relevance to a query"),
-    Route("POST", "/tokenize", tokenize, "tokens with ids and character offsets"),
+    Route("POST", "/v1/embeddings", openai_embeddings, "OpenAI-compatible embeddings",
+          ("model", "input", "encoding_format", "dimensions", "truncate", "user")),
+    Route("POST", "/embed", embed, "embeddings (normalize, truncate, dimensions)",
+          ("model", "inputs", "normalize", "truncate", "dimensions")),
+    Route("POST", "/classify", classify, "label and scores of texts or [text, pair] lists",
+          ("model", "inputs", "return_all_scores", "truncate")),
+    Route("POST", "/ner", ner, "entities with type, text, character offsets, score",
+          ("model", "inputs", "truncate")),
+    Route("POST", "/qa", qa, "answer span of a question in a context of any length",
+          ("model", "inputs", "question", "context")),
+    Route("POST", "/rerank", rerank, "documents ordered by relevance to a query",
+          ("model", "query", "documents", "top_n", "return_documents", "truncate")),
+    Route("POST", "/tokenize", tokenize, "tokens with ids and character offsets",
+          ("model", "inputs", "truncate")),
     Route("GET", "/health", health, "liveness: 200 when up", open=True),
     Route("GET", "/info", info, "models, tasks and limits"),
     Route("GET", "/v1/models", openai_models, "OpenAI-compatible list of the served models"),
+    Route("GET", "/v1/models/{model}", openai_model, "OpenAI-compatible: one served model"),
     Route("GET", "/metrics", metrics, "Prometheus metrics"),
 ]
 
@@ -595,11 +621,14 @@ def _json_writer():
 to_json = _json_writer()
 
 
-async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes") -> dict:
-    """The JSON object of the request; 413 past `limit` bytes, 408 when the body takes
-    over `timeout` seconds to arrive (a stalled client would keep its connection and
-    its bytes for good), 503 when the bodies being received hold `bodies`' budget,
-    400 when not JSON, 422 for a string that is not Unicode."""
+async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
+                    fields: tuple) -> tuple:
+    """(the request's JSON object with only `fields`, its size in bytes, which stay
+    held in `bodies` until the caller gives them back); 413 past `limit` bytes, 408
+    when the body takes over `timeout` seconds to arrive (a stalled client would keep
+    its connection and its bytes for good), 503 when the bodies arriving or being
+    answered hold `bodies`' budget, 400 when not JSON, 422 for a string that is not
+    Unicode."""
     from starlette.requests import ClientDisconnect
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in CONTENT_ENCODINGS:
@@ -617,9 +646,14 @@ async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes") ->
                        headers={"Connection": "close"})
     except ClientDisconnect:
         raise ApiError(CLIENT_GONE, "the client disconnected before sending the whole body")
-    if CONTENT_ENCODINGS[encoding] is not None:
-        raw = inflate(raw, encoding, limit)
-    return parse_json(raw)
+    size = len(raw)                    # held in `bodies` from here on
+    try:
+        if CONTENT_ENCODINGS[encoding] is not None:
+            raw = inflate(raw, encoding, limit)
+        return parse_json(raw, fields), size
+    except BaseException:
+        bodies.give_back(size)
+        raise
 
 
 # Content-Encoding -> zlib's wbits (None: as is); deflate is zlib-wrapped (RFC 9110), but
@@ -653,17 +687,19 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
 
 
 class BodyBytes:
-    """The bytes of request bodies still arriving, over all connections, against a
-    budget: bodies hold no place in flight while they arrive, so this bounds the memory
-    that clients sending slowly (or many at once) can take. Over it: 503, retry."""
+    """The bytes of request bodies arriving or being answered, over all connections,
+    against a budget: bodies hold no place in flight while they arrive, so this bounds
+    the memory that clients sending slowly (or many large bodies at once) can take.
+    Over it: 503, retry."""
 
     def __init__(self, budget: int, gauge=None):
         self.budget, self.held, self.gauge = budget, 0, gauge
 
     def take(self, n: int):
         if self.held + n > self.budget:
-            raise ApiError(503, f"the server is receiving {self.held} bytes of request "
-                                f"bodies, its budget of {self.budget}; retry shortly",
+            raise ApiError(503, f"the server holds {self.held} bytes of request bodies "
+                                f"(arriving or being answered), its budget of "
+                                f"{self.budget}; retry shortly",
                            headers={"Retry-After": "1", "Connection": "close"})
         self.held += n
         self._show()
@@ -698,9 +734,10 @@ async def _receive(request, limit: int, bodies: BodyBytes) -> bytes:
                                     f"(--payload-limit {limit})", headers={"Connection": "close"})
             bodies.take(len(chunk))
             chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
+        return b"".join(chunks)          # its bytes stay held: the caller gives them back
+    except BaseException:
         bodies.give_back(sum(map(len, chunks)))
+        raise
 
 
 def _no_constant(name):
@@ -727,7 +764,7 @@ def _parse_int(digits: str):
 LONE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")   # the escape that may start one
 
 
-def parse_json(raw: bytes) -> dict:
+def parse_json(raw: bytes, fields: Optional[tuple] = None) -> dict:
     """A request body -> its JSON object. Strict JSON (no NaN or Infinity) in UTF-8 (or
     UTF-16/32, found as the json module finds them; a BOM is skipped); bytes that are not
     valid in it, nesting too deep for the parser, and anything but an object are a 400; a
@@ -747,6 +784,8 @@ def parse_json(raw: bytes) -> dict:
         raise ApiError(400, "body is not valid JSON (nested too deeply)")
     if not isinstance(body, dict):
         raise ApiError(400, "body must be a JSON object")
+    if fields is not None:      # what the route does not read is dropped now, not held
+        body = {k: v for k, v in body.items() if k in fields}
     if LONE_SURROGATE.search(text):
         where = not_unicode(body)
         if where is not None:
@@ -754,22 +793,44 @@ def parse_json(raw: bytes) -> dict:
     return body
 
 
-def not_unicode(value, path: str = "") -> Optional[str]:
-    """The path (`inputs[2]`, `inputs[0].context`) of the first string in `value` that
-    cannot be UTF-8 encoded, else None. Iterative: nesting costs no stack."""
-    stack = [(path, value)]
+def not_unicode(value) -> Optional[str]:
+    """The path (`inputs[2]`, `inputs[0].context`) of the first string, or object key, in
+    `value` that cannot be UTF-8 encoded, else None. Time and memory in step with the
+    body: each entry keeps its parent and key, and only the path found is written out
+    (a path string built for every entry took gigabytes for a long key over many
+    items). Iterative: nesting costs no stack."""
+    stack = [(None, value)]                 # (where: (parent where, key) or None, value)
     while stack:
         where, v = stack.pop()
         if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                return where or "body"
+            if not _encodes(v):
+                return _path(where)
         elif isinstance(v, dict):
-            stack.extend(reversed([(f"{where}.{k}" if where else k, x) for k, x in v.items()]))
+            for k in v:
+                if not _encodes(k):
+                    return _path((where, k))
+            stack.extend(((where, k), x) for k, x in reversed(v.items()))
         elif isinstance(v, list):
-            stack.extend(reversed([(f"{where}[{i}]", x) for i, x in enumerate(v)]))
+            stack.extend(((where, i), x) for i, x in reversed(list(enumerate(v))))
     return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _path(where, limit: int = 120) -> str:
+    """`inputs[0].context` from a (parent, key) chain, cut to `limit` characters."""
+    parts = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    text = "".join(reversed(parts)).lstrip(".") or "body"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def authorized(request, key: Optional[str]) -> bool:
@@ -830,20 +891,22 @@ def endpoint(server: Server, route: Route):
 
     async def handle(request):
         start = time.perf_counter()
-        counted = False
+        counted, held = False, 0
         try:
             if not route.open and not authorized(request, server.config.api_key):
                 raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                headers={"WWW-Authenticate": "Bearer"})
             if route.method == "GET":
-                response = route.handler(server)
+                response = route.handler(server, **request.path_params)
             else:
                 check_room(server)       # full already: no need to receive the body
                 # a body still arriving holds no place in flight (a few hundred clients
                 # sending slowly took every place, and everyone else got 429 until
                 # --body-timeout); the bytes of such bodies have a budget of their own
-                body = await read_body(request, server.config.payload_limit,
-                                       server.config.body_timeout, server.bodies)
+                body, held_bytes = await read_body(request, server.config.payload_limit,
+                                             server.config.body_timeout, server.bodies,
+                                             route.fields)
+                held = held_bytes
                 check_room(server)
                 server.in_flight += 1
                 counted = True
@@ -870,6 +933,7 @@ def endpoint(server: Server, route: Route):
                   f"{str(e).splitlines()[0][:200] if str(e) else ''}", file=sys.stderr, flush=True)
             response = json_response(ApiError(500, f"internal error ({type(e).__name__})").body(), 500)
         finally:
+            server.bodies.give_back(held)
             if counted:
                 server.in_flight -= 1
                 server.metrics.in_flight.dec()
@@ -900,8 +964,10 @@ def make_app(server: Server):
             await asyncio.get_running_loop().run_in_executor(None, server.stop)
 
     async def http_error(request, exc):
-        msg = {404: f"no route {request.url.path} (see GET /info)",
-               405: f"{request.method} is not allowed on {request.url.path}"}
+        path = request.url.path if len(request.url.path) <= 200 else request.url.path[:197] + "..."
+        msg = {404: f"no route {path} (see GET /info)",
+               405: f"{request.method} is not allowed on {path}"}
+        server.metrics.requests.labels("(no route)", str(exc.status_code)).inc()
         return json_response(ApiError(exc.status_code, msg.get(exc.status_code, str(exc.detail))).body(),
                              exc.status_code, getattr(exc, "headers", None))
 
@@ -909,8 +975,10 @@ def make_app(server: Server):
     # with an empty body, left a client that does not follow it without an answer
     routes = [StarletteRoute(path, handle, methods=[r.method]) for r in ROUTES
               for handle in [endpoint(server, r)] for path in (r.path, r.path + "/")]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=cors(server.config.cors_origins),
-                     exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=cors(server.config.cors_origins),
+                    exception_handlers={HTTPException: http_error})
+    app.router.redirect_slashes = False   # /embed// was a 307 to /embed/ with an empty body
+    return app
 
 
 def cors(origins: tuple) -> list:
@@ -921,8 +989,22 @@ def cors(origins: tuple) -> list:
         return []
     from starlette.middleware import Middleware
     from starlette.middleware.cors import CORSMiddleware
-    return [Middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
-                       allow_headers=["Authorization", "Content-Type"], max_age=600)]
+
+    class JsonCORS(CORSMiddleware):
+        """Preflights refused (an origin or method not allowed) as JSON like every other
+        error, not Starlette's plain text."""
+        def preflight_response(self, request_headers):
+            answer = super().preflight_response(request_headers)
+            if answer.status_code < 400:
+                return answer
+            return json_response(ApiError(answer.status_code, "CORS preflight refused: "
+                                          + answer.body.decode("utf-8", "replace")).body(),
+                                 answer.status_code, {"Vary": "Origin"})
+
+    # any request header: browser clients (OpenAI's, with its x-stainless-* headers) send
+    # their own, and a preflight that names one not listed failed the call
+    return [Middleware(JsonCORS, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                       allow_headers=["*"], max_age=600)]
 
 
 # ----------------------------------------------------------------------------------
@@ -1031,58 +1113,80 @@ LINGER_S = 2.0
 
 
 def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES):
-    """uvicorn's HTTP protocol (httptools), with limits on a request's headers: a
-    connection that sends none, or stops in the middle of them, is closed after
-    `header_timeout` seconds (without it such connections stayed open for good, each
-    holding a file descriptor: uvicorn only times out idle connections after an answer);
-    headers over `max_header_bytes` are a 431 (httptools buffers them without limit: one
-    connection sending an endless header grew the server by 70 MB in 2 s). Malformed
-    HTTP is a JSON 400 like every other error (uvicorn's is plain text).
-    "auto" (no limits) where httptools is not installed."""
+    """uvicorn's HTTP protocol (httptools) with `HeaderLimits`; "auto" (no limits) where
+    httptools is not installed."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return "auto"
+    return type("TimedHeaders", (HeaderLimits, HttpToolsProtocol),
+                {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes})
 
-    class TimedHeaders(HttpToolsProtocol):
-        header_timer = None
-        header_bytes = 0
-        lingering = False          # an error was answered (raw_error): reading to drop
 
-        def connection_made(self, transport):
-            super().connection_made(transport)
-            _start_header_timer(self, header_timeout)
+class HeaderLimits:
+    """Limits on a request's headers, mixed into uvicorn's protocol: a connection that
+    sends none, or stops in the middle of them, is closed after `header_timeout` seconds
+    (without it such connections stayed open for good, each holding a file descriptor:
+    uvicorn only times out idle connections after an answer); headers over
+    `max_header_bytes` are a 431 (httptools buffers them without limit: one connection
+    sending an endless header grew the server by 70 MB in 2 s). Malformed HTTP is a JSON
+    400 like every other error (uvicorn's is plain text)."""
+    header_timeout: float = 30.0
+    max_header_bytes: int = MAX_HEADER_BYTES
+    header_timer = None
+    header_bytes = 0           # bytes of reads that ended inside the headers
+    header_size = 0            # what the parser read of them: the URL and each header
+    lingering = False          # an error was answered (raw_error): reading to drop
 
-        def data_received(self, data):
-            if self.lingering:
-                return
-            super().data_received(data)
-            # still in the headers after this data: all of it was headers
-            if self.header_timer is not None and not self.transport.is_closing():
-                self.header_bytes += len(data)
-                if self.header_bytes > max_header_bytes:
-                    _stop_header_timer(self)
-                    self.logger.warning("Request headers too large.")
-                    raw_error(self, 431, f"request line and headers over {max_header_bytes} "
-                                         "bytes")
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        _start_header_timer(self, self.header_timeout)
 
-        def send_400_response(self, msg):
-            raw_error(self, 400, "malformed HTTP request (not HTTP/1.1 as RFC 9112 writes "
-                                 "it: request line, headers, Content-Length or chunks)")
+    def data_received(self, data):
+        if self.lingering:
+            return
+        super().data_received(data)
+        # still in the headers after this data: all of it was headers
+        if self.header_timer is not None and not self.transport.is_closing():
+            self.header_bytes += len(data)
+            if self.header_bytes > self.max_header_bytes:
+                _stop_header_timer(self)
+                self.logger.warning("Request headers too large.")
+                self._too_large()
 
-        def on_message_begin(self):
-            super().on_message_begin()
-            _start_header_timer(self, header_timeout)
+    def _too_large(self):
+        raw_error(self, 431, f"request line and headers over {self.max_header_bytes} bytes")
 
-        def on_headers_complete(self):
-            _stop_header_timer(self)
-            super().on_headers_complete()
+    def send_400_response(self, msg):
+        if self.header_size > self.max_header_bytes:
+            return self._too_large()
+        raw_error(self, 400, "malformed HTTP request (not HTTP/1.1 as RFC 9112 writes "
+                             "it: request line, headers, Content-Length or chunks)")
 
-        def connection_lost(self, exc):
-            _stop_header_timer(self)
-            super().connection_lost(exc)
+    def on_message_begin(self):
+        super().on_message_begin()
+        self.header_size = 0
+        _start_header_timer(self, self.header_timeout)
 
-    return TimedHeaders
+    # the size of what was parsed, for headers that arrive whole in one read (the count
+    # in data_received sees only reads that leave them incomplete)
+    def on_url(self, url):
+        self.header_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name, value):
+        self.header_size += len(name) + len(value) + 4
+        super().on_header(name, value)
+
+    def on_headers_complete(self):
+        _stop_header_timer(self)
+        if self.header_size > self.max_header_bytes:
+            raise ValueError("headers too large")   # the parser's error: answered 431
+        super().on_headers_complete()
+
+    def connection_lost(self, exc):
+        _stop_header_timer(self)
+        super().connection_lost(exc)
 
 
 def _start_header_timer(proto, timeout: float):

@@ -46,8 +46,9 @@ def test_batches_fill_to_the_token_budget_by_group_in_order():
     b.stop(5)
     assert outs == [[f"out:{x}" for x in items] for _, items, _ in jobs]
     assert run.batches[0] == ["first"]
-    # a, b, c fit in 10 tokens; d (5) would not; the other group waits its turn
-    assert run.batches[1:] == [["a", "b", "c"], ["x"], ["d"], ["huge"]]
+    # a, b, c fit in 10 tokens; d (5) would not; new requests led that batch, so the
+    # rest of the one under way (d) goes next, then the other group
+    assert run.batches[1:] == [["a", "b", "c"], ["d"], ["x"], ["huge"]]
 
 
 def test_a_request_over_the_budget_takes_turns_with_the_requests_behind_it():
@@ -64,6 +65,36 @@ def test_a_request_over_the_budget_takes_turns_with_the_requests_behind_it():
     assert outs == [[f"out:{x}" for x in items] for _, items, _ in [long] + short]
     assert run.batches == [["w0", "w1"], ["w2", "w3"], ["s1"], ["w4", "w5"], ["s2"],
                            ["w6", "w7"], ["s3"], ["w8", "w9"], ["s4"], ["s5"], ["s6"]]
+
+
+def test_a_request_arriving_while_a_long_one_runs_alone_goes_next():
+    """A short request that arrives while a long one runs alone waits for the batch under
+    way only, whenever it arrives (turns flipped at every cut, so half the time it
+    waited two batches)."""
+    import time
+    b = Batcher(max_tokens=10)
+    batches = []
+
+    def run(items):
+        batches.append(list(items))
+        time.sleep(0.03)
+        return items
+
+    async def main():
+        long = asyncio.create_task(b.submit("m", [f"w{i}" for i in range(12)], [10] * 12, run))
+        waits = []
+        for at in (2, 5):                 # one arrival at each parity of the cuts
+            while len(batches) < at:
+                await asyncio.sleep(0.002)
+            waits.append((len(batches), f"s{at}"))
+            await b.submit("m", [f"s{at}"], [10], run)
+        await long
+        return waits
+
+    waits = asyncio.run(main())
+    b.stop(5)
+    for running, name in waits:           # the batch after the one running on arrival
+        assert batches[running] == [name], (waits, batches)
 
 
 def test_a_failing_batch_fails_its_requests_and_the_thread_goes_on():

@@ -203,6 +203,9 @@ def test_openai_client_works_unchanged(server, minilm):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong").embeddings.create(
             model="minilm", input="x")
+    assert client.models.retrieve("minilm").id == "minilm"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_classify_and_pairs_equal_predict(server, models):
@@ -608,6 +611,9 @@ def test_concurrent_requests_share_batches(server):
     ("/embed", {"inputs": ["x"] * 9}, 413, "limit of 8 (--max-client-batch)"),
     ("/embed", {"inputs": ["x" * 30000]}, 413, "limit of 20000 bytes"),
     ("/nowhere", {}, 404, "no route /nowhere"),
+    ("/embed//", {}, 404, "no route /embed//"),          # was a 307 with an empty body
+    ("/v1/embeddings", {"input": "x", "user": 7}, 422, "'user' must be a string"),
+    ("/v1/embeddings", {"input": ["a", ""]}, 422, "'input[1]' must not be empty"),
 ])
 def test_bad_requests_are_answered_with_the_field(server, path, body, status, says):
     kw = {"content": body} if isinstance(body, bytes) else {"json": body}
@@ -615,6 +621,22 @@ def test_bad_requests_are_answered_with_the_field(server, path, body, status, sa
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert says in err["message"] and err["code"] == status and "Traceback" not in r.text
+    if status == 404:                                  # counted like every answer
+        assert server.metric('nanobert_requests_total{route="(no route)",status="404"}') >= 1
+
+
+def test_the_unicode_check_costs_in_step_with_the_body():
+    """A long key over many items: the path of every entry was built before any was
+    checked (a 180 kB body took 3.5 GB and 8 s); now only the path found is written,
+    keys are checked too, and the path is cut short."""
+    from nanobert.serve import not_unicode
+    start = time.perf_counter()
+    assert not_unicode({"x": [{"K" * 100_000: list(range(40_000))}], "y": "\ud800"}) == "y"
+    assert time.perf_counter() - start < 2
+    assert not_unicode({"a": [{"ok": 1, "b\udfff": 2}]}) == "a[0].b\udfff"
+    deep = {"k" * 300: ["\ud800"]}
+    assert len(not_unicode(deep)) == 120 and not_unicode(deep).endswith("...")
+    assert not_unicode({"a": ["fine", {"b": "also"}]}) is None
 
 
 def test_compressed_bodies(server):
@@ -638,11 +660,15 @@ def test_compressed_bodies(server):
         assert r.status_code == status and says in r.json()["error"]["message"], r.text
 
 
-def raw_http(port: int, request: bytes) -> bytes:
-    """What the server answers to `request` sent as is, until it closes the connection."""
+def raw_http(port: int, request: bytes, then: bytes = b"") -> bytes:
+    """What the server answers to `request` sent as is (and `then` 0.2 s later), until
+    it closes the connection."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         try:
             s.sendall(request)
+            if then:
+                time.sleep(0.2)
+                s.sendall(then)
         except ConnectionError:      # closed while it was still being sent
             pass
         answer = b""
@@ -663,6 +689,12 @@ def test_malformed_http_and_endless_headers_are_json_errors(server):
     head, _, body = raw_http(server.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
                              + b"a" * 300_000 + b"\r\n\r\n").partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431") and b"over 65536 bytes" in body
+    for pause in (False, True):   # headers that arrive whole in one read, or end in one
+        start = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
+        rest = b"a" * 70_000 + b"\r\n\r\n"
+        head, _, body = (raw_http(server.port, start, then=rest) if pause else
+                         raw_http(server.port, start + rest)).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431") and b"over 65536 bytes" in body
     big_but_fine = {"X-Cookie": "c" * 30_000}       # under the limit: answered
     assert server.http.get("/health", headers=big_but_fine).status_code == 200
 
@@ -763,9 +795,9 @@ def test_drain_deadline_answers_503_and_exits(models):
 
 
 def test_bodies_arriving_have_a_byte_budget():
-    """Bodies still arriving hold no place in flight, so their bytes have a budget of
-    their own: past it a 503 to retry, and what a finished or failed body held is given
-    back."""
+    """Bodies still arriving hold no place in flight, so their bytes (arriving or being
+    answered) have a budget of their own: past it a 503 to retry, and what a failed body
+    held is given back."""
     import asyncio
     from nanobert.serve import ApiError, BodyBytes, _receive, body_budget
 
@@ -779,7 +811,8 @@ def test_bodies_arriving_have_a_byte_budget():
 
     bodies = BodyBytes(10)
     assert asyncio.run(_receive(Streaming([b"1234", b"5678"]), 100, bodies)) == b"12345678"
-    assert bodies.held == 0
+    assert bodies.held == 8                               # held while it is answered
+    bodies.give_back(8)
     bodies.take(6)                                        # another body, still arriving
     with pytest.raises(ApiError) as e:
         asyncio.run(_receive(Streaming([b"1234", b"5678"]), 100, bodies))
@@ -808,7 +841,7 @@ def test_stalled_or_vanished_body_frees_its_place(models):
     s = Running(["minilm"], "--max-concurrent-requests", "1", "--body-timeout", "2")
     try:
         stalled = [stalled_post(s.port) for _ in range(3)]
-        while s.metric("nanobert_request_body_bytes_arriving") < 15:   # 5 bytes each
+        while s.metric("nanobert_request_body_bytes") < 15:   # 5 bytes each
             time.sleep(0.05)
         assert s.metric("nanobert_requests_in_flight") == 0
         assert s.post("/embed", {"inputs": "x"}).status_code == 200      # a place is free
@@ -818,7 +851,7 @@ def test_stalled_or_vanished_body_frees_its_place(models):
                 answer += chunk
             one.close()
             assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer
-        assert s.metric("nanobert_request_body_bytes_arriving") == 0
+        assert s.metric("nanobert_request_body_bytes") == 0
         assert s.post("/embed", {"inputs": "x"}).status_code == 200
         gone = stalled_post(s.port)
         time.sleep(0.2)
@@ -912,5 +945,14 @@ def test_cors_preflight_and_headers_only_for_allowed_origins():
         assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
         assert httpx.post(s.url + "/embed", json={"inputs": "hi"},
                           headers={"Origin": page}).status_code == 401   # the key still counts
+        # a browser client's own headers (OpenAI's JS client sends x-stainless-*) pass
+        pre = s.http.options("/v1/embeddings", headers={
+            "Origin": page, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, x-stainless-os"})
+        assert pre.status_code == 200
+        refused = s.http.options("/v1/embeddings", headers={
+            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+        assert refused.status_code == 400                      # JSON, like every error
+        assert "CORS preflight refused" in refused.json()["error"]["message"]
     finally:
         s.close()
