@@ -511,6 +511,11 @@ def regress_features(tok, rows, settings, label2id=None) -> list:
             for r, e in zip(rows, encs)]
 
 
+def is_pair(row) -> bool:
+    """Is this row (of a regress or rerank task) a text pair, not one text?"""
+    return len(row.texts) == 2
+
+
 def _row_pairs(rows) -> list:
     return [(r.texts[0], r.texts[1] if len(r.texts) > 1 else None) for r in rows]
 

@@ -430,21 +430,49 @@ def task_of_file(path) -> Optional[str]:
 
 
 QUOTED_FIELD = re.compile(r'(?:^|(?<=\t))"(?:[^"]|"")*"(?=\t|$)')
+QUOTED_SPAN = re.compile(r'(?:^|(?<=[\t\n]))"(?:[^"]|"")*"(?=[\t\n]|$)')   # may span lines
 
 
 def tsv_uses_quoting(path) -> bool:
     """Does this TSV quote its fields the CSV way? Quoting is on when some field is wrapped
     in quotes (inner quotes doubled; tabs allowed inside), and no quote appears anywhere
-    else. SST-2's literal quotes (`the "best" film`) turn it off."""
+    else. SST-2's literal quotes (`the "best" film`) turn it off. A quoted field may span
+    lines (a text with a line break, as csv.writer and pandas' to_csv write it) where
+    the file reads no other way (`quoted_across_lines`)."""
     quoted = False
     for _, line in read_lines(path):
         if '"' not in line:
             continue
         rest, n = QUOTED_FIELD.subn("", line)
-        if '"' in rest:
-            return False  # a literal quote: the file does not use quoting
+        if '"' in rest:  # a literal quote, or a quoted field that goes on in the next line
+            return quoted_across_lines(path)
         quoted = quoted or n > 0
     return quoted
+
+
+def quoted_across_lines(path) -> bool:
+    """Is this a TSV whose quoted fields span lines? Every quote must belong to a quoted
+    field, and read line by line (quotes literal, as for SST-2) some line must not be as
+    wide as the header: a file that reads line by line keeps being read so."""
+    if _lines_as_wide_as_header(path):   # (streamed: SST-2 is not held in memory)
+        return False
+    return '"' not in QUOTED_SPAN.sub("", "\n".join(t for _, t in read_lines(path)))
+
+
+def _lines_as_wide_as_header(path) -> bool:
+    """Is every line of this TSV, read without quoting, as wide as its header (empty
+    fields past it dropped, as `_table` drops them)?"""
+    table = _read_table(Path(path), "\t", quoting=False)
+    width = len(_trimmed(next(table, (0, []))[1], 1))
+    return all(len(_trimmed(fields, width)) == width for _, fields in table)
+
+
+def _trimmed(fields: list, width: int) -> list:
+    """`fields` without the empty ones at the end past `width` (a tab or comma at the end
+    of each line, as some writers leave)."""
+    while len(fields) > width and not fields[-1].strip():
+        fields = fields[:-1]
+    return fields
 
 
 def _read_table(path: Path, delimiter: str, quoting: bool):
@@ -603,15 +631,12 @@ def _table(path: Path, fmt: str) -> tuple:
         hline, header = next(table)
     except StopIteration:
         raise data_error(path, None, "empty file")
-    header = [_unquoted(h.strip()) if not quoting else h.strip() for h in header]
-    while len(header) > 1 and not header[-1]:
-        header.pop()
+    header = _trimmed([_unquoted(h.strip()) if not quoting else h.strip() for h in header], 1)
     sep = {"\t": "tab", ",": "comma", ";": "semicolon"}[delim]
 
     def rows():
         for n, fields in table:
-            while len(fields) > len(header) and not fields[-1].strip():
-                fields = fields[:-1]
+            fields = _trimmed(fields, len(header))
             if len(fields) != len(header):
                 more = (f" (a {sep} inside a text? such a field must be quoted)"
                         if len(fields) > len(header) else "")
@@ -1073,16 +1098,23 @@ class TextRow:
     line: int = 0
 
 
+MAX_SCORE = 1e15   # squared, summed over a batch of thousands: still finite in float32
+
+
 def _score(value, path, line) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise data_error(path, line, "the score is missing (an empty cell or null); every row "
                          "needs one here")
     try:
         x = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):   # (a JSON integer of 400 digits)
         x = float("nan")
     if isinstance(value, bool) or x != x or x in (float("inf"), float("-inf")):
         raise data_error(path, line, f"score {value!r} is not a finite number")
+    if abs(x) > MAX_SCORE:
+        raise data_error(path, line, f"score {value!r} is too large (at most {MAX_SCORE:g} in "
+                         "magnitude: the squared errors of training overflow float32); "
+                         "rescale the scores")
     return x
 
 

@@ -47,7 +47,7 @@ from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, param, positive
-from .files import NanobertError, check_output_dir
+from .files import NanobertError, check_output_dir, note
 from .threads import map_on_cores
 from .train import TrainConfig
 
@@ -555,7 +555,10 @@ class Task:
     and, where a task trains differently (a bi-encoder, a reranker):
         batcher(features, cfg, pad_id) -> (batches(epoch, start), batches per epoch)
         loss(cfg) -> loss(model, batch) for the Trainer (None: the head's own loss)
-        writer(tok, settings) -> save(model, out_dir)"""
+        writer(tok, settings) -> save(model, out_dir)
+    and, for a task of one text or a text pair per example:
+        is_pair(example) -> whether it is a pair; finetune records which kind the model
+        learnt (nanobert.json's "pairs"), and evaluate/predict refuse the other kind"""
     name: str
     head: Optional[str]            # the model head (nanobert.model.HEADS; None: no head)
     metric: object                 # dev metric that picks the best model (or metric(dev)) ...
@@ -574,6 +577,7 @@ class Task:
     batcher: Callable = feature_batches
     loss: Optional[Callable] = None
     writer: Callable = model_writer
+    is_pair: Optional[Callable] = None
     help: str = ""
 
 
@@ -582,7 +586,7 @@ TASKS = {t.name: t for t in [
          read=lambda path, cols, req: D.read_classification(path, require_label=req, **cols),
          labels=classify_labels, features=classify_features, check=classify_check,
          evaluate=classify_evaluate, inputs=classify_inputs, make_input=text_input,
-         predict=classify_predict, show=classify_show,
+         predict=classify_predict, show=classify_show, is_pair=lambda e: e.text_b is not None,
          help="a label per text or text pair (accuracy, F1, MCC)"),
     Task("ner", "token", "f1", 128,
          read=lambda path, cols, req: D.read_conll(path, require_tags=req),
@@ -598,7 +602,7 @@ TASKS = {t.name: t for t in [
     Task("regress", "regression", "spearman", 128, read=B.read_scored, labels=None,
          features=B.regress_features, check=B.scores_vary_check, evaluate=B.regress_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
-         show=B.score_show,
+         show=B.score_show, is_pair=B.is_pair,
          help="a score per text or text pair, MSE on the pooled vector (Pearson, Spearman)"),
     Task("embed", None, B.embed_metric, 128, read=B.read_embed_data, labels=None,
          features=B.embed_features, check=B.scores_vary_check, evaluate=B.embed_evaluate,
@@ -611,7 +615,7 @@ TASKS = {t.name: t for t in [
          features=B.rerank_features, check=None, evaluate=B.rerank_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
          show=B.score_show, saved_settings=B.RERANK_SETTINGS, batcher=row_batches,
-         loss=lambda cfg: B.rerank_loss_fn(),
+         loss=lambda cfg: B.rerank_loss_fn(), is_pair=B.is_pair,
          help="a cross-encoder reranker on (query, document, label) rows or BEIR qrels"),
 ]}
 
@@ -635,6 +639,38 @@ def check_known_labels(task, examples, model, path):
     check = get_task(task).check
     if check is not None:
         check(examples, model, path)
+
+
+KINDS = {True: "text pairs", False: "single texts"}
+
+
+def pairs_setting(task: Task, train) -> dict:
+    """{"pairs": whether the model learns text pairs} for nanobert.json (a BEIR folder:
+    (query, document) pairs); {} for a task without the distinction."""
+    if task.is_pair is None:
+        return {}
+    return {"pairs": not isinstance(train, list) or task.is_pair(train[0])}
+
+
+def odd_kind(task: Task, settings: dict, examples) -> Optional[int]:
+    """The index of the first example of the other kind (a single text, a pair) than
+    the model was trained on (settings["pairs"]), or None. Models without the record
+    (from transformers, older runs) are not checked."""
+    trained = settings.get("pairs")
+    if task.is_pair is None or not isinstance(trained, bool) or not isinstance(examples, list):
+        return None
+    return next((i for i, e in enumerate(examples) if task.is_pair(e) != trained), None)
+
+
+def check_pairs(task: Task, settings: dict, examples, path, trained_by: str):
+    """Refuse a file of single texts for a model trained on pairs, and the reverse: the
+    model would read them and give silently meaningless results. `trained_by` names what
+    learnt them ('the model runs/qqp was trained on')."""
+    if odd_kind(task, settings, examples) is not None:
+        trained = settings["pairs"]
+        hint = " (a file with a second text column, such as sentence2)" if trained else ""
+        raise NanobertError(f"{path}: {KINDS[not trained]}, but {trained_by} "
+                            f"{KINDS[trained]}{hint}")
 
 
 def read_labelled(path, text_column=None, pair_column=None, label_column=None) -> dict:
@@ -776,6 +812,8 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     from .train import Trainer
     settings = cfg.settings(task)
     train, dev = _read_splits(task, cfg)
+    settings.update(pairs_setting(task, train))
+    check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
     model, tok = _model_for(task, cfg, train, settings["max_length"])
     check_known_labels(task.name, dev, model, cfg.dev)
     items = task.features(tok, train, settings, label2id(model))
@@ -942,9 +980,12 @@ def _reinit_new_head(model, seed):
 # Loading a fine-tuned directory, and predicting with it from Python
 
 
-def load_finetuned(model_dir, dtype: str = "float32"):
+def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
     """(model in eval mode, tokenizer, settings) of a directory written by finetune;
-    dtype "int8": its block Linear layers in int8 (nanobert.quantize)."""
+    dtype "int8": its block Linear layers in int8 (nanobert.quantize). With `encoder`
+    (evaluate), a model whose head no task has (a pretrained checkpoint's MLM head:
+    bert-base-uncased, `pretrain` output) and without nanobert.json comes back as an
+    embedding model: its encoder, as `nanobert embed` and `search` run it."""
     import nanobert
     from .checkpoint import resolve
     d = resolve(model_dir)
@@ -957,9 +998,10 @@ def load_finetuned(model_dir, dtype: str = "float32"):
             raise NanobertError(f"{d / 'nanobert.json'}: not valid JSON ({e})")
     by_head = {t.head: name for name, t in reversed(list(TASKS.items()))}
     task = settings.get("task") or by_head.get(model.head)
-    if task not in TASKS or model.head != TASKS[task].head:
-        raise NanobertError(f"{d}: not a fine-tuned {', '.join(TASKS)} model "
-                            f"(its head is {model.head or 'none'})")
+    if encoder and task is None:
+        task = "embed"
+    elif task not in TASKS or model.head != TASKS[task].head:
+        raise NanobertError(not_finetuned(d, model))
     settings["task"] = task
     settings.setdefault("max_length", min(TASKS[task].max_length,
                                           model.config.max_position_embeddings))
@@ -967,6 +1009,10 @@ def load_finetuned(model_dir, dtype: str = "float32"):
     if torch.cuda.is_available() and dtype == "float32":
         model.cuda()
     return model.eval(), tok, settings
+
+
+def not_finetuned(d, model) -> str:
+    return f"{d}: not a fine-tuned {', '.join(TASKS)} model (its head is {model.head or 'none'})"
 
 
 class Predictor:
@@ -985,6 +1031,7 @@ class Predictor:
         self.model, self.tokenizer, self.settings = load_finetuned(model_dir, dtype)
         self.task = TASKS[self.settings["task"]]
         self.batch_size = batch_size
+        self.name = str(model_dir)
 
     def predict(self, inputs):
         single = not isinstance(inputs, list)
@@ -992,6 +1039,11 @@ class Predictor:
         examples = [self.task.make_input(i, x) for i, x in enumerate(items)]
         if not examples:
             return []
+        odd = odd_kind(self.task, self.settings, examples)
+        if odd is not None:
+            given = "a (text, pair) tuple" if self.task.is_pair(examples[odd]) else "one text"
+            raise NanobertError(f"input {odd}: {given}, but {self.name} was trained on "
+                                f"{KINDS[self.settings['pairs']]}")
         out = self.task.predict(self.model, self.tokenizer, examples, self.settings,
                                 self.batch_size)
         return out[0] if single else out
@@ -1043,12 +1095,10 @@ def evaluate_cmd(args):
     Classify/pair models: accuracy, F1, MCC; NER: entity F1; QA: EM/F1; regression:
     Pearson/Spearman; an embedding model on STS (Spearman of the cosine) or BEIR
     (nDCG@10...)."""
-    model, tok, settings = load_finetuned(args.model, args.dtype)
+    model, tok, settings = load_finetuned(args.model, args.dtype, encoder=True)
     settings.update(B.evaluate_overrides(args))
     task = TASKS[settings["task"]]
-    examples = read_for(task, args.model, lambda: task.read(args.data, _columns(args, settings),
-                                                            True), args.data)
-    check_known_labels(task.name, examples, model, args.data)
+    examples = _evaluation_data(task, args, model, settings)
     result = evaluate_task(task.name, model, tok, examples, settings, args.batch_size,
                            progress=not args.json)
     if args.json:
@@ -1057,6 +1107,30 @@ def evaluate_cmd(args):
         for k, v in result.items():
             print(f"{k:<12} {v:.4f}" if isinstance(v, float) else f"{k:<12} {v}")
     return 0
+
+
+def _evaluation_data(task: Task, args, model, settings: dict):
+    """The examples of --data, checked against the model: labels it knows, the kind of
+    text (single or pairs) it learnt. A pretrained model without a task head is
+    evaluated as an embedding model (its encoder) where --data is embedding data."""
+    def read():
+        return task.read(args.data, _columns(args, settings), True)
+    if model.head == task.head:
+        examples = read_for(task, args.model, read, args.data)
+    else:
+        try:
+            examples = read()
+        except NanobertError as e:
+            raise NanobertError(f"{not_finetuned(args.model, model)}; its encoder is evaluated "
+                                f"as an embedding model on STS pairs or a BEIR folder, and "
+                                f"{e}") from None
+        from .embed import default_pooling
+        note(f"{args.model} has no fine-tuned head (its head is {model.head}): evaluating its "
+             f"encoder as an embedding model ({default_pooling(model)} pooling, at most "
+             f"{settings['max_length']} tokens a text)")
+    check_pairs(task, settings, examples, args.data, f"the model {args.model} was trained on")
+    check_known_labels(task.name, examples, model, args.data)
+    return examples
 
 
 def predict_args(p):
@@ -1088,12 +1162,24 @@ OTHER_DATA = {"ner": ("NER data (CoNLL columns)", "CoNLL"),   # what, and a word
 
 
 def _predict_inputs(task: Task, args, settings) -> list:
+    """The inputs of --input or the command line, of the kind (single texts or pairs)
+    the model was trained on."""
     if args.input:
-        return read_for(task, args.model, lambda: task.inputs(args.input,
-                                                               _columns(args, settings)),
-                        args.input)
+        examples = read_for(task, args.model, lambda: task.inputs(args.input,
+                                                                   _columns(args, settings)),
+                            args.input)
+        check_pairs(task, settings, examples, args.input, f"the model {args.model} was trained on")
+        return examples
     texts = [(t, args.context) for t in args.texts] if args.context else args.texts
-    return [task.make_input(i, t) for i, t in enumerate(texts)]
+    examples = [task.make_input(i, t) for i, t in enumerate(texts)]
+    if odd_kind(task, settings, examples) is None:
+        return examples
+    if settings["pairs"]:
+        raise NanobertError(f"{args.model} was trained on text pairs: give the second text "
+                            "with --context TEXT (each text given is paired with it), or "
+                            "pairs in a file with --input FILE")
+    raise NanobertError(f"{args.model} was trained on single texts: --context (a second text "
+                        "for each input) is for models trained on pairs")
 
 
 def predict_cmd(args):

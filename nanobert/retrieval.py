@@ -190,6 +190,9 @@ class Reranker:
                                 f"one output; this model's head is {self.model.head or 'none'})")
         settings = resolve(model_dir) / "nanobert.json"
         saved = json.loads(settings.read_text("utf-8")) if settings.is_file() else {}
+        if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
+            raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "
+                                "cross-encoder of (query, document) pairs")
         self.max_length = max_length or saved.get("max_length") or 512
         self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
         self.batch_size = batch_size

@@ -423,12 +423,25 @@ async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, nam
 async def classify(server: Server, body: dict) -> dict:
     m = server.pick(body, "classify")
     texts, pairs, _ = read_texts(body, "inputs", server.config.max_client_batch, pairs=True)
+    check_pairs(m, pairs)
     all_scores = read_bool(body, "return_all_scores", False)
     truncate = read_bool(body, "truncate", True)
     logits, counts = await logits_of(server, m, texts, pairs, truncate, "inputs")
     results = [dict(m.label_scores(row, all_scores), truncated=cut)
                for row, cut in zip(logits, counts.truncated)]
     return {"model": m.name, "results": results, "usage": counts.usage()}
+
+
+def check_pairs(m: Served, pairs):
+    """422 for inputs of the other kind than the model learnt ("pairs" in its
+    nanobert.json; models without the record are not checked)."""
+    learnt = m.settings.get("pairs")
+    if learnt is True and pairs is None:
+        raise unprocessable("inputs", f"must be [text, pair] lists: {m.name} was trained on "
+                                      "text pairs")
+    if learnt is False and pairs is not None:
+        raise unprocessable("inputs", f"must be texts: {m.name} was trained on single texts, "
+                                      "not pairs")
 
 
 async def rerank(server: Server, body: dict) -> dict:

@@ -111,7 +111,8 @@ class Served:
     @property
     def routes(self) -> tuple:
         routes = TASK_ROUTES[self.task]
-        if self.task == "classify" and len(self.labels) > 2:   # no "relevant" class to score
+        # no "relevant" class to score, or a model of single texts (no query-document pairs)
+        if self.task == "classify" and len(self.labels) > 2 or self.settings.get("pairs") is False:
             routes = tuple(r for r in routes if r != "rerank")
         return routes
 

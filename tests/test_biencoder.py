@@ -2,6 +2,7 @@
 batch, and the sentence-transformers / transformers round trips."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -230,3 +231,37 @@ def test_evaluation_scores_that_never_vary_are_refused_before_training(tmp_path)
     dev.write_text("anchor\tpositive\nq\td\n")
     scores_vary_check(read_scored(dev, require=False), None, dev)   # pairs: no score
     assert get_task("regress").check is get_task("embed").check is scores_vary_check
+
+
+def test_regression_records_pairs_and_a_single_text_model_is_no_cross_encoder(tmp_path, capsys):
+    """A regression model records whether it learnt pairs (STS) or single texts: a pair
+    model refuses single texts and the reverse; a single-text model is refused as a
+    reranker, which would score (query, document) pairs with it."""
+    from conftest import tiny_model_dir
+    from nanobert import cli
+    words = "a man dog cat eats runs sleeps food park the is".split()
+    tiny = tiny_model_dir(tmp_path / "tiny", words, 60, "? .")
+    single, pairs = tmp_path / "single.tsv", tmp_path / "pairs.tsv"
+    single.write_text("text\tscore\na man eats\t1\na dog runs\t2\nthe cat sleeps\t3\n")
+    pairs.write_text("sentence1\tsentence2\tscore\na man eats\tthe man eats food\t4\n"
+                     "a dog runs\tthe cat sleeps\t0.5\nthe park\ta park\t3\n")
+
+    def run(*argv):
+        rc = cli.main(list(map(str, argv)))
+        return rc, capsys.readouterr().err
+
+    for name, data in (("s", single), ("p", pairs)):
+        assert run("finetune", "--task", "regress", "--model", tiny, "--train", data, "--dev",
+                   data, "--out", tmp_path / name, "--max-steps", "1", "--max-length", "16",
+                   "--no-progress")[0] == 0
+    assert json.loads((tmp_path / "s" / "nanobert.json").read_text())["pairs"] is False
+    assert json.loads((tmp_path / "p" / "nanobert.json").read_text())["pairs"] is True
+    rc, err = run("evaluate", "--model", tmp_path / "p", "--data", single)
+    assert rc == 2 and f"{single}: single texts, but the model {tmp_path / 'p'} was trained " \
+                      "on text pairs" in err
+    rc, err = run("predict", "--model", tmp_path / "s", "a man", "--context", "a dog")
+    assert rc == 2 and "was trained on single texts: --context" in err
+    assert run("predict", "--model", tmp_path / "p", "a man", "--context", "a dog")[0] == 0
+    with pytest.raises(NanobertError, match="trained on single texts .* not a cross-encoder"):
+        nanobert.Reranker(tmp_path / "s")
+    assert len(nanobert.Reranker(tmp_path / "p").score("a man", ["a dog", "food"])) == 2

@@ -322,3 +322,43 @@ def test_encoder_takes_what_load_returns_and_int8_is_a_copy(minilm, one_thread):
     assert (a * b).sum(1).min() > 0.99 and not np.array_equal(a, b)
     hits = pair.search("someone eats", SENTENCES[:4], k=2, corpus_embeddings=a * 3.0)
     assert hits[0][0] == 0 and hits[0][1] <= 1.0 + 1e-6    # given vectors scored as cosines
+
+
+def test_evaluate_takes_a_pretrained_mlm_checkpoint_as_an_embedding_model(tmp_path, capsys,
+                                                                          one_thread):
+    """A checkpoint laid out as BertForMaskedLM (bert-base-uncased, `pretrain` output) is
+    evaluated on STS pairs and BEIR folders by its encoder, as `embed` and `search` run
+    it: before, evaluate refused it as 'not a fine-tuned ... model (its head is mlm)'."""
+    import nanobert
+    from conftest import tiny_model_dir
+    from nanobert.checkpoint import save_model
+    words = "a man dog cat eats runs sleeps food park the is".split()
+    bare = tiny_model_dir(tmp_path / "bare", words, 60, "? .")
+    model, tok = nanobert.load(bare, head="mlm")
+    save_model(model, tmp_path / "mlm", tokenizer=tok)
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\na man eats\tthe man eats food\t4\n"
+                   "a dog runs\tthe cat sleeps\t0.5\nthe park\ta park\t3\n")
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+                                               for i, t in enumerate(["a man eats", "a dog runs"])))
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "the man"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
+
+    def evaluate(model_dir, data):
+        rc = main(["evaluate", "--model", str(model_dir), "--data", str(data), "--json"])
+        out, err = capsys.readouterr()
+        return rc, (json.loads(out.strip().splitlines()[-1]) if rc == 0 else None), err
+
+    for data, metric in ((sts, "spearman"), (beir, "ndcg_at_10")):
+        rc, got, err = evaluate(tmp_path / "mlm", data)
+        assert rc == 0 and got["task"] == "embed" and "evaluating its encoder" in err, err
+        assert got == evaluate(bare, data)[1]          # the same encoder, saved without a head
+    single = tmp_path / "single.tsv"
+    single.write_text("sentence\tlabel\na man eats\t1\na dog runs\t0\n")
+    rc, _, err = evaluate(tmp_path / "mlm", single)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "not a fine-tuned" in err and "its head is mlm" in err and f"{single}:2:" in err
+    rc = main(["predict", "--model", str(tmp_path / "mlm"), "a man"])
+    assert rc == 2 and "(its head is mlm)" in capsys.readouterr().err

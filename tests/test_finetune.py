@@ -599,3 +599,54 @@ def test_entity_spans_read_bioes_and_bare_labels():
         [("LABEL_1", "Ann Lee"), ("LABEL_1", "Bo"), ("LABEL_2", "Rome")]
     assert ents(["B-PER", "I-PER", "O", "I-PER", "O", "B-LOC"]) == \
         [("PER", "Ann Lee"), ("PER", "Bo"), ("LOC", "Rome")]
+
+
+def test_a_model_records_whether_it_learnt_pairs_and_refuses_the_other_kind(tiny_dir, tmp_path,
+                                                                              capsys):
+    """nanobert.json says whether a classifier learnt text pairs; evaluate, predict (files,
+    the command line, Python) and a dev file of the other kind are refused in one line,
+    naming the model and the file: before, a pair model scored single texts (and a
+    single-text model pairs) silently. Models without the record are not checked."""
+    from nanobert.finetune import Predictor
+    rows = sentiment_rows(8, 0)
+    single = write_tsv(tmp_path / "single.tsv", rows)
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("sentence1\tsentence2\tlabel\n" + "".join(f"{t}\tthe plot\t{l}\n"
+                                                                for t, l in rows))
+
+    def run(*argv):
+        rc = cli.main([*argv, "--no-progress"] if argv[0] == "finetune" else list(argv))
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) <= 1, err
+        return rc, err
+
+    def finetune_on(name, train, dev):
+        return run("finetune", "--task", "classify", "--model", str(tiny_dir), "--train",
+                   str(train), "--dev", str(dev), "--out", str(tmp_path / name),
+                   "--max-steps", "1", "--batch-size", "8", "--max-length", "16")
+
+    assert finetune_on("p", pairs, pairs)[0] == 0 and finetune_on("s", single, single)[0] == 0
+    p, s = tmp_path / "p", tmp_path / "s"
+    assert json.loads((p / "nanobert.json").read_text())["pairs"] is True
+    assert json.loads((s / "nanobert.json").read_text())["pairs"] is False
+    rc, err = finetune_on("x", pairs, single)
+    assert rc == 2 and f"{single}: single texts, but the training file {pairs} has text " \
+                      "pairs" in err
+
+    for model, data, kind in ((p, single, "single texts"), (s, pairs, "text pairs")):
+        for argv in (["evaluate", "--data", str(data)], ["predict", "--input", str(data)]):
+            rc, err = run(argv[0], "--model", str(model), *argv[1:])
+            assert rc == 2 and f"{data}: {kind}, but the model {model} was trained on" in err, err
+    rc, err = run("predict", "--model", str(p), "the movie")
+    assert rc == 2 and f"{p} was trained on text pairs: give the second text with --context" in err
+    rc, err = run("predict", "--model", str(s), "the movie", "--context", "the plot")
+    assert rc == 2 and f"{s} was trained on single texts: --context" in err
+    assert run("predict", "--model", str(p), "the movie", "--context", "the plot")[0] == 0
+    assert run("evaluate", "--model", str(p), "--data", str(pairs))[0] == 0
+    with pytest.raises(NanobertError, match=r"input 1: one text, but .* trained on text pairs"):
+        Predictor(p).predict([("the movie", "the plot"), "the movie"])
+    assert Predictor(s).predict("the movie")["label"] in ("good", "bad")
+
+    # a model without the record (an older run, a transformers checkpoint): not checked
+    (p / "nanobert.json").write_text(json.dumps({"task": "classify", "max_length": 16}))
+    assert run("evaluate", "--model", str(p), "--data", str(single))[0] == 0

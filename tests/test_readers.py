@@ -87,6 +87,19 @@ def test_empty_labels_are_unlabelled_rows_for_prediction(tmp_path):
         assert error_of(D.read_classification, p).startswith(f"{p}:{line}: empty label")
 
 
+def test_scores_too_large_for_float32_training_are_refused_at_their_line(tmp_path):
+    # 1e20 was taken as finite, and training stopped with 'training diverged at step 1:
+    # loss inf ...; try a lower --lr': the data were the cause
+    for score in ("1e20", "-1e39", "1e16"):
+        p = write(tmp_path, "s.tsv", f"sentence1\tsentence2\tscore\na\tb\t0.5\nc\td\t{score}\n")
+        assert error_of(D.read_text_rows, p).startswith(f"{p}:3: score {score!r} is too large")
+    p = write(tmp_path, "ok.tsv", "sentence1\tsentence2\tscore\na\tb\t1e15\nc\td\t-3\n")
+    assert [r.score for r in D.read_text_rows(p)] == [1e15, -3.0]
+    # a JSON integer too large for a float: OverflowError, a traceback
+    big = jsonl(tmp_path, [{"sentence1": "a", "sentence2": "b", "score": 10 ** 400}])
+    assert error_of(D.read_text_rows, big).startswith(f"{big}:1: score")
+
+
 def test_float_scores_point_to_regression(tmp_path):
     p = write(tmp_path, "sts.tsv", "sentence1\tsentence2\tlabel\n"
               "a\tb\t4.0\nc\td\t3.8\ne\tf\t0.5\n")
@@ -116,6 +129,33 @@ def test_quoted_tsv_field_with_a_tab_is_one_field(tmp_path):
 def test_literal_quotes_stay_literal(tmp_path):
     p = write(tmp_path, "sst.tsv", 'sentence\tlabel\nthe "best" film\t1\n"quoted" start\t0\n')
     assert [e.text_a for e in D.read_classification(p)] == ['the "best" film', '"quoted" start']
+
+
+def test_a_quoted_tsv_field_may_span_lines_as_csv_writers_write_it(tmp_path):
+    # csv.writer(delimiter="\t") and pandas' to_csv(sep="\t") quote a text with a line
+    # break; it was 'expected 2 fields like the header, found 1' where the CSV read fine
+    import csv
+    rows = [["text", "label"], ['good "quoted" film', "pos"], ["bad, really", "neg"],
+            ["multi\nline", "pos"], ["x", "neg"]]
+    for name, delimiter in (("w.tsv", "\t"), ("w.csv", ",")):
+        with open(tmp_path / name, "w", newline="") as f:
+            csv.writer(f, delimiter=delimiter).writerows(rows)
+    got = [(e.text_a, e.label, e.line) for e in D.read_classification(tmp_path / "w.tsv")]
+    assert got == [('good "quoted" film', "pos", 2), ("bad, really", "neg", 3),
+                   ("multi\nline", "pos", 4), ("x", "neg", 6)]
+    assert got == [(e.text_a, e.label, e.line) for e in D.read_classification(tmp_path / "w.csv")]
+    # an error after a field spanning lines names the line its row starts on
+    p = write(tmp_path, "r.tsv", 'text\tlabel\n"multi\nline"\tpos\n"two\nlines"\tneg\tx\n')
+    assert error_of(D.read_classification, p).startswith(
+        f"{p}:4: expected 2 fields like the header, found 3")
+
+
+def test_stray_quotes_that_pair_up_across_lines_stay_literal(tmp_path):
+    # each line reads as a row, so the quotes are SST-2's literal ones, not one field
+    p = write(tmp_path, "s.tsv", 'sentence\tlabel\n"a film\t1\nthat ends"\t0\n')
+    assert [(e.text_a, e.label) for e in D.read_classification(p)] == \
+        [('"a film', "1"), ('that ends"', "0")]
+    assert not D.tsv_uses_quoting(p)
 
 
 def test_ragged_row_names_the_line(tmp_path):

@@ -287,6 +287,31 @@ def test_null_is_the_default(server):
         assert r.status_code == 422 and r.json()["error"]["param"] == name, r.text
 
 
+def test_a_classifier_takes_only_the_kind_of_input_it_learnt(tmp_path):
+    """A classifier that records what it learnt ("pairs" in nanobert.json) refuses the
+    other kind (it scored it, silently wrong); one of single texts does no /rerank."""
+    single = tiny_model(tmp_path / "single", "classify",
+                        {"task": "classify", "max_length": 32, "pairs": False}, {0: "a", 1: "b"})
+    paired = tiny_model(tmp_path / "paired", "classify",
+                        {"task": "classify", "max_length": 32, "pairs": True}, {0: "a", 1: "b"})
+    s = Running([f"single={single}", f"paired={paired}"], warmup=False)
+    try:
+        def post(model, inputs):
+            return s.post("/classify", {"model": model, "inputs": inputs})
+        assert post("single", ["a text"]).status_code == 200
+        r = post("single", [["a text", "its pair"]])
+        assert r.status_code == 422 and "trained on single texts" in r.text
+        assert post("paired", [["a text", "its pair"]]).status_code == 200
+        r = post("paired", ["a text"])
+        assert r.status_code == 422 and "trained on text pairs" in r.text
+        r = s.post("/rerank", {"model": "single", "query": "q", "documents": ["d"]})
+        assert r.status_code == 422 and "does not serve /rerank" in r.text
+        assert s.post("/rerank", {"model": "paired", "query": "q",
+                                  "documents": ["d"]}).status_code == 200
+    finally:
+        s.close()
+
+
 def test_ner_entities_equal_predict(server, models):
     model, tok, settings = load_finetuned(models["tags"])
     texts = ["John met Mary in Paris and London.", "where does mary live"]
