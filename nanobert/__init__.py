@@ -21,16 +21,58 @@ transformers' pipelines:
     model, tokenizer = nanobert.load("minilm")           # the model itself (nn.Module)
 """
 from . import threads  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
-from .embed import Encoder
+
+import importlib
+import sys
+import types
+
 from .files import NanobertError
-from .finetune import FinetuneConfig, Predictor, finetune
-from .model import PRESETS, Bert, BertConfig, BertModel, preset
-from .pretrain import PretrainConfig, run_pretrain
-from .retrieval import Reranker
-from .tokenizer import Tokenizer
-from .train import TrainConfig
 
 __version__ = "0.1.0"
+
+# The API's names, each imported from its module when first used (PEP 562): importing
+# nanobert, as the command line does before its main() can answer a Ctrl-C, loads no
+# torch. name -> the module that defines it
+_LAZY = {"Encoder": "embed", "FinetuneConfig": "finetune", "Predictor": "finetune",
+        "finetune": "finetune", "PRESETS": "model", "Bert": "model", "BertConfig": "model",
+        "BertModel": "model", "preset": "model", "PretrainConfig": "pretrain",
+        "run_pretrain": "pretrain", "Reranker": "retrieval", "Tokenizer": "tokenizer",
+        "TrainConfig": "train"}
+
+
+def __getattr__(name: str):
+    """A name of the API (imported once, then an attribute like any other), or a
+    submodule (`nanobert.model` without importing it first, as before)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """This package. Importing the submodule nanobert.finetune sets the package's
+    attribute `finetune` to it; the API's `nanobert.finetune` is the function of that
+    name, which the attribute stays (read from the module by __getattr__)."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and name in _LAZY and \
+                value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
@@ -41,6 +83,7 @@ def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
     config_overrides: BertConfig fields, e.g. attn_backend="eager"."""
     from .checkpoint import load_model, resolve
     from .quantize import dtype_name, to_dtype
+    from .tokenizer import Tokenizer
     _check_load_args(name_or_dir, head, config_overrides)
     dtype = dtype_name(dtype)                    # before the weights are read
     model = load_model(name_or_dir, head=head, **config_overrides)
@@ -56,7 +99,8 @@ def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
 def _check_load_args(name_or_dir, head, overrides) -> None:
     """load()'s arguments, each refused by name before anything is read."""
     import os
-    from .model import HEADS
+
+    from .model import HEADS, BertConfig
     if not isinstance(name_or_dir, (str, os.PathLike)):
         raise TypeError(f"load(name_or_dir): expected a model name or directory (str or "
                         f"path), got {type(name_or_dir).__name__}")

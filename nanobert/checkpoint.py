@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .files import NanobertError
+from .files import NanobertError, usual_mode
 from .families import BY_MODEL_TYPE, FAMILIES, Family
 from .model import ACTIVATIONS, Bert, BertConfig
 from .rundir import require_finished
@@ -146,7 +146,7 @@ def read_weights(model_dir: Path) -> dict:
                 from safetensors.torch import load_file
                 part = load_file(str(f))
             else:
-                part = torch.load(str(f), map_location="cpu", weights_only=True)
+                part = _torch_load(f)
         except FileNotFoundError:
             raise NanobertError(f"{f}: missing")
         except Exception as e:
@@ -155,6 +155,16 @@ def read_weights(model_dir: Path) -> dict:
             raise NanobertError(f"{f}: not a state dict")
         state.update(part)
     return state
+
+
+def _torch_load(f: Path):
+    """A pytorch_model.bin's tensors (weights_only: never unpickling code). torch warns
+    in two lines when the file's pickle protocol is not its default, before it loads or
+    refuses the file; a refusal is the caller's one-line error, so the warning is left out."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        return torch.load(str(f), map_location="cpu", weights_only=True)
 
 
 def _index_shards(index: Path) -> list:
@@ -186,6 +196,10 @@ def _load_failure(e: Exception) -> str:
         if m and m.group(1).lower() == "global":
             return (f"holds pickled Python objects besides tensors ({m.group(2)}); nanobert "
                     "loads weights only, never pickled code: save the weights as safetensors")
+        if m and m.group(2) == "149":   # FRAME, the first opcode of pickle protocol 4 and later
+            return ("pickled with protocol 4 or later, which torch's weights-only loading "
+                    "(nanobert never unpickles code) cannot read: save the weights as "
+                    "safetensors, or with torch.save's default protocol")
         return "not a PyTorch weights file (corrupted or truncated)"
     return f"corrupted or truncated checkpoint ({text[:200]})"
 
@@ -456,6 +470,7 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
         if model.head in MLM_HEADS and not decoder_is_tied(model):
             hf["tie_word_embeddings"] = False
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+        usual_mode(tmp)          # (safetensors writes 0o600)
         for f in sorted(tmp.rglob("*"), key=lambda f: f.name == "config.json"):
             if f.is_file():
                 dest = out_dir / f.relative_to(tmp)

@@ -8,10 +8,14 @@ print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
+from pathlib import Path
+
+from .files import NanobertError
 
 # the pipeline, in order: inspect a model, train it, use it, look inside it, experiments
 COMMANDS = {
@@ -106,6 +110,35 @@ def _catch_sigterm():
     return None
 
 
+def _end_at_once(signum, frame):
+    """Ctrl-C or SIGTERM while the command's modules load: one line and the status, now.
+    A KeyboardInterrupt raised in the middle of an import can be lost (raised inside
+    importlib's lock callbacks, where Python ignores exceptions: the command then ran on)
+    or abort torch's C++ extension half-initialised; and nothing is written yet."""
+    word = "terminated" if signum == signal.SIGTERM else "interrupted"
+    os.write(2, f"nanobert: {word}\n".encode())
+    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def _while_loading():
+    """Inside the block, Ctrl-C and SIGTERM end the process at once (`_end_at_once`),
+    where nobody else handles them (in the main thread)."""
+    before = {}
+    try:
+        for sig, usual in ((signal.SIGINT, signal.default_int_handler),
+                           (signal.SIGTERM, signal.SIG_DFL)):
+            if signal.getsignal(sig) is usual:
+                before[sig] = signal.signal(sig, _end_at_once)
+    except ValueError:   # not the main thread (main() called from a worker thread)
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def _out_of_memory(e: BaseException) -> bool:
     """A failed allocation: MemoryError, torch's OutOfMemoryError, or the RuntimeError
     torch's CPU allocator raises ('DefaultCPUAllocator: can't allocate memory')."""
@@ -116,15 +149,53 @@ def _out_of_memory(e: BaseException) -> bool:
         "can't allocate memory" in str(e) or "out of memory" in str(e).lower()))
 
 
-def main(argv=None) -> int:
-    from .files import NanobertError
-    from .threads import set_threads
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    previous = _catch_sigterm()
+def _out_of_resources(e: BaseException, args) -> str | None:
+    """The one-line error for a limit of the machine that `e` hit (memory; a disk that is
+    full, over quota or read-only), or None when it is none of these."""
+    from .files import write_failure
+    if _out_of_memory(e):
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return (f"out of memory ({first[:200]}); try a smaller --batch-size, --seq-len or "
+                "--max-length")
+    what = write_failure(e)
+    if what is None:
+        return None
+    where = _written(e, getattr(args, "out", None))
+    return f"{where}: {what}" if where else what
+
+
+def _written(e: BaseException, out):
+    """What a failed write was writing, as the user named it: the command's output
+    (--out, OUT) when the error names no file or one on the output's file system (the
+    temporary files beside it), else the file the error names."""
+    named = getattr(e, "filename", None)
+    if named is None or out is None:
+        return out if named is None else named
     try:
-        set_threads(args.threads)
+        return out if _device(named) == _device(out) else named
+    except OSError:
+        return out
+
+
+def _device(path) -> int:
+    """The file system `path` is on (that of its nearest existing ancestor)."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p.stat().st_dev
+
+
+def main(argv=None) -> int:
+    """Run one command. Everything heavy (torch, the commands' modules) is imported in
+    here: a Ctrl-C at any moment is one line, never a traceback."""
+    args = previous = None
+    try:
+        with _while_loading():
+            from .threads import set_threads
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+            args = build_parser().parse_args(argv)
+            set_threads(args.threads)
+        previous = _catch_sigterm()
         return args.func(args) or 0
     except NanobertError as e:
         print(f"nanobert: error: {e}", file=sys.stderr)
@@ -137,12 +208,11 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except (MemoryError, RuntimeError) as e:
-        if not _out_of_memory(e):
+    except Exception as e:
+        message = _out_of_resources(e, args)
+        if message is None:
             raise
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"nanobert: error: out of memory ({first[:200]}); try a smaller --batch-size, "
-              "--seq-len or --max-length", file=sys.stderr)
+        print(f"nanobert: error: {message}", file=sys.stderr)
         return 2
     finally:
         if previous is not None:   # (main() called in-process: leave the caller's as it was)

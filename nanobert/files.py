@@ -162,12 +162,17 @@ def _utf16_lines(path, f):
 @contextlib.contextmanager
 def atomic_path(target):
     """Yield a temporary path next to `target`; on success rename it onto `target`.
-    Works for files and for directories."""
+    Works for files and for directories. The files get the mode open() gives a new file
+    (`usual_mode`), whatever wrote them. On a failure nothing is left: neither the
+    temporary nor the folders made for `target`."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)) / "t"
+    made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
+    tmp, done = None, False
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)) / "t"
         yield tmp
+        usual_mode(tmp)
         if target.is_dir() and tmp.is_dir():
             old = target.with_name(f".{target.name}.old{os.getpid()}")
             os.replace(target, old)
@@ -175,13 +180,73 @@ def atomic_path(target):
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, target)
+        done = True
     finally:
-        shutil.rmtree(tmp.parent, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp.parent, ignore_errors=True)
+        for folder in made if not done else ():      # the innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def write_text(target, text: str):
     with atomic_path(target) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def file_mode() -> int:
+    """The mode open() gives a new file: 0o666 less the umask. Read from /proc, where
+    Linux shows it, rather than set and put back (which other threads could see)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            mask = next((int(line.split()[1], 8) for line in f if line.startswith("Umask:")),
+                        None)
+    except (OSError, ValueError, IndexError):
+        mask = None
+    if mask is None:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
+def usual_mode(path):
+    """Give the file `path` (or every file under the directory `path`) the mode open()
+    gives a new file. Writers that make a temporary file and rename it (safetensors,
+    tempfile.mkstemp) leave 0o600, and a model only its owner can read."""
+    path = Path(path)
+    mode = file_mode()
+    files = [path] if not path.is_dir() else [p for p in path.rglob("*") if p.is_file()]
+    for f in files:
+        if f.is_file() and not f.is_symlink() and stat.S_IMODE(f.stat().st_mode) != mode:
+            os.chmod(f, mode)
+
+
+# errors of a write the disk refused, which the user fixes by making room or writing
+# elsewhere: errno -> what is said
+WRITE_FAILURES = {errno.ENOSPC: "no space left on device (free some space or write elsewhere)",
+                  errno.EDQUOT: "disk quota exceeded (free some space or write elsewhere)",
+                  errno.EROFS: "read-only file system (write elsewhere)"}
+# libraries in Rust (safetensors, tokenizers) raise their own exception types, with the
+# errno in the message: "I/O error: No space left on device (os error 28)"
+OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+# numpy's tofile (np.save) after a short write, without an errno
+SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
+
+
+def write_failure(e: BaseException):
+    """What went wrong, when `e` is a write that the disk refused (full, over quota, a
+    read-only file system): a few words for an error message; else None."""
+    code = e.errno if isinstance(e, OSError) else None
+    if code is None:
+        m = OS_ERROR_IN_TEXT.search(str(e))
+        code = int(m.group(1)) if m else None
+    if code in WRITE_FAILURES:
+        return WRITE_FAILURES[code]
+    m = SHORT_WRITE.fullmatch(str(e)) if isinstance(e, OSError) else None
+    if m:
+        return (f"no space left on device? (only {int(m.group(2)):,} of {int(m.group(1)):,} "
+                "bytes could be written; free some space or write elsewhere)")
+    return None
 
 
 # ----------------------------------------------------------------------------------

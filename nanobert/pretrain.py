@@ -93,8 +93,8 @@ class PretrainConfig(Config):
     preset: Optional[str] = param("tiny", "model size: tiny mini small medium base large")
     model_config: Optional[str] = param(None, "a config.json (HF BERT) to use instead of --preset",
                                         flag="--config")
-    tokenizer: Optional[str] = param(None, "directory with tokenizer.json or vocab.txt "
-                                     "(default: train one)")
+    tokenizer: Optional[str] = param(None, "a tokenizer: its directory, or its tokenizer.json "
+                                     "or vocab.txt (default: train one)")
     vocab_size: int = param(8000, "vocabulary size when training one", at_least(16))
     batch_size: int = param(32, "global sequences per optimizer step", at_least(1))
     seq_len: int = param(128, "tokens per row, with [CLS] and [SEP]",

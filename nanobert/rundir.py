@@ -12,11 +12,12 @@
 
 A killed run leaves "running" behind, so its half-written directory is never taken for a
 model. A run that fails before it has written a model or a checkpoint (bad data, a bad
-flag, an early Ctrl-C) takes back what it created: nothing is left half-written. A new
-run into a directory that holds a model or a checkpoint stops unless `--overwrite` (which
-clears it first) or `--resume` (which continues the checkpoint only when the fingerprint
-matches, and otherwise says what differs). Directories without the file (hub downloads,
-models from other tools) are finished models.
+flag, an early Ctrl-C), or that a full disk stopped before its first checkpoint, takes
+back what it created: nothing is left half-written. A new run into a directory that
+holds a model or a checkpoint stops unless `--overwrite` (which clears it first) or
+`--resume` (which continues the checkpoint only when the fingerprint matches, and
+otherwise says what differs). Directories without the file (hub downloads, models from
+other tools) are finished models.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import struct
 import time
 from pathlib import Path
 
-from .files import NanobertError, check_not_input, check_output_dir, write_text
+from .files import NanobertError, check_not_input, check_output_dir, write_failure, write_text
 
 RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
@@ -109,8 +110,11 @@ def _comparable(old: dict, new: dict) -> tuple:
 
 def model_files(name) -> list:
     """The files that make a local model directory what it is (config and weights), so
-    that a retrained base model counts as other data; a hub name is its own flag."""
+    that a retrained base model counts as other data; a hub name is its own flag. A file
+    (a tokenizer given as its vocab.txt or tokenizer.json) is itself."""
     d = Path(str(name))
+    if name and d.is_file():
+        return [d]
     if not name or not d.is_dir():
         return []
     return [f for n in ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt",
@@ -148,15 +152,28 @@ def differences(old: dict, new: dict, limit: int = 3) -> list:
 
 
 def read_run(out_dir) -> dict | None:
-    """The run record of a directory, or None when it has none."""
+    """The run record of a directory, or None when it has none. A record that cannot be
+    read counts as an unfinished run, with what is wrong with it under "damaged"."""
     path = Path(out_dir) / RUN_FILE
     if not path.is_file():
         return None
     try:
         rec = json.loads(path.read_text("utf-8"))
-    except (ValueError, UnicodeDecodeError, OSError):
-        return {"status": "running", "command": "nanobert", "fingerprint": {}}  # torn: unfinished
-    return rec if isinstance(rec, dict) else {"status": "running", "fingerprint": {}}
+    except json.JSONDecodeError as e:
+        return _damaged(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
+    except UnicodeDecodeError:
+        return _damaged("not valid UTF-8")
+    except OSError as e:
+        return _damaged(f"cannot be read ({e.strerror or e})")
+    if not isinstance(rec, dict):
+        return _damaged(f"not a run record (a JSON {type(rec).__name__}, not an object)")
+    if not isinstance(rec.get("fingerprint"), dict):
+        return dict(rec, fingerprint={}, damaged='not a run record (no "fingerprint" object)')
+    return rec
+
+
+def _damaged(why: str) -> dict:
+    return {"status": "running", "command": "nanobert", "fingerprint": {}, "damaged": why}
 
 
 def require_finished(model_dir):
@@ -164,6 +181,10 @@ def require_finished(model_dir):
     rec = read_run(model_dir)
     if rec is None or rec.get("status") == "finished":
         return
+    if rec.get("damaged"):
+        raise NanobertError(f"{Path(model_dir) / RUN_FILE}: {rec['damaged']}; whether the run "
+                            f"writing {model_dir} finished is unknown: run it again with "
+                            "--overwrite")
     cmd = rec.get("command") or "the training command"
     step = checkpoint_step(Path(model_dir))
     where = f" (checkpoint at step {step})" if step is not None else ""
@@ -348,8 +369,8 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
                       "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "foreign": foreign}
             write_text(out_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
             yield out_dir
-        except BaseException:
-            if not _holds_a_run(out_dir):   # no model, no checkpoint: nothing to resume
+        except BaseException as e:
+            if not _holds_a_run(out_dir) or _unsaved(out_dir, e):
                 _take_back(out_dir, before)
             raise
         write_text(out_dir / RUN_FILE, json.dumps(dict(record, status="finished"), indent=1) + "\n")
@@ -376,6 +397,12 @@ def parent_of_runs(out_dir, command: str = "this command"):
         if not any(p.is_dir() and (_holds_a_run(p) or read_run(p)) for p in out_dir.iterdir()):
             _take_back(out_dir, before)
         raise
+
+
+def _unsaved(out_dir: Path, e: BaseException) -> bool:
+    """A run the disk stopped (full, over quota, read-only) before it wrote a checkpoint:
+    there is nothing to resume, and a best model it wrote is not the run's result."""
+    return write_failure(e) is not None and not (out_dir / "checkpoint").exists()
 
 
 def _take_back(out_dir: Path, before):
@@ -409,6 +436,9 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool)
         return foreign_entries(out_dir, rec)
     foreign = foreign_entries(out_dir, rec)
     if resume:
+        if rec is not None and rec.get("damaged"):
+            raise NanobertError(f"--resume: {out_dir / RUN_FILE}: {rec['damaged']}; the run "
+                                "cannot be continued: start over with --overwrite")
         if rec is None and holds:
             raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
                                 "recorded; start over with --overwrite or choose another --out")
@@ -419,6 +449,10 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool)
         if (out_dir / "checkpoint").exists():
             check_checkpoint(out_dir / "checkpoint")
         repair_log(out_dir / "metrics.jsonl")
+    elif holds and rec is not None and rec.get("damaged"):
+        raise NanobertError(f"--out {out_dir} holds a run whose record cannot be used "
+                            f"({out_dir / RUN_FILE}: {rec['damaged']}); start over with "
+                            "--overwrite, or choose another directory")
     elif holds:
         what = "an unfinished run" if rec and rec.get("status") != "finished" else "a model"
         raise NanobertError(f"--out {out_dir} already holds {what}; continue it with --resume, "

@@ -141,6 +141,34 @@ def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary",
     return tk
 
 
+# the JSON files of a model directory that are not a tokenizer.json
+NOT_TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "config.json",
+                      "vocab.json", "added_tokens.json")
+
+
+def _tokenizer_source(path: Path) -> tuple:
+    """(directory, kind, file) of a tokenizer: a directory's tokenizer.json ("json"), else
+    its vocab.txt ("vocab"), else its vocab.json + merges.txt ("bpe"); or a file given
+    itself, a tokenizer.json (any name ending .json) or a vocab.txt (any .txt), read with
+    the configuration files beside it."""
+    if path.is_file():
+        if path.suffix == ".json" and path.name not in NOT_TOKENIZER_JSON:
+            return path.parent, "json", path
+        if path.suffix == ".txt" and path.name != "merges.txt":
+            return path.parent, "vocab", path
+        raise NanobertError(f"{path}: not a tokenizer file; give a tokenizer.json or a "
+                            "vocab.txt, or the directory that holds the tokenizer")
+    if not path.is_dir():
+        raise NanobertError(f"{path}: no such directory (a tokenizer is a directory with "
+                            "tokenizer.json or vocab.txt, or one of those files)")
+    for kind, name in (("json", "tokenizer.json"), ("vocab", "vocab.txt")):
+        if (path / name).is_file():
+            return path, kind, path / name
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return path, "bpe", path / "vocab.json"
+    raise NanobertError(f"{path}: no tokenizer.json, vocab.txt or vocab.json + merges.txt")
+
+
 def check_texts(texts, name: str = "texts") -> list:
     """A list of strings from any iterable of them (a list, a tuple, a numpy array of
     str, a generator); a TypeError naming `name` and the first item that is not one (the
@@ -180,32 +208,26 @@ class Tokenizer:
     # ---- construction --------------------------------------------------------
     @classmethod
     def from_dir(cls, path, lowercase: Optional[bool] = None) -> "Tokenizer":
-        """tokenizer.json when present, else vocab.txt; casing, accents and CJK splitting of
-        a BERT WordPiece tokenizer from tokenizer_config.json, as transformers reads them."""
-        path = Path(path)
-        if not path.is_dir():
-            what = ("is a file; give the directory that holds it" if path.exists()
-                    else "no such directory")
-            raise NanobertError(f"{path}: {what} (a tokenizer is a directory with "
-                                "tokenizer.json or vocab.txt)")
+        """A tokenizer directory (tokenizer.json when present, else vocab.txt) or one of
+        those files; casing, accents and CJK splitting of a BERT WordPiece tokenizer from
+        the tokenizer_config.json there, as transformers reads them."""
+        path, kind, file = _tokenizer_source(Path(path))
         conf = _read_json(path / "tokenizer_config.json")
         bert = _bert_settings(conf, lowercase)
         lowercase = bert["lowercase"]
         max_len = _max_length(conf.get("model_max_length"), path / "tokenizer_config.json")
-        if (path / "tokenizer.json").is_file():
+        if kind == "json":
             try:
-                tk = HFTokenizer.from_file(str(path / "tokenizer.json"))
+                tk = HFTokenizer.from_file(str(file))
             except Exception as e:
-                raise NanobertError(f"{path / 'tokenizer.json'}: cannot be read ({e})")
+                raise NanobertError(f"{file}: cannot be read ({e})")
             if isinstance(tk.model, models.WordPiece) and _loads_as_bert(path, conf):
                 tk.normalizer = normalizers.BertNormalizer(clean_text=True, **bert)
-        elif (path / "vocab.txt").is_file():
-            tk = cls.from_vocab(path / "vocab.txt", **bert).tk
-        elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        elif kind == "vocab":
+            tk = cls.from_vocab(file, **bert).tk
+        else:
             tk = _byte_level_bpe(path)
             lowercase = False
-        else:
-            raise NanobertError(f"{path}: no tokenizer.json, vocab.txt or vocab.json + merges.txt")
         return cls(tk, max_len, lowercase, _special_tokens(path, conf, tk.get_vocab()))
 
     @classmethod

@@ -54,6 +54,18 @@ def tiny_model_dir(d, words, vocab_size, punctuation):
     return d
 
 
+def tiny_classify_task(d: Path, rows: list, vocab_size: int, positions: int, layers: int):
+    """Into `d`: train.tsv of (sentence, label) rows, and base/, a tiny random BERT with
+    a WordPiece vocabulary trained on the sentences. Returns `d`."""
+    (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    tok = nanobert.Tokenizer.train([t for t, _ in rows], vocab_size=vocab_size, min_frequency=1)
+    torch.manual_seed(0)
+    config = nanobert.preset("tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                             max_position_embeddings=positions, num_hidden_layers=layers)
+    nanobert.Bert(config).save_pretrained(d / "base", tokenizer=tok)
+    return d
+
+
 def random_batch(B=4, T=12, vocab=1000, seed=0, min_len=3):
     """ids/mask/types of B sequences with mixed lengths, right-padded to T."""
     g = torch.Generator().manual_seed(seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -209,6 +210,32 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path, capsys, minilm_dir):
     torch.save({"x": object()}, pickled / "pytorch_model.bin")
     code, err = _cli_error(capsys, "info", str(pickled))
     assert code == 2 and "pytorch_model.bin" in err
+
+
+class _Call:
+    """A pickle that would call print('unpickled') if it were ever unpickled."""
+
+    def __reduce__(self):
+        return print, ("unpickled",)
+
+
+@pytest.mark.parametrize("content", [{"w": torch.zeros(2)}, _Call()])
+def test_a_pickle_of_a_newer_protocol_is_one_line_without_torchs_warning(tmp_path, capsys,
+                                                                         content):
+    """torch's weights-only loader warned in two lines about the pickle protocol before
+    nanobert's one-line refusal (which said 'corrupted or truncated')."""
+    from nanobert.checkpoint import read_weights
+    torch.save(content, tmp_path / "pytorch_model.bin", pickle_protocol=4)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(NanobertError) as e:
+            read_weights(tmp_path)
+    assert [str(w.message) for w in said] == []
+    assert str(e.value) == (f"{tmp_path / 'pytorch_model.bin'}: pickled with protocol 4 or "
+                            "later, which torch's weights-only loading (nanobert never "
+                            "unpickles code) cannot read: save the weights as safetensors, or "
+                            "with torch.save's default protocol")
+    assert "unpickled" not in capsys.readouterr().out
 
 
 def test_hub_name_offline_is_a_clear_error(capsys, monkeypatch):

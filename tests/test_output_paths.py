@@ -3,8 +3,10 @@ an --out whose parent is a file, that is a file where a directory is needed (or 
 reverse), on a read-only or virtual file system, or with an image type nothing saves."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ import torch
 
 import nanobert
 from nanobert.cli import main
-from nanobert.files import NanobertError, check_output_dir, check_output_file
+from nanobert.files import (NanobertError, atomic_path, check_output_dir, check_output_file,
+                            write_text)
 from nanobert.rundir import RUN_FILE, fingerprint, read_run, run
 
 
@@ -311,3 +314,46 @@ def test_selection_and_split_flags(tmp_path, capsys):
         assert refused(capsys, ["tsne", "--model", str(tmp_path / "none"), "--data", str(data),
                                 "--out", str(tmp_path / "t.png"), "--label-names", names]
                        ).startswith("--label-names")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_atomic_writes_get_the_mode_a_new_file_gets(tmp_path, umask):
+    """safetensors writes a temporary file and renames it, as tempfile.mkstemp does, with
+    mode 0o600: a model's and a checkpoint's weights were readable by their owner only
+    (every other file by all). Every file written atomically gets 0o666 less the umask."""
+    from safetensors.torch import save_file
+
+    from nanobert.checkpoint import save_model
+    tok = nanobert.Tokenizer.train(["a small text"] * 3, vocab_size=30, min_frequency=1)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=16,
+                          num_hidden_layers=1)
+    old = os.umask(umask)
+    try:
+        with atomic_path(tmp_path / "w.safetensors") as tmp:          # a file
+            save_file({"x": torch.zeros(2)}, str(tmp))
+        with atomic_path(tmp_path / "checkpoint") as tmp:             # a directory
+            tmp.mkdir()
+            save_file({"x": torch.zeros(2)}, str(tmp / "optimizer.safetensors"))
+            os.close(tempfile.mkstemp(dir=tmp)[0])
+        save_model(nanobert.Bert(cfg), tmp_path / "model", tokenizer=tok)
+        write_text(tmp_path / "notes.txt", "x")
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+             for p in tmp_path.rglob("*") if p.is_file()}
+    assert "model/model.safetensors" in modes and len(modes) == 10, modes
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))
+
+
+def test_a_failed_atomic_write_leaves_nothing(tmp_path):
+    """A write the disk refused left the folders made for the file (export OUT a/b/c on
+    a full disk left a/b)."""
+    for target in (tmp_path / "a" / "b" / "e.npy", tmp_path / "c" / "export"):
+        with pytest.raises(OSError):
+            with atomic_path(target) as tmp:
+                tmp.write_bytes(b"half")
+                raise OSError(errno.ENOSPC, "No space left on device")
+    assert not list(tmp_path.iterdir())
+    with atomic_path(tmp_path / "a" / "b" / "e.npy") as tmp:
+        tmp.write_bytes(b"whole")
+    assert (tmp_path / "a" / "b" / "e.npy").read_bytes() == b"whole"

@@ -3,6 +3,7 @@ and refused, another run's directory is not silently reused, --resume continues 
 the same run, temporaries are cleaned."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -14,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 import nanobert
+from conftest import tiny_classify_task
 from nanobert.cli import main
 from nanobert.files import NanobertError
-from nanobert.rundir import (RUN_FILE, clean_temporaries, differences, fingerprint, read_run,
-                             require_finished, run)
+from nanobert.rundir import (RUN_FILE, clean_temporaries, differences, fingerprint,
+                             model_files, read_run, require_finished, run)
 
 
 @pytest.fixture
@@ -180,8 +183,79 @@ def test_one_run_per_directory_at_a_time(tmp_path, data):
 
 def test_a_torn_run_file_counts_as_unfinished(tmp_path):
     (tmp_path / RUN_FILE).write_text('{"status": "runn')
-    with pytest.raises(NanobertError, match="did not finish"):
+    with pytest.raises(NanobertError) as e:
         require_finished(tmp_path)
+    assert str(e.value) == (f"{tmp_path / RUN_FILE}: not valid JSON (Unterminated string "
+                            "starting at at line 1 column 12); whether the run writing "
+                            f"{tmp_path} finished is unknown: run it again with --overwrite")
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"status": "running"', "not valid JSON (Expecting ',' delimiter at line 1 column 21)"),
+    ("[]", "not a run record (a JSON list, not an object)"),
+    ('{"status": "finished"}', 'not a run record (no "fingerprint" object)'),
+    ('{"status": "finished", "fingerprint": "x"}', 'not a run record (no "fingerprint" object)')])
+def test_a_damaged_run_record_is_named(tmp_path, data, text, why):
+    """--resume said 'holds another run (task None there, classify now)' (or failed on a
+    fingerprint that is not an object): the record itself is what is wrong."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / RUN_FILE).write_text(text)
+    with pytest.raises(NanobertError) as e:
+        with run(out, "finetune", fp(data), resume=True):
+            pass
+    assert str(e.value) == (f"--resume: {out / RUN_FILE}: {why}; the run cannot be "
+                            "continued: start over with --overwrite")
+    with pytest.raises(NanobertError) as e:
+        with run(out, "finetune", fp(data)):
+            pass
+    assert str(e.value) == (f"--out {out} holds a run whose record cannot be used "
+                            f"({out / RUN_FILE}: {why}); start over with --overwrite, or "
+                            "choose another directory")
+    with run(out, "finetune", fp(data), overwrite=True):
+        pass
+    assert read_run(out)["status"] == "finished" and "damaged" not in read_run(out)
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EDQUOT, "Disk quota exceeded"),
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")])
+def test_a_full_disk_before_the_first_checkpoint_takes_the_run_back(tmp_path, data, error):
+    """The best model was written, the checkpoint after it was not (the disk filled up):
+    the run was left marked "running" with a model beside it. With nothing to resume, it
+    is taken back like any failed new run; with a checkpoint, it is kept."""
+    out = tmp_path / "new"
+    with pytest.raises(type(error)):
+        with run(out, "finetune", fp(data)):
+            (out / "config.json").write_text("{}")
+            (out / "model.safetensors").write_text("weights")
+            raise error
+    assert not out.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    with pytest.raises(type(error)):
+        with run(mine, "finetune", fp(data)):
+            (mine / "config.json").write_text("{}")
+            raise error
+    assert sorted(os.listdir(mine)) == ["notes.txt"]
+    with pytest.raises(type(error)):
+        with run(out, "finetune", fp(data)):
+            (out / "checkpoint").mkdir()              # something to resume
+            raise error
+    assert read_run(out)["status"] == "running"
+
+
+def test_a_tokenizer_file_counts_by_content(tmp_path, data):
+    """--tokenizer may name a vocab.txt: the run is its content, as for a directory."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
+    assert model_files(vocab) == [vocab]
+    a = fingerprint("mlm", [data, *model_files(vocab)], {"tokenizer": str(vocab)})
+    vocab.write_text(vocab.read_text() + "b\n")
+    b = fingerprint("mlm", [data, *model_files(vocab)], {"tokenizer": str(vocab)})
+    assert differences(a, b) == ["data file 2 has other content (33 bytes there, 35 now)"]
 
 
 # ---- whole runs: SIGKILL at several moments, older runs, resume mismatch ---------------
@@ -222,14 +296,8 @@ def fixture_dir(tmp_path_factory):
     rng = random.Random(0)
     rows = [(" ".join(rng.sample(FILL, 3) + [rng.choice(POS if y else NEG)]), y)
             for y in (0, 1) * 12]
-    (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
     (d / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows[:8]))
-    tok = nanobert.Tokenizer.train([t for t, _ in rows], vocab_size=60, min_frequency=1)
-    torch.manual_seed(0)
-    config = nanobert.preset("tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
-                             max_position_embeddings=32, num_hidden_layers=2)
-    nanobert.Bert(config).save_pretrained(d / "base", tokenizer=tok)
-    return d
+    return tiny_classify_task(d, rows, vocab_size=60, positions=32, layers=2)
 
 
 def ft(d, out, **changes) -> list:

@@ -6,7 +6,7 @@ import json
 import pytest
 import transformers as hf
 
-from nanobert import Tokenizer
+from nanobert import NanobertError, Tokenizer
 
 TEXTS = [
     "Hello, world!",
@@ -239,3 +239,25 @@ def test_calling_the_tokenizer_names_what_is_wrong(minilm_dir):
     with pytest.raises(ValueError, match="pairs: 1 for 2 texts"):
         tok(["a", "b"], ["c"])
     assert tok(("a b", "c"))["input_ids"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("conf", [None, {"do_lower_case": False, "model_max_length": 64}])
+def test_a_tokenizer_file_loads_with_the_settings_beside_it(tmp_path, conf):
+    """--tokenizer PATH takes a vocab.txt or a tokenizer.json (the spec says so), read with
+    the tokenizer_config.json beside it, as the directory is; it was refused ('is a file;
+    give the directory that holds it')."""
+    d = _cased_dir(tmp_path / "tok", conf)
+    whole = Tokenizer.from_dir(d)
+    whole.save(tmp_path / "saved")
+    (tmp_path / "saved" / "vocab.txt").unlink()
+    expected = [whole.encode(t).ids for t in CASED_TEXTS]
+    for file in (d / "vocab.txt", tmp_path / "saved" / "tokenizer.json"):
+        ours = Tokenizer.from_dir(file)
+        assert [ours.encode(t).ids for t in CASED_TEXTS] == expected, file
+        assert (ours.lowercase, ours.model_max_length) == (whole.lowercase, whole.model_max_length)
+    assert whole.lowercase == (conf is None)
+    with pytest.raises(NanobertError, match="config.json: not a tokenizer file; give a "
+                                            "tokenizer.json or a vocab.txt, or the directory"):
+        Tokenizer.from_dir(d / "config.json")
+    with pytest.raises(NanobertError, match="nope: no such directory"):
+        Tokenizer.from_dir(d / "nope")

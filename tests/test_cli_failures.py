@@ -1,0 +1,137 @@
+"""What the machine does to a command, answered as bad input is: one line on stderr, a
+status, nothing half-written. A disk that fills up (or a quota, or a read-only file
+system) while a model, a checkpoint or an output file is written; a Ctrl-C while the
+command is still importing torch."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+
+import nanobert
+from conftest import tiny_classify_task
+from nanobert.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny base model and a small classification task."""
+    d = tmp_path_factory.mktemp("tiny")
+    rows = [(f"the film was {w}", y) for w, y in [("good", 1), ("bad", 0)] * 4]
+    (d / "texts.txt").write_text("".join(t + "\n" for t, _ in rows))
+    return tiny_classify_task(d, rows, vocab_size=40, positions=16, layers=1)
+
+
+def error_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+FULL = "no space left on device (free some space or write elsewhere)"
+CASES = [(OSError(errno.ENOSPC, "No space left on device"), FULL),
+         (OSError(errno.EDQUOT, "Disk quota exceeded"),
+          "disk quota exceeded (free some space or write elsewhere)"),
+         (OSError(errno.EROFS, "Read-only file system"), "read-only file system (write elsewhere)"),
+         (OSError("1152000 requested and 524256 written"),     # numpy's tofile: no errno
+          "no space left on device? (only 524,256 of 1,152,000 bytes could be written; free "
+          "some space or write elsewhere)")]
+
+
+@pytest.mark.parametrize("error, said", CASES)
+def test_a_full_disk_while_writing_an_output_file(tiny, tmp_path, capsys, monkeypatch, error,
+                                                  said):
+    """`embed --out` on a full tmpfs: numpy's OSError traceback and status 1."""
+    def full(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(np, "save", full)
+    out = tmp_path / "new" / "e.npy"
+    argv = ["embed", "--model", str(tiny / "base"), "--input", str(tiny / "texts.txt"),
+            "--out", str(out)]
+    assert error_line(capsys, argv) == f"nanobert: error: {out}: {said}"
+    assert not list(tmp_path.iterdir())              # no temporary, no folder made for it
+
+
+def test_the_file_named_is_the_output_or_the_file_elsewhere(tiny, tmp_path, capsys,
+                                                            monkeypatch):
+    """An error naming a temporary beside --out says --out; one naming a file on another
+    file system (a cache, say) names that file."""
+    out = tmp_path / "e.npy"
+    argv = ["embed", "--model", str(tiny / "base"), "--input", str(tiny / "texts.txt"),
+            "--out", str(out)]
+    for named, shown in [(tmp_path / ".e.npy.k2j3h4g5" / "t", out), ("/proc/x/y", "/proc/x/y")]:
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device", str(named))
+        monkeypatch.setattr(np, "save", full)
+        assert error_line(capsys, argv) == f"nanobert: error: {shown}: {FULL}"
+
+
+def test_a_full_disk_at_the_first_checkpoint_leaves_no_run(tiny, tmp_path, capsys, monkeypatch):
+    """finetune on a full disk: the best model was written, then the checkpoint failed in
+    safetensors (a traceback, status 1), and the run was left marked "running" with a
+    model beside it. Now one line, status 2, and the new run is taken back."""
+    out = tmp_path / "run"
+    written = []
+
+    def full(*args, **kwargs):
+        written.append((out / "model.safetensors").exists())
+        raise SafetensorError("Error while serializing: I/O error: No space left on device "
+                              "(os error 28)")
+    monkeypatch.setattr(safetensors.torch, "save_model", full)   # the checkpoint's writer
+    argv = ["finetune", "--task", "classify", "--model", str(tiny / "base"), "--train",
+            str(tiny / "train.tsv"), "--dev", str(tiny / "train.tsv"), "--out", str(out),
+            "--max-steps", "1", "--batch-size", "4", "--max-length", "16", "--device", "cpu",
+            "--no-progress"]
+    assert error_line(capsys, argv) == f"nanobert: error: {out}: {FULL}"
+    assert written == [True] and not out.exists()
+
+
+def test_the_package_imports_no_torch_and_keeps_its_api():
+    """`import nanobert` loaded torch (every name of the API, eagerly): the command line
+    could not answer a Ctrl-C until it had. The names are there when used."""
+    code = ("import sys, nanobert.cli, nanobert; print('torch' in sys.modules); "
+            "import nanobert.finetune, nanobert.embed; from nanobert import finetune, Tokenizer; "
+            "print(nanobert.finetune is finetune, callable(finetune), "
+            "nanobert.Encoder is nanobert.embed.Encoder, nanobert.model.Bert is nanobert.Bert, "
+            "Tokenizer is nanobert.tokenizer.Tokenizer, os.environ['OMP_WAIT_POLICY'])")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("OMP_WAIT_POLICY", None)
+    out = subprocess.run([sys.executable, "-c", "import os; " + code], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "True", "True", "True", "True", "True", "PASSIVE"], \
+        out.stderr
+
+
+# what the console script does (`from nanobert.cli import main; sys.exit(main())`), saying
+# when the import is done: a Ctrl-C from then on lands in main()
+STARTER = ("import sys; from nanobert.cli import main; print('started', flush=True); "
+           "sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2, 0.4])
+def test_ctrl_c_while_torch_is_imported(delay):
+    """Ctrl-C in the first second of `nanobert info minilm` (torch still loading) was a
+    KeyboardInterrupt traceback from nanobert/__init__.py; raised inside an import it
+    could also be lost (the command ran on) or abort torch half-initialised."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-c", STARTER, "info", "minilm"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "started\n"
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (out, err)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "nanobert: interrupted", err
