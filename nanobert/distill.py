@@ -256,10 +256,13 @@ class Ensemble(torch.nn.Module):
         return types.SimpleNamespace(logits=p.clamp_min(1e-12).log())
 
 
-def load_teachers(dirs: list, task: str, model, tok, load_finetuned) -> Ensemble:
+def load_teachers(dirs: list, task: str, model, tok, load_finetuned,
+                  pairs: Optional[bool] = None) -> Ensemble:
     """The teacher directories as an Ensemble (each read by `load_finetuned`, which
     returns (model, tokenizer, settings)), after checking each one predicts `task` with
-    `model`'s labels from `tok`'s vocabulary (else a clear error naming it)."""
+    `model`'s labels from `tok`'s vocabulary, on the kind of text the run learns
+    (`pairs`: text pairs or single texts, where both record it), else a clear error
+    naming it."""
     labels, vocab = model.config.id2label, tok.tk.get_vocab()
     teachers = []
     for d in dirs:
@@ -271,6 +274,11 @@ def load_teachers(dirs: list, task: str, model, tok, load_finetuned) -> Ensemble
             raise NanobertError(
                 f"--teacher {d}: its labels {sorted(teacher.config.id2label.values())} are "
                 f"not the training data's {sorted(labels.values())} (in the same order)")
+        learnt = settings.get("pairs")
+        if isinstance(pairs, bool) and isinstance(learnt, bool) and learnt != pairs:
+            from .finetune import KINDS
+            raise NanobertError(f"--teacher {d}: trained on {KINDS[learnt]}, but the training "
+                                f"data are {KINDS[pairs]}")
         if t_tok.tk.get_vocab() != vocab:
             raise NanobertError(f"--teacher {d}: its vocabulary differs from --model's; "
                                 "the teachers must tokenize as the model does")

@@ -833,16 +833,17 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     evaluate = _dev_evaluation(task, tok, dev, settings, cfg.batch_size)
     loss_fn = task.loss(cfg) if task.loss else None
     if cfg.teachers:
-        loss_fn = _teacher_loss(task, cfg, model, tok, evaluate, metric)
+        loss_fn = _teacher_loss(task, cfg, model, tok, evaluate, metric, settings.get("pairs"))
     return Trainer(model, trainer_cfg, batches, steps_per_epoch, evaluate=evaluate, save=save,
                    loss_fn=loss_fn).fit()
 
 
-def _teacher_loss(task: Task, cfg: FinetuneConfig, model, tok, evaluate, metric: str):
+def _teacher_loss(task: Task, cfg: FinetuneConfig, model, tok, evaluate, metric: str,
+                  pairs: Optional[bool] = None):
     """The loss with --teacher (nanobert.distill.teacher_loss_fn), after one line saying
     how good the teachers' ensemble is on the dev set: what the run learns towards."""
     from .distill import load_teachers, teacher_loss_fn
-    teachers = load_teachers(cfg.teachers, task.name, model, tok, load_finetuned)
+    teachers = load_teachers(cfg.teachers, task.name, model, tok, load_finetuned, pairs)
     score = evaluate(teachers).get(metric)
     print(f"{task.name}: learning from {len(cfg.teachers)} teacher(s) (weight "
           f"{cfg.teacher_weight:g}, temperature {cfg.temperature:g}); their ensemble's dev "

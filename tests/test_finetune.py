@@ -443,6 +443,9 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
         assert torch.allclose(teacher_loss_fn(Ensemble([tagger]), 0.0, 2.0)(tagger, batch), own)
         assert teacher_loss_fn(Ensemble([tagger]), 1.0, 2.0)(tagger, batch).abs() < 1e-6
     three = write_tsv(tmp_path / "three.tsv", rows[:10] + [("the plot", "meh")])
+    paired = tmp_path / "paired.tsv"       # pairs, where the teacher learnt single texts
+    paired.write_text("sentence1\tsentence2\tlabel\n"
+                      + "".join(f"{t}\t{t}\t{y}\n" for t, y in rows[:12]))
     other_vocab = tiny_model_dir(tmp_path / "other", POS + NEG + FILLER[:6], 120, ". ,")
     cases = [(["--train", str(good), "--teacher", str(ner_model)], "a fine-tuned ner model"),
              (["--train", str(good), "--teacher", str(teacher), "--model", str(other_vocab)],
@@ -450,7 +453,9 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
              (["--train", str(three), "--teacher", str(teacher)], "its labels ['bad', 'good']"),
              (["--train", str(good), "--teacher", str(teacher), "--teacher-weight", "1.5"],
               "--teacher-weight: got 1.5"),
-             (["--train", str(good), "--temperature", "3"], "--temperature: only with --teacher")]
+             (["--train", str(good), "--temperature", "3"], "--temperature: only with --teacher"),
+             (["--train", str(paired), "--dev", str(paired), "--teacher", str(teacher)],
+              "trained on single texts, but the training data are text pairs")]
     for i, (flags, why) in enumerate(cases):
         try:  # (a bad flag value ends in argparse's exit)
             rc = cli.main(["finetune", "--task", "classify", "--out", str(tmp_path / f"x{i}")]
