@@ -569,6 +569,9 @@ def _read_jsonl_examples(path: Path, cols: dict) -> list:
     return out
 
 
+# what a model learnt from, by the "pairs" setting finetune records in nanobert.json
+TEXT_KINDS = {True: "text pairs", False: "single texts"}
+
 JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
               list: "a list", dict: "an object"}
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import add_flags, at_least, param, positive
+from .data import TEXT_KINDS
 from .files import NanobertError, check_output_dir
 from .model import Bert
 from .pretrain import PretrainConfig, _check_preset
@@ -276,9 +277,8 @@ def load_teachers(dirs: list, task: str, model, tok, load_finetuned,
                 f"not the training data's {sorted(labels.values())} (in the same order)")
         learnt = settings.get("pairs")
         if isinstance(pairs, bool) and isinstance(learnt, bool) and learnt != pairs:
-            from .finetune import KINDS
-            raise NanobertError(f"--teacher {d}: trained on {KINDS[learnt]}, but the training "
-                                f"data are {KINDS[pairs]}")
+            raise NanobertError(f"--teacher {d}: trained on {TEXT_KINDS[learnt]}, but the "
+                                f"training data are {TEXT_KINDS[pairs]}")
         if t_tok.tk.get_vocab() != vocab:
             raise NanobertError(f"--teacher {d}: its vocabulary differs from --model's; "
                                 "the teachers must tokenize as the model does")

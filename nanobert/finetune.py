@@ -641,9 +641,6 @@ def check_known_labels(task, examples, model, path):
         check(examples, model, path)
 
 
-KINDS = {True: "text pairs", False: "single texts"}
-
-
 def pairs_setting(task: Task, train) -> dict:
     """{"pairs": whether the model learns text pairs} for nanobert.json (a BEIR folder:
     (query, document) pairs); {} for a task without the distinction."""
@@ -669,8 +666,8 @@ def check_pairs(task: Task, settings: dict, examples, path, trained_by: str):
     if odd_kind(task, settings, examples) is not None:
         trained = settings["pairs"]
         hint = " (a file with a second text column, such as sentence2)" if trained else ""
-        raise NanobertError(f"{path}: {KINDS[not trained]}, but {trained_by} "
-                            f"{KINDS[trained]}{hint}")
+        raise NanobertError(f"{path}: {D.TEXT_KINDS[not trained]}, but {trained_by} "
+                            f"{D.TEXT_KINDS[trained]}{hint}")
 
 
 def read_labelled(path, text_column=None, pair_column=None, label_column=None) -> dict:
@@ -1044,7 +1041,7 @@ class Predictor:
         if odd is not None:
             given = "a (text, pair) tuple" if self.task.is_pair(examples[odd]) else "one text"
             raise NanobertError(f"input {odd}: {given}, but {self.name} was trained on "
-                                f"{KINDS[self.settings['pairs']]}")
+                                f"{D.TEXT_KINDS[self.settings['pairs']]}")
         out = self.task.predict(self.model, self.tokenizer, examples, self.settings,
                                 self.batch_size)
         return out[0] if single else out
