@@ -647,6 +647,11 @@ async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
     if encoding not in CONTENT_ENCODINGS:
         raise ApiError(415, f"Content-Encoding {shown(encoding)} is not supported (send the "
                             "body as is, or gzip or deflate it)", "Content-Encoding")
+    codings = [c.strip().lower() for c in request.headers.get("transfer-encoding", "").split(",")]
+    if set(codings) - {"", "chunked"}:     # (httptools reads chunks; gzip was ignored)
+        raise ApiError(501, f"Transfer-Encoding {shown(request.headers['transfer-encoding'])} "
+                            "is not supported (send chunked, or a Content-Length)",
+                       "Transfer-Encoding", headers={"Connection": "close"})
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "

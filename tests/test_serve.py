@@ -720,6 +720,12 @@ def test_malformed_http_and_endless_headers_are_json_errors(server):
         head, _, body = (raw_http(server.port, start, then=rest) if pause else
                          raw_http(server.port, start + rest)).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 431") and b"over 65536 bytes" in body
+    # a transfer coding other than chunked: gzip was ignored, the body read as it came
+    head, _, body = raw_http(server.port, b"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                             b"Bearer " + KEY.encode() + b"\r\nTransfer-Encoding: gzip, "
+                             b"chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                             ).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 501") and b"Transfer-Encoding" in body
     big_but_fine = {"X-Cookie": "c" * 30_000}       # under the limit: answered
     assert server.http.get("/health", headers=big_but_fine).status_code == 200
 
