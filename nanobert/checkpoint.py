@@ -273,54 +273,133 @@ def _validate_labels(hf: dict, path):
         raise NanobertError(f"{path}: architectures must be a list of class names, got {arch!r}")
 
 
-def infer_head(hf_config: dict, fam: Family, names) -> str | None:
-    for arch in hf_config.get("architectures") or []:
+# a transformers class name with a head: BertForMultipleChoice, ModernBertForTokenClassification...
+HEAD_CLASS = re.compile(r"\w*(For[A-Z]\w*|LMHeadModel)")
+# the parameters of each head (the pooler feeds the sequence classifier: RoBERTa's and
+# DeBERTa's files keep it in the head, DistilBERT's is the pre-classifier)
+HEAD_PARAMS = {"mlm": ("mlm.",), "pretraining": ("mlm.", "pair."),
+               "classify": ("classifier.", "bert.pooler."),
+               "regression": ("classifier.", "bert.pooler."), "token": ("classifier.",),
+               "qa": ("qa.",)}
+
+
+def infer_head(hf_config: dict, fam: Family, names, path="config.json"):
+    """(head, the architecture that declares it or None) of a checkpoint: the head of
+    the first class in `architectures` nanobert has for the family; without one, what
+    the weights hold. A head class nanobert does not have for the family
+    (BertForMultipleChoice, ModernBertForQuestionAnswering) is refused, naming it, rather
+    than loaded as a bare encoder."""
+    archs = hf_config.get("architectures") or []
+    for arch in archs:
         head = fam.head_of(arch)
         if head != "missing":
             if head == "classify" and hf_config.get("problem_type") == "regression":
-                return "regression"
-            return head
+                return "regression", arch
+            return head, arch
+    other = [a for a in archs if HEAD_CLASS.fullmatch(a)]
+    if other:
+        known = ", ".join(dict.fromkeys(fam.architecture(h) for h in (None,) + fam.heads))
+        raise NanobertError(f"{path}: architectures names {other[0]}, a head nanobert does "
+                            f"not support for {fam.name} models (supported: {known}); "
+                            "load(..., head=None) gives its encoder")
     names = set(names)
     if fam.hf_name("qa.weight", "qa") in names:
-        return "qa"
+        return "qa", None
     if fam.hf_name("mlm.bias", "mlm") in names or fam.decoder + ".bias" in names:
-        return "pretraining" if fam.hf_name("pair.weight", "pretraining") in names else "mlm"
-    return None
+        head = "pretraining" if fam.hf_name("pair.weight", "pretraining") in names else "mlm"
+        return head, None
+    return None, None
+
+
+def _check_declared_head(model: Bert, arch, fam: Family, path) -> None:
+    """A head config.json declares (architectures) must come with its weights: else its
+    outputs would be the random numbers of a fresh layer, passed off as trained."""
+    if arch is None or model.head is None:
+        return
+    lacking = [n for n in model.new_weights if n.startswith(HEAD_PARAMS[model.head])]
+    if lacking:
+        example = (_hf_names(lacking[0], fam, model.head) or [lacking[0]])[0]
+        raise NanobertError(f"{path}: architectures names {arch}, but the checkpoint has no "
+                            f"weights for its head (e.g. {example}); load(..., head=None) "
+                            "gives its encoder")
+
+
+def _labels_override(kw: dict, overrides: dict) -> dict:
+    """num_labels given without id2label: the count wins over config.json's label names
+    (which would otherwise set num_labels back, the override silently dropped)."""
+    if "num_labels" in overrides and "id2label" not in overrides:
+        kw = {k: v for k, v in kw.items() if k != "id2label"}
+    return kw
+
+
+def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
+                          overrides: dict) -> None:
+    """A label count (num_labels or id2label) the checkpoint's classifier contradicts is
+    refused, naming the override (not the config.json the shape check would blame)."""
+    given = [k for k in ("num_labels", "id2label") if k in overrides]
+    if not given or head not in ("classify", "token"):
+        return
+    w = state.get(fam.hf_name("classifier.weight", head))
+    if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != config.num_labels:
+        shown = overrides["num_labels"] if given[0] == "num_labels" else "..."
+        raise ValueError(f"load({given[0]}={shown}): asks for {config.num_labels} labels, but the "
+                         f"checkpoint's {head} head has {w.shape[0]} outputs; load it with "
+                         "head=None to train a new head on the encoder")
 
 
 def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
     """Load a HF directory of any supported family. head='auto' takes the head the
-    checkpoint has; a head it lacks is made fresh (listed in `model.new_weights`)."""
+    checkpoint has; a head it lacks is made fresh (listed in `model.new_weights`).
+    The model is built outside torch.inference_mode even when called inside it: its
+    parameters are then ordinary tensors (that can be trained, and whose versions the
+    CPU fast path's weight copies follow)."""
+    with torch.inference_mode(False):
+        return _load_model(name_or_dir, head, config_overrides)
+
+
+def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     model_dir = resolve(name_or_dir)
     require_finished(model_dir)
     hf = read_config(model_dir)
-    fam = family_of(hf, model_dir / "config.json")
-    validate_hf_config(hf, model_dir / "config.json")
+    path = model_dir / "config.json"
+    fam = family_of(hf, path)
+    validate_hf_config(hf, path)
     unknown = [k for k in config_overrides if k not in BertConfig.__dataclass_fields__]
     if unknown:
         raise NanobertError(f"unknown config field {unknown[0]!r}")
     try:
         kw = fam.from_hf(hf)
         kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
+        kw = _labels_override(kw, config_overrides)
         config = BertConfig(**{**kw, **config_overrides})  # a new config, none mutated
     except KeyError as e:
-        raise NanobertError(f"{model_dir / 'config.json'}: missing key(s) {e.args[0]}")
+        raise NanobertError(f"{path}: missing key(s) {e.args[0]}")
     except (TypeError, ValueError, ArithmeticError) as e:
-        raise NanobertError(f"{model_dir / 'config.json'}: {e}")
+        raise NanobertError(f"{path}: {e}")
     state = _normalise_names(read_weights(model_dir), fam)
+    arch = None
     if head == "auto":
-        head = infer_head(hf, fam, state.keys())
+        head, arch = infer_head(hf, fam, state.keys(), path)
     if head is not None and head not in fam.heads:
         raise NanobertError(f"{model_dir}: head {head!r} is not supported for {fam.name} models "
                             f"(supported: {', '.join(fam.heads)})")
+    _check_label_override(config, head, fam, state, config_overrides)
     if head == "classify" and config.problem_type == MULTI_LABEL:
-        config = _single_label(config, config_overrides, model_dir / "config.json")
+        config = _single_label(config, config_overrides, path)
     model = Bert(config, head)
     if model.head in MLM_HEADS and hf.get("tie_word_embeddings") is False:
         untie_decoder(model)
     model.new_weights = load_state(model, state, fam, source=model_dir)
+    _check_declared_head(model, arch, fam, path)
     model.source_dir = model_dir
     return model
+
+
+def new_pooler(model) -> bool:
+    """Whether the model's pooler was made fresh on load (the checkpoint has none:
+    DistilBERT and ModernBERT encoders, masked-LM, token and QA files): its pooler_output
+    is then no trained vector, only a seeded initialisation."""
+    return any(n.startswith("bert.pooler.") for n in getattr(model, "new_weights", ()))
 
 
 MULTI_LABEL = "multi_label_classification"
@@ -374,7 +453,9 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
             continue
         hf_names = _hf_names(name, fam, model.head)
         if not hf_names and name.startswith("bert.pooler."):
-            continue  # a pooler the head's transformers class lacks: nothing to load
+            # the head's transformers class has no pooler: the encoder's, if the file has it
+            base = fam.hf_name(name, None)
+            hf_names = [base] if base else []
         if name == "mlm.bias" and hf_names and hf_names[0] not in hf_state:
             hf_names = [fam.decoder + ".bias"]  # newer files keep the bias on the decoder
         if not hf_names or any(n not in hf_state for n in hf_names):
@@ -400,7 +481,30 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
                             f"config.json does not account for, e.g. {unexpected[0]} (more layers "
                             "or other sizes than the config says?)")
     model.load_state_dict(new, strict=False)
+    init_new_weights(model, missing)
     return missing
+
+
+def init_new_weights(model: Bert, names, seed: int = 0) -> None:
+    """Initialise the parameters a checkpoint lacks (a new head, a pooler) from a fixed
+    seed: two loads of one directory give one model, whatever the global RNG holds.
+    Linear weights ~ N(0, initializer_range), biases 0, LayerNorm weights 1; an untied
+    MLM decoder keeps its copy of the word embeddings."""
+    g = torch.Generator().manual_seed(seed)
+    params = dict(model.named_parameters())
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for name in names:
+            p = params.get(name)
+            module = model.get_submodule(name.rpartition(".")[0])
+            if p is None or isinstance(module, torch.nn.Embedding):
+                continue
+            if name.endswith("bias"):
+                p.zero_()
+            elif isinstance(module, torch.nn.LayerNorm):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
 IGNORED = re.compile(r".*(position_ids|rel_pos_embeddings\.weight|\.masked_bias|\.attn\.bias)$")
@@ -441,6 +545,25 @@ def hf_state_dict(model: Bert) -> dict:
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
 
+def _check_save_args(out_dir, tokenizer) -> Path:
+    """save_pretrained's arguments, each refused by name before anything is written."""
+    import os
+    from .tokenizer import Tokenizer
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"save_pretrained(out_dir): expected a directory (str or path), got "
+                        f"{type(out_dir).__name__}")
+    if not str(out_dir).strip():
+        raise NanobertError("save_pretrained(out_dir): empty directory name")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"save_pretrained(tokenizer): expected a nanobert Tokenizer "
+                        f"(nanobert.load(...)[1] or nanobert.Tokenizer.from_dir(...)), got "
+                        f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NanobertError(f"{out_dir}: is a file, not a directory to save the model in")
+    return out_dir
+
+
 def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = None):
     """Write config.json + model.safetensors (+ tokenizer files) into `out_dir`. Each file
     is written to a temporary name and renamed into place; other files there are kept."""
@@ -450,7 +573,7 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
     if getattr(model, "dtype_name", "float32") != "float32":   # its Linear weights are packed
         raise NanobertError("an int8 model is not saved (its weights are rounded and packed "
                             "for fbgemm): save the float32 model and load it with dtype='int8'")
-    out_dir = Path(out_dir)
+    out_dir = _check_save_args(out_dir, tokenizer)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".save.", dir=out_dir) as tmp:
         tmp = Path(tmp)

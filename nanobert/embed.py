@@ -232,8 +232,13 @@ def _loaded_model(model, tokenizer, dtype: str):
         raise TypeError("Encoder(model): expected a model name or directory, a nanobert "
                         f"Bert/BertModel with its tokenizer, or (model, tokenizer); got "
                         f"{type(model).__name__}")
+    from .tokenizer import Tokenizer
     if tokenizer is None:
         raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError("Encoder(model, tokenizer): tokenizer must be a nanobert Tokenizer "
+                        f"(nanobert.load gives one with the model), got "
+                        f"{type(tokenizer).__name__} {tokenizer!r}"[:200])
     if dtype == "int8" and getattr(model, "dtype_name", "float32") != "int8":
         from .quantize import quantize
         model = quantize(copy.deepcopy(model), tokenizer)
@@ -310,11 +315,13 @@ class Encoder:
         """Top-k corpus entries for one query (str) or several (list of str):
         [(index, score, text)] per query, best first. `corpus` is a list of texts or a
         file path (then the embeddings are cached beside it). `rerank`, a cross-encoder
-        (`nanobert.Reranker`), re-scores the `rerank_k` nearest entries and keeps k."""
+        (`nanobert.Reranker`, or its directory), re-scores the `rerank_k` nearest entries
+        and keeps k."""
         k = check_count(k, "k")
         single = isinstance(query, str)
         queries = [query] if single else check_texts(query, "query")
         if rerank is not None:
+            rerank = check_reranker(rerank)
             first = self.search(query, corpus, max(k, check_count(rerank_k, "rerank_k")),
                                 corpus_embeddings)
             return rerank.rerank_hits(query, first, k)
@@ -344,6 +351,18 @@ class Encoder:
         if self.normalize:   # top_k takes a dot product for normalised vectors
             given = given / np.linalg.norm(given, axis=-1, keepdims=True).clip(1e-12)
         return given
+
+
+def check_reranker(rerank):
+    """search's `rerank`: a `nanobert.Reranker` (or anything with its `rerank_hits`), or
+    a cross-encoder's directory, loaded as one; else a TypeError naming rerank."""
+    from .retrieval import Reranker
+    if isinstance(rerank, (str, Path)):
+        return Reranker(rerank)
+    if not callable(getattr(rerank, "rerank_hits", None)):
+        raise TypeError("rerank must be a nanobert.Reranker (a cross-encoder) or its "
+                        f"directory, got {type(rerank).__name__}")
+    return rerank
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -10,7 +10,8 @@ int8 weights per output channel, activations quantized per call).
 The graph takes input_ids, attention_mask and token_type_ids, each (batch, sequence)
 int64 with both axes dynamic (families without segments, DistilBERT and ModernBERT,
 take no token_type_ids), and returns the head's outputs under transformers' names
-(OUTPUTS). It is traced from the padded layout (`attn_backend="sdpa"`): the unpadded
+(OUTPUTS; a bare encoder whose checkpoint has no trained pooler, such as DistilBERT's
+or ModernBERT's, gives no pooler_output). It is traced from the padded layout (`attn_backend="sdpa"`): the unpadded
 layout gathers a data-dependent number of tokens and loops over length groups in
 Python, which a static graph cannot hold. On real (non-padding) positions the outputs
 equal nanobert's to 1e-4; what a graph writes on padding positions is unspecified.
@@ -49,12 +50,24 @@ FAMILIES = ("bert", "roberta", "albert", "distilbert", "modernbert")
 OPSET = 17
 
 
+def outputs_of(model) -> dict:
+    """The graph's outputs for `model`: its head's (OUTPUTS), less a bare encoder's
+    pooler_output when the checkpoint has no trained pooler (DistilBERT and ModernBERT
+    encoders, a masked-LM file): its values would be a seeded initialisation, not a
+    vector anything was trained to give."""
+    from .checkpoint import new_pooler
+    outputs = dict(OUTPUTS[model.head])
+    if new_pooler(model):
+        outputs.pop("pooler_output", None)
+    return outputs
+
+
 class _Graph(nn.Module):
     """The model with plain tensor inputs and a tuple of the head's outputs."""
 
-    def __init__(self, model):
+    def __init__(self, model, names):
         super().__init__()
-        self.model = model
+        self.model, self.names = model, tuple(names)
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         out = self.model(input_ids, attention_mask, token_type_ids)
@@ -62,7 +75,7 @@ class _Graph(nn.Module):
                  "pooler_output": out.hidden.pooler_output, "logits": out.logits,
                  "pair_logits": out.pair_logits, "start_logits": out.start_logits,
                  "end_logits": out.end_logits}
-        return tuple(named[k] for k in OUTPUTS[self.model.head])
+        return tuple(named[k] for k in self.names)
 
 
 def check_exportable(model) -> None:
@@ -85,13 +98,14 @@ def check_exportable(model) -> None:
 def onnx_bytes(model, opset: int = OPSET) -> bytes:
     """The fp32 ONNX graph of `model` (its weights are not changed)."""
     check_exportable(model)
-    graph = _Graph(copy.deepcopy(model)).eval().cpu()   # (a CUDA model: traced on CPU)
+    outputs = outputs_of(model)
+    graph = _Graph(copy.deepcopy(model), outputs).eval().cpu()   # (CUDA: traced on CPU)
     graph.model.config.attn_backend = "sdpa"    # the padded layout: a static graph
     example = {"input_ids": torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0]]),
                "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
                "token_type_ids": torch.zeros(2, 4, dtype=torch.long)}
-    names = list(OUTPUTS[model.head])
-    axes = {k: BT for k in INPUTS} | OUTPUTS[model.head]
+    names = list(outputs)
+    axes = {k: BT for k in INPUTS} | outputs
     f = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         # the TorchScript exporter: the dynamo one needs onnxscript, which we do not ship
@@ -200,5 +214,5 @@ def export_cmd(args):
     if source is not None:
         check_not_input(out, [source], "OUT")
     path = EXPORTERS[args.format](model, args.out, tokenizer, args.dtype)
-    print(f"wrote {path} (outputs: {', '.join(OUTPUTS[model.head])})")
+    print(f"wrote {path} (outputs: {', '.join(outputs_of(model))})")
     return 0

@@ -456,17 +456,30 @@ def text_input(i, x):
     if isinstance(x, D.Example):
         return x
     if isinstance(x, (tuple, list)) and len(x) == 2:
+        for j, t in enumerate(x):
+            if not isinstance(t, str):
+                raise TypeError(f"input {i}: a (text, pair) tuple's {('text', 'pair')[j]} must "
+                                f"be a string, got {type(t).__name__} {t!r}"[:200])
         return D.Example(x[0], x[1])
     if not isinstance(x, str):
         raise NanobertError(f"input {i}: expected a string or a (text, pair) tuple, got {x!r}")
     return D.Example(x)
 
 
+QA_KEYS = ("question", "context", "id", "title", "answers")   # (SQuAD's: the last two unread)
+
+
 def qa_input(i, x):
     """A QA input: {'question', 'context'} (optionally 'id') or (question, context)."""
     if isinstance(x, D.QAExample):
         return x
-    if isinstance(x, dict) and {"question", "context"} <= set(x):
+    if isinstance(x, dict):
+        unknown = [k for k in x if k not in QA_KEYS]
+        missing = [k for k in ("question", "context") if k not in x]
+        if unknown or missing:
+            raise ValueError(f"input {i}: " + (f"unknown key {unknown[0]!r}" if unknown else
+                             f"no {missing[0]!r}") + " (a QA input has a question and a "
+                             "context, optionally an id)")
         return D.QAExample(str(x.get("id", i)), x["question"], x["context"])
     if isinstance(x, (tuple, list)) and len(x) == 2:
         return D.QAExample(str(i), x[0], x[1])
@@ -705,6 +718,10 @@ def _finetune_trainer() -> TrainConfig:
     return TrainConfig(epochs=3, lr=5e-5, seed=42)
 
 
+REQUIRED_PATHS = {"model": "model directory or name", "train": "training file",
+                  "dev": "development file"}
+
+
 @dataclass
 class FinetuneConfig(Config):
     """A fine-tuning run: `nanobert finetune`'s flags, or `FinetuneConfig(...)` in Python."""
@@ -755,6 +772,11 @@ class FinetuneConfig(Config):
                           "progress": None}}
 
     def __post_init__(self):
+        for name in REQUIRED_PATHS:   # (before the checks of Config, which name no field)
+            value = getattr(self, name)
+            if not isinstance(value, (str, Path)):
+                raise TypeError(f"FinetuneConfig.{name}: expected the {REQUIRED_PATHS[name]} "
+                                f"(a str or path), got {type(value).__name__} {value!r}"[:200])
         super().__post_init__()
         if isinstance(self.teachers, (str, Path)):  # one directory, from Python
             self.teachers = [self.teachers]
@@ -788,8 +810,15 @@ def finetune(config, *args, **fields) -> dict:
     out, epochs=5)` is shorthand for `finetune(FinetuneConfig.create(task="ner", ...,
     out_dir=out, epochs=5))`."""
     if not isinstance(config, FinetuneConfig):
+        if not isinstance(config, str):
+            raise TypeError("finetune(config): expected a FinetuneConfig (or a task name, "
+                            f"then model, train, dev, out_dir), got {type(config).__name__}")
         names = ("task", "model", "train", "dev", "out_dir")
         config = FinetuneConfig.create(**dict(zip(names, (config,) + args)), **fields)
+    for name in ("model", "train", "dev"):
+        if not str(getattr(config, name)):
+            raise ValueError(f"FinetuneConfig.{name}: required (the "
+                             f"{REQUIRED_PATHS[name]}), not given")
     from . import rundir
     from .config import as_flags
     cfg, task = config, get_task(config.task)
@@ -1001,12 +1030,29 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
     elif task not in TASKS or model.head != TASKS[task].head:
         raise NanobertError(not_finetuned(d, model))
     settings["task"] = task
+    check_trained_head(d, model, TASKS[task])
     settings.setdefault("max_length", min(TASKS[task].max_length,
                                           model.config.max_position_embeddings))
-    settings.setdefault("doc_stride", 128)
+    # (a model of few positions, without nanobert.json: a window must hold more than the stride)
+    settings.setdefault("doc_stride", min(128, settings["max_length"] // 2))
     if torch.cuda.is_available() and dtype == "float32":
         model.cuda()
     return model.eval(), tok, settings
+
+
+def check_trained_head(d, model, task: Task):
+    """Refuse a model whose task head was made fresh when it loaded (config.json names
+    the head, the weights lack it: its predictions would be random) or whose labels are
+    unknown (a classify or ner head without config.json's id2label)."""
+    if task.head is None:
+        return
+    fresh = [n for n in getattr(model, "new_weights", None) or [] if not n.startswith("bert.")]
+    if fresh:
+        raise NanobertError(f"{d}: the {model.head} head's weights ({fresh[0]}) are not in "
+                            "the checkpoint: the head was never trained (fine-tune it first)")
+    if task.name in ("classify", "ner") and not getattr(model.config, "id2label", None):
+        raise NanobertError(f"{d}: config.json has no id2label: the {task.name} head's labels "
+                            "are unknown")
 
 
 def not_finetuned(d, model) -> str:
@@ -1026,15 +1072,20 @@ class Predictor:
     `nanobert predict --json` prints."""
 
     def __init__(self, model_dir, batch_size: int = 64, dtype: str = "float32"):
+        from .embed import check_count
+        if not isinstance(model_dir, (str, Path)):
+            raise TypeError("Predictor(model_dir): expected a fine-tuned model's directory "
+                            f"(str or path), got {type(model_dir).__name__}")
+        self.batch_size = check_count(batch_size, "batch_size")
         self.model, self.tokenizer, self.settings = load_finetuned(model_dir, dtype)
         self.task = TASKS[self.settings["task"]]
-        self.batch_size = batch_size
         self.name = str(model_dir)
 
     def predict(self, inputs):
-        single = not isinstance(inputs, list)
-        items = [inputs] if single else inputs
+        single, items = predict_batch(inputs)
         examples = [self.task.make_input(i, x) for i, x in enumerate(items)]
+        for i, e in enumerate(examples):
+            check_example(i, e)
         if not examples:
             return []
         odd = odd_kind(self.task, self.settings, examples)
@@ -1045,6 +1096,45 @@ class Predictor:
         out = self.task.predict(self.model, self.tokenizer, examples, self.settings,
                                 self.batch_size)
         return out[0] if single else out
+
+
+# one input of Predictor.predict, never a batch of them (a tuple is a (text, pair))
+SINGLE_INPUTS = (str, bytes, tuple, dict, D.Example, D.QAExample, D.Sentence)
+
+
+def predict_batch(inputs) -> tuple:
+    """(single, items) of Predictor.predict's argument: a list, a numpy array or any other
+    iterable (a generator) is a batch, as Encoder.encode takes one; a text, a (text, pair)
+    tuple, a QA dict is one input. A set is refused: its results could not be matched."""
+    import numpy as np
+    from collections.abc import Set
+    if isinstance(inputs, list):
+        return False, inputs
+    if isinstance(inputs, np.ndarray):
+        return False, inputs.tolist() if inputs.ndim else [inputs.item()]
+    if isinstance(inputs, Set):
+        raise TypeError(f"inputs must be a list, got a {type(inputs).__name__} (it has no "
+                        "order, so the results could not be matched to the inputs)")
+    if isinstance(inputs, SINGLE_INPUTS) or type(inputs).__name__ == "TextRow" \
+            or not hasattr(inputs, "__iter__"):
+        return True, [inputs]
+    return False, list(inputs)
+
+
+def check_example(i: int, e):
+    """The texts of one Predictor input, checked as the tokenizer needs them: strings
+    (a QA dict's None context, say) of valid Unicode; errors name the input and field."""
+    from .tokenizer import check_text
+    if isinstance(e, D.Example):
+        fields = {"text": e.text_a} if e.text_b is None else {"text": e.text_a, "pair": e.text_b}
+    elif isinstance(e, D.QAExample):
+        fields = {"question": e.question, "context": e.context}
+    elif isinstance(e, D.Sentence):
+        fields = {f"word {j}": w for j, w in enumerate(e.words)}
+    else:   # a TextRow (regression, embedding, reranking)
+        fields = {f"text {j}": t for j, t in enumerate(getattr(e, "texts", ()))}
+    for field, text in fields.items():
+        check_text(text, f"input {i}" if len(fields) == 1 else f"input {i}: {field}")
 
 
 # ----------------------------------------------------------------------------------

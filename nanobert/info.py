@@ -21,6 +21,8 @@ def summary(model, tokenizer=None) -> dict:
         "vocab_size": c.vocab_size if tokenizer is None else tokenizer.vocab_size,
         "labels": c.id2label if model.head in ("classify", "token") else None,
         "parameters": dict(counts, total=model.num_parameters()),
+        # made on load, not in the checkpoint (a head, a pooler): seeded, untrained
+        "new_weights": list(getattr(model, "new_weights", [])),
     }
 
 
@@ -46,6 +48,9 @@ def info_cmd(args):
           f"({'lower-cased' if tokenizer.lowercase else 'cased'})")
     if s["labels"]:
         print(f"labels       {', '.join(s['labels'].values())}")
+    if s["new_weights"]:
+        parts = sorted({n.rsplit(".", 2)[0] for n in s["new_weights"]})
+        print(f"untrained    {', '.join(parts)} (not in the checkpoint: a seeded start)")
     print("parameters")
     for part, n in s["parameters"].items():
         print(f"  {part:<15}{n:>14,}")

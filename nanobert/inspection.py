@@ -179,10 +179,11 @@ def attention_args(p):
     p.add_argument("--layers", default=None,
                    help="layers to show, 1-based: '1,6,12', '2-4' or 'all' "
                         "(default: first, middle, last)")
-    p.add_argument("--heads", default="1", help="heads to show, 1-based, same syntax")
+    p.add_argument("--heads", default=None, help="heads to show, 1-based, same syntax "
+                   "(default: 1)")
     p.add_argument("--cls", action="store_true",
                    help="instead: one layer × token map of the attention from [CLS], "
-                        "averaged over heads")
+                        "averaged over heads, for every layer (no --layers or --heads)")
     p.add_argument("--scale", choices=("linear", "sqrt"), default=None,
                    help="colour scale (default: linear for head maps, sqrt for --cls, where "
                         "[CLS] attending to itself would otherwise wash out the rest)")
@@ -199,6 +200,10 @@ def attention_cmd(args):
                             "[CLS] and [SEP]")
     if args.pair is not None and not args.pair.strip():
         raise NanobertError("--pair: empty second sentence (leave --pair out to look at one)")
+    if args.cls and (args.heads is not None or args.layers is not None):
+        flag = "--heads" if args.heads is not None else "--layers"
+        raise NanobertError(f"{flag} does not apply with --cls (its map averages every head "
+                            "of every layer); leave one of them out")
     check_output_file(args.out, "--out", IMAGE_SUFFIXES)
     model, tokenizer = load(args.model)
     tokens, probs = attention_maps(model, tokenizer, args.text, args.pair, args.max_length)
@@ -237,10 +242,24 @@ def sentence_vectors(model, tokenizer, texts, pairs=None, kind: str = "cls",
     if kind not in ("cls", "pooled", "mean"):
         raise NanobertError(f"unknown vector kind {kind!r} (cls, pooled, mean)")
 
+    if kind == "pooled":
+        _check_trained_pooler(model)
+
     def vector(out, mask):
         return out.pooler_output if kind == "pooled" else pool(out.last_hidden_state, mask, kind)
 
     return encoder_vectors(model, tokenizer, texts, vector, pairs, batch_size, max_length)
+
+
+def _check_trained_pooler(model) -> None:
+    """'pooled' vectors need a pooler the checkpoint trained: one made fresh on load
+    (DistilBERT and ModernBERT encoders, masked-LM, token and QA files have none) gives
+    numbers from a seeded initialisation, not sentence vectors."""
+    from .checkpoint import new_pooler
+    if new_pooler(model):
+        source = getattr(model, "source_dir", None) or "the model"
+        raise NanobertError(f"{source}: the checkpoint has no trained pooler, so 'pooled' "
+                            "vectors would be untrained numbers; use --vector cls or mean")
 
 
 def balanced_sample(labels: Sequence[str], n: int, seed: int = 0) -> list[int]:

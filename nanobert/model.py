@@ -284,7 +284,10 @@ class Linear(nn.Linear):
                           same pass over the output (1.2-1.3x F.linear on SST-2 batches)
     The copies are rebuilt when the weight changes: an in-place update (load_state_dict)
     moves the tensor's version counter, a new tensor its address; the fused AdamW step
-    moves neither, so the Trainer drops the copies after each step."""
+    moves neither, so the Trainer drops the copies after each step. A weight made inside
+    torch.inference_mode (an inference tensor) has no version counter and can still be
+    changed in place there, so it gets no copies: it runs F.linear, always current.
+    (nanobert.load builds its models outside inference mode, wherever it is called.)"""
 
     SMALL_ROWS = 128
 
@@ -309,7 +312,8 @@ class Linear(nn.Linear):
         return ACTIVATIONS[act](y) if act and act not in FUSED_ACTIVATIONS else y
 
     def _inference_on_cpu(self, x) -> bool:
-        return x.dtype == self.weight.dtype and self.fast_path(x)
+        return (x.dtype == self.weight.dtype and self.fast_path(x)
+                and not self.weight.is_inference())
 
     @staticmethod
     def fast_path(x) -> bool:  # (not while tracing: ONNX has no such op)
@@ -445,6 +449,8 @@ class UnpaddedLayout(Layout):
         return out.view((self.B, self.T) + x.shape[1:])
 
     def first_tokens(self, x):  # (N, H) -> (B, H)
+        if self.N == 0:   # every row masked: no token to take (as padded: some finite value)
+            return x.new_zeros(self.B, x.shape[-1])
         return x[self.starts]
 
     def mean_tokens(self, x):  # (N, H) -> (B, H)
@@ -917,9 +923,7 @@ class Bert(nn.Module):
         start_positions and end_positions, QA (B,) each.
         For MLM the vocabulary projection runs only where labels != -100 (logits (M, V)),
         unless `mlm_full` or no labels are given (logits (B, T, V))."""
-        unknown = set(targets) - {"pair_labels", "start_positions", "end_positions"}
-        if unknown:
-            raise TypeError(f"unexpected argument(s) {', '.join(sorted(unknown))}")
+        self._check_targets(input_ids, labels, targets)
         pair_labels = targets.get("pair_labels")
         start_positions, end_positions = targets.get("start_positions"), targets.get("end_positions")
         head = self.head
@@ -969,6 +973,28 @@ class Bert(nn.Module):
                 out.loss = (F.cross_entropy(start, start_positions)
                             + F.cross_entropy(end, end_positions)) / 2
         return out
+
+    def _check_targets(self, input_ids, labels, targets: dict) -> None:
+        """A ValueError naming the argument for a target outside its range, which torch's
+        loss would report as a bare IndexError (or a device assert on CUDA); checked on
+        CPU tensors only (no device sync)."""
+        unknown = set(targets) - {"pair_labels", "start_positions", "end_positions"}
+        if unknown:
+            raise TypeError(f"unexpected argument(s) {', '.join(sorted(unknown))}")
+        T = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0
+        classes = {"mlm": self.config.vocab_size, "pretraining": self.config.vocab_size,
+                   "classify": self.config.num_labels, "token": self.config.num_labels}
+        limits = {"labels": classes.get(self.head), "pair_labels": 2,
+                  "start_positions": T, "end_positions": T}
+        for name, t in (("labels", labels), *targets.items()):
+            n = limits[name]
+            if n is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu" \
+                    or t.numel() == 0 or t.dtype.is_floating_point:
+                continue
+            bad = t[(t != -100) & ((t < 0) | (t >= n))]   # -100: no loss at that position
+            if bad.numel():
+                raise ValueError(f"{name} holds {int(bad[0])}, outside 0 to {n - 1} "
+                                 f"(or -100 for no loss)")
 
     @property
     def task(self) -> Optional[str]:

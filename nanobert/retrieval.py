@@ -28,6 +28,7 @@ import torch
 from .files import NanobertError
 from .metrics import correlations
 from .threads import map_on_cores
+from .tokenizer import check_text, check_texts
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
 
@@ -184,6 +185,8 @@ class Reranker:
     def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None):
         import nanobert
         from .checkpoint import resolve
+        self.batch_size = _whole(batch_size, "batch_size")
+        _whole(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir)
         if self.model.head not in ("regression", "classify") or self.model.config.num_labels != 1:
             raise NanobertError(f"{model_dir}: not a cross-encoder (needs a sequence head with "
@@ -193,27 +196,75 @@ class Reranker:
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
             raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "
                                 "cross-encoder of (query, document) pairs")
+        self.tokenizer.check_max_length(max_length, pair=True)   # [CLS] q [SEP] d [SEP]
         self.max_length = max_length or saved.get("max_length") or 512
         self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
-        self.batch_size = batch_size
         self.model.eval()
 
     def score(self, query: str, documents) -> list:
         """The relevance logit of each document for `query`, in document order."""
+        query, documents = _query_and_documents(query, documents)
         return pair_scores(self.model, self.tokenizer, [(query, d) for d in documents],
                            self.max_length, self.batch_size)
 
     def rerank_hits(self, query, hits: list, k: Optional[int] = None) -> list:
         """Search results [(index, score, text)] (of one query, or a list of such lists
         for several queries) re-scored and re-sorted: the same shape, top k."""
+        k = _whole(k, "k", none_ok=True)
         if isinstance(query, str):
+            hits = _check_hits(hits, "hits")
             ranked = self.rerank(query, [t for _, _, t in hits], k)
             return [(hits[j][0], s, t) for j, s, t in ranked]
-        return [self.rerank_hits(q, h, k) for q, h in zip(query, hits)]
+        queries = check_texts(query, "query")
+        if isinstance(hits, (str, bytes)) or not hasattr(hits, "__len__") \
+                or len(hits) != len(queries):
+            raise ValueError(f"hits: expected one list of (index, score, text) hits per query "
+                             f"({len(queries)}), got {type(hits).__name__}")
+        return [self.rerank_hits(q, _check_hits(h, f"hits[{i}]"), k)
+                for i, (q, h) in enumerate(zip(queries, hits))]
 
     def rerank(self, query: str, documents, k: Optional[int] = None) -> list:
-        """[(index, score, text)] of the documents, most relevant first (top k)."""
-        documents = list(documents)
+        """[(index, score, text)] of the documents, most relevant first (top k; None: all)."""
+        k = _whole(k, "k", none_ok=True)
+        query, documents = _query_and_documents(query, documents)
         scores = self.score(query, documents)
         order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
         return [(i, scores[i], documents[i]) for i in order]
+
+
+def _whole(value, name: str, none_ok: bool = False):
+    """A whole number >= 1 (numpy's too), or None where none_ok; else an error naming it."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a whole number >= 1{' or None' if none_ok else ''}, "
+                        f"got {type(value).__name__} {value!r}"[:200])
+    if value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1{' or None' if none_ok else ''}, "
+                         f"got {value}")
+    return int(value)
+
+
+def _query_and_documents(query, documents) -> tuple:
+    """(query, list of documents), checked: one query string, documents a list of strings
+    (one string would be read as its characters)."""
+    check_text(query, "query")
+    if isinstance(documents, str):
+        raise TypeError("documents must be a list of strings, got one string (pass "
+                        "[document] to score one)")
+    if not hasattr(documents, "__iter__"):
+        raise TypeError(f"documents must be a list of strings, got {type(documents).__name__}")
+    return query, check_texts(documents, "documents")
+
+
+def _check_hits(hits, name: str) -> list:
+    """One query's search results: a list of (index, score, text) hits."""
+    if isinstance(hits, (str, bytes)) or not hasattr(hits, "__iter__"):
+        raise TypeError(f"{name} must be a list of (index, score, text) hits, got "
+                        f"{type(hits).__name__}")
+    hits = list(hits)
+    for i, h in enumerate(hits):
+        if not (isinstance(h, (tuple, list)) and len(h) == 3 and isinstance(h[2], str)):
+            raise ValueError(f"{name}[{i}] must be an (index, score, text) hit, as "
+                             f"Encoder.search gives, got {h!r}"[:200])
+    return hits

@@ -20,6 +20,8 @@ import re
 import threading
 from collections import Counter
 from pathlib import Path
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -169,18 +171,39 @@ def _tokenizer_source(path: Path) -> tuple:
     raise NanobertError(f"{path}: no tokenizer.json, vocab.txt or vocab.json + merges.txt")
 
 
+def check_text(text, name: str) -> str:
+    """`text` when it is a string the tokenizer can read; else a TypeError, or a ValueError
+    for a lone surrogate (not valid Unicode: the tokenizers library's own TypeError names
+    neither the argument nor the item), naming `name`. Cheap: only a text that is not
+    ASCII is encoded, to find out."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string, got {type(text).__name__} {text!r}"[:200])
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{name} is not valid Unicode: a lone surrogate "
+                             f"{text[e.start]!r} at character {e.start}") from None
+    return text
+
+
 def check_texts(texts, name: str = "texts") -> list:
-    """A list of strings from any iterable of them (a list, a tuple, a numpy array of
-    str, a generator); a TypeError naming `name` and the first item that is not one (the
-    tokenizers library's own messages name neither)."""
+    """A list of strings from any ordered iterable of them (a list, a tuple, a numpy array
+    of str, a generator); a TypeError naming `name` and the first item that is not one (the
+    tokenizers library's own messages name neither), a ValueError for an item that is not
+    valid Unicode. A dict (its keys) or a set (no order: rows could not be matched to the
+    texts) is refused."""
     if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
         raise TypeError(f"{name} must be a string or a list of strings, got "
                         f"{type(texts).__name__}")
+    if isinstance(texts, (Mapping, AbstractSet)):
+        why = "its keys would be read as the texts" if isinstance(texts, Mapping) else \
+            "it has no order, so the results could not be matched to the texts"
+        raise TypeError(f"{name} must be a list of strings, got a {type(texts).__name__} "
+                        f"({why}); pass a list")
     texts = list(texts)
     for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"{name}[{i}] must be a string, got {type(t).__name__} "
-                            f"{t!r}"[:200])
+        check_text(t, f"{name}[{i}]")
     return texts
 
 
@@ -395,9 +418,24 @@ class Tokenizer:
             pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise ValueError(f"pairs: {len(pairs)} for {len(texts)} texts (one each)")
-        if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
-            raise ValueError(f"max_length must be a whole number >= 2, got {max_length!r}")
+        self.check_max_length(max_length, pairs is not None)
         return self.pad(self.encode_batch(texts, pairs, max_length, report=report))
+
+    def check_max_length(self, max_length, pair: bool = False):
+        """None, or a whole number of tokens that holds the special tokens and at least one
+        token of each text ([CLS] a [SEP] b [SEP]: 5); else an error naming max_length."""
+        if max_length is None:
+            return None
+        least = self.tk.num_special_tokens_to_add(pair) + (2 if pair else 1)
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise TypeError(f"max_length must be a whole number >= {least}, got "
+                            f"{type(max_length).__name__} {max_length!r}"[:200])
+        if max_length < least:
+            raise ValueError(f"max_length must be a whole number >= {least} (the special "
+                             f"tokens of "
+                             f"{'a pair' if pair else 'a text'} and a token of "
+                             f"{'each text' if pair else 'the text'}), got {max_length}")
+        return max_length
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -24,3 +24,11 @@ def test_info_json_on_minilm(capsys):
     assert main(["info", "minilm", "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert (s["layers"], s["hidden"], s["heads"], s["vocab_size"]) == (6, 384, 12, 30522)
+
+
+def test_info_names_weights_the_checkpoint_lacks(tmp_path, tiny_config):
+    """A masked-LM file has no pooler: info says it is untrained (seeded on load)."""
+    nanobert.Bert(tiny_config, "mlm").save_pretrained(tmp_path / "m")
+    from nanobert.checkpoint import load_model
+    s = summary(load_model(tmp_path / "m"))
+    assert s["new_weights"] == ["bert.pooler.dense.weight", "bert.pooler.dense.bias"]

@@ -1,0 +1,186 @@
+"""The Python API's argument checks found by the API probe: Reranker, Encoder.search's
+rerank, Encoder.encode's batch types, Predictor's inputs, lone surrogates, the
+tokenizer's max_length for pairs, FinetuneConfig's paths, untrained heads. Each wrong
+argument is a TypeError/ValueError (NanobertError for a model directory) naming it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import nanobert
+from nanobert.embed import Encoder
+from nanobert.files import NanobertError
+from nanobert.finetune import FinetuneConfig, Predictor, check_trained_head, finetune
+from nanobert.retrieval import Reranker
+
+BAD = "bad \udc80 text"   # a lone surrogate: not valid Unicode
+
+
+@pytest.fixture(autouse=True)
+def _threads(one_thread):
+    yield
+
+
+@pytest.fixture(scope="module")
+def dirs(minilm, tmp_path_factory):
+    """Tiny random models with minilm's tokenizer: a cross-encoder (one-logit regression
+    head), a 2-label classifier and a QA model."""
+    _, tok = minilm
+    root = tmp_path_factory.mktemp("probe_models")
+    out = {}
+    for name, head, labels in (("rerank", "regression", 1), ("cls", "classify", 2),
+                               ("qa", "qa", 2)):
+        torch.manual_seed(0)
+        cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=128,
+                              num_labels=labels)
+        nanobert.Bert(cfg, head=head).save_pretrained(root / name, tokenizer=tok)
+        out[name] = root / name
+    return out
+
+
+@pytest.fixture(scope="module")
+def reranker(dirs):
+    return Reranker(dirs["rerank"])
+
+
+DOCS = ["the cat sat", "a dog ran", "paris is big"]
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda r: r.rerank("cat", "the cat sat"), TypeError, "documents must be a list of "
+                                                          "strings, got one string"),
+    (lambda r: r.rerank("cat", [None]), TypeError, r"documents\[0\] must be a string"),
+    (lambda r: r.rerank("cat", None), TypeError, "documents must be a list of strings"),
+    (lambda r: r.score("cat", [5]), TypeError, r"documents\[0\] must be a string, got int"),
+    (lambda r: r.rerank("cat", DOCS, k=-1), ValueError, "k must be a whole number >= 1"),
+    (lambda r: r.rerank("cat", DOCS, k=0), ValueError, "k must be"),
+    (lambda r: r.rerank("cat", DOCS, k="2"), TypeError, "k must be"),
+    (lambda r: r.rerank("cat", DOCS, k=1.5), TypeError, "k must be"),
+    (lambda r: r.rerank(None, DOCS), TypeError, "query must be a string"),
+    (lambda r: r.rerank(["a", "b"], DOCS), TypeError, "query must be a string"),
+    (lambda r: r.rerank("cat", ["ok", BAD]), ValueError, r"documents\[1\] is not valid Unicode"),
+    (lambda r: r.rerank_hits("cat", ["a", "b"]), ValueError,
+     r"hits\[0\] must be an \(index, score, text\) hit"),
+    (lambda r: r.rerank_hits(["q1", "q2"], [[(0, 1.0, "a")]]), ValueError,
+     r"one list of \(index, score, text\) hits per query \(2\)"),
+])
+def test_reranker_names_its_bad_argument(reranker, call, error, words):
+    with pytest.raises(error, match=words):
+        call(reranker)
+
+
+def test_reranker_settings_are_checked_and_good_calls_still_work(dirs, reranker):
+    for kw, error, words in [({"max_length": 0}, ValueError, "max_length must be"),
+                             ({"max_length": 2}, ValueError, "max_length must be a whole "
+                                                            "number >= 5"),
+                             ({"max_length": "8"}, TypeError, "max_length"),
+                             ({"batch_size": 0}, ValueError, "batch_size must be")]:
+        with pytest.raises(error, match=words):
+            Reranker(dirs["rerank"], **kw)
+    assert Reranker(dirs["rerank"], max_length=5).max_length == 5
+    ranked = reranker.rerank("cat", np.array(DOCS), k=np.int64(2))
+    assert len(ranked) == 2 and sorted(i for i, _, _ in reranker.rerank("cat", DOCS)) == [0, 1, 2]
+    hits = [(7, 0.5, "a dog ran"), (9, 0.4, "the cat sat")]
+    assert sorted(i for i, _, _ in reranker.rerank_hits("cat", hits, k=None)) == [7, 9]
+
+
+def test_search_rerank_must_be_a_reranker_or_its_directory(minilm, dirs, reranker):
+    enc = Encoder(minilm)
+    for bad in (enc, 5, object()):
+        with pytest.raises(TypeError, match="rerank must be a nanobert.Reranker"):
+            enc.search("cat", DOCS, k=2, rerank=bad)
+    by_dir = enc.search("cat", DOCS, k=2, rerank=str(dirs["rerank"]))
+    assert by_dir == enc.search("cat", DOCS, k=2, rerank=reranker)
+
+
+def test_encode_refuses_dicts_sets_and_surrogates_and_encoder_names_its_tokenizer(minilm):
+    enc = Encoder(minilm)
+    for bad, words in [({"first": 1}, "texts must be a list of strings, got a dict"),
+                       ({"a", "b"}, "got a set .*no order"),
+                       ({"a": 1}.keys(), "got a dict_keys")]:
+        with pytest.raises(TypeError, match=words):
+            enc.encode(bad)
+    with pytest.raises(ValueError, match=r"texts\[1\] is not valid Unicode: a lone surrogate "
+                                         r"'\\udc80' at character 4"):
+        enc.encode(["ok", BAD])
+    with pytest.raises(ValueError, match=r"texts\[0\] is not valid Unicode"):
+        enc.encode(BAD)
+    with pytest.raises(TypeError, match="tokenizer must be a nanobert Tokenizer"):
+        Encoder((minilm[0], "tok"))
+    assert enc.encode(["naïve 日本語 😀"]).shape == (1, 384)    # valid non-ASCII still fine
+
+
+def test_tokenizer_surrogates_and_max_length_of_a_pair(minilm):
+    _, tok = minilm
+    with pytest.raises(ValueError, match=r"texts\[0\] is not valid Unicode"):
+        tok([BAD])
+    with pytest.raises(ValueError, match=r"pairs\[0\] is not valid Unicode"):
+        tok(["a"], [BAD])
+    for n in (2, 3, 4):
+        with pytest.raises(ValueError, match="max_length must be a whole number >= 5"):
+            tok(["a"], ["b"], max_length=n)
+    with pytest.raises(ValueError, match="max_length must be a whole number >= 3"):
+        tok(["a"], max_length=2)
+    with pytest.raises(TypeError, match="max_length"):
+        tok(["a"], max_length=True)
+    assert tok(["a"], ["b"], max_length=5)["input_ids"].shape == (1, 5)
+    assert tok(["a"], max_length=3)["input_ids"].shape == (1, 3)
+
+
+def test_predictor_takes_encoders_batch_types_and_names_bad_inputs(dirs):
+    cls, qa = Predictor(dirs["cls"]), Predictor(dirs["qa"])
+    one = cls.predict("a cat")
+    assert cls.predict(np.array(["a cat", "a dog"]))[0] == one
+    assert cls.predict(t for t in ["a cat", "a dog"])[0] == one
+    assert cls.predict(iter(["a cat"])) == [one]
+    with pytest.raises(TypeError, match="inputs must be a list, got a set"):
+        cls.predict({"a cat", "a dog"})
+    with pytest.raises(ValueError, match="input 1 is not valid Unicode"):
+        cls.predict(["ok", BAD])
+    with pytest.raises(TypeError, match="input 0: a \\(text, pair\\) tuple's pair must be a "
+                                        "string, got NoneType"):
+        cls.predict(("a", None))
+    good = {"question": "where?", "context": "The cat sat on the mat."}
+    assert qa.predict(good)["question"] == "where?"
+    assert qa.predict([{**good, "id": "q7", "answers": [], "title": "t"}])[0]["id"] == "q7"
+    for bad, error, words in [({**good, "context": None}, TypeError,
+                               "input 0: context must be a string, got NoneType"),
+                              ({**good, "foo": 1}, ValueError, "input 0: unknown key 'foo'"),
+                              ({"question": "q"}, ValueError, "input 0: no 'context'"),
+                              ({**good, "question": BAD}, ValueError,
+                               "input 0: question is not valid Unicode")]:
+        with pytest.raises(error, match=words):
+            qa.predict(bad)
+    for bad in (None, 5, ["runs/x"]):
+        with pytest.raises(TypeError, match=r"Predictor\(model_dir\)"):
+            Predictor(bad)
+    with pytest.raises(ValueError, match="batch_size"):
+        Predictor(dirs["cls"], batch_size=0)
+
+
+def test_untrained_head_or_missing_labels_are_refused(dirs):
+    model, _ = nanobert.load(dirs["cls"])
+    from nanobert.finetune import TASKS
+    check_trained_head("d", model, TASKS["classify"])          # trained, labelled: fine
+    model.new_weights = ["classifier.weight", "classifier.bias"]
+    with pytest.raises(NanobertError, match="d: the classify head's weights "
+                                            r"\(classifier.weight\) are not in the checkpoint"):
+        check_trained_head("d", model, TASKS["classify"])
+    model.new_weights = ["bert.pooler.dense.weight"]
+    model.config.id2label = None
+    with pytest.raises(NanobertError, match="d: config.json has no id2label"):
+        check_trained_head("d", model, TASKS["classify"])
+
+
+def test_finetune_config_names_its_paths(tmp_path):
+    base = dict(task="classify", model="minilm", train="t.tsv", dev="d.tsv")
+    for field in ("train", "dev", "model"):
+        with pytest.raises(TypeError, match=f"FinetuneConfig.{field}: expected"):
+            FinetuneConfig(**{**base, field: ["a", "b"]})
+    for bad in (None, {"task": "classify"}, 5):
+        with pytest.raises(TypeError, match=r"finetune\(config\): expected a FinetuneConfig"):
+            finetune(bad)
+    with pytest.raises(ValueError, match="FinetuneConfig.train: required"):
+        finetune(FinetuneConfig(task="classify", model="minilm").replace(
+            out_dir=str(tmp_path / "run")))
