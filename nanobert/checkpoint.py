@@ -332,6 +332,11 @@ def _labels_override(kw: dict, overrides: dict) -> dict:
     return kw
 
 
+class OtherLabels(ValueError):
+    """A label count asked for that the checkpoint's classifier contradicts (finetune
+    then trains a new head on the encoder)."""
+
+
 def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
                           overrides: dict) -> None:
     """A label count (num_labels or id2label) the checkpoint's classifier contradicts is
@@ -342,7 +347,7 @@ def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
     w = state.get(fam.hf_name("classifier.weight", head))
     if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != config.num_labels:
         shown = overrides["num_labels"] if given[0] == "num_labels" else "..."
-        raise ValueError(f"load({given[0]}={shown}): asks for {config.num_labels} labels, but the "
+        raise OtherLabels(f"load({given[0]}={shown}): asks for {config.num_labels} labels, but the "
                          f"checkpoint's {head} head has {w.shape[0]} outputs; load it with "
                          "head=None to train a new head on the encoder")
 

@@ -47,6 +47,7 @@ from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, param, positive
+from .checkpoint import OtherLabels
 from .files import NanobertError, check_output_dir, note
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -970,7 +971,10 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
         overrides["id2label"] = dict(enumerate(task.labels(train, cfg.train)))
     if task.head in POOLED_HEADS and cfg.retrieval.pooling:
         overrides["classifier_pooling"] = cfg.retrieval.pooling
-    model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
+    try:
+        model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
+    except OtherLabels:   # a classifier of other labels: a new head on its encoder
+        model, tok = _new_head_on(cfg.model, task.head, overrides)
     if model.config.max_position_embeddings < max_length:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "
                             f"{model.config.max_position_embeddings} positions")
@@ -986,6 +990,21 @@ def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int)
 def log_every(steps_per_epoch: int) -> int:
     """Steps between training-loss records: 10, or fewer so an epoch has 4 or more."""
     return max(1, min(10, steps_per_epoch // 4))
+
+
+def _new_head_on(model_dir, head: str, overrides: dict):
+    """(model, tokenizer): `model_dir`'s encoder under a new `head` for the training
+    data's labels (its own head has other labels); the head's weights are new (listed in
+    new_weights, so _reinit_new_head starts them from the run's seed)."""
+    import dataclasses
+    import nanobert
+    base, tok = nanobert.load(model_dir, head=None)
+    note(f"{model_dir}: its {head} head has {base.config.num_labels} labels, the training "
+         f"data {len(overrides['id2label'])}: a new head is trained on its encoder")
+    model = nanobert.Bert(dataclasses.replace(base.config, **overrides), head)
+    model.bert.load_state_dict(base.bert.state_dict())
+    model.new_weights = [n for n, _ in model.named_parameters() if not n.startswith("bert.")]
+    return model, tok
 
 
 def _reinit_new_head(model, seed):

@@ -7,6 +7,7 @@ import transformers
 import torch
 
 from conftest import tiny_model_dir
+import nanobert
 from nanobert import cli
 from nanobert.files import NanobertError
 from nanobert.data import Sentence
@@ -386,6 +387,29 @@ def test_freeze_layers_fixes_the_bottom_and_trains_the_top(tiny_dir, tmp_path):
             finetune("classify", str(tiny_dir), str(train), str(train),
                               str(tmp_path / f"m{n}"), epochs=1, max_length=16,
                               freeze_layers=n, progress=False)
+
+
+def test_a_classifier_of_other_labels_gets_a_new_head_on_its_encoder(tiny_dir, tmp_path, capsys):
+    """Fine-tuning a 2-label classifier on 3 labels trains a new head on its encoder (the
+    loader refuses a label count its classifier contradicts), with its encoder's weights."""
+    rows = sentiment_rows(12, 0)
+    two = write_tsv(tmp_path / "two.tsv", rows)
+    three = write_tsv(tmp_path / "three.tsv", rows + [("the plot was so so", "meh")] * 3)
+    flags = ["--epochs", "1", "--batch-size", "8", "--max-length", "16", "--no-progress"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert cli.main(["finetune", "--task", "classify", "--model", str(tiny_dir), "--train",
+                     str(two), "--dev", str(two), "--out", str(first)] + flags) == 0
+    with pytest.raises(ValueError, match="asks for 3 labels, but the checkpoint's classify"):
+        nanobert.load(first, num_labels=3)
+    capsys.readouterr()
+    assert cli.main(["finetune", "--task", "classify", "--model", str(first), "--train",
+                     str(three), "--dev", str(three), "--out", str(second), "--lr", "1e-12"]
+                    + flags) == 0
+    assert "a new head is trained on its encoder" in capsys.readouterr().err
+    before, _ = nanobert.load(first)
+    after, _ = nanobert.load(second)
+    assert sorted(after.config.id2label.values()) == ["bad", "good", "meh"]
+    assert torch.allclose(before.bert.blocks[0].up.weight, after.bert.blocks[0].up.weight, atol=1e-6)
 
 
 def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, capsys):
