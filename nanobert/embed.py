@@ -223,6 +223,14 @@ def check_flag(value, name: str) -> bool:
     return bool(value)
 
 
+def _check_tokenizer(tokenizer):
+    from .tokenizer import Tokenizer
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError("Encoder(model, tokenizer): tokenizer must be a nanobert Tokenizer "
+                        f"(nanobert.load gives one with the model), got "
+                        f"{type(tokenizer).__name__} {tokenizer!r}"[:200])
+
+
 def _loaded_model(model, tokenizer, dtype: str):
     """An in-memory (model, tokenizer) for Encoder, in the dtype asked for (an int8 copy
     for "int8": the caller's model is left as it was)."""
@@ -232,13 +240,9 @@ def _loaded_model(model, tokenizer, dtype: str):
         raise TypeError("Encoder(model): expected a model name or directory, a nanobert "
                         f"Bert/BertModel with its tokenizer, or (model, tokenizer); got "
                         f"{type(model).__name__}")
-    from .tokenizer import Tokenizer
     if tokenizer is None:
         raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
-    if not isinstance(tokenizer, Tokenizer):
-        raise TypeError("Encoder(model, tokenizer): tokenizer must be a nanobert Tokenizer "
-                        f"(nanobert.load gives one with the model), got "
-                        f"{type(tokenizer).__name__} {tokenizer!r}"[:200])
+    _check_tokenizer(tokenizer)
     if dtype == "int8" and getattr(model, "dtype_name", "float32") != "int8":
         from .quantize import quantize
         model = quantize(copy.deepcopy(model), tokenizer)
@@ -268,7 +272,13 @@ class Encoder:
         if isinstance(model, (str, Path)):
             from . import load
             name = name or str(model)
-            model, tokenizer = load(model, head=None, dtype=dtype)
+            if tokenizer is not None:      # given with a model name: used, not dropped
+                _check_tokenizer(tokenizer)
+            model, own = load(model, head=None, dtype=dtype)
+            if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+                raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more "
+                                 f"than the model's vocabulary of {model.config.vocab_size}")
+            tokenizer = tokenizer or own
         else:
             model = _loaded_model(model, tokenizer, dtype)
         self.model, self.tokenizer = model.eval(), tokenizer

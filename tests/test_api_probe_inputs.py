@@ -184,3 +184,15 @@ def test_finetune_config_names_its_paths(tmp_path):
     with pytest.raises(ValueError, match="FinetuneConfig.train: required"):
         finetune(FinetuneConfig(task="classify", model="minilm").replace(
             out_dir=str(tmp_path / "run")))
+
+
+def test_a_tokenizer_given_with_a_model_name_is_used():
+    """Encoder(("minilm", tok)) dropped `tok` for the name's own tokenizer."""
+    mine = nanobert.Tokenizer.train(["the cat sat on a mat"] * 20, vocab_size=40,
+                                    min_frequency=1)
+    enc = nanobert.Encoder(("minilm", mine))
+    assert enc.tokenizer is mine
+    assert not torch.allclose(torch.as_tensor(enc.encode("the cat")),
+                              torch.as_tensor(nanobert.Encoder("minilm").encode("the cat")))
+    with pytest.raises(TypeError, match="tokenizer must be a nanobert Tokenizer"):
+        nanobert.Encoder("minilm", tokenizer="minilm")
