@@ -987,3 +987,26 @@ def test_cors_preflight_and_headers_only_for_allowed_origins():
         assert "CORS preflight refused" in refused.json()["error"]["message"]
     finally:
         s.close()
+
+
+def test_every_field_the_routes_read_is_kept_when_a_body_is_parsed():
+    """A body keeps only its route's `fields` (the rest is dropped as it is parsed, to
+    take no memory while the request runs): a field read but not listed would be
+    silently ignored. Every field name the handlers read is listed for some route."""
+    import ast
+    import nanobert.serve as serve
+    readers = {"read_bool": 1, "read_int": 1, "read_str": 1, "read_texts": 1, "_get": 1,
+               "embed_inputs": 2}
+    read = set()
+    for node in ast.walk(ast.parse(Path(serve.__file__).read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in readers and len(node.args) > readers[node.func.id]:
+            arg = node.args[readers[node.func.id]]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                read.add(arg.value)
+        if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "body" \
+                and isinstance(node.slice, ast.Constant):
+            read.add(node.slice.value)
+    listed = {f for r in serve.ROUTES for f in r.fields}
+    assert {"inputs", "input", "top_n", "question", "user"} <= read
+    assert read <= listed, read - listed
