@@ -30,7 +30,7 @@ import torch
 
 from .batching import forward_tokens, restore_order, sorted_batches
 from .config import at_least, checked
-from .files import NanobertError, atomic_path, check_output_file
+from .files import NanobertError, atomic_path, check_output_file, note
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
 from .tokenizer import check_texts
@@ -405,11 +405,20 @@ def read_texts(path, text_column: Optional[str] = None) -> list[str]:
     embedded line by line as if each line were a sentence."""
     from .data import detect_format, read_inputs  # (not finetune: it imports the embed tasks)
     examples = read_inputs(path, {"text_column": text_column})
-    if text_column and detect_format(Path(path), plain_text=True) == "text":
+    # read as lines (read_inputs refuses real CoNLL columns; blank-line-separated text
+    # looks like CoNLL to the detector)
+    plain = detect_format(Path(path), plain_text=True) in ("text", "conll")
+    if text_column and plain:
         raise NanobertError(f"--text-column {text_column}: {path} is plain text, one sentence "
                             "a line, without columns (a .tsv/.csv/.jsonl file has them)")
     if not examples:
         raise NanobertError(f"{path}: empty file (no sentences)")
+    if plain:   # rows follow the sentences, not the file's lines: say so when they differ
+        with open(path, encoding="utf-8", errors="replace") as f:
+            blank = sum(1 for _ in f) - len(examples)
+        if blank > 0:
+            note(f"{path}: {blank} blank line{'s' * (blank != 1)} skipped (row i of the "
+                 "output is the i-th sentence, not line i)")
     return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}" for e in examples]
 
 

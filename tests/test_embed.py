@@ -362,3 +362,18 @@ def test_evaluate_takes_a_pretrained_mlm_checkpoint_as_an_embedding_model(tmp_pa
     assert "not a fine-tuned" in err and "its head is mlm" in err and f"{single}:2:" in err
     rc = main(["predict", "--model", str(tmp_path / "mlm"), "a man"])
     assert rc == 2 and "(its head is mlm)" in capsys.readouterr().err
+
+
+def test_blank_lines_skipped_in_a_text_input_are_noted(tmp_path, capsys):
+    """Rows follow the sentences, not the file's lines: a note says so when blank lines
+    were skipped (the rows silently stopped lining up with the line numbers)."""
+    text = tmp_path / "s.txt"
+    text.write_text("a man eating food.\n\n\nthe sky is blue.\n")
+    assert main(["embed", "--model", "minilm", "--input", str(text), "--out",
+                 str(tmp_path / "e.npy")]) == 0
+    assert "2 blank lines skipped" in capsys.readouterr().err
+    assert np.load(tmp_path / "e.npy").shape == (2, 384)
+    text.write_text("a man eating food.\nthe sky is blue.\n")
+    assert main(["embed", "--model", "minilm", "--input", str(text), "--out",
+                 str(tmp_path / "f.npy")]) == 0
+    assert "skipped" not in capsys.readouterr().err
