@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
                      param)
-from .files import NanobertError, atomic_path, check_output_dir, write_text
+from .files import NanobertError, atomic_path, check_output_dir, note, write_text
 from .masking import IGNORE, Masker, fixed_masks, parse_split, split_name
 from .model import pair_loss
 from .train import TrainConfig
@@ -164,6 +164,10 @@ def _read_model_config(path: str, **overrides):
         hf = json.loads(Path(path).read_text("utf-8"))
         if not isinstance(hf, dict):
             raise ValueError("expected a JSON object")
+        given = hf.get("vocab_size")
+        if "vocab_size" in overrides and given not in (None, overrides["vocab_size"]):
+            note(f"--config {path}: vocab_size {given} is replaced by the tokenizer's "
+                 f"{overrides['vocab_size']}")
         return BertConfig.from_hf_dict(dict(hf, **overrides))
     except FileNotFoundError:
         raise NanobertError(f"--config {path}: no such file") from None
@@ -195,6 +199,9 @@ def _model_config(cfg: PretrainConfig, tok):
     else:   # the name was checked with the flags (PretrainConfig.__post_init__)
         c = preset(cfg.preset, vocab_size=tok.vocab_size,
                    max_position_embeddings=max(512, cfg.seq_len), **drop)
+        if cfg.seq_len > 512:
+            note(f"--seq-len {cfg.seq_len}: the {cfg.preset} preset gets {cfg.seq_len} "
+                 "positions (512 by default)")
     c = dataclasses.replace(c, pad_token_id=tok.pad_id, attn_backend=cfg.attn_backend)
     check_seq_len(cfg.seq_len, c)
     from .families import FAMILIES

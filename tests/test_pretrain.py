@@ -390,3 +390,23 @@ def test_sigterm_saves_a_checkpoint_like_ctrl_c(corpus_dir, tmp_path):
     assert "Traceback" not in err and "terminated" in err
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["step"] >= 1
+
+
+def test_a_config_or_preset_changed_by_the_run_is_noted(tmp_path, capsys):
+    """A --config vocab_size replaced by the tokenizer's, and a preset grown past its 512
+    positions for --seq-len, were silent."""
+    from nanobert import Tokenizer
+    from nanobert.pretrain import PretrainConfig, _model_config
+    tok = Tokenizer.train(["the cat sat on the mat"] * 20, vocab_size=40, min_frequency=1)
+    hf = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    c = _model_config(PretrainConfig(corpus=["c"], model_config=str(tmp_path / "config.json"),
+                                     seq_len=32), tok)
+    assert c.vocab_size == tok.vocab_size
+    assert f"vocab_size 50 is replaced by the tokenizer's {tok.vocab_size}" in capsys.readouterr().err
+    c = _model_config(PretrainConfig(corpus=["c"], preset="tiny", seq_len=600), tok)
+    assert c.max_position_embeddings == 600
+    assert "the tiny preset gets 600 positions" in capsys.readouterr().err
+    _model_config(PretrainConfig(corpus=["c"], preset="tiny", seq_len=128), tok)
+    assert capsys.readouterr().err == ""
