@@ -128,7 +128,9 @@ class PretrainConfig(Config):
         if not self.trainer.max_steps:
             raise NanobertError("--steps: required (the number of optimizer steps)")
         if self.model_config:
-            _read_model_config(self.model_config)   # a bad file fails before the corpus is read
+            # a bad file, or one with too few positions, fails before the corpus is read
+            check_seq_len(self.seq_len, _read_model_config(self.model_config),
+                          f"--config {self.model_config}'s")
         elif self.preset is not None:
             _check_preset(self.preset, "--preset")
         elif not hasattr(self, "teacher"):       # (a distillation's student is the teacher's)

@@ -410,3 +410,7 @@ def test_a_config_or_preset_changed_by_the_run_is_noted(tmp_path, capsys):
     assert "the tiny preset gets 600 positions" in capsys.readouterr().err
     _model_config(PretrainConfig(corpus=["c"], preset="tiny", seq_len=128), tok)
     assert capsys.readouterr().err == ""
+    # a --config with too few positions is refused with the flags, before any work
+    from nanobert.files import NanobertError
+    with pytest.raises(NanobertError, match="--seq-len 128 exceeds --config .* 64 positions"):
+        PretrainConfig(corpus=["c"], model_config=str(tmp_path / "config.json"), seq_len=128)
