@@ -47,7 +47,7 @@ from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, param, positive
-from .checkpoint import OtherLabels
+from .checkpoint import OtherLabels, init_new_weights
 from .files import NanobertError, check_output_dir, note
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -846,7 +846,10 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     items = task.features(tok, train, settings, label2id(model))
     batches, steps_per_epoch = task.batcher(items, cfg, tok.pad_id or 0)
     _report(task, train, dev, items, model, cfg, steps_per_epoch)
-    _reinit_new_head(model, cfg.trainer.seed)
+    # the new head from the run's seed (the loader started it from seed 0; a new pooler
+    # keeps that start)
+    init_new_weights(model, [n for n in getattr(model, "new_weights", [])
+                             if not n.startswith("bert.pooler")], cfg.trainer.seed)
     if cfg.freeze_embeddings:  # the word embeddings are half of a small model: skip their update
         model.bert.emb.tok.weight.requires_grad_(False)
     freeze_layers(model, cfg.freeze_layers)
@@ -995,7 +998,7 @@ def log_every(steps_per_epoch: int) -> int:
 def _new_head_on(model_dir, head: str, overrides: dict):
     """(model, tokenizer): `model_dir`'s encoder under a new `head` for the training
     data's labels (its own head has other labels); the head's weights are new (listed in
-    new_weights, so _reinit_new_head starts them from the run's seed)."""
+    new_weights, so they start from the run's seed)."""
     import dataclasses
     import nanobert
     base, tok = nanobert.load(model_dir, head=None)
@@ -1005,21 +1008,6 @@ def _new_head_on(model_dir, head: str, overrides: dict):
     model.bert.load_state_dict(base.bert.state_dict())
     model.new_weights = [n for n, _ in model.named_parameters() if not n.startswith("bert.")]
     return model, tok
-
-
-def _reinit_new_head(model, seed):
-    """Initialise the freshly created head from `seed`, so runs are reproducible."""
-    g = torch.Generator().manual_seed(seed)
-    std = model.config.initializer_range
-    for name in getattr(model, "new_weights", []):
-        if name.startswith("bert.pooler"):
-            continue
-        p = dict(model.named_parameters())[name]
-        with torch.no_grad():
-            if name.endswith("bias"):
-                p.zero_()
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
 # ----------------------------------------------------------------------------------
@@ -1118,7 +1106,7 @@ class Predictor:
 
 
 # one input of Predictor.predict, never a batch of them (a tuple is a (text, pair))
-SINGLE_INPUTS = (str, bytes, tuple, dict, D.Example, D.QAExample, D.Sentence)
+SINGLE_INPUTS = (str, bytes, tuple, dict, D.Example, D.QAExample, D.Sentence, D.TextRow)
 
 
 def predict_batch(inputs) -> tuple:
@@ -1134,8 +1122,7 @@ def predict_batch(inputs) -> tuple:
     if isinstance(inputs, Set):
         raise TypeError(f"inputs must be a list, got a {type(inputs).__name__} (it has no "
                         "order, so the results could not be matched to the inputs)")
-    if isinstance(inputs, SINGLE_INPUTS) or type(inputs).__name__ == "TextRow" \
-            or not hasattr(inputs, "__iter__"):
+    if isinstance(inputs, SINGLE_INPUTS) or not hasattr(inputs, "__iter__"):
         return True, [inputs]
     return False, list(inputs)
 
