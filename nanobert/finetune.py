@@ -1030,6 +1030,11 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
             settings = json.loads((d / "nanobert.json").read_text("utf-8"))
         except ValueError as e:
             raise NanobertError(f"{d / 'nanobert.json'}: not valid JSON ({e})")
+        if not isinstance(settings, dict):
+            raise NanobertError(f"{d / 'nanobert.json'}: not a JSON object of settings")
+        if not isinstance(settings.get("pairs", False), bool):
+            raise NanobertError(f"{d / 'nanobert.json'}: pairs must be true or false, got "
+                                f"{settings['pairs']!r}"[:200])
     by_head = {t.head: name for name, t in reversed(list(TASKS.items()))}
     task = settings.get("task") or by_head.get(model.head)
     if encoder and task is None:

@@ -679,3 +679,9 @@ def test_a_model_records_whether_it_learnt_pairs_and_refuses_the_other_kind(tiny
     # a model without the record (an older run, a transformers checkpoint): not checked
     (p / "nanobert.json").write_text(json.dumps({"task": "classify", "max_length": 16}))
     assert run("evaluate", "--model", str(p), "--data", str(single))[0] == 0
+    # a record that is no boolean, or settings that are no object: named, not ignored
+    for settings, says in (({"task": "classify", "pairs": "yes"}, "pairs must be true or false"),
+                           (["classify"], "not a JSON object of settings")):
+        (p / "nanobert.json").write_text(json.dumps(settings))
+        rc, err = run("evaluate", "--model", str(p), "--data", str(single))
+        assert rc == 2 and f"{p / 'nanobert.json'}: {says}" in err, err
