@@ -435,12 +435,14 @@ def read_scored(path, cols=None, require=True) -> list:
 
 
 def read_pairs_or_beir(path, cols=None, require=True):
-    """Training / evaluation data of a bi-encoder or a reranker: a BEIR folder (a
-    `Beir`) or a table of rows."""
+    """Training / evaluation data of a bi-encoder: a BEIR folder (a `Beir`) or a table
+    of rows. Rows without a score are (query, positive[, negative]) rows, so STS/NLI
+    pairs (sentence1/sentence2) without their scores are refused: an STS-B test file
+    was evaluated as retrieval, every pair, unrelated ones too, counted a match."""
     from .data import read_beir, read_text_rows
     if Path(path).is_dir():  # a BEIR folder, or one that says what it lacks
         return read_beir(path)
-    return read_text_rows(path, columns=_columns(cols))
+    return read_text_rows(path, columns=_columns(cols), pairs_need_score=True)
 
 
 def read_embed_data(path, cols=None, require=True):
@@ -524,13 +526,13 @@ def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) 
     pred = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
     gold = [r.score for r in rows]
     mse = sum((p - g) ** 2 for p, g in zip(pred, gold)) / len(gold)
-    return {**R.correlations(gold, pred), "mse": mse}
+    return {**R.row_correlations(rows, pred, "score"), "mse": mse}
 
 
 def score_predict(model, tok, rows, settings, batch_size=64) -> list:
     """{"text"[, "pair"], "score"} per row: the regression output or the reranker's logit."""
     scores = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
-    return [{"text": a, **({"pair": b} if b is not None else {}), "score": round(s, 6)}
+    return [{"text": a, **({"pair": b} if b is not None else {}), "score": s}
             for (a, b), s in zip(_row_pairs(rows), scores)]
 
 
@@ -548,14 +550,17 @@ def text_input(i, value):
 
 
 def text_rows_input(path, cols=None) -> list:
-    """`predict --input`: a JSON Lines / TSV / CSV file whose header names a text column
-    (scores ignored), else plain text, one input a line."""
-    from .data import ANCHOR_COLUMNS, TextRow, detect_format, is_sts_original, read_records, \
-        read_text_lines, read_text_rows
+    """`predict --input`: a JSON Lines file, an STS file, or a table (a .tsv/.csv file,
+    or another whose header names a text column: `data.reads_as_table`; scores ignored),
+    else plain text, one input a line."""
+    from .data import ANCHOR_COLUMNS, TextRow, detect_format, is_sts_original, \
+        read_text_lines, read_text_rows, reads_as_table
     fmt = detect_format(path, plain_text=True)
-    if fmt == "jsonl" or (fmt == "tsv" and is_sts_original(path)) or (fmt in ("tsv", "csv") and any(
-            c in read_records(path)[0] for c in ANCHOR_COLUMNS + list(_columns(cols).values()))):
-        return read_text_rows(path, require_score=False, columns=_columns(cols))
+    given = _columns(cols)
+    table = fmt in ("tsv", "csv") and (is_sts_original(path) or
+                                       reads_as_table(path, fmt, ANCHOR_COLUMNS, given.values()))
+    if fmt == "jsonl" or table:
+        return read_text_rows(path, require_score=False, columns=given)
     return [TextRow((e.text_a,), line=e.line) for e in read_text_lines(path)]
 
 

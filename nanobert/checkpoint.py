@@ -101,8 +101,57 @@ def _download(repo_id: str) -> Path:
         near = difflib.get_close_matches(repo_id, [p.name for p in Path(".").iterdir()
                                                    if p.is_dir()], n=1)
         hint = f"; did you mean ./{near[0]}?" if near else ""
-        raise NanobertError(f"{repo_id}: no such model directory, and not found on the Hugging "
-                            f"Face Hub (offline or unknown name: {type(e).__name__}){hint}")
+        raise hub_failure(repo_id, e, hint) from None
+
+
+# What huggingface_hub raises (by class name: the classes moved between its versions),
+# also when wrapped by transformers (an OSError raised from it): the hub not reached
+# (no network, HF_HUB_OFFLINE, a timeout, the hub down: snapshot_download says all of
+# these with LocalEntryNotFoundError), or reached and answering that it has no such
+# repository (or one gated behind a login)
+HUB_ERRORS = {"GatedRepoError": "gated", "RepositoryNotFoundError": "unknown",
+              "LocalEntryNotFoundError": "unreachable", "OfflineModeIsEnabled": "unreachable",
+              "ConnectError": "unreachable", "ConnectionError": "unreachable",
+              "TimeoutException": "unreachable", "Timeout": "unreachable",
+              "TimeoutError": "unreachable"}
+
+
+def hub_error_kind(error: BaseException):
+    """'unreachable', 'unknown' or 'gated' when `error` (or an exception it was raised
+    from) is the hub failing in that way; None when it is something else."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        for cls in type(error).__mro__:   # GatedRepoError before its base class
+            if cls.__name__ in HUB_ERRORS:
+                return HUB_ERRORS[cls.__name__]
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def hub_unreachable(name, hint: str = "") -> NanobertError:
+    """The error for a hub name when the hub cannot be reached and no cached copy is here."""
+    return NanobertError(f"the Hugging Face Hub cannot be reached (offline?) and {name} is not "
+                         f"in the local cache; give a local directory{hint}")
+
+
+def hub_failure(name, error: BaseException, hint: str = "") -> NanobertError:
+    """The one-line error for a hub name that could not be fetched (`error`, what
+    huggingface_hub or transformers raised): the hub not reached is said as such, and
+    'not found' is kept for names the hub answers it does not have."""
+    kind = hub_error_kind(error)
+    if kind == "unreachable":
+        return hub_unreachable(name, hint)
+    if kind == "unknown":
+        return NanobertError(f"{name}: no such model directory, and not found on the Hugging "
+                             f"Face Hub (a private repository needs a login: hf auth login){hint}")
+    if kind == "gated":
+        return NanobertError(f"{name}: a gated repository on the Hugging Face Hub: accept its "
+                             "terms on the hub and log in (hf auth login), or give a local "
+                             "directory")
+    said = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return NanobertError(f"{name}: no such model directory, and the Hugging Face Hub did not "
+                         f"give it ({type(error).__name__}{': ' + said if said else ''}){hint}")
 
 
 # ----------------------------------------------------------------------------------

@@ -40,12 +40,15 @@ COMMANDS = {
 # string arguments where an empty value means something, or that the command checks with
 # a message of its own (free text); every other string flag refuses an empty value
 EMPTY_VALUE_OK = {"texts", "text", "query", "pair"}
+# free-text arguments: a sentence, a query, a template (not UTF-8: refused by name)
+TEXT_ARGS = EMPTY_VALUE_OK | {"context", "template", "verdicts", "label_names",
+                              "positive_label"}
 # commands whose string flags are checked by their own code (serve: --host, --api-key)
 OWN_STRING_CHECKS = {"serve"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import OneLineParser, reject_empty_values
+    from .config import OneLineParser, reject_empty_values, reject_undecodable_text
     from .threads import add_threads_flag
     parser = OneLineParser(
         prog="nanobert", description="BERT-style encoders: pretrain, fine-tune, inspect, embed.")
@@ -69,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_threads_flag(p)
         if name not in OWN_STRING_CHECKS:
             reject_empty_values(p, keep=EMPTY_VALUE_OK)
+        reject_undecodable_text(p, TEXT_ARGS)
         p.set_defaults(func=run)
     return parser
 
@@ -185,6 +189,13 @@ def _device(path) -> int:
     return p.stat().st_dev
 
 
+def _error(message) -> None:
+    """The one line of an error, on stderr; a path of bytes that are not UTF-8 (lone
+    surrogates in Python) is shown with backslash escapes rather than failing to print."""
+    line = f"nanobert: error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+    print(line, file=sys.stderr)
+
+
 def main(argv=None) -> int:
     """Run one command. Everything heavy (torch, the commands' modules) is imported in
     here: a Ctrl-C at any moment is one line, never a traceback."""
@@ -198,7 +209,7 @@ def main(argv=None) -> int:
         previous = _catch_sigterm()
         return args.func(args) or 0
     except NanobertError as e:
-        print(f"nanobert: error: {e}", file=sys.stderr)
+        _error(e)
         return 2
     except Terminated:
         print("nanobert: terminated", file=sys.stderr)
@@ -212,7 +223,7 @@ def main(argv=None) -> int:
         message = _out_of_resources(e, args)
         if message is None:
             raise
-        print(f"nanobert: error: {message}", file=sys.stderr)
+        _error(message)
         return 2
     finally:
         if previous is not None:   # (main() called in-process: leave the caller's as it was)

@@ -172,6 +172,32 @@ def reject_empty_values(parser: argparse.ArgumentParser, keep=()):
             action.type = nonempty()
 
 
+def utf8_text(convert=None):
+    """An argparse `type` for free text (a sentence, a query, a template): refuses text
+    that is not UTF-8, which Python hands over as lone surrogates ('\\udce9' for a Latin-1
+    byte 0xe9) and the tokenizer cannot encode, then converts with `convert`."""
+    def check(text: str):
+        if isinstance(text, str):
+            bad = next((ch for ch in text if "\udc80" <= ch <= "\udcff"), None)
+            if bad is not None:
+                byte = text.encode("utf-8", "surrogateescape")[:60]
+                raise argparse.ArgumentTypeError(
+                    f"not valid UTF-8 (byte 0x{ord(bad) - 0xdc00:02x} in {byte!r}); "
+                    "give text in UTF-8 (the shell's locale may be another encoding)")
+        return convert(text) if convert is not None else text
+    check.__name__ = getattr(convert, "__name__", "str")
+    return check
+
+
+def reject_undecodable_text(parser: argparse.ArgumentParser, texts=()):
+    """The free-text arguments of `parser` (dests in `texts`) refuse text that is not
+    UTF-8 with the flag named (a path may hold such bytes: paths are left alone)."""
+    for action in parser._actions:
+        if action.dest in texts and isinstance(action, (argparse._StoreAction,
+                                                        argparse._AppendAction)):
+            action.type = utf8_text(action.type if action.type is not str else None)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with its errors on one line: `nanobert: error: --flag: got X, expected ...`
     and exit status 2, like every other error the user can fix."""

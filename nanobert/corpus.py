@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .data import opens_json
-from .files import (NanobertError, atomic_path, data_error, open_input, path_kind,
+from .files import (NanobertError, atomic_path, data_error, note, open_input, path_kind,
                     read_lines)
 
 CACHE_VERSION = 1
@@ -186,6 +186,15 @@ def holdout(n_docs: int, fraction: float, seed: int) -> tuple:
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
+def note_short_vocabulary(tok, asked: int):
+    """A trained vocabulary smaller than --vocab-size: the corpus has too few distinct
+    pieces (the trainer merges pairs that occur at least twice), which is worth a note."""
+    if tok.vocab_size < asked:
+        note(f"--vocab-size {asked}: the vocabulary has {tok.vocab_size} tokens, all the "
+             "training text gives (no other pair of pieces occurs twice); a larger corpus "
+             "gives more")
+
+
 def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: float = 0.1,
                 seed: int = 0, cache_dir=None, log=print):
     """Read, (train a tokenizer,) tokenize and split a corpus.
@@ -206,6 +215,7 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
         else:
             log(f"training a WordPiece vocabulary of {vocab_size} on {len(train_idx)} documents")
             tokenizer = Tokenizer.train((line for i in train_idx for line in docs[i]), vocab_size)
+            note_short_vocabulary(tokenizer, vocab_size)
             if tok_dir is not None:
                 with atomic_path(tok_dir) as tmp:
                     tokenizer.save(tmp)

@@ -8,7 +8,9 @@ Classification (one text or a text pair, and a label):
     MSRP         `Quality  #1 ID  #2 ID  #1 String  #2 String` (UTF-8 with BOM)
     CSV          header with `text,label` or `text_a,text_b,label`
     JSON Lines   {"text": ..., "label": ...} or {"text_a", "text_b", "label"}
-    Column names can be given instead (--text-column, --text-pair-column, --label-column).
+    Column names can be given instead (--text-column, --text-pair-column, --label-column),
+    or 0-based column indices (`--text-column 3 --label-column 1`: a TSV/CSV without a
+    header, such as GLUE CoLA; in a file with a header, the index counts its columns).
 NER: CoNLL columns, token first and tag last, sentences separated by blank lines,
     `-DOCSTART-` lines skipped; IOB1, BIOES and BILOU tags are rewritten as IOB2.
 QA: SQuAD v1.1 JSON (data[].paragraphs[].{context, qas[].{id, question, answers}}),
@@ -19,6 +21,7 @@ Every problem is a `NanobertError` naming the file and line.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -101,9 +104,38 @@ def first_column(names, candidates) -> Optional[str]:
     return None
 
 
+def is_column_index(col) -> bool:
+    """Is a column given by flag a 0-based index ('3', as pandas and csv count) rather
+    than a name?"""
+    return isinstance(col, (int, str)) and not isinstance(col, bool) and \
+        str(col).isascii() and str(col).isdigit()
+
+
+def by_index(header: list, col):
+    """The name in `header` of a column given as a 0-based index that is not itself a
+    name there (the header's column at that place); any other column as given."""
+    if col is None or not is_column_index(col) or str(col) in header:
+        return col
+    return header[int(col)] if int(col) < len(header) else str(col)
+
+
+def _is_header(fields: list, given) -> bool:
+    """Is the first row of a table, whose columns were given by index, its header? It is
+    when it names a column some reader knows (any capitals), a column given by name, or
+    is pandas' header of unnamed columns (`0,1,2`, after an empty name for the index);
+    else (GLUE CoLA: `gj04  1    Our friends...`) it is the first row of data."""
+    names = _trimmed([_unquoted(f.strip()) for f in fields], 1)
+    numbered = names[1:] if names[0] == "" else names
+    return any(column_named(names, c) for c in KNOWN_COLUMNS) or \
+        any(c in names for c in given if c is not None and not is_column_index(c)) or \
+        numbered == [str(i) for i in range(len(numbered))]
+
+
 def choose_columns(names, path, line, text_column=None, pair_column=None, label_column=None,
                    require_label=True) -> Columns:
     names = list(names)
+    text_column, pair_column, label_column = (by_index(names, c) for c in
+                                              (text_column, pair_column, label_column))
     shown = ", ".join(repr(n) for n in names) or "none"
 
     def need(col, what):
@@ -341,6 +373,29 @@ def conll_columns(text: str) -> list:
     if not text.strip():
         return []
     return CONLL_SEPARATOR.split(text.strip(" \t"))
+
+
+CONLL_TAB = re.compile(r" *\t[ \t]*")   # a tab, and any spaces around it
+
+
+def conll_splitter():
+    """split(text) -> the columns of each line of one CoNLL file, read in order. In a
+    file whose first token line is tab-separated, a line is split at its tabs alone
+    where they give the file's columns, so that a token may hold a space (`New York<TAB>
+    B-LOC`); other lines, and every line of a space-separated file, are split at spaces
+    and tabs (`conll_columns`)."""
+    width = None   # the tab-separated columns of the first token line (0: not tab-separated)
+
+    def split(text: str) -> list:
+        nonlocal width
+        cols = conll_columns(text)
+        if not cols or cols[0] == "-DOCSTART-":
+            return cols
+        tabbed = CONLL_TAB.split(text.strip(" \t"))
+        if width is None:
+            width = len(tabbed) if len(tabbed) > 1 else 0
+        return tabbed if width and len(tabbed) == width else cols
+    return split
 
 
 TAG_PREFIXES = ("B-", "I-", "E-", "S-", "L-", "U-")   # IOB1/IOB2, BIOES, BILOU
@@ -622,19 +677,25 @@ def _unquoted(name: str) -> str:
     return name[1:-1] if len(name) >= 2 and name[0] == name[-1] == '"' else name
 
 
-def _table(path: Path, fmt: str) -> tuple:
+def _table(path: Path, fmt: str, given=()) -> tuple:
     """(header line, header, rows) of a TSV/CSV/MSRP file: rows yields (line, fields),
     each row as wide as the header. Empty fields past the header's width (a tab or comma
     at the end of each line, as some writers leave) are dropped, and so are empty names
-    at the header's end; any other difference in width is an error naming the line."""
+    at the header's end; any other difference in width is an error naming the line.
+    When columns are `given` by index and the first row is no header (`_is_header`),
+    that row is data and the columns are named '0', '1', ..."""
     delim = _delimiter(path, fmt)
     quoting = fmt == "csv" or (fmt == "tsv" and tsv_uses_quoting(path))
     table = _read_table(path, delim, quoting)
     try:
-        hline, header = next(table)
+        hline, first = next(table)
     except StopIteration:
         raise data_error(path, None, "empty file")
-    header = _trimmed([_unquoted(h.strip()) if not quoting else h.strip() for h in header], 1)
+    header = _trimmed([_unquoted(h.strip()) if not quoting else h.strip() for h in first], 1)
+    if any(map(is_column_index, given)) and not _is_header(first, given):
+        first = _trimmed(first, 1)
+        header = [str(i) for i in range(len(first))]
+        table = itertools.chain([(hline, first)], table)
     sep = {"\t": "tab", ",": "comma", ";": "semicolon"}[delim]
 
     def rows():
@@ -651,7 +712,8 @@ def _table(path: Path, fmt: str) -> tuple:
 
 def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
     """Classification examples of a TSV/CSV/MSRP file with a header row."""
-    hline, header, rows = _table(path, fmt)
+    given = (cols.get("text_column"), cols.get("pair_column"), cols.get("label_column"))
+    hline, header, rows = _table(path, fmt, given)
     chosen = choose_columns(header, path, hline, **cols)
     _single_columns(header, (chosen.text, chosen.pair, chosen.label), path, hline)
     ia = header.index(chosen.text)
@@ -693,17 +755,40 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
     path = input_path(path)
     columns = {k: v for k, v in (columns or {}).items() if v}
     fmt = detect_format(path, plain_text=True)
-    if fmt in ("tsv", "csv") and path.suffix.lower() not in (".tsv", ".csv"):
-        first = _first_content(path)[1]
-        header = [h.strip().strip('"') for h in first.split("\t" if fmt == "tsv" else ",")]
-        if not any(column_named(header, c) for c in TEXT_COLUMNS) and \
-                not any(h in columns.values() for h in header):
-            fmt = "text"
+    if fmt in ("tsv", "csv") and not reads_as_table(path, fmt, TEXT_COLUMNS, columns.values()):
+        fmt = "text"
     if fmt == "jsonl" and not columns and _holds_tokens(path):
         return [Example(" ".join(s.words), line=s.line) for s in read_conll(path, False)]
     if fmt in ("jsonl", "msrp", "tsv", "csv"):
         return read_classification(path, require_label=False, **columns)
     return read_text_lines(path)
+
+
+BARE_NAME = re.compile(r"[\w#][\w#.-]*")   # a header name as CSV writers write it: text_a, #1
+
+
+def reads_as_table(path, fmt: str, known, given=()) -> bool:
+    """Is an input file (predict, embed) whose first line has a tab or comma (`fmt`
+    'tsv' or 'csv') a table, or one text a line? A .tsv/.csv file is a table whatever
+    its header. Another is a table when columns are given by 0-based index, or its first
+    line is a header: it names a column given by flag, or a known text column (`known`,
+    any capitals), and, comma-separated, holds nothing but bare names (no space in or
+    around one: `Sentence, paragraph` and `Question, comment or complaint?` are texts).
+    A header guessed so gets a note."""
+    path = Path(path)
+    if path.suffix.lower() in (".tsv", ".csv") or any(map(is_column_index, given)):
+        return True
+    n, first = _first_content(path)
+    header = [_unquoted(h.strip() if fmt == "tsv" else h)
+              for h in first.split(_delimiter(path, fmt))]
+    named = any(h in given for h in header)
+    if not named and ((fmt == "csv" and not all(BARE_NAME.fullmatch(h) for h in header))
+                      or not any(column_named(header, c) for c in known)):
+        return False
+    if not named:
+        note(f"{path}: line {n} read as the header of a {'tab' if fmt == 'tsv' else 'comma'}-"
+             f"separated table ({', '.join(header)}), not as a text; each later line is a row")
+    return True
 
 
 def holds_token_lists(path, columns: Optional[dict] = None) -> bool:
@@ -852,6 +937,7 @@ def read_conll(path, require_tags=True) -> list:
                          "line between sentences) nor JSON Lines of tokens and tags")
     out, words, tags, start = [], [], [], 0
     width = None  # (columns, line) of the first token line: every token line has as many
+    columns = conll_splitter()
 
     def flush():
         if words:
@@ -860,7 +946,7 @@ def read_conll(path, require_tags=True) -> list:
         tags.clear()
 
     for n, text in read_lines(path):
-        cols = conll_columns(text)
+        cols = columns(text)
         if not cols:
             flush()
             continue
@@ -882,7 +968,7 @@ def read_conll(path, require_tags=True) -> list:
         elif len(cols) != width[0]:  # a token with a space in it, or a column left out
             raise data_error(path, n, f"expected {width[0]} columns like line {width[1]}, found "
                              f"{len(cols)} (CoNLL columns are separated by spaces or tabs; a "
-                             "token cannot hold one)")
+                             "token holds a space only where tabs separate the columns)")
         words.append(cols[0])
     flush()
     if not out:
@@ -1091,6 +1177,9 @@ POSITIVE_COLUMNS = ["positive", "pos", "document", "passage", "sentence2", "text
 NEGATIVE_COLUMNS = ["negative", "neg", "hard_negative"]
 SCORE_COLUMNS = ["score", "similarity", "similarity_score", "relatedness_score", "label"]
 STS_FIELDS = 7  # genre, file, year, id, score, sentence1, sentence2
+KNOWN_COLUMNS = list(dict.fromkeys(TEXT_COLUMNS + list(PAIR_COLUMNS.values()) + LABEL_COLUMNS
+                                   + ANCHOR_COLUMNS + POSITIVE_COLUMNS + NEGATIVE_COLUMNS
+                                   + SCORE_COLUMNS))
 
 
 @dataclass
@@ -1099,6 +1188,7 @@ class TextRow:
     texts: tuple               # (text,), (text_a, text_b) or (anchor, positive, negative)
     score: Optional[float] = None
     line: int = 0
+    path: Optional[Path] = field(default=None, repr=False, compare=False)   # the file read
 
 
 MAX_SCORE = 1e15   # squared, summed over a batch of thousands: still finite in float32
@@ -1144,13 +1234,13 @@ def _read_sts_original(path: Path, require_score: bool) -> list:
             raise data_error(path, n, f"expected at least {STS_FIELDS} tab-separated fields "
                              f"(genre file year id score sentence1 sentence2), found {len(fields)}")
         score = _score(fields[4], path, n) if require_score or fields[4].strip() else None
-        out.append(TextRow((fields[5], fields[6]), score, n))
+        out.append(TextRow((fields[5], fields[6]), score, n, path))
     return out
 
 
-def read_records(path) -> tuple:
+def read_records(path, given=()) -> tuple:
     """(column names, [(line, {column: value})]) of a JSON Lines file or a TSV/CSV file
-    with a header."""
+    with a header (or, with columns `given` by index, without one: see `_table`)."""
     path = input_path(path)
     fmt = detect_format(path)
     if fmt == "jsonl":  # the fields of all lines: one first seen on line 2 is still a column
@@ -1163,25 +1253,30 @@ def read_records(path) -> tuple:
                          "JSON Lines")
     if fmt not in ("tsv", "csv"):
         raise data_error(path, 1, "expected a TSV/CSV file with a header, or JSON Lines")
-    _, header, table = _table(path, fmt)
+    _, header, table = _table(path, fmt, given)
     return header, [(n, dict(zip(header, fields))) for n, fields in table]
 
 
 def _pick(names, candidates, given=None):
     if given:
+        given = by_index(names, given)
         return given if given in names else None
     return first_column(names, candidates)
 
 
-def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional[dict] = None) -> list:
+def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional[dict] = None,
+                   pairs_need_score: bool = False) -> list:
     """`TextRow`s of an STS / pairs / triplets / reranking file. The columns present
     decide the texts (anchor, positive, negative) and the score; `columns` may name them
-    ({"text": ..., "pair": ..., "negative": ..., "score": ...}). require_score=True makes
-    a missing score column an error, False ignores it, None takes it when present."""
+    ({"text": ..., "pair": ..., "negative": ..., "score": ...}), by name or 0-based index.
+    require_score=True makes a missing score column an error, False ignores it, None
+    takes it when present; with `pairs_need_score` (where unscored pairs are taken for
+    (query, positive) pairs), STS/NLI pair columns without a score are refused too
+    (`_scored_pairs`)."""
     path, columns = Path(path), columns or {}
     if is_sts_original(path):
         return _read_sts_original(path, require_score is not False)
-    names, records = read_records(path)
+    names, records = read_records(path, tuple(columns.values()))
     shown = ", ".join(map(repr, names)) or "none"
     roles = [_pick(names, ANCHOR_COLUMNS, columns.get("text")),
              _pick(names, POSITIVE_COLUMNS, columns.get("pair")),
@@ -1190,9 +1285,11 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     if roles[0] is None:
         raise data_error(path, 1, f"no text column (expected one of {', '.join(ANCHOR_COLUMNS[:5])}"
                          f"...; columns: {shown})")
-    if score is None and require_score:
+    unscored = pairs_need_score and _scored_pairs(roles, columns)
+    if score is None and (require_score or unscored):
+        hint = UNSCORED_PAIRS.format(*roles) if unscored else ""
         raise data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
-                         f"columns: {shown})")
+                         f"columns: {shown}){hint}")
     roles = [r for r in roles if r is not None]
     _single_columns(names, roles + [score], path, 1)
     out = []
@@ -1204,10 +1301,28 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         odd = next((r for r in roles if not isinstance(rec.get(r), str)), None)
         if odd is not None:
             raise data_error(path, n, _not_a_text(odd, rec.get(odd)))
-        out.append(TextRow(texts, _score(rec.get(score), path, n) if score else None, n))
+        out.append(TextRow(texts, _score(rec.get(score), path, n) if score else None, n, path))
     if not out:
         raise data_error(path, None, "no rows (only a header?)")
     return out
+
+
+SCORED_PAIR_COLUMNS = ["sentence2", "text_b", "hypothesis", "text_pair"]
+UNSCORED_PAIRS = ("; {0!r}/{1!r} pairs (STS, NLI) are related by their scores, not all matches "
+                  "(an STS-B test file?); (query, positive) pairs are read from columns named "
+                  "so (anchor/positive, query/document, question/answer) or named with "
+                  "--text-pair-column")
+
+
+def _scored_pairs(roles: list, columns: dict) -> bool:
+    """Are these the pair columns of STS or NLI data (sentence1/sentence2, text_a/text_b,
+    premise/hypothesis), whose pairs mean something only with their scores or labels
+    (GLUE STS-B's test file pairs unrelated sentences too), rather than (anchor,
+    positive) columns? A pair column named by flag, or a negative column, says the rows
+    are (anchor, positive[, negative])."""
+    pair = roles[1]
+    return (pair is not None and roles[2] is None and not columns.get("pair")
+            and pair.casefold() in SCORED_PAIR_COLUMNS)
 
 
 @dataclass

@@ -95,9 +95,11 @@ def distill_loss(student_out, teacher_out, w: DistillWeights) -> torch.Tensor:
     same masked batch with MLM labels (logits at the masked positions only)."""
     T = w.temperature
     kl = soft_target_kl(student_out.logits, F.softmax(teacher_out.logits.float() / T, dim=-1), T)
-    hs, ht = _real_tokens(student_out.hidden), _real_tokens(teacher_out.hidden)
-    cos = 1 - F.cosine_similarity(hs, ht, dim=-1).mean()
-    return w.kl * kl + w.mlm * student_out.loss + w.cos * cos
+    loss = w.kl * kl + w.mlm * student_out.loss
+    if w.cos:   # (at weight 0 the hidden sizes may differ: a student of another preset)
+        hs, ht = _real_tokens(student_out.hidden), _real_tokens(teacher_out.hidden)
+        loss = loss + w.cos * (1 - F.cosine_similarity(hs, ht, dim=-1).mean())
+    return loss
 
 
 def distill_loss_fn(teacher: Bert, w: DistillWeights):
@@ -147,9 +149,17 @@ class DistillConfig(PretrainConfig):
         super().__post_init__()
         if self.student_preset is not None:
             _check_preset(self.student_preset, "--student-preset")
+        if self.student_preset is not None and self.student_layers is not None:
+            raise NanobertError(f"--student-layers {self.student_layers}: not with "
+                                f"--student-preset {self.student_preset}, whose layers the "
+                                "student has; give one of them")
         if not (self.kl_weight or self.mlm_weight or self.cos_weight):
             raise NanobertError("--kl-weight, --mlm-weight and --cos-weight are all 0: the "
                                 "student would learn nothing; give at least one a weight > 0")
+        default_t = next(f.default for f in dataclasses.fields(self) if f.name == "temperature")
+        if not self.kl_weight and self.temperature != default_t:
+            raise NanobertError(f"--temperature {self.temperature:g}: only with --kl-weight > 0 "
+                                "(it softens the soft targets, which --kl-weight 0 leaves out)")
 
     def weights(self) -> DistillWeights:
         return DistillWeights(self.kl_weight, self.mlm_weight, self.cos_weight, self.temperature)
@@ -199,8 +209,10 @@ def distill(cfg: DistillConfig) -> dict:
     check_seq_len(cfg.seq_len, teacher.config, f"the teacher's ({cfg.teacher})")
     check_seq_len(cfg.seq_len, config, "the student's")
     if config.hidden_size != teacher.config.hidden_size and cfg.cos_weight:
-        raise NanobertError("the cosine loss needs the student's hidden size to equal the "
-                            f"teacher's ({teacher.config.hidden_size}); pass --cos-weight 0")
+        raise NanobertError(f"--cos-weight {cfg.cos_weight:g}: the cosine loss compares hidden "
+                            f"states of one size, but the student's are {config.hidden_size} "
+                            f"and the teacher's {teacher.config.hidden_size}; pass "
+                            "--cos-weight 0 (or a student of the teacher's hidden size)")
     config = dataclasses.replace(config, attn_backend=cfg.attn_backend,
                                  hidden_dropout_prob=cfg.dropout,
                                  attention_probs_dropout_prob=cfg.dropout)

@@ -36,6 +36,7 @@ from .threads import map_on_cores
 from .tokenizer import check_texts
 
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
+RERANK_K = 100   # search with a reranker: the nearest entries the cross-encoder re-scores
 
 
 # ----------------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class Encoder:
         return "|".join(parts)
 
     def search(self, query, corpus, k: int = 5, corpus_embeddings=None, rerank=None,
-               rerank_k: int = 100):
+               rerank_k: int = RERANK_K):
         """Top-k corpus entries for one query (str) or several (list of str):
         [(index, score, text)] per query, best first. `corpus` is a list of texts or a
         file path (then the embeddings are cached beside it). `rerank`, a cross-encoder
@@ -493,8 +494,9 @@ def _common(p):
                    help="truncate texts to this many tokens (default: the model's)")
     add_dtype_flag(p)
     p.add_argument("--text-column", default=None,
-                   help="the column (TSV/CSV header) or field (JSONL) holding the text "
-                        "(default: sentence, text, ... as in finetune)")
+                   help="the column (TSV/CSV header name, or 0-based index for a file "
+                        "without a header) or field (JSONL) holding the text (default: "
+                        "sentence, text, ... as in finetune)")
 
 
 def _encoder(args) -> Encoder:
@@ -533,8 +535,9 @@ def search_args(p):
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder (`finetune --task "
                    "rerank`) that re-scores the nearest --rerank-k lines")
-    p.add_argument("--rerank-k", type=checked(int, at_least(1), "--rerank-k"), default=100,
-                   help="with --rerank: how many nearest lines to re-score")
+    p.add_argument("--rerank-k", type=checked(int, at_least(1), "--rerank-k"), default=None,
+                   help=f"with --rerank: how many nearest lines to re-score (default: "
+                        f"{RERANK_K})")
 
 
 def search_cmd(args):
@@ -542,12 +545,14 @@ def search_cmd(args):
     from .retrieval import Reranker
     if not all(q.strip() for q in args.query):
         raise NanobertError("--query: empty query text")
+    if args.rerank_k is not None and not args.rerank:   # else dropped without a word
+        raise NanobertError("--rerank-k needs --rerank MODEL")
     reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
     enc = _encoder(args)
     texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True,
                                           text_column=args.text_column)
     results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb, rerank=reranker,
-                         rerank_k=args.rerank_k)
+                         rerank_k=args.rerank_k or RERANK_K)
     if args.json:
         print(json.dumps([{"query": q, "hits": [{"index": i, "score": round(s, 6), "text": t}
                                                 for i, s, t in hits]}

@@ -292,7 +292,9 @@ def check_output_dir(path, flag: str = "--out"):
 
 def check_not_input(out, inputs, flag: str = "--out", keep=()):
     """`out` is none of the paths the command reads, nor a directory holding one (but
-    under its entries named in `keep`): writing or clearing it would destroy its input."""
+    under its entries named in `keep`): writing or clearing it would destroy its input.
+    The second is for directory outputs (a file output that is a directory is refused
+    as such first, by `check_output_file`: nothing clears it)."""
     target = Path(out).resolve()
     for given in inputs:
         if not given or not Path(str(given)).exists():  # a hub name or an alias
@@ -310,9 +312,9 @@ def check_output_file(path, flag: str = "--out", suffixes=None, inputs=()):
     """`path` can be written as a file (and, with `suffixes`, has one of them: an image
     format matplotlib can save, say), and is none of `inputs`."""
     path = Path(path)
-    check_not_input(path, inputs, flag)
-    if path.is_dir():
+    if path.is_dir():   # before check_not_input: a directory holding an input is no less one
         raise NanobertError(f"{flag} {path}: is a directory; a file name is needed here")
+    check_not_input(path, inputs, flag)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise NanobertError(f"{flag} {path}: unsupported file type {path.suffix or '(none)'!r} "
                             f"(choose one of {', '.join(suffixes)})")

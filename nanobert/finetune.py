@@ -279,12 +279,37 @@ def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> l
 
 def entities(text, enc, word_preds: dict, id2label: dict) -> list:
     """IOB2 word tags -> [{"type", "start", "end", "text", "score"}] with character spans
-    (a word spans its first to last sub-word; an I-X after O starts an entity)."""
+    (a word spans its first to last sub-word, and the characters right after it that
+    belong to its last one (`attached_end`); an I-X after O starts an entity)."""
     spans = {}
     for (a, b), w in zip(enc.offsets, enc.word_ids):
         if w is not None:
             spans[w] = (min(a, spans.get(w, (a, b))[0]), max(b, spans.get(w, (a, b))[1]))
+    words = sorted(spans, key=lambda w: spans[w])
+    for w, after in zip(words, words[1:] + [None]):
+        limit = len(text) if after is None else spans[after][0]
+        spans[w] = (spans[w][0], attached_end(text, spans[w][1], limit))
     return entity_spans(text, spans, word_preds, id2label)
+
+
+# characters that never start a grapheme cluster of their own (UAX #29: Extend, ZWJ),
+# besides the combining marks (M*: accents, variation selectors U+FE0E/FE0F): a word's
+# when they follow it, though an uncased tokenizer maps them to no token ("Zoe\u0308")
+ATTACHED_RANGES = (("\u200c", "\u200d"),            # zero-width non-joiner, joiner
+                   ("\U0001f3fb", "\U0001f3ff"),    # emoji skin-tone modifiers
+                   ("\U000e0020", "\U000e007f"))    # emoji tag characters
+
+
+def attached_end(text: str, end: int, limit: int) -> int:
+    """`end` moved past the characters right after it that attach to the one before
+    (combining marks, ATTACHED_RANGES), never past `limit` (where the next word
+    starts): a word that ends in "e\u0308" ends after the mark. Whitespace, and a mark
+    after whitespace, end it."""
+    import unicodedata
+    while end < limit and (unicodedata.category(text[end]).startswith("M")
+                           or any(a <= text[end] <= b for a, b in ATTACHED_RANGES)):
+        end += 1
+    return end
 
 
 def tag_parts(tag: str) -> tuple:
@@ -322,7 +347,9 @@ def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
     for e in ents:
         e["text"] = text[e["start"]:e["end"]]
         scores = e.pop("scores")
-        e["score"] = round(sum(scores) / len(scores), 4)   # mean word confidence
+        # mean word confidence, unrounded: `predict` prints it to 2 places (ner_show);
+        # rounded here, the server's answers differed from Predictor's by the rounding
+        e["score"] = sum(scores) / len(scores)
     return ents
 
 
@@ -410,7 +437,7 @@ def classify_predict(model, tok, examples, settings, batch_size=64) -> list:
     probs = predict_classify(model, tok, examples, settings["max_length"], batch_size)
     conf, idx = probs.max(-1)
     return [{"text": e.text_a if e.text_b is None else f"{e.text_a} ||| {e.text_b}",
-             "label": model.config.id2label[i], "probability": round(c, 4)}
+             "label": model.config.id2label[i], "probability": c}
             for e, c, i in zip(examples, conf.tolist(), idx.tolist())]
 
 
@@ -701,10 +728,14 @@ def read_labelled(path, text_column=None, pair_column=None, label_column=None) -
 class ColumnsConfig(Config):
     """Which columns/fields of a classification file hold the texts and the label
     (default: the usual names, see nanobert.data)."""
-    text_column: Optional[str] = param(None, "column/field holding the text (classification)")
-    pair_column: Optional[str] = param(None, "column/field holding the second text of a pair",
+    text_column: Optional[str] = param(None, "column/field holding the text: a header name, "
+                                       "a JSON field, or a 0-based column index for a file "
+                                       "without a header (GLUE CoLA: 3)")
+    pair_column: Optional[str] = param(None, "column/field holding the second text of a pair "
+                                       "(name or 0-based index)",
                                        flag="--text-pair-column")
-    label_column: Optional[str] = param(None, "column/field holding the label")
+    label_column: Optional[str] = param(None, "column/field holding the label (name or "
+                                        "0-based index)")
 
     def given(self) -> dict:
         """The columns named explicitly, as reader keywords."""
@@ -838,10 +869,10 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     """The run itself, inside the output directory's life cycle (nanobert.rundir)."""
     from .train import Trainer
     settings = cfg.settings(task)
-    train, dev = _read_splits(task, cfg)
+    train, dev, whole_train = _read_splits(task, cfg)
     settings.update(pairs_setting(task, train))
     check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
-    model, tok = _model_for(task, cfg, train, settings["max_length"])
+    model, tok = _model_for(task, cfg, whole_train, settings["max_length"])
     check_known_labels(task.name, dev, model, cfg.dev)
     items = task.features(tok, train, settings, label2id(model))
     batches, steps_per_epoch = task.batcher(items, cfg, tok.pad_id or 0)
@@ -923,11 +954,14 @@ def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int):
 
 
 def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
-    """The training and dev examples (seeded subsets when asked)."""
+    """The training and dev examples (seeded subsets when asked), and the whole training
+    file: the labels come from all of it, so a dev label that the --max-train-examples
+    sample happens to lack is still known."""
     cols, seed = cfg.columns.given(), cfg.trainer.seed
-    train = select_examples(task.read(cfg.train, cols, True), cfg.max_train_examples, seed)
+    whole = task.read(cfg.train, cols, True)
+    train = select_examples(whole, cfg.max_train_examples, seed)
     dev = select_examples(task.read(cfg.dev, cols, True), cfg.max_dev_examples, seed)
-    return train, dev
+    return train, dev, whole
 
 
 POOLED_HEADS = ("classify", "regression")   # heads on one vector per text (pair)
@@ -967,7 +1001,8 @@ def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
 
 
 def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
-    """The model with the task's head (labels from the training data) and its tokenizer."""
+    """The model with the task's head (labels from the training data `train`) and its
+    tokenizer."""
     import nanobert
     overrides = {}
     if task.labels is not None:
@@ -1043,13 +1078,24 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
         raise NanobertError(not_finetuned(d, model))
     settings["task"] = task
     check_trained_head(d, model, TASKS[task])
-    settings.setdefault("max_length", min(TASKS[task].max_length,
+    settings.setdefault("max_length", min(default_max_length(d, tok, TASKS[task]),
                                           model.config.max_position_embeddings))
     # (a model of few positions, without nanobert.json: a window must hold more than the stride)
     settings.setdefault("doc_stride", min(128, settings["max_length"] // 2))
     if torch.cuda.is_available() and dtype == "float32":
         model.cuda()
     return model.eval(), tok, settings
+
+
+def default_max_length(d, tok, task: Task) -> int:
+    """The window of a model whose nanobert.json names none: an embedding model's is
+    the one `nanobert embed` and sentence-transformers use (sentence_bert_config.json's
+    max_seq_length, else the tokenizer's), so evaluate scores STS and BEIR on the same
+    vectors; other tasks use the task's default."""
+    if task.name != "embed":
+        return task.max_length
+    from .embed import declared_max_length
+    return declared_max_length(d) or tok.model_max_length or task.max_length
 
 
 def check_trained_head(d, model, task: Task):
@@ -1281,12 +1327,30 @@ def _predict_inputs(task: Task, args, settings) -> list:
                         "for each input) is for models trained on pairs")
 
 
-def predict_cmd(args):
-    """Predict labels, entities or answers with a fine-tuned model."""
-    model, tok, settings = load_finetuned(args.model, args.dtype)
-    task = TASKS[settings["task"]]
+def _check_predict_sources(args) -> None:
+    """The inputs come from one place: TEXT arguments (with --context) or --input FILE.
+    Given both, the texts were dropped without a word; checked before loading the model."""
+    if args.input and args.texts:
+        raise NanobertError(f"--input {args.input} and TEXT arguments ({len(args.texts)} given) "
+                            "both name inputs: give the texts on the command line or in the "
+                            "file, not both")
+    if args.input and args.context is not None:
+        raise NanobertError("--context pairs the TEXT arguments given on the command line; with "
+                            "--input FILE give the second texts (qa: the contexts) in the file")
     if not args.texts and not args.input:
         raise NanobertError("give texts on the command line or --input FILE")
+    named = ColumnsConfig.from_args(args).given()
+    columns = [flag for path, _, flag in ColumnsConfig.flags() if path[-1] in named]
+    if columns and not args.input:
+        raise NanobertError(f"{columns[0]} names a column of an --input table; TEXT arguments "
+                            "have no columns (leave it out)")
+
+
+def predict_cmd(args):
+    """Predict labels, entities or answers with a fine-tuned model."""
+    _check_predict_sources(args)
+    model, tok, settings = load_finetuned(args.model, args.dtype)
+    task = TASKS[settings["task"]]
     examples = _predict_inputs(task, args, settings)
     if not examples:
         raise NanobertError("nothing to predict")

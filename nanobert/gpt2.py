@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .config import Config, add_flags, at_least, param, seed_range
-from .files import NanobertError, check_output_file, write_text
+from .files import NanobertError, check_output_file, note, write_text
 from .finetune import ColumnsConfig
 
 TEMPLATE = " The sentiment is {}."
@@ -56,6 +56,26 @@ def _hub_reachable(host="huggingface.co", timeout=3.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def _from_hub(load: Callable, name):
+    """load() from the local Hugging Face cache, else from the hub; the hub failing (not
+    reached, or not having the name) is said as `checkpoint.hub_failure` says it for the
+    BERT side. A hub that cannot be reached is found out first: transformers would retry
+    for most of a minute before failing."""
+    from .checkpoint import hub_error_kind, hub_failure, hub_unreachable
+    try:
+        return load(local_files_only=True)
+    except OSError:
+        pass
+    if not _hub_reachable():
+        raise hub_unreachable(name)
+    try:
+        return load()
+    except Exception as e:
+        if hub_error_kind(e) is None:   # fetched, but it does not load: the caller says so
+            raise
+        raise hub_failure(name, e) from None
 
 
 # encoder families: transformers would build a causal LM head on them (BertLMHeadModel)
@@ -98,17 +118,7 @@ def load_gpt2(name_or_dir, device="cpu"):
         return lm, tok
 
     try:
-        if local:
-            lm, tok = _load()
-        else:
-            try:
-                lm, tok = _load(local_files_only=True)     # in the local hub cache?
-            except OSError:
-                if not _hub_reachable():
-                    raise NanobertError(f"{name_or_dir}: not a local directory, not in the "
-                                        "Hugging Face cache, and the hub cannot be reached "
-                                        "(offline); pass a local GPT-2 directory")
-                lm, tok = _load()
+        lm, tok = _load() if local else _from_hub(_load, name_or_dir)
     except NanobertError:
         raise
     except Exception as e:
@@ -269,16 +279,25 @@ class CompareConfig(Config):
 def _sample(cfg: CompareConfig) -> tuple:
     """(texts, gold labels, all labels) of the examples compared."""
     from .finetune import read_labelled
-    from .inspection import balanced_sample
+    from .inspection import command_sample
     ex = read_labelled(cfg.data, **cfg.columns.given())
     labels = ex["labels"]
     if cfg.sample == "balanced":
-        idx = balanced_sample(labels, cfg.n, cfg.seed)
+        idx = command_sample(labels, cfg.n, cfg.seed)
     else:
         idx = list(range(min(cfg.n, len(labels))))
     if any(ex["pairs"][i] is not None for i in idx):
         raise NanobertError(f"{cfg.data}: sentence pairs; the GPT-2 comparison is for single texts")
     return [ex["texts"][i] for i in idx], [labels[i] for i in idx], labels
+
+
+def _note_sample(cfg: CompareConfig, labels: list, used: int) -> None:
+    """A note when fewer than --n examples are compared, saying why."""
+    from .inspection import note_sample
+    if cfg.sample == "balanced":
+        note_sample(labels, range(used), cfg.n)
+    elif used < cfg.n:
+        note(f"--n {cfg.n}: {used} examples used, all that {cfg.data} has")
 
 
 def _bert_side(cfg: CompareConfig, bert, texts, labels) -> list:
@@ -308,6 +327,7 @@ def compare(config, *args, bert=None, gpt2_model=None, **fields) -> dict:
         raise NanobertError(f"{cfg.bert}: not a classification model (head {bert[0].head!r}); "
                             "fine-tune one with `nanobert finetune`")
     lm, gtok = gpt2_model if gpt2_model is not None else load_gpt2(cfg.gpt2)
+    _note_sample(cfg, labels, len(gold))   # (once both models load: not before an error)
     t0 = time.time()
     bert_pred = _bert_side(cfg, bert, texts, labels)
     t_bert, t0 = time.time() - t0, time.time()

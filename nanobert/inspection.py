@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .config import Config, add_flags, at_least, checked, param, positive, seed_range
-from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file
+from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file, note
 from .finetune import ColumnsConfig
 
 # ----------------------------------------------------------------------------------
@@ -277,6 +277,37 @@ def balanced_sample(labels: Sequence[str], n: int, seed: int = 0) -> list[int]:
     return sorted(picked)
 
 
+def command_sample(labels: Sequence[str], n: int, seed: int = 0,
+                   flag: str = "--n") -> list[int]:
+    """`balanced_sample` for a command's `flag` (its --n), refused below the number of
+    labels: every label gets one at least, and --n 1 took two."""
+    k = len(set(labels))
+    if n < k:
+        raise NanobertError(f"{flag} {n}: the sample is balanced over the {k} labels of the "
+                            f"data (the same number of each), so it needs {k} or more")
+    return balanced_sample(labels, n, seed)
+
+
+def note_sample(labels: Sequence[str], idx: Sequence[int], n: int, flag: str = "--n") -> None:
+    """A note saying how many examples a balanced sample of `flag` n holds, and why, when
+    that is not n (n // k of each of the k labels; labels with fewer)."""
+    if len(idx) != n:
+        note(f"{flag} {n}: {len(idx)} examples used, {_shortfall(labels, n)}")
+
+
+def _shortfall(labels: Sequence[str], n: int) -> str:
+    """Why a balanced sample of n holds fewer: n // k of each of the k labels, and the
+    labels that have fewer examples than that."""
+    counts = {}
+    for lab in labels:
+        counts[lab] = counts.get(lab, 0) + 1
+    per = n // len(counts)
+    short = [f"{lab!r} ({c})" for lab, c in sorted(counts.items()) if c < per]
+    why = (f"{'at most ' * bool(short)}{per} of each of the {len(counts)} labels (the sample "
+           "is balanced per label)")
+    return why + (f", and the data has fewer of {', '.join(short)}" if short else "")
+
+
 def silhouette(vectors: np.ndarray, labels, metric: str = "cosine", where="the sample") -> float:
     """Silhouette score of the labels in the given space (-1..1; higher = better
     separated clusters)."""
@@ -298,7 +329,10 @@ def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.nda
     n = vectors.shape[0]
     if n < 5:
         raise NanobertError(f"t-SNE needs at least 5 examples, got {n}")
-    perplexity = min(perplexity, (n - 1) / 3)
+    if perplexity > (n - 1) / 3:
+        note(f"--perplexity {perplexity:g}: {(n - 1) / 3:.4g} used, the most t-SNE takes for "
+             f"{n} examples ((n - 1) / 3)")
+        perplexity = (n - 1) / 3
     return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
                 metric="euclidean").fit_transform(vectors.astype(np.float32))
 
@@ -345,7 +379,7 @@ def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None
     from .finetune import read_labelled
     cfg = (config or TsneConfig()).replace(**fields)
     ex = read_labelled(data_path, **cfg.columns.given())
-    idx = balanced_sample(ex["labels"], cfg.n, cfg.seed)
+    idx = command_sample(ex["labels"], cfg.n, cfg.seed)
     if len(idx) < 5:  # before embedding anything
         raise NanobertError(f"{data_path}: t-SNE needs at least 5 examples, the sample has "
                             f"{len(idx)} (of {len(ex['labels'])} in the file; --n {cfg.n})")
@@ -354,8 +388,9 @@ def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None
     labels = [ex["labels"][i] for i in idx]
     vecs = sentence_vectors(model, tokenizer, texts, pairs, cfg.vector, cfg.batch_size,
                             cfg.max_length)
-    return {"indices": idx, "labels": labels, "vectors": vecs,
-            "silhouette": silhouette(vecs, labels, cfg.metric, data_path)}
+    score = silhouette(vecs, labels, cfg.metric, data_path)
+    note_sample(ex["labels"], idx, cfg.n)   # (not before an error)
+    return {"indices": idx, "labels": labels, "vectors": vecs, "silhouette": score}
 
 
 def tsne_args(p):
@@ -382,7 +417,19 @@ def parse_label_names(spec) -> dict:
         if label in names:
             raise NanobertError(f"--label-names: label {label!r} is named twice in {spec!r}")
         names[label] = name
+    _check_distinct(names, spec)
     return names
+
+
+def _check_distinct(legend: dict, spec) -> None:
+    """Each label its own legend name: two labels called alike would show two entries of
+    one name, their points told apart by colour alone."""
+    seen = {}
+    for label, name in legend.items():
+        if name in seen:
+            raise NanobertError(f"--label-names {spec}: labels {seen[name]!r} and {label!r} "
+                                f"would both be shown as {name!r}; give each its own name")
+        seen[name] = label
 
 
 def _label_names(spec, model, labels=None) -> dict:
@@ -392,6 +439,9 @@ def _label_names(spec, model, labels=None) -> dict:
         if unknown:
             raise NanobertError(f"--label-names: label {unknown[0]!r} is not in the data "
                                 f"(labels: {', '.join(sorted({str(x) for x in labels}))})")
+        if labels is not None:   # a label left unnamed keeps its own: '0=1' with labels 0, 1
+            _check_distinct({str(x): names.get(str(x), str(x))
+                             for x in sorted(set(labels), key=str)}, spec)
         return names
     id2label = model.config.id2label if getattr(model, "head", None) == "classify" else None
     return {str(i): name for i, name in (id2label or {}).items() if name != str(i)}

@@ -36,8 +36,14 @@ def parse_split(text: str) -> tuple:
     return tuple(p / 100 for p in parts)
 
 
+SPLIT_DECIMALS = 10  # of each percentage in a split's name
+
+
 def split_name(split) -> str:
-    return "/".join(f"{round(p * 100):g}" for p in split)
+    """(0.805, 0.095, 0.1) -> '80.5/9.5/10': the percentages with their decimals (up to
+    SPLIT_DECIMALS), so that parse_split(split_name(s)) == s for the splits people write."""
+    return "/".join(np.format_float_positional(round(p * 100, SPLIT_DECIMALS), trim="-")
+                    for p in split)
 
 
 def row_seed(*keys: int) -> int:

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
                      param)
 from .files import NanobertError, atomic_path, check_output_dir, note, write_text
-from .masking import IGNORE, Masker, fixed_masks, parse_split, split_name
+from .masking import IGNORE, SPLIT_DECIMALS, Masker, fixed_masks, parse_split, split_name
 from .model import pair_loss
 from .train import TrainConfig
 
@@ -127,6 +128,10 @@ class PretrainConfig(Config):
                                 "percentages that sum to 100, e.g. 80/10/10") from e
         if not self.trainer.max_steps:
             raise NanobertError("--steps: required (the number of optimizer steps)")
+        if self.tokenizer and self.vocab_size != type(self).__dataclass_fields__["vocab_size"].default:
+            raise NanobertError(f"--vocab-size {self.vocab_size}: the size of a vocabulary "
+                                f"to train, but --tokenizer {self.tokenizer} gives one; drop "
+                                "one of them")
         if self.model_config:
             # a bad file, or one with too few positions, fails before the corpus is read
             check_seq_len(self.seq_len, _read_model_config(self.model_config),
@@ -331,16 +336,17 @@ def check_outputs_outside_corpus(cfg: PretrainConfig, out: Path):
                     "a directory outside it")
 
 
-def _fingerprint(cfg: PretrainConfig) -> dict:
+def _fingerprint(cfg: PretrainConfig, drop=()) -> dict:
     """The run's identity for --resume: corpus files, the tokenizer and config it starts
-    from, the teacher of a distillation, and the flags."""
+    from, the teacher of a distillation, and the flags (but those in `drop`)."""
     from .corpus import corpus_files
     from .rundir import fingerprint, model_files
     files = corpus_files(cfg.corpus) + model_files(cfg.tokenizer or "") + \
         model_files(getattr(cfg, "teacher", ""))
     if cfg.model_config:
         files.append(Path(cfg.model_config))
-    return fingerprint(cfg.objective, files, as_flags(cfg))
+    flags = {k: v for k, v in as_flags(cfg).items() if k not in drop}
+    return fingerprint(cfg.objective, files, flags)
 
 
 def _pretrain(run: _Run, make_model, loss_fn) -> dict:
@@ -404,7 +410,8 @@ def _load_data(run: _Run):
 def _open_stream(run: _Run, cache_dir: Path):
     """--streaming: a tokenizer trained on a pass over the files (rank 0; saved where
     the other ranks read it), and the lazy corpus."""
-    from .corpus import StreamingCorpus, corpus_files, iter_documents
+    from .corpus import (StreamingCorpus, corpus_files, iter_documents,
+                         note_short_vocabulary)
     from .tokenizer import Tokenizer
     cfg = run.cfg
     files = corpus_files(cfg.corpus)
@@ -415,6 +422,7 @@ def _open_stream(run: _Run, cache_dir: Path):
         run.say(f"training a WordPiece vocabulary of {cfg.vocab_size} (streaming)")
         run.tok = Tokenizer.train((line for doc in iter_documents(files) for line in doc),
                                   cfg.vocab_size)
+        note_short_vocabulary(run.tok, cfg.vocab_size)
         if run.world > 1:
             run.tok.save(shared)
     run.stream = StreamingCorpus(files, run.tok, cfg.seq_len, cfg.val_fraction,
@@ -622,42 +630,111 @@ def ablate_masking_args(p):
 def ablate_masking_cmd(args):
     """Train the same small model under several mask splits; compare validation MLM loss."""
     cfg = PretrainConfig.from_args(args)
-    try:
-        splits = [parse_split(s) for s in args.splits.split(",") if s.strip()]
-    except ValueError as e:
-        raise NanobertError(f"--splits: got {args.splits!r}, expected comma-separated "
-                            f"splits like 80/10/10 ({e})")
-    names = [split_name(s) for s in splits]
-    if not splits:
-        raise NanobertError(f"--splits: got {args.splits!r}, expected comma-separated splits "
-                            "like 80/10/10,100/0/0")
-    twice = [n for i, n in enumerate(names) if n in names[:i]]
-    if twice:
-        raise NanobertError(f"--splits: {twice[0]} is given twice in {args.splits!r}")
+    splits = parse_splits(args.splits)
     if not cfg.val_fraction:
         raise NanobertError("--val-fraction: got 0, but the ablation compares the splits by "
                             "their validation loss; hold out some documents (e.g. 0.1)")
     out = Path(cfg.trainer.out_dir)
     check_output_dir(out)
     check_outputs_outside_corpus(cfg, out)
-    from . import rundir
-    with rundir.parent_of_runs(out, "ablate-masking"):
+    with _ablation_run(out, cfg):
         return _ablate(cfg, out, splits)
 
 
+def parse_splits(text: str) -> list:
+    """--splits: the splits, exactly as given (80.5/9.5/10 is not 80/10/10); two are the
+    same only when they are equal as numbers (80/10/10 and 80.0/10/10)."""
+    given = [s.strip() for s in text.split(",") if s.strip()]
+    try:
+        splits = [parse_split(s) for s in given]
+    except ValueError as e:
+        raise NanobertError(f"--splits: got {text!r}, expected comma-separated "
+                            f"splits like 80/10/10 ({e})") from None
+    if not splits:
+        raise NanobertError(f"--splits: got {text!r}, expected comma-separated splits "
+                            "like 80/10/10,100/0/0")
+    for i, (g, split) in enumerate(zip(given, splits)):
+        if split in splits[:i]:
+            first = given[splits.index(split)]
+            raise NanobertError(f"--splits: {first} is given twice in {text!r}"
+                                + (f" (also as {g})" if first != g else ""))
+        if parse_split(split_name(split)) != split:   # its name would round it
+            raise NanobertError(f"--splits: {g} has more than {SPLIT_DECIMALS} decimals in a "
+                                "percentage; give fewer")
+    return splits
+
+
+ABLATION_FILES = ("ablation.md", "ablation.csv", "ablation.png")
+
+
+def _ablation_entries(out: Path) -> list:
+    """What an ablation wrote in `out`: its report and the folders of its split runs."""
+    from .rundir import RUN_FILE
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name in ABLATION_FILES or (
+        p.name.startswith("split-") and (p / RUN_FILE).is_file()))
+
+
+@contextlib.contextmanager
+def _ablation_run(out: Path, cfg: PretrainConfig):
+    """--out is the ablation's run directory (nanobert.rundir): a record of the run and
+    its fingerprint (corpus and flags; --resume may add --splits), the lock, and a
+    directory holding an ablation needs --resume (the same one) or --overwrite (which
+    clears it). The split runs are folders one level down, each with its own record: a
+    failure after one of them was made keeps them (rundir), for --resume to continue."""
+    from . import rundir
+    t, reads = cfg.trainer, [*cfg.corpus, cfg.tokenizer, cfg.model_config]
+    _claim_ablation_dir(out, t, reads)
+    with rundir.run(out, "ablate-masking", _fingerprint(cfg, drop=("mask_split",)), t.resume,
+                    t.overwrite, reads):
+        yield
+
+
+def _claim_ablation_dir(out: Path, t: TrainConfig, reads: list):
+    """Refuse a model's or another command's run directory (the splits would be mixed
+    into it), and a directory holding an ablation unless --resume or --overwrite (rundir
+    checks that a --resume is the same ablation, and --overwrite clears). An ablation
+    written before ablations had a run record cannot be checked: --overwrite clears its
+    folders here (rundir would keep them as not a run's), --resume is refused."""
+    from . import rundir
+    from .files import check_not_input
+    rec = rundir.read_run(out) if out.is_dir() else None
+    other = rec is not None and not rec.get("damaged") and rec.get("command") != "ablate-masking"
+    if other or (rec is None and any((out / n).exists() for n in rundir.MODEL_FILES)):
+        what = f"a {rec['command']} run's directory" if other else "a model directory"
+        raise NanobertError(f"--out {out} is {what}; ablate-masking writes one run per split "
+                            "under --out, which would mix them into it: choose another directory")
+    held = _ablation_entries(out)
+    if not held or (t.resume and t.overwrite):      # (rundir refuses the pair)
+        return
+    if not (t.resume or t.overwrite):
+        shown = sorted(held, key=lambda n: not n.startswith("split-"))   # the runs first
+        raise NanobertError(f"--out {out} already holds a masking ablation ({', '.join(shown[:3])}"
+                            f"{', ...' if len(held) > 3 else ''}); continue it with --resume, "
+                            "start over with --overwrite, or choose another directory")
+    if rec is None and t.resume:
+        raise NanobertError(f"--resume: --out {out} holds a masking ablation without a run "
+                            f"record ({rundir.RUN_FILE}: written by an earlier nanobert), which "
+                            "cannot be checked to be this one; start over with --overwrite")
+    if rec is None:
+        check_not_input(out, reads, "--out", rundir.KEEP_ON_OVERWRITE)
+        rundir.clear(out, only=re.compile("|".join(map(re.escape, held))))
+
+
 def _ablate(cfg, out: Path, splits: list) -> int:
+    from .rundir import RUN_FILE
+    from .train import read_metrics
     cache = cfg.cache_dir or str(out / "cache")
     rows, curves = [], {}
     for split in splits:
         name = split_name(split)
-        run_dir = out / ("split-" + name.replace("/", "-"))
+        run_dir = out / _split_dir(name)
         print(f"== mask split {name} -> {run_dir}", flush=True)
         # --resume: a split that finished is read back, an unfinished one continues
-        from .rundir import RUN_FILE
         resume = cfg.trainer.resume and (run_dir / RUN_FILE).is_file()
         run_pretrain(cfg.replace(out_dir=str(run_dir), mask_split=name, cache_dir=cache,
                                  resume=resume))
-        from .train import read_metrics
         evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("type") == "eval"]
         curves[name] = [(r["step"], r["loss"]) for r in evals]
         last = evals[-1]
@@ -666,9 +743,24 @@ def _ablate(cfg, out: Path, splits: list) -> int:
                      "best_val_loss": round(best["loss"], 4),
                      "val_mlm_accuracy": round(last["mlm_accuracy"], 4),
                      "val_perplexity": round(last["perplexity"], 2), "steps": last["step"]})
+    _note_other_splits(out, splits)
     write_ablation(out, rows, curves, cfg)
     print((out / "ablation.md").read_text("utf-8"))
     return 0
+
+
+def _split_dir(name: str) -> str:
+    """'80.5/9.5/10' -> 'split-80.5-9.5-10'."""
+    return "split-" + name.replace("/", "-")
+
+
+def _note_other_splits(out: Path, splits: list):
+    """A --resume with fewer --splits: the folders of the others stay, out of the table."""
+    asked = {_split_dir(split_name(s)) for s in splits}
+    others = [n for n in _ablation_entries(out) if n.startswith("split-") and n not in asked]
+    if others:
+        note(f"{out} also holds {', '.join(others)} of this ablation, not in --splits (left "
+             "out of ablation.md)")
 
 
 def write_ablation(out: Path, rows: list, curves: dict, cfg: PretrainConfig):

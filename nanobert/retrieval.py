@@ -140,7 +140,25 @@ def evaluate_sts(encode: Callable, rows: list) -> dict:
     a = a / np.linalg.norm(a, axis=-1, keepdims=True).clip(1e-12)
     b = b / np.linalg.norm(b, axis=-1, keepdims=True).clip(1e-12)
     cos = (a * b).sum(-1)
-    return {"n": len(rows), **correlations([r.score for r in rows], cos)}
+    return {"n": len(rows), **row_correlations(rows, cos, "similarity")}
+
+
+SAME_PREDICTION = 1e-6   # a relative spread within float32 rounding noise: one value
+
+
+def row_correlations(rows: list, pred, what: str) -> dict:
+    """Pearson/Spearman of the model's `pred` for scored rows against their gold scores.
+    Predictions that are all one value (identical pairs, a collapsed model) leave the
+    correlation undefined: that is said of the model, naming the file the rows came
+    from (the error blamed the scores, and named no file)."""
+    pred = np.asarray(pred, dtype=float)
+    if len(pred) > 1 and np.ptp(pred) <= SAME_PREDICTION * max(1.0, float(np.abs(pred).max())):
+        where = rows[0].path or "the evaluation data"
+        kind = "pair" if len(rows[0].texts) == 2 else "text"
+        raise NanobertError(f"{where}: the model gives every {kind} the same {what} "
+                            f"({float(pred[0]):.4f}); correlation is undefined")
+    return correlations([r.score for r in rows], pred)
+
 
 
 # ----------------------------------------------------------------------------------

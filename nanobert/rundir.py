@@ -204,6 +204,12 @@ def _holds_a_run(out_dir: Path) -> bool:
     return any((out_dir / name).exists() for name in MODEL_FILES)
 
 
+def _holds_runs(out_dir: Path) -> bool:
+    """Runs one level down (the masking ablation: a run per split, each with its record)."""
+    return out_dir.is_dir() and any((p / RUN_FILE).is_file() for p in out_dir.iterdir()
+                                    if p.is_dir())
+
+
 # ----------------------------------------------------------------------------------
 # Cleaning
 
@@ -370,33 +376,11 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
             write_text(out_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
             yield out_dir
         except BaseException as e:
-            if not _holds_a_run(out_dir) or _unsaved(out_dir, e):
+            # kept for --resume: a model or checkpoint it wrote, or runs it holds
+            if not (_holds_runs(out_dir) or _holds_a_run(out_dir) and not _unsaved(out_dir, e)):
                 _take_back(out_dir, before)
             raise
         write_text(out_dir / RUN_FILE, json.dumps(dict(record, status="finished"), indent=1) + "\n")
-
-
-@contextlib.contextmanager
-def parent_of_runs(out_dir, command: str = "this command"):
-    """A directory that holds several runs (the masking ablation: one run per split). It
-    may not be a run's or a model's directory itself (the runs would be mixed into it). On
-    an error or Ctrl-C before any of its runs wrote a model or a checkpoint, it is taken
-    back like a single run's: removed if the command made it, else what it added."""
-    out_dir = Path(out_dir)
-    rec = read_run(out_dir) if out_dir.is_dir() else None
-    if rec is not None or (out_dir.is_dir() and _holds_a_run(out_dir)):
-        what = f"a {rec.get('command') or 'nanobert'} run's directory" if rec else "a model directory"
-        raise NanobertError(f"--out {out_dir} is {what}; {command} writes one "
-                            "run per setting under --out, which would mix them into it: "
-                            "choose another directory")
-    before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        yield out_dir
-    except BaseException:
-        if not any(p.is_dir() and (_holds_a_run(p) or read_run(p)) for p in out_dir.iterdir()):
-            _take_back(out_dir, before)
-        raise
 
 
 def _unsaved(out_dir: Path, e: BaseException) -> bool:
@@ -427,7 +411,7 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool)
     that no run wrote (`foreign_entries`), which every later --overwrite keeps."""
     if resume and overwrite:
         raise NanobertError("--resume and --overwrite contradict each other: choose one")
-    rec, holds = read_run(out_dir), _holds_a_run(out_dir)
+    rec, holds = read_run(out_dir), _holds_a_run(out_dir) or _holds_runs(out_dir)
     if overwrite:
         if rec is not None:      # a run's directory: all of it but what was there before
             clear(out_dir, keep=foreign_entries(out_dir, rec))
@@ -454,7 +438,8 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool)
                             f"({out_dir / RUN_FILE}: {rec['damaged']}); start over with "
                             "--overwrite, or choose another directory")
     elif holds:
-        what = "an unfinished run" if rec and rec.get("status") != "finished" else "a model"
+        what = ("an unfinished run" if rec and rec.get("status") != "finished" else "a model"
+                if _holds_a_run(out_dir) else f"the runs of {(rec or {}).get('command') or 'another command'}")
         raise NanobertError(f"--out {out_dir} already holds {what}; continue it with --resume, "
                             "start over with --overwrite, or choose another directory")
     return foreign

@@ -148,20 +148,23 @@ def read_str(body, name, default=None, required=False):
     return _get(body, name, str, default, "a string")
 
 
-def read_texts(body: dict, name: str, limit: int, pairs: bool = False) -> tuple:
-    """(texts, pairs or None, single) from a string or a list of strings (or, when
-    `pairs`, of [text, text] pairs). Over `limit` inputs is a 413. A list of two strings
-    is two texts, as everywhere else: a pair is always written inside the list,
-    `[["premise", "hypothesis"]]` (read as one pair, `["a", "b"]` answered one result
-    where two were sent)."""
+def read_texts(body: dict, name: str, limit: int, pairs: bool = False,
+               one_text: bool = True) -> tuple:
+    """(texts, pairs or None, single) from a string (when `one_text`) or a list of
+    strings (or, when `pairs`, of [text, text] pairs). Over `limit` inputs is a 413. A
+    list of two strings is two texts, as everywhere else: a pair is always written
+    inside the list, `[["premise", "hypothesis"]]` (read as one pair, `["a", "b"]`
+    answered one result where two were sent)."""
     if body.get(name) is None:
         raise unprocessable(name, "is required")
     value = body[name]
+    if isinstance(value, str) and not one_text:   # rerank's documents, as Cohere's and TEI's
+        raise unprocessable(name, "must be a list of strings, not one string")
     single = isinstance(value, str)
     items = [value] if single else value
     if not isinstance(items, list) or not items:
-        raise unprocessable(name, "must be a string or a non-empty list of strings"
-                            + (" or of [text, pair] lists" if pairs else ""))
+        raise unprocessable(name, "must be " + "a string or " * one_text + "a non-empty list "
+                            "of strings" + (" or of [text, pair] lists" if pairs else ""))
     if len(items) > limit:
         raise ApiError(413, f"batch of {len(items)} inputs is over the limit of {limit} "
                             "(--max-client-batch)", name)
@@ -296,15 +299,20 @@ class Server:
             self.batcher.stop()
             self.tokenizing.shutdown(wait=True)
 
-    def pick(self, body: dict, route: str) -> Served:
-        """The model a request names in 'model', or the first that serves `route`."""
+    def pick(self, body: dict, route: str, pairs: Optional[bool] = None,
+             path: Optional[str] = None) -> Served:
+        """The model a request names in 'model'; without one, of the models that serve
+        `route`, the first (command-line order) that best fits the request's inputs:
+        text `pairs` (True), single texts (False) or either (None) (Served.fit). `path`:
+        the route the client called, as the messages name it (default /route)."""
         name = read_str(body, "model")
+        path = path or "/" + route
         serving = [m for m in self.models.values() if route in m.routes]
         if name is None:
             if not serving:
-                raise ApiError(404, f"no model served here does {route} "
+                raise ApiError(404, f"no model served here does {path} "
                                     f"(models: {self._list()})")
-            return serving[0]
+            return min(serving, key=lambda m: m.fit(route, pairs))
         if name not in self.models:
             raise unprocessable("model", f"names no served model: {shown(name)} "
                                          f"(models: {self._list()})")
@@ -312,8 +320,14 @@ class Server:
         if route not in m.routes:
             article = "an" if m.task[0] in "aeiou" else "a"
             raise unprocessable("model", f"names {name!r}, {article} {m.task} model, which does "
-                                         f"not serve /{route} (it serves: {', '.join(m.paths)})")
+                                         f"not serve {path} (it serves: {', '.join(m.paths)})")
         return m
+
+    def taking(self, route: str, pairs: bool) -> list:
+        """The names of the models that serve `route` and take text `pairs` (True) or
+        single texts (False), or may (of unknown kind)."""
+        return [n for n, m in self.models.items()
+                if route in m.routes and m.settings.get("pairs") in (pairs, None)]
 
     def _list(self) -> str:
         return ", ".join(f"{n} ({m.task})" for n, m in self.models.items())
@@ -369,8 +383,9 @@ def vector_rows(rows, normalize: bool, dimensions: Optional[int] = None) -> list
     return v.numpy()
 
 
-async def embed_inputs(server: Server, body: dict, field_name: str, normalize: bool):
-    m = server.pick(body, "embed")
+async def embed_inputs(server: Server, body: dict, field_name: str, normalize: bool,
+                       path: str):
+    m = server.pick(body, "embed", path=path)
     texts, _, single = read_texts(body, field_name, server.config.max_client_batch)
     truncate = read_bool(body, "truncate", True)
     dimensions = read_int(body, "dimensions")
@@ -395,7 +410,7 @@ async def openai_embeddings(server: Server, body: dict) -> dict:
     empty = next((i for i, t in enumerate(texts) if not t), None)
     if empty is not None:                      # OpenAI refuses them too
         raise unprocessable("input" if single else f"input[{empty}]", "must not be empty")
-    m, vecs, counts, _ = await embed_inputs(server, body, "input", normalize=True)
+    m, vecs, counts, _ = await embed_inputs(server, body, "input", True, "/v1/embeddings")
     as_value = ((lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode("ascii"))
                 if fmt == "base64" else (lambda v: v.tolist()))
     data = [{"object": "embedding", "index": i, "embedding": as_value(v), "truncated": cut}
@@ -405,7 +420,7 @@ async def openai_embeddings(server: Server, body: dict) -> dict:
 
 async def embed(server: Server, body: dict) -> dict:
     normalize = read_bool(body, "normalize", True)
-    m, vecs, counts, _ = await embed_inputs(server, body, "inputs", normalize)
+    m, vecs, counts, _ = await embed_inputs(server, body, "inputs", normalize, "/embed")
     return {"model": m.name, "embeddings": vecs.tolist(), "truncated": counts.truncated,
             "usage": counts.usage()}
 
@@ -421,9 +436,9 @@ async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, nam
 
 
 async def classify(server: Server, body: dict) -> dict:
-    m = server.pick(body, "classify")
     texts, pairs, _ = read_texts(body, "inputs", server.config.max_client_batch, pairs=True)
-    check_pairs(m, pairs)
+    m = server.pick(body, "classify", pairs is not None)
+    check_pairs(server, m, pairs)
     all_scores = read_bool(body, "return_all_scores", False)
     truncate = read_bool(body, "truncate", True)
     logits, counts = await logits_of(server, m, texts, pairs, truncate, "inputs")
@@ -432,31 +447,57 @@ async def classify(server: Server, body: dict) -> dict:
     return {"model": m.name, "results": results, "usage": counts.usage()}
 
 
-def check_pairs(m: Served, pairs):
+def check_pairs(server: Server, m: Served, pairs):
     """422 for inputs of the other kind than the model learnt ("pairs" in its
-    nanobert.json; models without the record are not checked)."""
-    learnt = m.settings.get("pairs")
-    if learnt is True and pairs is None:
-        raise unprocessable("inputs", f"must be [text, pair] lists: {m.name} was trained on "
-                                      "text pairs")
-    if learnt is False and pairs is not None:
-        raise unprocessable("inputs", f"must be texts: {m.name} was trained on single texts, "
-                                      "not pairs")
+    nanobert.json; models without the record are not checked), naming the served
+    models that take them."""
+    learnt, given = m.settings.get("pairs"), pairs is not None
+    if learnt is None or learnt == given:
+        return
+    others = server.taking("classify", given)
+    kind = PAIR_KINDS[given]
+    where = (f"models that take {kind}: {', '.join(others)}" if others
+             else f"no model served here takes {kind}")
+    raise unprocessable("inputs", f"must be {PAIR_FORMS[learnt]}: {m.name} was trained on "
+                                  f"{PAIR_KINDS[learnt]} ({where})")
+
+
+PAIR_KINDS = {True: "text pairs", False: "single texts"}
+PAIR_FORMS = {True: "[text, pair] lists", False: "texts, not pairs"}
 
 
 async def rerank(server: Server, body: dict) -> dict:
-    m = server.pick(body, "rerank")
+    m = server.pick(body, "rerank", pairs=True)
     query = read_str(body, "query", required=True)
-    docs, _, _ = read_texts(body, "documents", server.config.max_client_batch)
+    docs, _, _ = read_texts(body, "documents", server.config.max_client_batch,
+                            one_text=False)
     top_n = read_int(body, "top_n", len(docs))
     with_docs = read_bool(body, "return_documents", False)
     truncate = read_bool(body, "truncate", True)
+    if not truncate:
+        await server.on_tokenizer(check_query, m, query)
     logits, counts = await logits_of(server, m, [query] * len(docs), docs, truncate, "documents")
-    scores = [m.relevance(row) for row in logits]
+    # a document sent twice scores as its first copy: in other places of a batch its
+    # score differs in the last bits, and tied copies swapped places from run to run
+    first: dict = {}
+    scores = [m.relevance(logits[first.setdefault(d, i)]) for i, d in enumerate(docs)]
+    # best first; equal scores in the order sent (a stable sort)
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n]
     results = [{"index": i, "relevance_score": scores[i], "truncated": counts.truncated[i],
                 **({"document": {"text": docs[i]}} if with_docs else {})} for i in order]
     return {"model": m.name, "results": results, "usage": counts.usage()}
+
+
+def check_query(m: Served, query: str):
+    """422 naming `query` when it alone, paired with an empty document, is over the
+    model's limit (for a request that says truncate: false): every document would be.
+    On a tokenize thread, as check_truncation."""
+    (clipped,), _ = m.clip([query])
+    if m.count([clipped], [""]).truncated[0]:
+        n = m.full_length(clipped, "")
+        more = "over " if len(query) > len(clipped) else ""
+        raise unprocessable("query", f"has {more}{n} tokens (with a pair's special tokens), over "
+                                     f"the model's limit of {m.max_length} (truncate is false)")
 
 
 async def ner(server: Server, body: dict) -> dict:
@@ -539,7 +580,14 @@ def info(server: Server):
                    "max_concurrent_requests": c.max_concurrent_requests,
                    "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit,
                    "body_timeout": c.body_timeout},
-        "routes": [f"{r.method} {r.path}" for r in ROUTES]})
+        "routes": [f"{r.method} {r.path}" for r in served_routes(server)]})
+
+
+def served_routes(server: Server) -> list:
+    """The routes some served model answers (the others are there, and answer 404) and
+    those that answer for all of them (GET: /health, /info, /metrics, /v1/models)."""
+    paths = {p for m in server.models.values() for p in m.paths}
+    return [r for r in ROUTES if r.method == "GET" or r.path in paths]
 
 
 def openai_models(server: Server):
@@ -1248,12 +1296,20 @@ def banner(server: Server) -> str:
     for m in server.models.values():
         lines.append(f"  {m.name:<16} {m.task:<9} {m.summary()}")
     lines.append("routes:")
-    for r in ROUTES:
+    for r in served_routes(server):
         lines.append(f"  {r.method:<5}{r.path:<16} {r.help}")
     lines.append(f"limits: {c.max_batch_tokens} tokens per batch, {c.max_concurrent_requests} "
                  f"requests in flight, {c.max_client_batch} inputs per request, "
                  f"{c.payload_limit} bytes per body" + (", API key required" if c.api_key else ""))
     return "\n".join(lines)
+
+
+def not_drain_deadline(record) -> bool:
+    """A filter on uvicorn's log: without its ERROR line "Cancel N running task(s),
+    timeout graceful shutdown exceeded" at the drain deadline. The requests it cancels
+    are answered 503 and counted, and nanobert's last line says so (an error logged
+    before it read as if the shutdown had failed)."""
+    return "timeout graceful shutdown exceeded" not in str(record.msg)
 
 
 def serve_cmd(args):
@@ -1284,6 +1340,8 @@ def serve_cmd(args):
                         timeout_graceful_shutdown=config.drain_timeout,
                         timeout_keep_alive=KEEP_ALIVE_S,
                         access_log=False, http=http_protocol(config.body_timeout))
+    import logging
+    logging.getLogger("uvicorn.error").addFilter(not_drain_deadline)   # (after its log setup)
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that
     # was there before it; this one lets the command finish (status 0, a clean stop)
     stopped_by = []

@@ -35,6 +35,9 @@ TASK_ROUTES = {
     "qa": ("qa", "tokenize"),
 }
 ROUTE_PATHS = {"embed": ("/v1/embeddings", "/embed")}   # a route served at more than one path
+# a model's recorded kind (takes_pairs) against a request's -> its rank (Served.fit):
+# of the request's kind, unknown, of the other kind
+KIND_FIT = {True: 0, None: 1, False: 2}
 
 
 @dataclass
@@ -115,6 +118,32 @@ class Served:
         if self.task == "classify" and len(self.labels) > 2 or self.settings.get("pairs") is False:
             routes = tuple(r for r in routes if r != "rerank")
         return routes
+
+    @property
+    def takes_pairs(self) -> Optional[bool]:
+        """Whether the model reads text pairs (True) or single texts (False), as recorded:
+        `pairs` in its nanobert.json, and a `finetune --task rerank` model reads (query,
+        document) pairs; None when unknown (a directory without the record: from
+        transformers, an older run, an embedding model)."""
+        if self.settings.get("task") == "rerank":
+            return True
+        pairs = self.settings.get("pairs")
+        return pairs if isinstance(pairs, bool) else None
+
+    @property
+    def one_output(self) -> bool:
+        """A head of one output (regression, or a classifier of one label): the shape of
+        a cross-encoder reranker (ms-marco's, saved without nanobert.json)."""
+        return self.task == "regression" or (self.task == "classify" and len(self.labels) == 1)
+
+    def fit(self, route: str, pairs: Optional[bool]) -> tuple:
+        """Sort key of the models that serve `route` to a request that names none, of
+        text pairs (True), single texts (False) or either (None), best first: of the
+        request's kind as recorded (`takes_pairs`), then of unknown kind, then of the
+        other kind; among equals, /rerank goes first to a one-output head."""
+        kind = self.takes_pairs
+        rank = 0 if pairs is None else KIND_FIT[None if kind is None else kind == pairs]
+        return rank, int(not (route == "rerank" and self.one_output))
 
     @property
     def paths(self) -> list:

@@ -377,10 +377,10 @@ class Trainer:
     def fit(self) -> dict:
         """Train to the last step (or until early stopping). Returns the metrics of the
         best evaluation (or of the last, or {}), with the step they were measured at."""
+        self._reset_window()       # (before _start: a resumed run takes its saved window)
         self._start()
         self.bar = self._progress_bar()
-        self._reset_window()
-        self.t_start = time.time()
+        self.window["t0"] = self.t_start = time.time()
         try:
             while not self._finished():
                 if self.batch_index >= self.steps_per_epoch:
@@ -599,6 +599,8 @@ class Trainer:
             "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "config": asdict(self.cfg),
+            # the losses since the last log record: a resumed run logs the same mean
+            "window": {"loss": self.window["loss"], "steps": self.window["steps"]},
         }
         self._saved_step = self.step
         with atomic_path(self.ckpt_dir) as tmp:
@@ -628,6 +630,7 @@ class Trainer:
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.best, self.last_eval = state["best"], state["last_eval"]
         self.evals_since_best = state.get("evals_since_best", 0)
+        self.window.update(state.get("window") or {})   # (older checkpoints: a fresh window)
         if self.average is not None:
             if state.get("ema_updates") is None:
                 raise NanobertError(f"{d}: this checkpoint has no weight average (--ema); "

@@ -247,6 +247,84 @@ def test_hub_name_offline_is_a_clear_error(capsys, monkeypatch):
     assert "Hub" in err and len(err.splitlines()) == 1
 
 
+def hub_error(name: str, message: str = "the hub said no"):
+    """An exception of huggingface_hub's class `name`, as snapshot_download raises it (the
+    HTTP ones are built without the response they normally carry)."""
+    import huggingface_hub.errors
+    cls = getattr(huggingface_hub.errors, name)
+    e = cls.__new__(cls)
+    Exception.__init__(e, message)
+    return e
+
+
+def fake_hub(monkeypatch, answer):
+    """huggingface_hub.snapshot_download answering `answer` (an exception is raised, a
+    directory returned); the calls' arguments are recorded in the list returned."""
+    import huggingface_hub
+    calls = []
+
+    def snapshot_download(repo_id, **kw):
+        calls.append((repo_id, kw))
+        if isinstance(answer, BaseException):
+            raise answer
+        return str(answer)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls
+
+
+UNREACHABLE = ("the Hugging Face Hub cannot be reached (offline?) and {} is not in the local "
+               "cache; give a local directory")
+
+
+@pytest.mark.parametrize("command", [["info"], ["export", "--format", "onnx"],
+                                     ["attention", "--text", "hi", "--out", "a.png", "--model"],
+                                     ["embed", "--input", "in.txt", "--out", "e.npy", "--model"],
+                                     ["search", "--corpus", "in.txt", "--query", "q", "--model"],
+                                     ["tsne", "--data", "in.txt", "--out", "t.png", "--model"]])
+@pytest.mark.parametrize("name", ["bert-base-uncased", "someone/model"])
+def test_a_hub_name_when_the_hub_cannot_be_reached(tmp_path, capsys, monkeypatch, command,
+                                                   name):
+    """Offline, a hub name was 'not found on the Hugging Face Hub (offline or unknown
+    name: LocalEntryNotFoundError)': the hub was never asked."""
+    from httpx import ConnectError
+    monkeypatch.chdir(tmp_path)                    # (no folder here to suggest instead)
+    (tmp_path / "in.txt").write_text("a good film\t1\nbad\t0\n")
+    error = hub_error("LocalEntryNotFoundError", "check your internet connection")
+    error.__cause__ = ConnectError("[Errno -2] Name or service not known")
+    fake_hub(monkeypatch, error)
+    argv = command + [name] + (["out"] if command[0] == "export" else [])
+    code, err = _cli_error(capsys, *argv)
+    assert (code, err) == (2, "nanobert: error: " + UNREACHABLE.format(name))
+
+
+def test_a_hub_name_the_hub_does_not_have_is_not_found(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fake_hub(monkeypatch, hub_error("RepositoryNotFoundError", "404 Repository Not Found"))
+    code, err = _cli_error(capsys, "info", "someone/model")
+    assert (code, err) == (2, "nanobert: error: someone/model: no such model directory, and "
+                              "not found on the Hugging Face Hub (a private repository needs a "
+                              "login: hf auth login)")
+    fake_hub(monkeypatch, hub_error("GatedRepoError", "403 gated"))
+    code, err = _cli_error(capsys, "info", "someone/model")
+    assert code == 2 and "gated repository on the Hugging Face Hub" in err
+    fake_hub(monkeypatch, ValueError("something else"))
+    code, err = _cli_error(capsys, "info", "someone/model")
+    assert (code, err) == (2, "nanobert: error: someone/model: no such model directory, and "
+                              "the Hugging Face Hub did not give it (ValueError: something else)")
+
+
+def test_a_hub_name_is_downloaded_when_online(tmp_path, monkeypatch, tiny_config):
+    """The online path: snapshot_download's folder is the model directory."""
+    from nanobert.checkpoint import resolve, save_model
+    save_model(nanobert.Bert(tiny_config), tmp_path / "snapshot")
+    calls = fake_hub(monkeypatch, tmp_path / "snapshot")
+    assert resolve("someone/model") == tmp_path / "snapshot"
+    assert load_model("someone/model").config.hidden_size == tiny_config.hidden_size
+    repo, kw = calls[0]
+    assert repo == "someone/model"
+    assert {"config.json", "*.safetensors", "vocab.txt"} <= set(kw["allow_patterns"])
+
+
 def test_info_command(capsys):
     assert cli(["info", "minilm", "--json"]) == 0
     s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -73,6 +73,9 @@ def test_task_choices_come_from_the_task_table():
      "--seed: got 99999999999999999999, expected an integer >= 0 and <= 4294967295"),
     (FT + ["--seed", "4294967296"], "--seed: got 4294967296, expected an integer >= 0"),
     (["demo", "--seed", "-1"], "--seed: got -1, expected an integer >= 0 and <= 4294967295"),
+    # --vocab-size is for a vocabulary pretrain trains: with --tokenizer it was dropped
+    (["pretrain", "--corpus", "c", "--out", "o", "--steps", "2", "--tokenizer", "t",
+      "--vocab-size", "100"], "--vocab-size 100: the size of a vocabulary to train, but"),
 ])
 def test_bad_values_give_one_line_and_status_2(argv, message, capsys):
     try:                       # while parsing (argparse exits) or building the config
@@ -102,3 +105,35 @@ def test_python_callers_get_the_same_checks_for_wrong_types():
         FinetuneConfig(task="ner", batch_size=2.5)
     with pytest.raises(NanobertError, match=r"--lr: got '1e-4', expected a finite number > 0"):
         FinetuneConfig(task="ner").replace(lr="1e-4")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["predict", "--model", "m", "caf\udce9"], "texts"),
+    (["predict", "--model", "m", "who", "--context", "Bob \udcff did"], "--context"),
+    (["search", "--corpus", "c.txt", "--query", "\udcff"], "--query"),
+    (["fill-mask", "--model", "m", "[MASK] \udcff"], "text"),
+    (["attention", "--model", "m", "--text", "\udcff", "--out", "a.png"], "--text"),
+    (["compare-gpt2", "--bert", "b", "--gpt2", "g", "--data", "d", "--template", " \udcff {}"],
+     "--template"),
+])
+def test_text_that_is_not_utf8_is_refused_by_its_flag(argv, flag, capsys):
+    """Bytes that are not UTF-8 on the command line (a Latin-1 shell) reach Python as
+    lone surrogates: a free-text argument refuses them by name, before any work (they
+    were tracebacks from the tokenizer, or a misleading message about QA windows)."""
+    with pytest.raises(SystemExit) as e:     # argparse exits
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"nanobert: error: {flag}: not valid UTF-8 (byte 0x") and "\n" not in err
+
+
+def test_paths_may_hold_bytes_that_are_not_utf8_and_text_flags_exist(tmp_path, capsys):
+    import argparse
+    from nanobert.cli import TEXT_ARGS
+    name = tmp_path / "caf\udce9.tsv"          # a Latin-1 file name: a path, not text
+    assert main(["embed", "--model", str(tmp_path / "none\udcff"), "--input", str(name),
+                 "--out", str(tmp_path / "o.npy")]) == 2
+    assert "UTF-8" not in capsys.readouterr().err
+    dests = {a.dest for p in build_parser()._subparsers._group_actions[0].choices.values()
+             for a in p._actions if isinstance(a, (argparse._StoreAction, argparse._AppendAction))}
+    assert TEXT_ARGS <= dests                  # every name in the table is a real argument

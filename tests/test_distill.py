@@ -2,11 +2,13 @@
 zero where it should be and moves the student toward the teacher."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 import nanobert
 from nanobert.distill import DistillWeights, distill_loss, init_from_teacher, student_config
-from conftest import random_batch
+from conftest import WORDS, random_batch
 
 
 def _teacher(layers=4):
@@ -132,3 +134,57 @@ def test_distill_refuses_what_would_crash_or_learn_nothing(tmp_path, capsys):
     assert "all 0" in refusal(["--kl-weight", "0", "--mlm-weight", "0", "--cos-weight", "0"])
     assert "--vocab-size" in refusal(["--vocab-size", "100"])        # not a distill flag
     assert not out.exists()
+
+
+def test_cosine_term_is_left_out_at_weight_0():
+    """distill_loss computed 1 - cos(student, teacher) even at --cos-weight 0, where a
+    student of another hidden size (--student-preset) is allowed: a RuntimeError."""
+    teacher = _teacher(2)
+    torch.manual_seed(1)
+    student = nanobert.Bert(nanobert.preset("mini", vocab_size=120, num_hidden_layers=1), "mlm")
+    assert student.config.hidden_size != teacher.config.hidden_size
+    batch = _masked(random_batch(B=3, T=10, vocab=120))
+    with torch.no_grad():
+        s_out, t_out = student(**batch), teacher(**batch)
+        loss = distill_loss(s_out, t_out, DistillWeights(kl=1, mlm=1, cos=0))
+        alone = distill_loss(s_out, t_out, DistillWeights(kl=0, mlm=1, cos=0))
+    assert torch.isfinite(loss) and torch.allclose(alone, s_out.loss)
+
+
+def test_distill_refuses_flags_it_would_drop_or_crash_on(tmp_path, capsys):
+    """--student-layers with --student-preset was dropped without a word ('student: 2
+    layers'), --temperature with --kl-weight 0 changed nothing, and a student of another
+    hidden size trained (--cos-weight 0) to a traceback; each flag is refused in one line
+    before any work, or the run works."""
+    from nanobert.cli import main
+    lines = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(10)) + "." for i in range(60)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(l + ("\n" if i % 6 == 5 else "") for i, l in enumerate(lines)))
+    tok = nanobert.Tokenizer.train(lines, vocab_size=80)
+    torch.manual_seed(0)
+    teacher = nanobert.Bert(nanobert.preset("tiny", vocab_size=tok.vocab_size,
+                                            max_position_embeddings=64), "mlm")
+    teacher.save_pretrained(tmp_path / "teacher", tokenizer=tok)
+    out = tmp_path / "student"
+    base = ["distill", "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus),
+            "--out", str(out), "--steps", "1", "--batch-size", "2", "--seq-len", "24",
+            "--max-eval-rows", "4", "--no-progress"]
+
+    def refusal(extra):
+        rc = main(base + extra)
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "--student-layers 1: not with --student-preset tiny" in refusal(
+        ["--student-preset", "tiny", "--student-layers", "1"])
+    assert "--temperature 3: only with --kl-weight > 0" in refusal(
+        ["--kl-weight", "0", "--temperature", "3"])
+    err = refusal(["--student-preset", "mini"])
+    assert "--cos-weight 1:" in err and "are 256 and the teacher's 128" in err
+    assert not out.exists()
+    for extra in ([], ["--no-init"]):
+        assert main(base + ["--student-preset", "mini", "--cos-weight", "0", "--overwrite",
+                            *extra]) == 0, capsys.readouterr().err
+        assert json.loads((out / "config.json").read_text())["hidden_size"] == 256
+

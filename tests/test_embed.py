@@ -377,3 +377,35 @@ def test_blank_lines_skipped_in_a_text_input_are_noted(tmp_path, capsys):
     assert main(["embed", "--model", "minilm", "--input", str(text), "--out",
                  str(tmp_path / "f.npy")]) == 0
     assert "skipped" not in capsys.readouterr().err
+
+
+def test_evaluate_embeds_at_the_length_embed_uses(encoder, tmp_path, capsys, one_thread):
+    """evaluate on STS pairs reads a sentence-transformers checkpoint's max_seq_length
+    (minilm: 256), as `nanobert embed` does: it used to cut at the task default of 128,
+    and long BEIR documents scored under the published numbers."""
+    from scipy.stats import pearsonr
+    long_a, long_b = " ".join(["word"] * 200) + " cat", " ".join(["word"] * 200) + " dog"
+    pairs = [(long_a, long_b, 1.0), ("A man plays.", "A man is playing.", 4.5),
+             ("hello there", "goodbye now", 0.2), ("a cat sleeps", "a kitten naps", 3.9)]
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in pairs))
+    assert main(["evaluate", "--model", "minilm", "--data", str(sts), "--json"]) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out.strip().splitlines()[-1])
+    assert "cut" not in err and "longer than" not in err, err
+    a = encoder.encode([p[0] for p in pairs])
+    b = encoder.encode([p[1] for p in pairs])
+    assert encoder.max_length == 256 or encoder.max_length is None
+    want = pearsonr((a * b).sum(1), [p[2] for p in pairs])[0]
+    assert abs(got["pearson"] - want) < 1e-5
+
+
+def test_rerank_k_without_rerank_is_refused(tmp_path, capsys):
+    """search --rerank-k 5 without --rerank printed plain cosine results without a word;
+    refused before any model is loaded (the one named here does not exist)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one line\n")
+    assert main(["search", "--model", str(tmp_path / "none"), "--corpus", str(corpus),
+                 "--query", "q", "--rerank-k", "5"]) == 2
+    assert capsys.readouterr().err == "nanobert: error: --rerank-k needs --rerank MODEL\n"
+    assert not list(tmp_path.glob("c.txt.nanobert-*.npy"))

@@ -604,6 +604,47 @@ def test_entities_end_at_a_word_with_no_prediction():
     assert [(e["text"], e["score"]) for e in ents] == [("Ann Lee", 0.8)]
 
 
+def test_entities_take_the_marks_that_follow_a_word():
+    """An uncased tokenizer strips accents, so "Zoe\u0308" is a token of "Zoe" and the
+    mark maps to no token: the entity ended before it. A word now ends after the
+    characters that attach to its last one (combining marks, variation selectors, the
+    zero-width joiner), never over whitespace (a mark after a space is not its) or into
+    the next word; a zero-width space separates."""
+    from nanobert.finetune import entities
+    tok = tiny_tokenizer()
+    id2label = {0: "O", 1: "B-PER"}
+
+    def spans(text):
+        enc = tok.encode_batch([text])[0]
+        words = {w for w in enc.word_ids if w is not None}
+        return [e["text"] for e in entities(text, enc, {w: (1, 0.9) for w in words}, id2label)]
+
+    assert spans("met Zoe\u0308 Smith") == ["met", "Zoe\u0308", "Smith"]
+    assert spans("Zoe\u0308\u0301 Orle\u0301ans") == ["Zoe\u0308\u0301", "Orle\u0301ans"]
+    assert spans("love\u2764\ufe0f x") == ["love\u2764\ufe0f", "x"]     # (one [UNK])
+    assert spans("Ann\ufe0f\u200d Lee") == ["Ann\ufe0f\u200d", "Lee"]
+    assert spans("Ann \u0308Lee") == ["Ann", "Lee"]
+    assert spans("Ann\u0308.Lee") == ["Ann\u0308", ".", "Lee"]
+    assert spans("Ann\u200b Lee") == ["Ann", "Lee"]
+
+
+def test_entity_scores_are_not_rounded():
+    """Rounded to 4 places, the scores of the server and of Predictor differed by the
+    rounding when the batches differed; `predict` rounds only what it prints."""
+    from nanobert.finetune import entity_spans, ner_show
+    ents = entity_spans("Ann Lee", {0: (0, 3), 1: (4, 7)}, {0: (1, 0.123456), 1: (2, 0.2)},
+                        {0: "O", 1: "B-PER", 2: "I-PER"})
+    assert ents[0]["score"] == (0.123456 + 0.2) / 2
+    assert "[PER 0:7 'Ann Lee' 0.16]" in ner_show({"text": "Ann Lee", "entities": ents})
+
+
+def tiny_tokenizer():
+    """An uncased WordPiece vocabulary (BERT's normalizer strips accents)."""
+    words = "ann lee met zoe smith orleans love x".split()
+    return nanobert.Tokenizer.train([" ".join(words)] * 3 + ["? . , !"], vocab_size=80,
+                                    min_frequency=1)
+
+
 def test_entity_spans_read_bioes_and_bare_labels():
     """Checkpoints tagged elsewhere: BIOES (E- continues, S- is one word) and bare labels
     (IO tagging, 'LABEL_1' from an unnamed head) were read as if their first two
@@ -685,3 +726,17 @@ def test_a_model_records_whether_it_learnt_pairs_and_refuses_the_other_kind(tiny
         (p / "nanobert.json").write_text(json.dumps(settings))
         rc, err = run("evaluate", "--model", str(p), "--data", str(single))
         assert rc == 2 and f"{p / 'nanobert.json'}: {says}" in err, err
+
+
+def test_labels_come_from_the_whole_training_file_not_the_sample(tiny_dir, tmp_path):
+    """--max-train-examples samples the training file; the label set is the whole file's,
+    so a dev label the sample lacks is known (it was 'unknown label' at the dev file)."""
+    rows = sentiment_rows(12, 0) + [("the plot was so so", "meh")]
+    train = write_tsv(tmp_path / "train.tsv", rows)
+    dev = write_tsv(tmp_path / "dev.tsv", rows[-3:])
+    out = tmp_path / "out"
+    assert cli.main(["finetune", "--task", "classify", "--model", str(tiny_dir), "--train",
+                     str(train), "--dev", str(dev), "--out", str(out), "--epochs", "1",
+                     "--max-train-examples", "4", "--max-length", "16", "--no-progress"]) == 0
+    model, _ = nanobert.load(out)
+    assert sorted(model.config.id2label.values()) == ["bad", "good", "meh"]

@@ -226,3 +226,85 @@ def test_an_encoder_is_not_taken_for_gpt2(tiny_bert, sentiment_tsv, capsys):
                "--data", str(sentiment_tsv), "--n", "4"])
     err = capsys.readouterr().err
     assert rc == 2 and "not a causal language model" in err
+
+
+# ---- hub names: said as the BERT side says them (checkpoint.hub_failure) ----------------
+
+
+def fake_transformers(monkeypatch, online_error):
+    """transformers' from_pretrained as it fails for a hub name: not in the local cache
+    (local_files_only=True), and `online_error` raised from inside when it asks the hub,
+    wrapped in an OSError as transformers wraps huggingface_hub's errors."""
+    import transformers
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    asked = []
+
+    def from_pretrained(name, **kw):
+        asked.append(kw.get("local_files_only", False))
+        inner = LocalEntryNotFoundError("not cached") if kw.get("local_files_only") \
+            else online_error
+        try:
+            raise inner
+        except Exception as e:
+            if isinstance(e, ValueError):      # no hub failure: as it comes
+                raise
+            raise OSError(f"cannot load {name}") from e
+    for auto in ("AutoTokenizer", "AutoModelForCausalLM"):
+        monkeypatch.setattr(getattr(transformers, auto), "from_pretrained", from_pretrained)
+    return asked
+
+
+def test_gpt2_hub_failures_are_said_as_for_bert(tmp_path, monkeypatch):
+    """compare-gpt2 and the BERT commands told a hub that cannot be reached from a name it
+    does not have in two ways of their own; one helper says both now."""
+    from test_checkpoint import hub_error
+    from httpx import ConnectError
+    from nanobert import gpt2
+    from nanobert.checkpoint import hub_failure, hub_unreachable
+    monkeypatch.chdir(tmp_path)
+    unreachable = str(hub_unreachable("someone/gpt"))
+    asked = fake_transformers(monkeypatch, ValueError("unused"))
+    monkeypatch.setattr(gpt2, "_hub_reachable", lambda: False)   # found out before a retry
+    with pytest.raises(NanobertError) as e:
+        load_gpt2("someone/gpt")
+    assert str(e.value) == unreachable and asked == [True]
+    monkeypatch.setattr(gpt2, "_hub_reachable", lambda: True)
+    dropped = hub_error("LocalEntryNotFoundError", "check your internet connection")
+    dropped.__cause__ = ConnectError("connection reset")
+    unknown = hub_error("RepositoryNotFoundError", "404 Repository Not Found")
+    for error, said in [(dropped, unreachable), (unknown, str(hub_failure("someone/gpt", unknown)))]:
+        fake_transformers(monkeypatch, error)
+        with pytest.raises(NanobertError) as e:
+            load_gpt2("someone/gpt")
+        assert str(e.value) == said
+    assert "not found on the Hugging Face Hub" in str(hub_failure("someone/gpt", unknown))
+    fake_transformers(monkeypatch, ValueError("no tokenizer class"))   # fetched, does not load
+    with pytest.raises(NanobertError, match="cannot load a causal language model"):
+        load_gpt2("someone/gpt")
+
+
+@pytest.mark.parametrize("n, used", [(5, 4), (7, 6), (8, 8)])
+def test_compare_gpt2_says_how_many_examples_it_compares(tiny_bert, tiny_gpt2, sentiment_tsv,
+                                                          capsys, n, used):
+    """--n 5 compared 4 examples (2 of each label) without a word."""
+    assert main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+                 "--data", str(sentiment_tsv), "--n", str(n), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.strip().splitlines()[-1])["n"] == used
+    if n == used:
+        assert err == ""
+    else:
+        assert err == (f"nanobert: note: --n {n}: {used} examples used, {used // 2} of each of "
+                       "the 2 labels (the sample is balanced per label)\n")
+
+
+def test_compare_gpt2_refuses_fewer_examples_than_labels(tiny_bert, tiny_gpt2, sentiment_tsv,
+                                                         capsys):
+    """--n 1 compared 2 examples (one of each label)."""
+    assert main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+                 "--data", str(sentiment_tsv), "--n", "1"]) == 2
+    assert capsys.readouterr().err == ("nanobert: error: --n 1: the sample is balanced over the "
+                                       "2 labels of the data (the same number of each), so it "
+                                       "needs 2 or more\n")
+    r = compare(tiny_bert, tiny_gpt2, sentiment_tsv, n=1, sample="first")   # any n, in order
+    assert r["n"] == 1

@@ -248,3 +248,46 @@ def test_attention_refuses_empty_text(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith(f"nanobert: error: {flag}") and err.count("\n") == 1
     assert not (tmp_path / "a.png").exists()
+
+
+def test_tsne_says_the_perplexity_it_uses(tiny_dir, labelled_tsv, tmp_path, capsys):
+    """--perplexity 100 with --n 20 was capped at (n - 1) / 3 without a word."""
+    out = tmp_path / "t.png"
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "20", "--perplexity", "100"]) == 0
+    assert capsys.readouterr().err == ("nanobert: note: --perplexity 100: 6.333 used, the most "
+                                       "t-SNE takes for 20 examples ((n - 1) / 3)\n")
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "20", "--perplexity", "5"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("names, said", [
+    ("0=a,1=a", "labels '0' and '1' would both be shown as 'a'"),
+    ("0=1", "labels '0' and '1' would both be shown as '1'"),   # 1 keeps its own name
+])
+def test_tsne_refuses_two_labels_of_one_name(tiny_dir, labelled_tsv, tmp_path, capsys, names,
+                                            said):
+    """--label-names 0=a,1=a drew a legend with two entries 'a'."""
+    out = tmp_path / "t.png"
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "10", "--label-names", names]) == 2
+    assert capsys.readouterr().err == (f"nanobert: error: --label-names {names}: {said}; give "
+                                       "each its own name\n")
+    assert not out.exists()
+
+
+def test_tsne_sample_size_is_said_and_checked(tiny_dir, labelled_tsv, tmp_path, capsys):
+    """The balanced sample's size, when it is not --n, is said with the reason; an --n
+    below the number of labels is refused (a balanced sample has one of each at least)."""
+    from nanobert.inspection import command_sample
+    out = tmp_path / "t.png"
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "30", "--perplexity", "5"]) == 0
+    assert capsys.readouterr().err == ("nanobert: note: --n 30: 25 examples used, at most 15 "
+                                       "of each of the 2 labels (the sample is balanced per "
+                                       "label), and the data has fewer of '1' (10)\n")
+    with pytest.raises(NanobertError, match=r"^--n 2: the sample is balanced over the 3 labels"):
+        command_sample(["a", "b", "c", "a"], 2)
+    labels = ["a", "b", "c", "a"]
+    assert sorted(labels[i] for i in command_sample(labels, 3)) == ["a", "b", "c"]

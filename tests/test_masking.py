@@ -39,6 +39,16 @@ def test_parse_split():
             parse_split(bad)
 
 
+
+def test_split_names_keep_their_decimals():
+    """split_name rounded to whole percents: 80.5/9.5/10 was named (and, through its name,
+    trained as) 80/10/10. A name now parses back to its split."""
+    assert split_name(parse_split("80.5/9.5/10")) == "80.5/9.5/10"
+    assert split_name(parse_split("80.0/10.00/10")) == "80/10/10"
+    assert split_name(parse_split("0.0001/0/99.9999")) == "0.0001/0/99.9999"
+    for text in ("80.4/9.6/10", "33.3333333333/33.3333333333/33.3333333334", "7/3/90"):
+        assert parse_split(split_name(parse_split(text))) == parse_split(text)
+
 def test_rate_and_split_statistics_over_many_draws():
     m = masker()
     ids, mask = batch()

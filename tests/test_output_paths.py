@@ -14,8 +14,8 @@ import torch
 
 import nanobert
 from nanobert.cli import main
-from nanobert.files import (NanobertError, atomic_path, check_output_dir, check_output_file,
-                            write_text)
+from nanobert.files import (NanobertError, atomic_path, check_not_input, check_output_dir,
+                            check_output_file, write_text)
 from nanobert.rundir import RUN_FILE, fingerprint, read_run, run
 
 
@@ -127,6 +127,24 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     assert refused(capsys, ["pretrain", "--corpus", str(train), "--out", str(model),
                             "--overwrite"]).startswith(f"--out {model}: holds the input {train}")
     assert (model / "config.json").exists()
+
+
+def test_a_file_output_that_is_a_directory_holding_the_input_is_a_directory(tmp_path, capsys):
+    """embed/tsne/compare-gpt2 --out DIR, DIR holding the input, said 'clearing it would
+    delete' the input: none of them clears anything; DIR is no file name, that is all."""
+    data = tmp_path / "corpus.txt"
+    data.write_text("a good film\t1\n")
+    missing = str(tmp_path / "no-model")
+    said = f"--out {tmp_path}: is a directory; a file name is needed here"
+    with pytest.raises(NanobertError) as e:
+        check_output_file(tmp_path, "--out", (".npy",), inputs=[data])
+    assert str(e.value) == said
+    for argv in (["embed", "--model", missing, "--input", str(data)],
+                 ["tsne", "--model", missing, "--data", str(data)],
+                 ["compare-gpt2", "--bert", missing, "--gpt2", missing, "--data", str(data)]):
+        assert refused(capsys, argv + ["--out", str(tmp_path)]) == said, argv[0]
+    with pytest.raises(NanobertError, match="holds the input"):   # a directory output: kept
+        check_not_input(tmp_path, [data])
 
 
 # ---- what --overwrite deletes, what --resume compares, what export replaces --------------

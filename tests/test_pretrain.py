@@ -414,3 +414,136 @@ def test_a_config_or_preset_changed_by_the_run_is_noted(tmp_path, capsys):
     from nanobert.files import NanobertError
     with pytest.raises(NanobertError, match="--seq-len 128 exceeds --config .* 64 positions"):
         PretrainConfig(corpus=["c"], model_config=str(tmp_path / "config.json"), seq_len=128)
+
+
+def ablation_argv(corpus_dir, out, steps, splits, *extra) -> list:
+    return ["ablate-masking", "--corpus", str(corpus_dir), "--out", str(out), "--steps",
+            str(steps), "--batch-size", "8", "--seq-len", "32", "--vocab-size", "120",
+            "--eval-every", "2", "--max-eval-rows", "16", "--no-progress", "--attn-backend",
+            "eager", "--splits", splits, *extra]
+
+
+def test_ablation_trains_and_names_the_exact_split(corpus_dir, tmp_path, capsys):
+    """--splits 80.5/9.5/10 trained 80/10/10 (its name, rounded to whole percents, was
+    passed on as the split), in split-80-10-10, and 80/10/10,80.4/9.6/10 was refused as
+    'given twice'. Splits are the same only when they are equal as numbers."""
+    from nanobert.pretrain import parse_splits
+    assert parse_splits("80/10/10, 80.4/9.6/10") == [(0.8, 0.1, 0.1), (0.804, 0.096, 0.1)]
+    with pytest.raises(NanobertError, match=r"80/10/10 is given twice .*\(also as 80\.0/10/10\)"):
+        parse_splits("80/10/10,80.0/10/10")
+    with pytest.raises(NanobertError, match="more than 10 decimals"):
+        parse_splits("33.333333333333333/33.333333333333333/33.333333333333334")
+    out = tmp_path / "abl"
+    assert main(ablation_argv(corpus_dir, out, 1, "80.5/9.5/10,80/10/10")) == 0
+    assert sorted(p.name for p in out.glob("split-*")) == ["split-80-10-10", "split-80.5-9.5-10"]
+    args = json.loads((out / "split-80.5-9.5-10" / "pretrain_args.json").read_text())
+    assert args["mask_split"] == "80.5/9.5/10"
+    assert PretrainConfig.create(corpus=["c"], mask_split=args["mask_split"]).split == \
+        (0.805, 0.095, 0.1)
+    assert "| 80.5/9.5/10 |" in (out / "ablation.md").read_text()
+    assert "split 80.5/9.5/10" in capsys.readouterr().out
+
+
+def test_the_ablation_directory_is_one_run(corpus_dir, tmp_path, capsys):
+    """An ablation's --out had no run record: a new ablation there replaced the report and
+    left the old split runs beside its own, and --overwrite kept them too. Now a directory
+    holding an ablation needs --resume (of the same one) or --overwrite, which clears it."""
+    out = tmp_path / "abl"
+    assert main(ablation_argv(corpus_dir, out, 2, "80/10/10,0/0/100")) == 0
+    report = (out / "ablation.md").read_text()
+    rec = json.loads((out / "nanobert-run.json").read_text())
+    assert rec["command"] == "ablate-masking" and rec["status"] == "finished"
+    assert "mask_split" not in rec["fingerprint"]["flags"]
+    assert "already holds a masking ablation (split-0-0-100, split-80-10-10" in cli_refusal(
+        capsys, ablation_argv(corpus_dir, out, 1, "70/20/10"))
+    assert "(--steps 2 there, 1 now)" in cli_refusal(
+        capsys, ablation_argv(corpus_dir, out, 1, "70/20/10", "--resume"))
+    assert (out / "ablation.md").read_text() == report and not (out / "split-70-20-10").exists()
+    (out / "notes.txt").write_text("mine\n")      # (was there before: kept, as rundir keeps it)
+    rec["foreign"] = ["notes.txt"]
+    (out / "nanobert-run.json").write_text(json.dumps(rec))
+    assert main(ablation_argv(corpus_dir, out, 1, "100/0/0", "--overwrite")) == 0
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "ablation.csv", "ablation.md", "ablation.png", "cache", "nanobert-run.json",
+        "notes.txt", "split-100-0-0"]
+    # an ablation written before ablations had a record: --resume cannot check it
+    (out / "nanobert-run.json").unlink()
+    assert "without a run record" in cli_refusal(
+        capsys, ablation_argv(corpus_dir, out, 1, "100/0/0", "--resume"))
+    assert main(ablation_argv(corpus_dir, out, 1, "0/0/100", "--overwrite")) == 0
+    assert sorted(p.name for p in out.glob("split-*")) == ["split-0-0-100"]
+    assert (out / "notes.txt").is_file()
+
+
+def test_an_interrupted_ablation_keeps_its_runs_and_resumes_exactly(corpus_dir, tmp_path,
+                                                                    monkeypatch):
+    """Ctrl-C in the second split: the first split's model and the second's checkpoint
+    stay (the ablation's record says unfinished), and --resume ends with the models of an
+    uninterrupted ablation, byte for byte."""
+    import nanobert.masking as masking
+    argv = lambda out, *extra: ablation_argv(corpus_dir, out, 4, "80/10/10,0/0/100",  # noqa: E731
+                                              "--save-every", "2", *extra)
+    assert main(argv(tmp_path / "full")) == 0
+    real_mask, calls = masking.Masker.mask, {"n": 0}
+
+    def mask_then_interrupt(self, *a, **kw):   # split 1: 5 calls (validation + 4 steps)
+        calls["n"] += 1
+        if calls["n"] == 9:                    # split 2, building its 3rd batch
+            raise KeyboardInterrupt
+        return real_mask(self, *a, **kw)
+    monkeypatch.setattr(masking.Masker, "mask", mask_then_interrupt)
+    cut = tmp_path / "cut"
+    assert main(argv(cut)) == 130
+    monkeypatch.setattr(masking.Masker, "mask", real_mask)
+    assert json.loads((cut / "nanobert-run.json").read_text())["status"] == "running"
+    assert (cut / "split-80-10-10" / "model.safetensors").is_file()
+    state = cut / "split-0-0-100" / "checkpoint" / "state.json"
+    assert json.loads(state.read_text())["step"] == 2
+    assert main(argv(cut, "--resume")) == 0
+    assert json.loads((cut / "nanobert-run.json").read_text())["status"] == "finished"
+    for d in ("split-80-10-10", "split-0-0-100"):
+        assert (cut / d / "model.safetensors").read_bytes() == \
+            (tmp_path / "full" / d / "model.safetensors").read_bytes()
+
+
+def test_a_vocabulary_smaller_than_asked_is_noted(corpus_dir, capsys):
+    """--vocab-size 99999999 printed 'training a WordPiece vocabulary of 99999999' and
+    saved one of about a thousand tokens without a word."""
+    from nanobert.corpus import load_corpus
+    tok, _, _ = load_corpus([corpus_dir], None, vocab_size=99999999, log=lambda *a: None)
+    err = capsys.readouterr().err
+    assert f"--vocab-size 99999999: the vocabulary has {tok.vocab_size} tokens" in err
+    tok, _, _ = load_corpus([corpus_dir], None, vocab_size=60, log=lambda *a: None)
+    assert tok.vocab_size == 60 and capsys.readouterr().err == ""
+
+
+def test_resume_logs_the_loss_curve_of_an_uninterrupted_run(
+        corpus_dir, tmp_path, monkeypatch):
+    """The weights, the evaluations and every training-loss record of a resumed run equal
+    an uninterrupted run's, the record whose window (here steps 5-8) spans the stop
+    (step 6) included: the checkpoint keeps the losses summed since the last record (that
+    record averaged only the steps after the stop)."""
+    import nanobert.masking as masking
+    kw = dict(steps=12, eval_every=4, save_every=4, cache_dir=str(tmp_path / "cache"))
+    run_pretrain(args_for(corpus_dir, tmp_path / "full", **kw), log=lambda *a: None)
+    real_mask, calls = masking.Masker.mask, {"n": 0}
+
+    def mask_then_interrupt(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 8:                  # (the first call masks the validation rows)
+            raise KeyboardInterrupt
+        return real_mask(self, *a, **kw)
+    monkeypatch.setattr(masking.Masker, "mask", mask_then_interrupt)
+    cut = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        run_pretrain(args_for(corpus_dir, cut, **kw), log=lambda *a: None)
+    monkeypatch.setattr(masking.Masker, "mask", real_mask)
+    assert json.loads((cut / "checkpoint" / "state.json").read_text())["step"] == 6
+    run_pretrain(args_for(corpus_dir, cut, resume=True, **kw), log=lambda *a: None)
+    for name in ("model.safetensors", "checkpoint/model.safetensors"):
+        assert (cut / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+    assert [r["loss"] for r in records(cut, "eval")] == \
+        [r["loss"] for r in records(tmp_path / "full", "eval")]
+    a, b = ({r["step"]: r["loss"] for r in records(d, "train")} for d in (tmp_path / "full", cut))
+    assert list(a) == list(b) == [4, 8, 12]
+    assert a == b

@@ -473,7 +473,7 @@ def test_conll_rows_keep_one_column_count(tmp_path):
     p = write(tmp_path, "n.conll", "EU B-ORG\nNew York B-LOC\n\nPeter B-PER\n")
     assert error_of(D.read_conll, p) == (f"{p}:2: expected 2 columns like line 1, found 3 (CoNLL "
                                          "columns are separated by spaces or tabs; a token "
-                                         "cannot hold one)")
+                                         "holds a space only where tabs separate the columns)")
     assert error_of(D.read_conll, p, require_tags=False).startswith(f"{p}:2: expected 2 columns")
     nbsp = write(tmp_path, "b.conll", "New\u00a0York B-LOC\nis O\n")
     assert D.read_conll(nbsp)[0].words == ["New\u00a0York", "is"]

@@ -219,7 +219,7 @@ def test_classify_and_pairs_equal_predict(server, models):
         assert abs(row["scores"]["positive"] - float(p[1])) < 1e-5
     pairs = [[a, b] for a, b in zip(SENTENCES, SENTENCES[1:])]
     probs = predict_classify(model, tok, [Example(a, b) for a, b in pairs], settings["max_length"])
-    r = server.post("/classify", {"inputs": pairs}).json()["results"]
+    r = server.post("/classify", {"inputs": pairs, "model": "sst"}).json()["results"]
     assert np.allclose([x["score"] for x in r], probs.max(-1).values.numpy(), atol=1e-5)
     assert "scores" not in r[0]
 
@@ -246,11 +246,28 @@ def test_rerank_scores_pairs_with_the_classifier(server, models):
     probs = predict_classify(model, tok, [Example("is it good?", d) for d in docs],
                              settings["max_length"])[:, 1]
     r = server.post("/rerank", {"query": "is it good?", "documents": docs, "top_n": 3,
-                                "return_documents": True}).json()["results"]
+                                "return_documents": True, "model": "sst"}).json()["results"]
     best = torch.argsort(probs, descending=True)[:3].tolist()
     assert [x["index"] for x in r] == best
     assert np.allclose([x["relevance_score"] for x in r], probs[best].numpy(), atol=1e-5)
     assert r[0]["document"]["text"] == docs[best[0]]
+
+
+def test_rerank_names_the_query_when_it_alone_is_too_long(server):
+    """A query over the limit with truncate: false was blamed on documents[0] (of 5
+    tokens), with the pair's length."""
+    r = server.post("/rerank", {"query": "the film " * 50, "documents": ["a short doc"],
+                                "truncate": False, "model": "sst"})
+    err = r.json()["error"]
+    assert r.status_code == 422 and err["param"] == "query", r.text
+    assert err["message"].startswith("field 'query' has 103 tokens (with a pair's special "
+                                     "tokens), over the model's limit of 32"), err
+    r = server.post("/rerank", {"query": "the film " * 1500, "documents": ["a short doc"],
+                                "truncate": False, "model": "sst"})
+    assert r.json()["error"]["message"].startswith("field 'query' has over "), r.text
+    r = server.post("/rerank", {"query": "q", "documents": ["a short doc", "word " * 100],
+                                "truncate": False, "model": "sst"})
+    assert r.json()["error"]["param"] == "documents[1]", r.text
 
 
 def test_regression_reranker_cuts_at_its_trained_max_length(server, models):
@@ -308,6 +325,15 @@ def test_a_classifier_takes_only_the_kind_of_input_it_learnt(tmp_path):
         assert r.status_code == 422 and "does not serve /rerank" in r.text
         assert s.post("/rerank", {"model": "paired", "query": "q",
                                   "documents": ["d"]}).status_code == 200
+        # no model named: the one of the request's kind (pairs went to the first, single)
+        for inputs, name in [([["a text", "its pair"]], "paired"), (["a text"], "single")]:
+            r = s.post("/classify", {"inputs": inputs})
+            assert r.status_code == 200 and r.json()["model"] == name, r.text
+        # the routes no served model answers are neither listed nor answered
+        for path in ("/embed", "/v1/embeddings", "/ner", "/qa"):
+            assert f" {path} " not in s.banner and f"POST {path}" not in \
+                s.http.get("/info").json()["routes"]
+            assert s.post(path, {"inputs": "x", "input": "x"}).status_code == 404
     finally:
         s.close()
 
@@ -424,7 +450,7 @@ def test_long_inputs_are_clipped_without_changing_answers(server, models):
     model, tok, settings = load_finetuned(models["sst"])
     probs = predict_classify(model, tok, [Example("is it good?", long)], settings["max_length"])
     r = server.post("/rerank", {"query": "is it good?", "documents": [long, "fine"],
-                                "return_documents": True}).json()["results"]
+                                "return_documents": True, "model": "sst"}).json()["results"]
     first = next(x for x in r if x["index"] == 0)
     assert abs(first["relevance_score"] - float(probs[0, 1])) < 1e-5
     assert first["document"]["text"] == long and first["truncated"]  # the document as sent
@@ -599,6 +625,13 @@ def test_concurrent_requests_share_batches(server):
     ("/v1/embeddings", {"input": "x", "dimensions": 999}, 422, "at most the model's 384"),
     ("/v1/embeddings", {"input": "x", "model": "gpt-4"}, 422, "names no served model"),
     ("/embed", {"inputs": "x", "model": "sst"}, 422, "does not serve /embed"),
+    # the route called, not the one it shares the work with (was "does not serve /embed")
+    ("/v1/embeddings", {"input": ["x"], "model": "sst"}, 422, "does not serve /v1/embeddings"),
+    # one document is a list of one, as Cohere and TEI want it (a string was read as one)
+    ("/rerank", {"query": "q", "documents": "a doc"}, 422,
+     "field 'documents' must be a list of strings"),
+    ("/rerank", {"query": "q", "documents": []}, 422,
+     "field 'documents' must be a non-empty list of strings"),
     ("/embed", {"inputs": ["word " * 300], "truncate": False}, 422, "over the model's limit of 256"),
     ("/classify", {"inputs": [["a", "b"], "c"]}, 422, "'inputs[1]'"),
     ("/rerank", {"documents": ["a"]}, 422, "'query' is required"),
@@ -821,6 +854,8 @@ def test_drain_deadline_answers_503_and_exits(models):
         assert "shutting down" in cut.json()["error"]["message"]
         log = s.proc.stdout.read()
         assert "Traceback" not in log and "answered 503" in log, log
+        # uvicorn's own ERROR line for the tasks it cancels (nanobert's line says it)
+        assert "graceful shutdown exceeded" not in log, log
     finally:
         s.close()
 

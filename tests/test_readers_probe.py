@@ -1,0 +1,174 @@
+"""Files a tester found misread: plain text taken for CSV, STS-B test pairs evaluated as
+retrieval, constant predictions blamed on the scores, column indices, CoNLL tokens with
+spaces in tab-separated files."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from nanobert import data as D
+from nanobert import retrieval as R
+from nanobert.biencoder import read_embed_data, regress_evaluate, text_rows_input
+from nanobert.files import NanobertError
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def error_of(fn, *args, **kw) -> str:
+    with pytest.raises(NanobertError) as e:
+        fn(*args, **kw)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+# ---- 1. plain text whose first line has a comma ---------------------------------------
+
+@pytest.mark.parametrize("first", ["Sentence, paragraph", "Text, images and video all failed to load",
+                                   "Question, comment or complaint?", "text, label"])
+def test_a_text_with_commas_in_line_1_is_not_a_csv_header(tmp_path, first, capsys):
+    # line 1 was dropped and texts cut at their first comma ('great movie'), or the file
+    # failed with 'expected 2 fields like the header'
+    p = write(tmp_path, "in.txt", f"{first}\ngreat movie, truly\nawful, really\n")
+    lines = [first, "great movie, truly", "awful, really"]
+    assert [e.text_a for e in D.read_inputs(p)] == lines
+    assert [r.texts for r in text_rows_input(p)] == [(t,) for t in lines]
+    assert "note" not in capsys.readouterr().err
+
+
+def test_a_real_csv_header_in_a_txt_file_is_read_with_a_note(tmp_path, capsys):
+    p = write(tmp_path, "in.txt", "Text,label\n\"great movie, truly\",1\n")
+    assert [(e.text_a, e.label) for e in D.read_inputs(p)] == [("great movie, truly", "1")]
+    err = capsys.readouterr().err
+    assert f"{p}: line 1 read as the header of a comma-separated table (Text, label)" in err
+    q = write(tmp_path, "q.txt", "query,document\nwho,him\n")
+    assert [r.texts for r in text_rows_input(q)] == [("who", "him")]
+    assert "line 1 read as the header" in capsys.readouterr().err
+    named = write(tmp_path, "n.txt", "my review,stars\nok, fine,2\n")   # named by flag: a table
+    assert "expected 2 fields" in error_of(D.read_inputs, named, {"text_column": "my review"})
+    csv = write(tmp_path, "in.csv", "Sentence, paragraph\na,b\n")   # a .csv is a table
+    assert [e.text_a for e in D.read_inputs(csv)] == ["a"]
+    tsv = write(tmp_path, "t.txt", "sentence\tlabel\ngood\t1\n")
+    assert [e.text_a for e in D.read_inputs(tsv)] == ["good"]
+    msrp = write(tmp_path, "msr_paraphrase_test.txt",
+                 "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA, b.\tC, d.\n")
+    assert [(e.text_a, e.text_b) for e in D.read_inputs(msrp)] == [("A, b.", "C, d.")]
+    j = write(tmp_path, "in.jsonl", json.dumps({"text": "a, b"}) + "\n")
+    assert [e.text_a for e in D.read_inputs(j)] == ["a, b"]
+
+
+def test_a_csv_file_predicted_by_an_embedding_model_is_a_table(tmp_path):
+    # a .csv without a text column was read line by line, its header an input
+    p = write(tmp_path, "in.csv", "review,stars\nnice one,5\n")
+    assert error_of(text_rows_input, p).startswith(f"{p}:1: no text column")
+    assert [r.texts for r in text_rows_input(p, {"text_column": "review"})] == [("nice one",)]
+
+
+# ---- 2. STS/NLI pairs without a score are no retrieval set ----------------------------
+
+def test_sts_pairs_without_scores_are_refused_by_the_bi_encoder(tmp_path):
+    # GLUE STS-B test: evaluated as retrieval, every pair (score-0 ones too) a match
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\n"
+    p = write(tmp_path, "g_test.tsv", head + "0\tm\tv\t2012\t1\tn\tn\tA cat.\tA man.\n")
+    msg = error_of(read_embed_data, p)
+    assert msg.startswith(f"{p}:1: no score column (expected one of score, similarity")
+    assert "'sentence1'/'sentence2'" in msg
+    for cols in ("text_a\ttext_b", "premise\thypothesis", "Sentence1\tSentence2"):
+        q = write(tmp_path, "q.tsv", f"{cols}\na\tb\n")
+        assert error_of(read_embed_data, q).startswith(f"{q}:1: no score column")
+    assert D.read_text_rows(p)[0].score is None         # the plain reader still reads it
+    scored = write(tmp_path, "s.tsv", "sentence1\tsentence2\tscore\na\tb\t4\n")
+    assert read_embed_data(scored)[0].score == 4.0
+
+
+@pytest.mark.parametrize("text", ["anchor\tpositive\na\tb\n", "query\tdocument\na\tb\n",
+                                  "question\tanswer\na\tb\n", "query\tpassage\na\tb\n",
+                                  "sentence1\tsentence2\tnegative\na\tb\tc\n"])
+def test_query_positive_pairs_keep_their_retrieval_evaluation(tmp_path, text):
+    rows = read_embed_data(write(tmp_path, "p.tsv", text))
+    assert rows[0].texts[:2] == ("a", "b") and rows[0].score is None
+
+
+def test_pairs_named_by_flag_are_taken_as_positives(tmp_path):
+    p = write(tmp_path, "p.tsv", "sentence1\tsentence2\na\tb\n")
+    assert read_embed_data(p, {"pair_column": "sentence2"})[0].texts == ("a", "b")
+
+
+# ---- 3. constant predictions ------------------------------------------------------------
+
+def test_constant_similarities_are_blamed_on_the_model_naming_the_file(tmp_path):
+    # 'correlation needs at least two examples and scores that vary', no file named
+    p = write(tmp_path, "sts-range.csv", "main\tx\t2012\t0001\t7.5\tA cat.\tA dog.\n"
+                                         "main\tx\t2012\t0002\t1\tA cat.\tA dog.\n")
+    rows = D.read_text_rows(p)
+
+    def same(texts):
+        return np.tile(np.array([[0.6, 0.8]], dtype=np.float32), (len(texts), 1))
+    assert error_of(R.evaluate_sts, same, rows) == (
+        f"{p}: the model gives every pair the same similarity (1.0000); correlation is "
+        "undefined")
+
+    sides = iter([np.eye(2, dtype=np.float32)[[0, 0]], np.eye(2, dtype=np.float32)])
+    got = R.evaluate_sts(lambda texts: next(sides), rows)    # cosines 1 and 0
+    assert got["n"] == 2 and got["spearman"] == pytest.approx(1.0)   # any score scale
+
+
+def test_constant_regression_scores_name_the_file(tmp_path, monkeypatch):
+    p = write(tmp_path, "r.tsv", "sentence1\tsentence2\tscore\na\tb\t7.5\na\tb\t1\n")
+    rows = D.read_text_rows(p)
+    monkeypatch.setattr(R, "pair_scores", lambda model, tok, pairs, *a: [0.25] * len(pairs))
+    assert error_of(regress_evaluate, None, None, rows, {"max_length": 8}) == (
+        f"{p}: the model gives every pair the same score (0.2500); correlation is undefined")
+
+
+# ---- 4. columns given by index ----------------------------------------------------------
+
+COLA = ("gj04\t1\t\tOur friends won't buy this analysis.\n"
+        "gj04\t0\t*\tThey drank the pub.\n")
+
+
+def test_column_indices_read_a_headerless_table(tmp_path):
+    # CoLA: "no text column ... columns: 'gj04','1',..."
+    p = write(tmp_path, "in_domain_train.tsv", COLA)
+    got = D.read_classification(p, text_column="3", label_column="1")
+    assert [(e.text_a, e.label, e.line) for e in got] == [
+        ("Our friends won't buy this analysis.", "1", 1), ("They drank the pub.", "0", 2)]
+    assert [e.text_a for e in D.read_inputs(p, {"text_column": "3"})][1] == "They drank the pub."
+    txt = write(tmp_path, "cola.txt", COLA)
+    assert len(D.read_inputs(txt, {"text_column": "3"})) == 2
+    pair = write(tmp_path, "p.csv", "x,a,b\ny,c,d\n")
+    assert [(e.text_a, e.text_b) for e in D.read_inputs(
+        pair, {"text_column": "1", "pair_column": "2"})] == [("a", "b"), ("c", "d")]
+    assert "no text column '7'" in error_of(D.read_classification, p, text_column="7",
+                                            label_column="1")
+    rows = D.read_text_rows(write(tmp_path, "s.tsv", "a\tb\t0.5\nc\td\t1\n"),
+                            columns={"text": "0", "pair": "1", "score": "2"})
+    assert [(r.texts, r.score) for r in rows] == [(("a", "b"), 0.5), (("c", "d"), 1.0)]
+
+
+def test_column_indices_count_the_columns_of_a_header(tmp_path):
+    p = write(tmp_path, "h.tsv", "id\tsentence\tlabel\n7\tgood\t1\n")
+    got = D.read_classification(p, text_column="1", label_column="2")
+    assert [(e.text_a, e.label, e.line) for e in got] == [("good", "1", 2)]
+    pandas = write(tmp_path, "pd.csv", ",0,1\n0,good,1\n")   # to_csv of unnamed columns
+    got = D.read_classification(pandas, text_column="0", label_column="1")
+    assert [(e.text_a, e.label) for e in got] == [("good", "1")]
+
+
+# ---- 5. CoNLL tokens with spaces --------------------------------------------------------
+
+def test_tab_separated_conll_tokens_may_hold_spaces(tmp_path):
+    # 'New York<TAB>B-LOC' was 'expected 2 columns like line 1, found 3'
+    p = write(tmp_path, "n.txt", "John\tB-PER\nNew York\tB-LOC\n\n-DOCSTART- -X- O\n\nHi\tO\n")
+    got = D.read_conll(p)
+    assert [(s.words, s.tags) for s in got] == [(["John", "New York"], ["B-PER", "B-LOC"]),
+                                                (["Hi"], ["O"])]
+    four = write(tmp_path, "f.txt", "EU\tNNP\tB-NP\tB-ORG\nSão Paulo\tNNP\tI-NP\tB-LOC\n")
+    assert D.read_conll(four)[0].words == ["EU", "São Paulo"]
+    spaces = write(tmp_path, "s.txt", "John B-PER\nNew York B-LOC\n")
+    assert "expected 2 columns like line 1, found 3" in error_of(D.read_conll, spaces)
