@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import math
 import os
 import queue
 import threading
@@ -49,6 +50,22 @@ class Job:
     left: int = 0
     started: bool = False
     cancelled: bool = False       # set on the event loop, read by the inference thread
+    unrun: int = 0                # its tokens not yet run (nor dropped): Batcher._queued
+
+
+class QueueFull(Exception):
+    """A request refused or given up because of the bound on queue wait (max_wait):
+    `reason` "queue_wait" (refused at once: the work already queued for its model would
+    take longer) or "queued_too_long" (it waited that long and never started)."""
+
+    def __init__(self, message: str, reason: str, retry_after: int = 1):
+        super().__init__(message)
+        self.reason, self.retry_after = reason, retry_after
+
+
+def model_of(group: Hashable) -> Hashable:
+    """The model of a batch group (the server's groups are (model name, kind, ...))."""
+    return group[0] if isinstance(group, tuple) and group else group
 
 
 class BatchObserver:
@@ -103,7 +120,7 @@ class Batcher:
     """One inference thread fed by a queue; batches are cut by `max_tokens`."""
 
     def __init__(self, max_tokens: int, observer: Optional[BatchObserver] = None,
-                 split: Optional[Callable] = None):
+                 split: Optional[Callable] = None, max_wait: Optional[float] = None):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self.max_tokens = max_tokens
@@ -112,7 +129,14 @@ class Batcher:
         # spreads it over the CPU cores); by default run(items)
         self.split = split or (lambda run, items, lengths: run(items))
         self._trim = heap_trimmer()
-        self._fresh_led = False       # _cut: whether new requests led the last batch
+        self._fresh_led: dict = {}    # _cut: whether new requests led a model's last batch
+        self._turns: list = []        # models, the one served longest ago first
+        # the bound on queue wait: tokens queued (not yet run) and tokens per second of
+        # recent batches, by model; both threads use them
+        self.max_wait = max_wait
+        self._lock = threading.Lock()
+        self._queued: dict = {}
+        self._rate: dict = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="nanobert-inference", daemon=True)
         self._thread.start()
@@ -122,15 +146,66 @@ class Batcher:
         their outputs, in the order of `items`."""
         if not items:
             return []
+        self._admit(model_of(group))
         loop = asyncio.get_running_loop()
         job = Job(group, list(items), list(lengths), run, loop.create_future(), loop)
         job.outputs, job.left = [None] * len(items), len(items)
+        self._unqueue(job, -sum(job.lengths))
         self._queue.put(job)
         try:
             return await job.future
         except asyncio.CancelledError:   # the client went away: its items are dropped
             job.cancelled = True
             raise
+
+    def expected_wait(self, model: Hashable) -> float:
+        """Seconds the work queued for `model` takes at its recently measured rate (0
+        before its first batch)."""
+        with self._lock:
+            rate = self._rate.get(model)
+            return self._queued.get(model, 0) / rate if rate else 0.0
+
+    def _admit(self, model: Hashable):
+        """Refuse (QueueFull) a request whose model has more work queued than runs
+        within max_wait seconds: it would wait longer than that (clients timed out
+        instead of getting a 429)."""
+        if self.max_wait is None:
+            return
+        wait = self.expected_wait(model)
+        if wait > self.max_wait:
+            raise QueueFull(f"the work queued for this model takes about {wait:.0f} s, over "
+                            f"--max-queue-wait {self.max_wait:g}; retry later", "queue_wait",
+                            max(1, math.ceil(wait - self.max_wait)))
+
+    def _unqueue(self, job: Job, tokens: int):
+        """`tokens` of the job are run or dropped (negative: queued)."""
+        with self._lock:
+            model = model_of(job.group)
+            self._queued[model] = self._queued.get(model, 0) - tokens
+            job.unrun -= tokens
+
+    def _measured(self, batch: list, seconds: float):
+        tokens = sum(job.lengths[i] for job, i in batch)
+        model = model_of(batch[0][0].group)
+        if seconds > 0:
+            with self._lock:
+                old = self._rate.get(model)
+                new = tokens / seconds
+                self._rate[model] = new if old is None else 0.7 * old + 0.3 * new
+
+    def _expire(self, live: list) -> list:
+        """`live` less the requests not started within max_wait seconds of being
+        queued: those are answered QueueFull (a client waiting on would time out)."""
+        if self.max_wait is None:
+            return live
+        now = time.perf_counter()
+        for job in {id(j): j for j, _ in live if not j.started}.values():
+            if now - job.queued_at > self.max_wait:
+                job.cancelled = True
+                _answer(job, QueueFull(f"queued {now - job.queued_at:.0f} s without starting, "
+                                       f"over --max-queue-wait {self.max_wait:g}; retry "
+                                       "later", "queued_too_long"))
+        return [e for e in live if not e[0].cancelled]
 
     def stop(self, timeout: Optional[float] = None):
         """Finish what is queued, then end the thread."""
@@ -167,23 +242,32 @@ class Batcher:
             block = False
 
     def _cut(self, pending: deque) -> list:
-        """The next batch: items of the first waiting item's group, in arrival order,
-        while they fit in the token budget (always at least one item). Turns alternate
+        """The next batch: items of one group, in arrival order, while they fit in the
+        token budget (always at least one item). Models take turns (`_next_model`): a
+        model's batch goes out, then one of the next model with work waiting, so short
+        requests to one model wait about one batch, not behind all of another model's
+        queue (cut oldest-first, they waited for seconds behind long /qa requests).
+        Within a model, turns alternate
         between requests not yet started and the rest of requests already under way, so
         a request far over the budget (a /qa context of a megabyte) goes out one batch at
         a time while the requests that arrive meanwhile are answered between its
         batches, and neither kind can starve the other."""
-        live = [e for e in pending if not e[0].cancelled]
+        live = self._expire([e for e in pending if not e[0].cancelled])
+        for job, i in pending:
+            if job.cancelled:          # the client went away, or it waited too long
+                self._unqueue(job, job.lengths[i])
         pending.clear()
         if not live:
             return []
-        fresh = [e for e in live if not e[0].started]
-        going = [e for e in live if e[0].started]
-        # new requests lead unless they led the last batch and older work is waiting
-        # (flipping turns at every cut made new requests wait for two batches of a long
-        # request when it had run alone)
-        fresh_first = bool(fresh) and (not going or not self._fresh_led)
-        self._fresh_led = fresh_first
+        model = self._next_model(live)
+        mine = [e for e in live if model_of(e[0].group) == model]
+        fresh = [e for e in mine if not e[0].started]
+        going = [e for e in mine if e[0].started]
+        # new requests lead unless they led the model's last batch and older work is
+        # waiting (flipping turns at every cut made new requests wait for two batches of
+        # a long request when it had run alone)
+        fresh_first = bool(fresh) and (not going or not self._fresh_led.get(model))
+        self._fresh_led[model] = fresh_first
         order = fresh + going if fresh_first else going + fresh
         group = order[0][0].group
         batch, taken, tokens = [], set(), 0
@@ -195,6 +279,16 @@ class Batcher:
                 tokens += n
         pending.extend(e for e in live if (id(e[0]), e[1]) not in taken)  # arrival order
         return batch
+
+    def _next_model(self, live: list) -> Hashable:
+        """The model whose turn it is: of those with work in `live`, the one served
+        longest ago (a model never served before all others); it moves to the back."""
+        waiting = list(dict.fromkeys(model_of(job.group) for job, _ in live))  # arrival order
+        self._turns[:0] = [m for m in waiting if m not in self._turns]
+        model = next(m for m in self._turns if m in waiting)
+        self._turns.remove(model)
+        self._turns.append(model)
+        return model
 
     @property
     def alive(self) -> bool:
@@ -210,9 +304,12 @@ class Batcher:
                 job.started = True
                 _quietly(self.observer.queued, start - job.queued_at)
         outcomes = self._compute(batch)
+        seconds = time.perf_counter() - start
+        self._measured(batch, seconds)
         _quietly(self.observer.batch, len(batch), sum(job.lengths[i] for job, i in batch),
-                 time.perf_counter() - start)
+                 seconds)
         for (job, i), (out, error) in zip(batch, outcomes):
+            self._unqueue(job, job.lengths[i])
             job.outputs[i] = out
             job.left -= 1
             if error is not None or job.left == 0:

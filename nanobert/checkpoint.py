@@ -271,7 +271,8 @@ CONFIG_RULES = {
     "num_labels": (_INT, 1, 1 << 20),
 }
 MAY_BE_NULL = ("classifier_dropout", "pad_token_id", "embedding_size")
-ACTIVATION_KEYS = ("hidden_act", "activation", "hidden_activation")
+ACTIVATION_KEYS = ("hidden_act", "activation", "hidden_activation", "classifier_activation",
+                   "pooler_hidden_act")
 TEXT_KEYS = ("problem_type", "position_embedding_type", "model_type")
 
 
@@ -422,7 +423,7 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     if unknown:
         raise NanobertError(f"unknown config field {unknown[0]!r}")
     try:
-        kw = fam.from_hf(hf)
+        kw = fam.config_kwargs(hf)
         kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
         kw = _labels_override(kw, config_overrides)
         config = BertConfig(**{**kw, **config_overrides})  # a new config, none mutated
@@ -510,8 +511,8 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
             # the head's transformers class has no pooler: the encoder's, if the file has it
             base = fam.hf_name(name, None)
             hf_names = [base] if base else []
-        if name == "mlm.bias" and hf_names and hf_names[0] not in hf_state:
-            hf_names = [fam.decoder + ".bias"]  # newer files keep the bias on the decoder
+        if name == "mlm.bias":
+            hf_names = _mlm_bias_source(hf_state, fam, model.head)
         if not hf_names or any(n not in hf_state for n in hf_names):
             missing.append(name)
             continue
@@ -561,6 +562,16 @@ def init_new_weights(model: Bert, names, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
+def _mlm_bias_source(hf_state: dict, fam: Family, head) -> list:
+    """Where the MLM bias is read from. BERT's, RoBERTa's, ALBERT's and DeBERTa's heads
+    hold two, `cls.predictions.bias` and the decoder's `cls.predictions.decoder.bias`;
+    transformers 5 adds the decoder's, which a file of an untied model (or of two that
+    differ) has besides the other. Files of tied models, and older ones, have one of the
+    two: that one. (transformers 5 gives an untied model without the decoder's a zero bias.)"""
+    decoder = fam.decoder + ".bias"
+    return [decoder] if decoder in hf_state else [fam.hf_name("mlm.bias", head)]
+
+
 IGNORED = re.compile(r".*(position_ids|rel_pos_embeddings\.weight|\.masked_bias|\.attn\.bias)$")
 
 
@@ -570,6 +581,7 @@ def _unexpected_encoder_weights(hf_state: dict, model: Bert, fam: Family) -> lis
     an encoder layer the config does not have would be silently dropped."""
     used = {n for name in model.state_dict() for h in (model.head,) + tuple(fam.heads)
             for n in _hf_names(name, fam, h)}
+    used |= set(fam.unused(model.config))   # saved by transformers, read by nobody
     return [name for name in sorted(hf_state)
             if name.startswith(fam.prefix) and name not in used and not IGNORED.fullmatch(name)
             and not name.startswith(fam.prefix + "pooler.")]
@@ -596,6 +608,8 @@ def hf_state_dict(model: Bert) -> dict:
         out = {k.removeprefix(fam.prefix): v for k, v in out.items()}
     elif tied:  # HF expects the tied decoder too
         out[fam.decoder + ".weight"] = model.bert.emb.tok.weight
+    if model.head in MLM_HEADS:  # the decoder's bias too (equal): what transformers 5 adds
+        out.setdefault(fam.decoder + ".bias", model.mlm.bias.detach().clone())
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
 
@@ -618,6 +632,20 @@ def _check_save_args(out_dir, tokenizer) -> Path:
     return out_dir
 
 
+def _check_mlm_act(model: Bert) -> None:
+    """An MLM head whose activation transformers would not apply (its family's rule, e.g.
+    RoBERTa's fixed GELU) is refused: saved, it would give other logits there."""
+    if model.head not in MLM_HEADS:
+        return
+    c = model.config
+    fam = FAMILIES[c.family]
+    ours, theirs = c.mlm_act or c.hidden_act, fam.mlm_act(vars(c)) or c.hidden_act
+    if ours != theirs:
+        raise NanobertError(f"the model's MLM head applies {ours}, but transformers' {fam.name} "
+                            f"MLM head would apply {theirs}: set its config's mlm_act to "
+                            f"{theirs!r} to save it")
+
+
 def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = None):
     """Write config.json + model.safetensors (+ tokenizer files) into `out_dir`. Each file
     is written to a temporary name and renamed into place; other files there are kept."""
@@ -628,6 +656,7 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
         raise NanobertError("an int8 model is not saved (its weights are rounded and packed "
                             "for fbgemm): save the float32 model and load it with dtype='int8'")
     out_dir = _check_save_args(out_dir, tokenizer)
+    _check_mlm_act(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".save.", dir=out_dir) as tmp:
         tmp = Path(tmp)

@@ -322,13 +322,17 @@ class Encoder:
         return "|".join(parts)
 
     def search(self, query, corpus, k: int = 5, corpus_embeddings=None, rerank=None,
-               rerank_k: int = RERANK_K):
+               rerank_k: Optional[int] = None):
         """Top-k corpus entries for one query (str) or several (list of str):
         [(index, score, text)] per query, best first. `corpus` is a list of texts or a
         file path (then the embeddings are cached beside it). `rerank`, a cross-encoder
         (`nanobert.Reranker`, or its directory), re-scores the `rerank_k` nearest entries
-        and keeps k."""
+        (default RERANK_K) and keeps k."""
         k = check_count(k, "k")
+        if rerank_k is not None and rerank is None:    # (it was ignored without a word)
+            raise ValueError("rerank_k is the number of hits given to `rerank`: pass rerank "
+                             "too, or leave rerank_k out")
+        rerank_k = RERANK_K if rerank_k is None else rerank_k
         single = isinstance(query, str)
         queries = [query] if single else check_texts(query, "query")
         if rerank is not None:
@@ -552,7 +556,7 @@ def search_cmd(args):
     texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True,
                                           text_column=args.text_column)
     results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb, rerank=reranker,
-                         rerank_k=args.rerank_k or RERANK_K)
+                         rerank_k=args.rerank_k)
     if args.json:
         print(json.dumps([{"query": q, "hits": [{"index": i, "score": round(s, 6), "text": t}
                                                 for i, s, t in hits]}

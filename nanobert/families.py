@@ -5,6 +5,10 @@ holds, for one of them: how to read its config.json into a `BertConfig` (and wri
 back), and a table of name rules `(our name, HF name, heads)` where `{i}` is a layer
 index. Q, K and V are separate tensors in most families and one fused tensor in ours;
 `qkv` names the three (or one) HF tensors they come from.
+
+Facts of a family that the names do not say are fields of its `Family`: the activation
+its transformers MLM head applies (`mlm_act`), and the tensors transformers saves but
+never reads for some configs (`unused`).
 """
 from __future__ import annotations
 
@@ -36,6 +40,19 @@ class Family:
     # transformers' sequence classifier reads classifier_pooling from config.json
     # (ModernBERT); the others always read [CLS]
     reads_pooling: bool = False
+    # the activation of transformers' MLM head (dense, act, LayerNorm), from the config's
+    # keyword arguments: None where it is the FFN's (hidden_act), as in BERT, ALBERT,
+    # DistilBERT (its `activation`) and DeBERTa-v2
+    mlm_act: Callable[[dict], Optional[str]] = lambda kw: None
+    # HF tensors transformers creates and saves for this BertConfig but never reads (none
+    # of our parameters): skipped on load
+    unused: Callable[[BertConfig], tuple] = lambda c: ()
+
+    def config_kwargs(self, hf_config: dict) -> dict:
+        """config.json -> BertConfig keyword arguments, the MLM head's activation included."""
+        kw = self.from_hf(hf_config)
+        kw["mlm_act"] = self.mlm_act(kw)
+        return kw
 
     def hf_name(self, ours: str, head) -> Optional[str]:
         for pat, template, heads in self.rules:
@@ -149,6 +166,7 @@ ROBERTA = Family(
     tuple(f"roberta.encoder.layer.{{}}.attention.self.{x}" for x in ("query", "key", "value")),
     _roberta_from_hf, _roberta_to_hf,
     heads=("mlm", "classify", "regression", "token", "qa"),
+    mlm_act=lambda kw: "gelu",   # RobertaLMHead applies the exact GELU, whatever hidden_act says
 )
 
 # ---- ALBERT: factorized embeddings, shared layer groups, SOP ---------------------------
@@ -306,6 +324,8 @@ MODERNBERT = Family(
     ("model.layers.{}.attn.Wqkv",),
     _modern_from_hf, _modern_to_hf,
     heads=("mlm", "classify", "regression"), reads_pooling=True,
+    # one ModernBertPredictionHead serves the classifier and the MLM: classifier_activation
+    mlm_act=lambda kw: kw["pooler_act"],
 )
 
 # ---- DeBERTa-v2/v3: disentangled attention over relative positions ---------------------
@@ -334,6 +354,7 @@ def _deberta_from_hf(d):
               relative_buckets=max(d.get("position_buckets", -1), 0),
               max_relative_positions=max_rel if max_rel >= 1 else kw.get("max_position_embeddings", 512),
               relative_norm="layer_norm" in str(d.get("norm_rel_ebd", "none")).lower(),
+              terms_scale=True,   # pos_att_type scales attention even without relative_attention
               pooler_act=d.get("pooler_hidden_act", "gelu"))
     return kw
 
@@ -344,7 +365,10 @@ def _deberta_to_hf(c):
              pos_att_type=c.relative_terms.split("|") if c.relative_terms else [],
              position_buckets=c.relative_buckets or -1,
              max_relative_positions=c.max_relative_positions,
-             norm_rel_ebd="layer_norm" if c.relative_norm else "none", share_att_key=True,
+             # (without relative attention the norm is never applied, and "none" spares
+             # transformers a LayerNorm it would build, find no weights for and not use)
+             norm_rel_ebd="layer_norm" if c.relative_attention and c.relative_norm else "none",
+             share_att_key=True,
              position_biased_input=c.position_embedding_type == "absolute",
              pooler_hidden_act=c.pooler_act, pooler_hidden_size=c.hidden_size, pooler_dropout=0.0,
              legacy=True)
@@ -366,6 +390,10 @@ DEBERTA = Family(
     tuple(f"deberta.encoder.layer.{{}}.attention.self.{x}_proj" for x in ("query", "key", "value")),
     _deberta_from_hf, _deberta_to_hf,
     heads=("mlm", "classify", "regression", "token", "qa"),
+    # norm_rel_ebd="layer_norm" without relative attention: transformers builds and saves
+    # the norm of relative embeddings it has none of (DebertaV2Encoder.get_rel_embedding)
+    unused=lambda c: () if c.relative_attention else (
+        "deberta.encoder.LayerNorm.weight", "deberta.encoder.LayerNorm.bias"),
 )
 
 FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT, DEBERTA)}

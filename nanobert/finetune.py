@@ -573,10 +573,17 @@ def row_batches(features, cfg, pad_id: int) -> tuple:
 
 
 def model_writer(tok, settings: dict):
-    """save(model, dir): an HF directory with the tokenizer and nanobert.json (settings)."""
+    """save(model, dir): an HF directory with the tokenizer and nanobert.json (settings).
+    The tokenizer_config.json's model_max_length is the run's max_length, the window
+    nanobert predicts with (nanobert.json): transformers' pipelines and
+    sentence-transformers' CrossEncoder truncate to it, and score what nanobert scores
+    (the starting model's 512 made them read long pairs further). A later fine-tune of
+    the directory may still ask for more, up to the model's positions."""
+    saved_tok = tok.with_max_length(settings["max_length"])
+
     def save(model, out_dir):
         from .checkpoint import save_model
-        save_model(model, out_dir, tokenizer=tok,
+        save_model(model, out_dir, tokenizer=saved_tok,
                    extra_files={"nanobert.json": json.dumps(settings, indent=2) + "\n"})
     return save
 

@@ -91,6 +91,10 @@ class BertConfig:
     relative_buckets: int = 256             # DeBERTa: relative distances log-bucketed into
     max_relative_positions: int = 512       #   2 × buckets embeddings, up to this distance
     relative_norm: bool = True              # DeBERTa: LayerNorm on the relative embeddings
+    terms_scale: bool = False               # DeBERTa: scores scaled by 1/sqrt(hd (1 + terms)),
+                                            #   relative attention on or off
+    mlm_act: Optional[str] = None           # the MLM head's activation (None: hidden_act's;
+                                            #   RoBERTa's is gelu, ModernBERT's its pooler_act)
 
     # keys of config.json that BertConfig reads and writes
     _HF_KEYS = (
@@ -105,7 +109,8 @@ class BertConfig:
                      "position_offset", "pre_norm", "glu", "bias", "norm_bias", "local_attention",
                      "global_every", "rope_theta", "local_rope_theta", "pooler_act", "pooler_norm",
                      "classifier_pooling", "relative_attention", "relative_terms",
-                     "relative_buckets", "max_relative_positions", "relative_norm")
+                     "relative_buckets", "max_relative_positions", "relative_norm", "terms_scale",
+                     "mlm_act")
 
     def __post_init__(self):
         for key in self._REQUIRED:   # (a string here failed later, in the % below)
@@ -208,17 +213,17 @@ PRESETS = {
 # The family as switches on top of a size: "albert-base", "modernbert-tiny", ...
 VARIANTS = {
     "bert": {},
-    "roberta": dict(family="roberta", type_vocab_size=1, layer_norm_eps=1e-5),
+    "roberta": dict(family="roberta", type_vocab_size=1, layer_norm_eps=1e-5, mlm_act="gelu"),
     "albert": dict(family="albert", embedding_size=128, num_layer_groups=1,
                    hidden_act="gelu_new"),
     "distilbert": dict(family="distilbert", type_vocab_size=0, pooler_act="relu"),
     "deberta": dict(family="deberta-v2", position_embedding_type="none", type_vocab_size=0,
-                    relative_attention=True, relative_buckets=256, layer_norm_eps=1e-7,
-                    pooler_act="gelu"),
+                    relative_attention=True, relative_buckets=256, terms_scale=True,
+                    layer_norm_eps=1e-7, pooler_act="gelu"),
     "modernbert": dict(family="modernbert", type_vocab_size=0, position_embedding_type="rope",
                        pre_norm=True, glu=True, bias=False, norm_bias=False, local_attention=128,
                        global_every=3, rope_theta=160000.0, pooler_act="gelu", pooler_norm=True,
-                       layer_norm_eps=1e-5, max_position_embeddings=8192),
+                       mlm_act="gelu", layer_norm_eps=1e-5, max_position_embeddings=8192),
 }
 
 
@@ -254,6 +259,7 @@ ACTIVATIONS = {
     "relu": F.relu,
     "silu": F.silu,
     "swish": F.silu,
+    "tanh": torch.tanh,
 }
 
 # Activations oneDNN can apply inside a Linear's output pass: name -> (post-op, algorithm)
@@ -631,6 +637,11 @@ class SelfAttention(nn.Module):
         self.rope_theta = None
         if c.position_embedding_type == "rope":
             self.rope_theta = c.local_rope_theta if local else c.rope_theta
+        # DeBERTa scales q·k by 1/sqrt(hd (1 + its c2p, p2c terms)), with relative attention
+        # on or off; None: 1/sqrt(hd)
+        terms = [t for t in c.relative_terms.split("|") if t]
+        n = len(terms) if c.relative_attention or c.terms_scale else 0
+        self.scale = 1 / math.sqrt(self.hd * (1 + n)) if n else None
 
     def forward(self, x, layout: Layout, want_probs=False, rel=None):
         # x: (..., H) where ... is (B, T) padded or (N,) unpadded
@@ -638,11 +649,11 @@ class SelfAttention(nn.Module):
         if self.rope_theta is not None:
             cos, sin = (t.unsqueeze(-2) for t in layout.rotary(self.rope_theta, self.hd))
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        bias = scale = None
+        bias = None
         if rel is not None:
-            bias, scale = self.relative_bias(q, k, *rel)
+            bias = self.relative_bias(q, k, *rel)
         p = self.dropout_p if self.training else 0.0
-        out, probs = layout.attend(q, k, v, p, want_probs, self.window, bias, scale)
+        out, probs = layout.attend(q, k, v, p, want_probs, self.window, bias, self.scale)
         return self.proj(out.flatten(-2)), probs                               # (..., H)
 
     def relative_bias(self, q, k, rel_emb, index, terms):
@@ -651,6 +662,8 @@ class SelfAttention(nn.Module):
         against the relative position j-i seen from i (p2c). The relative embeddings
         (2S, H) go through the same Q and K projections (shared keys)."""
         # q, k: (B, T, nh, hd); rel_emb: (2S, H); index: (T, T) into the 2S embeddings
+        if not {"c2p", "p2c"} & set(terms):   # (pos_att_type []: content·content only)
+            return None
         pos_q, pos_k, _ = self.qkv(rel_emb).unflatten(-1, (3, self.nh, self.hd)).unbind(-3)
         B, T = q.shape[:2]
         idx = index.expand(B, self.nh, T, T)
@@ -660,8 +673,7 @@ class SelfAttention(nn.Module):
         if "p2c" in terms:  # [i, j] = k_j · pos_q[index[i, j]]
             bias = bias + torch.einsum("bjnd,rnd->bnjr", k, pos_q).gather(
                 -1, idx.transpose(-1, -2)).transpose(-1, -2)
-        scale = 1 / math.sqrt(self.hd * (1 + len(terms)))  # every term is scaled alike
-        return bias * scale, scale
+        return bias * (self.scale or 1 / math.sqrt(self.hd))  # every term is scaled alike
 
 
 class Block(nn.Module):
@@ -708,7 +720,7 @@ class Pooler(nn.Module):
     def __init__(self, c: BertConfig):
         super().__init__()
         self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=c.bias)
-        self.act = torch.tanh if c.pooler_act == "tanh" else ACTIVATIONS[c.pooler_act]
+        self.act = ACTIVATIONS[c.pooler_act]
         self.norm = LayerNorm(c) if c.pooler_norm else nn.Identity()
 
     def forward(self, h):  # (B, H) -> (B, H)
@@ -839,13 +851,14 @@ class BertModel(nn.Module):
 
 
 class MLMHead(nn.Module):
-    """dense + act + LayerNorm, then the decoder, whose weight is the word embedding."""
+    """dense + act + LayerNorm, then the decoder, whose weight is the word embedding. The
+    activation is the FFN's (hidden_act) unless the family's head fixes its own (mlm_act)."""
 
     def __init__(self, c: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
         E = c.embedding_size or c.hidden_size  # ALBERT projects back down to E
         self.dense = nn.Linear(c.hidden_size, E, bias=c.bias)
-        self.act = ACTIVATIONS[c.hidden_act]
+        self.act = ACTIVATIONS[c.mlm_act or c.hidden_act]
         self.norm = LayerNorm(c, E)
         self.word_embeddings = word_embeddings  # tied: shared, not copied
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))

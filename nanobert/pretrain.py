@@ -92,8 +92,10 @@ class PretrainConfig(Config):
     corpus: list = param(list, "text files or directories: one paragraph a line, blank line = "
                          "new document", required=True, nargs="+", metavar="PATH")
     preset: Optional[str] = param("tiny", "model size: tiny mini small medium base large")
-    model_config: Optional[str] = param(None, "a config.json (HF BERT) to use instead of --preset",
-                                        flag="--config")
+    model_config: Optional[str] = param(None, "a config.json to use instead of --preset: a "
+                                        "Hugging Face config of any family nanobert reads "
+                                        "(its model_type: bert, roberta, albert, distilbert, "
+                                        "modernbert, deberta-v2)", flag="--config")
     tokenizer: Optional[str] = param(None, "a tokenizer: its directory, or its tokenizer.json "
                                      "or vocab.txt (default: train one)")
     vocab_size: int = param(8000, "vocabulary size when training one", at_least(16))
@@ -133,11 +135,13 @@ class PretrainConfig(Config):
                                 f"to train, but --tokenizer {self.tokenizer} gives one; drop "
                                 "one of them")
         if self.model_config:
-            # a bad file, or one with too few positions, fails before the corpus is read
-            check_seq_len(self.seq_len, _read_model_config(self.model_config),
-                          f"--config {self.model_config}'s")
+            # a bad file, one of a family nanobert does not build, or one with too few
+            # positions, fails before the corpus is read
+            c = _read_model_config(self.model_config)
+            check_seq_len(self.seq_len, c, f"--config {self.model_config}'s")
+            _check_objective(self, c.family)
         elif self.preset is not None:
-            _check_preset(self.preset, "--preset")
+            _check_objective(self, _check_preset(self.preset, "--preset").family)
         elif not hasattr(self, "teacher"):       # (a distillation's student is the teacher's)
             raise NanobertError("--preset: required when no --config is given")
 
@@ -156,34 +160,67 @@ def pretrain_args(p):
 
 
 def _check_preset(name: str, flag: str):
-    """A preset name fails at once, with the names to choose from."""
+    """A preset name fails at once, with the names to choose from; else its config."""
     from .model import preset
     try:
-        preset(name)
+        return preset(name)
     except ValueError as e:
         raise NanobertError(f"{flag}: {e}") from None
 
 
-def _read_model_config(path: str, **overrides):
-    """The BertConfig of an HF config.json (`--config`), or a one-line error naming it."""
-    from .model import BertConfig
+def _check_objective(cfg: "PretrainConfig", family: str):
+    """--objective mlm+nsp / mlm+sop needs a family with a sentence-pair head."""
+    from .families import FAMILIES
+    if cfg.pairs and "pretraining" not in FAMILIES[family].heads:
+        raise NanobertError(f"--objective {cfg.objective}: {family} checkpoints have no "
+                            "NSP/SOP head; use --objective mlm (or a bert/albert model)")
+
+
+def _read_hf_config(path: str) -> dict:
+    """The JSON object of a `--config` file, or a one-line error naming it."""
     try:
         hf = json.loads(Path(path).read_text("utf-8"))
-        if not isinstance(hf, dict):
-            raise ValueError("expected a JSON object")
-        given = hf.get("vocab_size")
-        if "vocab_size" in overrides and given not in (None, overrides["vocab_size"]):
-            note(f"--config {path}: vocab_size {given} is replaced by the tokenizer's "
-                 f"{overrides['vocab_size']}")
-        return BertConfig.from_hf_dict(dict(hf, **overrides))
     except FileNotFoundError:
         raise NanobertError(f"--config {path}: no such file") from None
     except IsADirectoryError:
         raise NanobertError(f"--config {path}: is a directory; give its config.json") from None
+    except (OSError, ValueError) as e:
+        raise NanobertError(f"--config {path}: not a usable config.json ({e})") from None
+    if not isinstance(hf, dict):
+        raise NanobertError(f"--config {path}: not a usable config.json (expected a JSON object)")
+    return hf
+
+
+def _read_model_config(path: str, **overrides):
+    """The BertConfig of a Hugging Face config.json (`--config`) of any family nanobert
+    builds, read as `nanobert.load` reads a checkpoint's: its model_type picks the family
+    (an ALBERT config gives an ALBERT, a DeBERTa-v2 one a DeBERTa-v2), whose own key names
+    are read. `overrides` are BertConfig fields. A model_type nanobert cannot build, or a
+    bad file, is a one-line error naming --config."""
+    from .checkpoint import validate_hf_config
+    from .families import BY_MODEL_TYPE
+    from .model import BertConfig
+    hf = _read_hf_config(path)
+    model_type = hf.get("model_type", "bert")
+    if not isinstance(model_type, str) or model_type not in BY_MODEL_TYPE:
+        raise NanobertError(f"--config {path}: model_type {model_type!r} cannot be pretrained "
+                            f"by nanobert (it builds: {', '.join(BY_MODEL_TYPE)})")
+    try:   # (its padding id, as its vocabulary size, is the tokenizer's)
+        validate_hf_config({k: v for k, v in hf.items() if k != "pad_token_id"}, path)
+    except NanobertError as e:
+        raise NanobertError(f"--config {e}") from None
+    given = hf.get("vocab_size")
+    if "vocab_size" in overrides and given not in (None, overrides["vocab_size"]):
+        note(f"--config {path}: vocab_size {given} is replaced by the tokenizer's "
+             f"{overrides['vocab_size']}")
+    try:
+        kw = BY_MODEL_TYPE[model_type].config_kwargs(hf)
+        kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
+        return BertConfig(**dict(kw, **overrides))
     except KeyError as e:
-        raise NanobertError(f"{path}: missing key(s) {e.args[0]}") from None
-    except (OSError, ValueError, TypeError) as e:
-        raise NanobertError(f"{path}: not a usable BERT config.json ({e})") from None
+        raise NanobertError(f"--config {path}: missing key(s) {e.args[0]}") from None
+    except (ValueError, TypeError, ArithmeticError) as e:
+        raise NanobertError(f"--config {path}: not a usable {model_type} config.json ({e})") from None
 
 
 def usable_positions(c) -> int:
@@ -204,17 +241,19 @@ def _model_config(cfg: PretrainConfig, tok):
     if cfg.model_config:
         c = _read_model_config(cfg.model_config, vocab_size=tok.vocab_size, **drop)
     else:   # the name was checked with the flags (PretrainConfig.__post_init__)
+        pad = {} if tok.pad_id is None else {"pad_token_id": tok.pad_id}
         c = preset(cfg.preset, vocab_size=tok.vocab_size,
-                   max_position_embeddings=max(512, cfg.seq_len), **drop)
+                   max_position_embeddings=max(512, cfg.seq_len), **pad, **drop)
         if cfg.seq_len > 512:
             note(f"--seq-len {cfg.seq_len}: the {cfg.preset} preset gets {cfg.seq_len} "
                  "positions (512 by default)")
     c = dataclasses.replace(c, pad_token_id=tok.pad_id, attn_backend=cfg.attn_backend)
+    if c.family == "roberta" and tok.pad_id is not None:
+        # transformers' RoBERTa counts positions from pad_token_id + 1: the tokenizer's
+        # padding id, written to config.json, decides where they start
+        c = dataclasses.replace(c, position_offset=tok.pad_id + 1)
     check_seq_len(cfg.seq_len, c)
-    from .families import FAMILIES
-    if cfg.pairs and "pretraining" not in FAMILIES[c.family].heads:
-        raise NanobertError(f"--objective {cfg.objective}: {c.family} checkpoints have no "
-                            "NSP/SOP head; use --objective mlm (or a bert/albert preset)")
+    _check_objective(cfg, c.family)
     return c
 
 
@@ -505,6 +544,9 @@ def _new_model(run: _Run, make_model=None):
         model = make_model(run.tok)
     else:
         model = Bert(_model_config(cfg, run.tok), "pretraining" if cfg.pairs else "mlm")
+        if cfg.model_config and _read_hf_config(cfg.model_config).get("tie_word_embeddings") is False:
+            from .checkpoint import untie_decoder
+            untie_decoder(model)    # a decoder matrix of its own, as the config asks
     if run.rank == 0:
         run.out.mkdir(parents=True, exist_ok=True)
         run.tok.save(run.out)  # the vocabulary, before any checkpoint (resume reads it back)

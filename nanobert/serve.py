@@ -36,7 +36,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .batcher import Batcher, heap_trimmer
+from .batcher import Batcher, QueueFull, heap_trimmer
 from .config import checked
 from .files import NanobertError
 from .threads import run_on_cores, torch_threads
@@ -61,6 +61,7 @@ class ServeConfig:
     warmup: bool = True                 # build every batch shape's kernels before serving
     drain_timeout: float = 25.0         # SIGTERM: seconds to finish requests in flight; then 503
     cors_origins: tuple = ()            # web pages (origins) whose scripts may call the API
+    max_queue_wait: float = 30.0        # seconds a request may wait for its first batch; 429
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -222,6 +223,10 @@ class Metrics:
                                     buckets=[2 ** i for i in range(11)], registry=r)
         self.batch_tokens = Histogram("nanobert_batch_tokens", "Real tokens per batch",
                                       buckets=[2 ** i for i in range(4, 16)], registry=r)
+        self.refused = Counter("nanobert_refused", "Requests answered 429 by reason: "
+                               "concurrent_requests, queue_wait (its model's queue takes "
+                               "longer than --max-queue-wait), queued_too_long (it waited "
+                               "that long without starting)", ["reason"], registry=r)
         self.truncated = Counter("nanobert_truncated_inputs", "Inputs cut to the model's "
                                  "max length (each is also marked truncated in its answer)",
                                  registry=r)
@@ -266,7 +271,7 @@ class Server:
         with torch_threads(1 if on_cpu else torch.get_num_threads()):
             self.warm_up()
         self.batcher = Batcher(self.config.max_batch_tokens, self.metrics,
-                               run_on_cores if on_cpu else None)
+                               run_on_cores if on_cpu else None, self.config.max_queue_wait)
         self.tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS,
                                              thread_name_prefix="nanobert-tokenize")
 
@@ -351,8 +356,12 @@ class Server:
 
     async def run(self, m: Served, kind: str, items: list, lengths: list, group_extra=()):
         """Queue items for the model's `kind` computation; their outputs, in order."""
-        return await self.batcher.submit((m.name, kind) + tuple(group_extra), items, lengths,
-                                         m.runner(kind))
+        try:
+            return await self.batcher.submit((m.name, kind) + tuple(group_extra), items,
+                                             lengths, m.runner(kind))
+        except QueueFull as e:      # over --max-queue-wait: a 429, not a client timeout
+            self.metrics.refused.labels(e.reason).inc()
+            raise ApiError(429, str(e), headers={"Retry-After": str(e.retry_after)})
 
 
 # ----------------------------------------------------------------------------------
@@ -579,7 +588,7 @@ def info(server: Server):
         "limits": {"max_batch_tokens": c.max_batch_tokens,
                    "max_concurrent_requests": c.max_concurrent_requests,
                    "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit,
-                   "body_timeout": c.body_timeout},
+                   "body_timeout": c.body_timeout, "max_queue_wait": c.max_queue_wait},
         "routes": [f"{r.method} {r.path}" for r in served_routes(server)]})
 
 
@@ -946,6 +955,7 @@ def check_room(server: Server):
     """429 when --max-concurrent-requests requests are in flight."""
     limit = server.config.max_concurrent_requests
     if server.in_flight >= limit:
+        server.metrics.refused.labels("concurrent_requests").inc()
         raise ApiError(429, f"{server.in_flight} requests in flight, the limit "
                             f"(--max-concurrent-requests {limit}); retry shortly",
                        headers={"Retry-After": "1"})
@@ -1105,6 +1115,12 @@ def serve_args(p):
                    help="on SIGTERM or Ctrl-C, time to answer the requests in flight; those "
                         "still running then are answered 503 (default 25: inside the 30 s "
                         "Kubernetes waits before it kills)")
+    p.add_argument("--max-queue-wait", type=checked(float), default=d.max_queue_wait,
+                   metavar="SECONDS",
+                   help="longest wait for a request's first batch: a request whose model has "
+                        "more work queued than runs in that time (at the rate of recent "
+                        "batches), or one that waited that long, is answered 429 with "
+                        "Retry-After instead of waiting on (default 30)")
     p.add_argument("--threads", type=checked(int), default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
     p.add_argument("--cors-allow-origin", action="append", metavar="ORIGIN",
@@ -1127,7 +1143,7 @@ def config_from_args(args) -> ServeConfig:
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
-    for flag in ("body_timeout", "drain_timeout"):
+    for flag in ("body_timeout", "drain_timeout", "max_queue_wait"):
         v = getattr(args, flag)
         if not (math.isfinite(v) and v > 0):
             raise NanobertError(f"--{flag.replace('_', '-')} must be a number of seconds > 0, "
@@ -1142,7 +1158,8 @@ def config_from_args(args) -> ServeConfig:
     return ServeConfig(args.host, args.port, args.max_batch_tokens, args.max_concurrent_requests,
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
                        args.dtype, args.body_timeout, args.warmup, args.drain_timeout,
-                       cors_origins(args.cors_allow_origin or []))
+                       cors_origins(args.cors_allow_origin or []),
+                       max_queue_wait=args.max_queue_wait)
 
 
 def cors_origins(given: list) -> tuple:
@@ -1250,9 +1267,25 @@ class HeaderLimits:
             raise ValueError("headers too large")   # the parser's error: answered 431
         super().on_headers_complete()
 
+    # pipelining: uvicorn moves `self.cycle` to the request queued behind the running
+    # one, and on connection_lost marked only that one disconnected; the running request
+    # never saw the client go (its work went on) and its answer was written to the closed
+    # transport: "Exception in ASGI application ... the handler is closed", per connection
+    running_cycle = None
+
+    def _start_asgi_task(self, cycle, app):
+        self.running_cycle = cycle
+        super()._start_asgi_task(cycle, app)
+
     def connection_lost(self, exc):
         _stop_header_timer(self)
+        cycles = [self.running_cycle, self.cycle] + [c for c, _ in self.pipeline]
+        self.pipeline.clear()          # never started: nothing to answer on a closed connection
         super().connection_lost(exc)
+        for cycle in cycles:
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True   # its send() writes nothing, receive() says so
+                cycle.message_event.set()
 
 
 def _start_header_timer(proto, timeout: float):

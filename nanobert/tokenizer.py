@@ -9,7 +9,10 @@
 single texts and pairs with offsets, and pads batches to their longest member. Other
 families' tokenizers (RoBERTa's byte-level BPE, ALBERT's SentencePiece saved as
 tokenizer.json) load too; their special tokens are found by role (cls, sep, pad, mask,
-unk) from tokenizer_config.json / special_tokens_map.json.
+unk) from tokenizer_config.json / special_tokens_map.json. A tokenizer built from
+vocabulary files (vocab.txt, vocab.json + merges.txt) registers the special and added
+tokens those files name, with their settings, as transformers does: "<mask>" in a text
+is RoBERTa's mask token (and the space before it), not "<", "mask", ">".
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from collections.abc import Set as AbstractSet
 from typing import Iterable, Optional, Sequence
 
 import torch
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
@@ -48,6 +52,99 @@ def _special_tokens(path: Path, conf: dict, vocab: dict) -> dict:
                 found[role] = t
     default = BERT_TOKENS if "[CLS]" in vocab or "<s>" not in vocab else ROBERTA_TOKENS
     return {role: found.get(role, default[role]) for role in ROLES}
+
+
+# transformers' special-token attributes of a tokenizer, in tokenizer_config.json and
+# special_tokens_map.json; and the lists of further special tokens
+SPECIAL_KEYS = tuple(f"{k}_token" for k in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
+EXTRA_SPECIAL_KEYS = ("additional_special_tokens", "extra_special_tokens")
+ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def _added_token(value, special: bool, where: Path) -> Optional[AddedToken]:
+    """An AddedToken from a config value: a string (special ones are matched as written),
+    or a dict of AddedToken's fields (transformers writes lstrip, rstrip, normalized...)."""
+    if isinstance(value, str):
+        return AddedToken(value, special=special) if value else None
+    if not isinstance(value, dict):
+        return None
+    if not isinstance(value.get("content"), str) or not value["content"]:
+        raise NanobertError(f"{where}: a token without its text ('content'): {value!r}"[:200])
+    fields = {k: value[k] for k in ADDED_TOKEN_FIELDS if k in value}
+    if any(not isinstance(v, bool) for k, v in fields.items() if k != "content"):
+        raise NanobertError(f"{where}: the settings of token {value['content']!r} must be "
+                            f"true or false: {value!r}"[:200])
+    token = AddedToken(**fields)
+    token.special = token.special or special   # a named special token is special
+    return token
+
+
+def _config_tokens(path: Path, conf: dict) -> dict:
+    """content -> AddedToken of the special tokens named in tokenizer_config.json and
+    special_tokens_map.json (the latter wins, key by key, unless tokenizer_config.json has
+    an added_tokens_decoder: transformers' rules), the lists of further special tokens
+    included."""
+    values = dict(conf)
+    if "added_tokens_decoder" not in conf:
+        values.update(_read_json(path / "special_tokens_map.json"))
+    where = path / "tokenizer_config.json"
+    found = {}
+    for key in SPECIAL_KEYS + EXTRA_SPECIAL_KEYS:
+        v = values.get(key)
+        items = v if key in EXTRA_SPECIAL_KEYS and isinstance(v, list) else \
+            list(v.values()) if key in EXTRA_SPECIAL_KEYS and isinstance(v, dict) else [v]
+        for item in items:
+            token = _added_token(item, True, where)
+            if token is not None and token.content not in found:
+                found[token.content] = token
+    return found
+
+
+def _declared_tokens(path: Path, conf: dict) -> list:
+    """[(id, AddedToken)] that the tokenizer's files add with their ids: tokenizer_config.json's
+    added_tokens_decoder, else the older added_tokens.json (special when it names a
+    special token, and then not normalised)."""
+    where = path / "tokenizer_config.json"
+    decoder = conf.get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        pairs = [(k, _added_token(v, False, where)) for k, v in decoder.items()]
+    else:
+        where = path / "added_tokens.json"
+        named = set(_config_tokens(path, conf))
+        pairs = [(i, AddedToken(t, special=t in named, normalized=t not in named))
+                 for t, i in _read_json(where).items()]
+    out = []
+    for i, token in pairs:
+        try:
+            i = int(i)
+        except (TypeError, ValueError):
+            raise NanobertError(f"{where}: token id {i!r} is not a whole number")
+        if token is not None:
+            out.append((i, token))
+    return sorted(out, key=lambda it: it[0])
+
+
+def _register_tokens(tk: HFTokenizer, path: Path, conf: dict, specials: dict) -> HFTokenizer:
+    """Add to a tokenizer built from vocabulary files (vocab.txt, vocab.json + merges.txt)
+    the added and special tokens of its configuration, as transformers does, so that they
+    are matched whole in a text ("<mask>" is one token, not "<", "mask", ">"), with their
+    settings (RoBERTa's <mask> takes the spaces before it: lstrip). First the tokens the
+    files give with their ids, then the special tokens (by role, `specials`, when the files
+    name none) that the vocabulary has."""
+    where = path / "tokenizer_config.json"
+    named = _config_tokens(path, conf)
+    declared = _declared_tokens(path, conf)
+    for i, token in declared:
+        token.special = token.special or token.content in named
+        tk.add_tokens([token])
+        if tk.token_to_id(token.content) != i:
+            raise NanobertError(f"{where}: added token {token.content!r} has id {i}, but the "
+                                f"vocabulary gives it {tk.token_to_id(token.content)}")
+    for t in specials.values():
+        named.setdefault(t, AddedToken(t, special=True))
+    vocab, done = tk.get_vocab(), {t.content for _, t in declared}
+    tk.add_tokens([t for c, t in named.items() if c in vocab and c not in done])
+    return tk
 
 
 def _max_length(v, path) -> int:
@@ -251,7 +348,10 @@ class Tokenizer:
         else:
             tk = _byte_level_bpe(path)
             lowercase = False
-        return cls(tk, max_len, lowercase, _special_tokens(path, conf, tk.get_vocab()))
+        specials = _special_tokens(path, conf, tk.get_vocab())
+        if kind != "json":   # a tokenizer.json has its added tokens in it
+            _register_tokens(tk, path, conf, specials)
+        return cls(tk, max_len, lowercase, specials)
 
     @classmethod
     def from_vocab(cls, vocab_file, lowercase: bool = True, strip_accents: Optional[bool] = None,
@@ -305,6 +405,15 @@ class Tokenizer:
         for name, text in files.items():
             with atomic_path(out_dir / name) as tmp:
                 tmp.write_text(text, encoding="utf-8")
+
+    def with_max_length(self, max_length: int) -> "Tokenizer":
+        """A copy whose model_max_length (the length it truncates to by default, and that
+        its saved tokenizer_config.json gives transformers and sentence-transformers) is
+        `max_length`; it shares the wrapped tokenizer, which neither changes."""
+        import copy
+        other = copy.copy(self)     # (a new lock: __getstate__ / __setstate__)
+        other.model_max_length = int(max_length)
+        return other
 
     # ---- encoding ------------------------------------------------------------
     @property

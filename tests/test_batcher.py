@@ -46,9 +46,10 @@ def test_batches_fill_to_the_token_budget_by_group_in_order():
     b.stop(5)
     assert outs == [[f"out:{x}" for x in items] for _, items, _ in jobs]
     assert run.batches[0] == ["first"]
-    # a, b, c fit in 10 tokens; d (5) would not; new requests led that batch, so the
-    # rest of the one under way (d) goes next, then the other group
-    assert run.batches[1:] == [["a", "b", "c"], ["d"], ["x"], ["huge"]]
+    # models take turns: after m's batch, the other model's; then a, b, c fit in 10
+    # tokens; d (5) would not; new requests led that batch, so the rest of the one under
+    # way (d) goes next
+    assert run.batches[1:] == [["x"], ["a", "b", "c"], ["d"], ["huge"]]
 
 
 def test_a_request_over_the_budget_takes_turns_with_the_requests_behind_it():
@@ -226,3 +227,49 @@ def test_the_inference_thread_runs_at_a_lower_priority_than_the_event_loop():
     assert asyncio.run(go()) == ["a"]
     assert seen["inference"] == min(19, main_before + INFERENCE_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
+
+
+def test_models_take_turns():
+    """Short requests to one model wait about one batch behind another model's queue of
+    long requests (cut oldest-first, they waited for all of it); a model's turns follow
+    the order its work came in, and each model comes round in turn."""
+    b = Batcher(max_tokens=10)
+    run = Recorder()
+    jobs = ([(("qa", "qa"), ["first"], [10])] + [(("qa", "qa"), [f"q{i}"], [10]) for i in range(4)]
+            + [(("emb", "embed"), ["e"], [1]), (("ner", "ner"), ["n"], [1]),
+               (("emb", "embed"), ["e2"], [1])])
+    outs = asyncio.run(submit_all(b, run, jobs, run.gate))
+    b.stop(5)
+    assert outs == [[f"out:{x}" for x in items] for _, items, _ in jobs]
+    assert run.batches == [["first"], ["e", "e2"], ["n"], ["q0"], ["q1"], ["q2"], ["q3"]]
+
+
+def test_queue_wait_is_bounded():
+    """With max_wait: a request whose model has more work queued than runs in max_wait
+    seconds (at the rate of recent batches) is refused at once, and one queued longer
+    than that without starting is given up; both with QueueFull (the server's 429), not
+    a wait past the client's timeout. Another model's queue does not count."""
+    import time
+    from nanobert.batcher import QueueFull
+    b = Batcher(max_tokens=10, max_wait=0.3)
+
+    def slow(items):
+        time.sleep(0.1)               # 10 tokens in 0.1 s: 100 tokens/s
+        return list(items)
+
+    async def go():
+        # before the first batch the rate is unknown: all are taken
+        many = [asyncio.create_task(b.submit("m", [i], [10], slow)) for i in range(8)]
+        await asyncio.sleep(0.15)     # one batch measured; 70 tokens queued: 0.7 s
+        with pytest.raises(QueueFull) as refused:
+            await b.submit("m", ["late"], [1], slow)
+        assert refused.value.reason == "queue_wait" and refused.value.retry_after >= 1
+        assert await b.submit("other", ["idle"], [1], slow) == ["idle"]
+        return await asyncio.gather(*many, return_exceptions=True)
+
+    results = asyncio.run(go())
+    b.stop(5)
+    assert results[0] == [0]
+    given_up = [r for r in results if isinstance(r, QueueFull)]
+    assert given_up and all(r.reason == "queued_too_long" for r in given_up), results
+    assert b.expected_wait("m") == 0      # nothing counted as queued any more

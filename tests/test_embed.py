@@ -409,3 +409,10 @@ def test_rerank_k_without_rerank_is_refused(tmp_path, capsys):
                  "--query", "q", "--rerank-k", "5"]) == 2
     assert capsys.readouterr().err == "nanobert: error: --rerank-k needs --rerank MODEL\n"
     assert not list(tmp_path.glob("c.txt.nanobert-*.npy"))
+
+
+def test_search_refuses_rerank_k_without_a_reranker(encoder):
+    """Encoder.search(rerank_k=...) without rerank was ignored without a word (as the
+    CLI's --rerank-k without --rerank was)."""
+    with pytest.raises(ValueError, match="rerank_k is the number of hits given to `rerank`"):
+        encoder.search("a", ["b", "c"], rerank_k=5)

@@ -73,12 +73,23 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
     not_json.write_text("{broken")
     array.write_text("[1, 2]")
     a_dir.mkdir()
+    electra, roberta = tmp_path / "electra.json", tmp_path / "roberta.json"
+    small = {"vocab_size": 99, "hidden_size": 16, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 600}
+    electra.write_text(json.dumps(dict(small, model_type="electra")))
+    roberta.write_text(json.dumps(dict(small, model_type="roberta")))
     base = ["--corpus", str(corpus), "--out", str(tmp_path / "o"), "--steps", "1"]
     for extra, words in ((["--preset", "gigantic"], ["--preset", "'gigantic'", "tiny"]),
                          (["--config", str(not_json)], [str(not_json), "config.json"]),
                          (["--config", str(array)], [str(array), "JSON object"]),
                          (["--config", str(a_dir)], [str(a_dir), "directory"]),
-                         (["--config", str(tmp_path / "missing.json")], ["no such file"])):
+                         (["--config", str(tmp_path / "missing.json")], ["no such file"]),
+                         (["--config", str(electra)], ["--config", "model_type 'electra'",
+                                                       "cannot be pretrained"]),
+                         (["--config", str(roberta), "--objective", "mlm+sop"],
+                          ["--objective mlm+sop", "roberta"]),
+                         (["--preset", "roberta-tiny", "--objective", "mlm+nsp"],
+                          ["--objective mlm+nsp", "roberta"])):
         assert main(["pretrain", *base, *extra]) == 2, extra
         err = capsys.readouterr().err
         assert all(w in err for w in words) and "Traceback" not in err, (extra, err)
@@ -547,3 +558,90 @@ def test_resume_logs_the_loss_curve_of_an_uninterrupted_run(
     a, b = ({r["step"]: r["loss"] for r in records(d, "train")} for d in (tmp_path / "full", cut))
     assert list(a) == list(b) == [4, 8, 12]
     assert a == b
+
+
+# ---- --config of other families ---------------------------------------------------------
+
+def _hf_config(family: str) -> dict:
+    """A tiny config.json of a family, as transformers writes it."""
+    import transformers as hf
+    small = dict(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=48)
+    make = {"albert": lambda: hf.AlbertConfig(**small, embedding_size=16, num_hidden_groups=2,
+                                              max_position_embeddings=64),
+            "roberta": lambda: hf.RobertaConfig(**small, max_position_embeddings=66,
+                                                hidden_act="relu"),
+            "deberta-v2": lambda: hf.DebertaV2Config(**small, max_position_embeddings=64,
+                                                     relative_attention=True,
+                                                     pos_att_type=["p2c", "c2p"],
+                                                     position_buckets=16, share_att_key=True,
+                                                     norm_rel_ebd="layer_norm"),
+            "modernbert": lambda: hf.ModernBertConfig(**small, max_position_embeddings=128,
+                                                      local_attention=8)}[family]
+    return make().to_dict()
+
+
+@pytest.mark.parametrize("family,objective", [("albert", "mlm+sop"), ("roberta", "mlm"),
+                                              ("deberta-v2", "mlm"), ("modernbert", "mlm")])
+def test_a_config_of_another_family_pretrains_that_family(corpus_dir, tmp_path, family,
+                                                          objective):
+    """`--config` read only BERT's keys and built a BERT whatever the model_type (a
+    DeBERTa-v2 config, type_vocab_size 0, gave a bert checkpoint without token types that
+    transformers cannot run); its model_type now picks the family, as nanobert.load reads
+    config.json, and transformers reads the checkpoint with the same MLM (and SOP) logits."""
+    import torch
+    import transformers as hf
+    import nanobert
+    cfg_file = tmp_path / f"{family}.json"
+    cfg_file.write_text(json.dumps(_hf_config(family)))
+    out = tmp_path / "run"
+    assert main(["pretrain", "--corpus", str(corpus_dir), "--config", str(cfg_file),
+                 "--objective", objective, "--out", str(out), "--steps", "2", "--batch-size", "4",
+                 "--seq-len", "32", "--vocab-size", "120", "--eval-every", "2",
+                 "--threads", "1", "--no-progress", "--attn-backend", "eager"]) == 0
+    written = json.loads((out / "config.json").read_text())
+    assert written["model_type"] == family
+    model, tok = nanobert.load(out)
+    assert model.config.family == family and model.head == ("pretraining" if objective != "mlm"
+                                                             else "mlm")
+    ref_class = hf.AlbertForPreTraining if family == "albert" else hf.AutoModelForMaskedLM
+    ref = ref_class.from_pretrained(out).eval()
+    assert type(ref).__name__ == written["architectures"][0]
+    b = tok(["the first of the texts here", "and a second, longer one of them, with more words"])
+    kw = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+    if family in ("albert", "roberta"):
+        kw["token_type_ids"] = b["token_type_ids"]
+    with torch.no_grad():
+        theirs, ours = ref(**kw), model.eval()(b["input_ids"], b["attention_mask"],
+                                               b["token_type_ids"])
+    logits = getattr(theirs, "prediction_logits", None)
+    logits = theirs.logits if logits is None else logits
+    real = b["attention_mask"].bool()
+    assert (logits - ours.logits)[real].abs().max() < 1e-4
+    if family == "albert":
+        assert (theirs.sop_logits - ours.pair_logits).abs().max() < 1e-4
+    if family == "deberta-v2":
+        assert written["type_vocab_size"] == 0
+
+
+def test_roberta_positions_start_after_the_tokenizers_padding_id(tmp_path):
+    """transformers' RoBERTa counts positions from config.json's pad_token_id + 1, and that
+    is the tokenizer's padding id: a RoBERTa tokenizer (<pad> = 1) with the roberta-tiny
+    preset trained positions from 1 while the checkpoint said 2; a --config keeps its
+    positions too when the tokenizer pads with another id."""
+    from nanobert import Tokenizer
+    from nanobert.pretrain import _model_config
+    from tokenizers import ByteLevelBPETokenizer
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["the cat sat on the mat"] * 20, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(tmp_path))
+    rob, wp = Tokenizer.from_dir(tmp_path), Tokenizer.train(["the cat sat"] * 9, vocab_size=40)
+    (tmp_path / "roberta.json").write_text(json.dumps(_hf_config("roberta")))
+    for tok in (rob, wp):
+        c = _model_config(PretrainConfig(corpus=["c"], preset="roberta-tiny", seq_len=128), tok)
+        assert (c.pad_token_id, c.position_offset) == (tok.pad_id, tok.pad_id + 1)
+        assert c.max_position_embeddings - c.position_offset == 512
+        c = _model_config(PretrainConfig(corpus=["c"], model_config=str(tmp_path / "roberta.json"),
+                                         seq_len=32), tok)
+        assert (c.family, c.pad_token_id, c.position_offset) == ("roberta", tok.pad_id, tok.pad_id + 1)

@@ -1045,3 +1045,57 @@ def test_every_field_the_routes_read_is_kept_when_a_body_is_parsed():
     listed = {f for r in serve.ROUTES for f in r.fields}
     assert {"inputs", "input", "top_n", "question", "user"} <= read
     assert read <= listed, read - listed
+
+
+def test_pipelined_request_whose_client_closes_is_cancelled(models):
+    """A client that writes a request and a second one behind it on the same connection,
+    then closes (or resets) it: the running request is cancelled and counted 499, and
+    nothing is logged. uvicorn marked only the queued request disconnected, so the running
+    one went on and wrote its answer to the closed connection (a traceback each)."""
+    s = Running(["minilm"], "--max-batch-tokens", "256", "--max-client-batch", "128")
+    try:
+        slow = json.dumps({"inputs": ["a fairly long sentence to embed, " * 20] * 64}).encode()
+        first = (b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(slow) + slow)
+        for reset in (False, True):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            c.sendall(first + b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n")
+            while s.metric("nanobert_requests_in_flight") < 1:
+                time.sleep(0.02)
+            if reset:
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            c.close()
+            deadline = time.time() + 10        # far less than the 64 batches it would take
+            while s.metric('nanobert_requests_total{route="/embed",status="499"}') < 1 + reset:
+                assert time.time() < deadline, "the running request was not cancelled"
+                time.sleep(0.05)
+        assert s.metric('nanobert_requests_total{route="/embed",status="200"}') == 0
+        assert s.post("/embed", {"inputs": "x"}).status_code == 200
+        s.proc.send_signal(signal.SIGTERM)
+        log = s.proc.communicate(timeout=60)[0]
+        assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    finally:
+        s.close()
+
+
+def test_a_queue_longer_than_max_queue_wait_is_429(models):
+    """Overload is answered 429 with Retry-After, not left to time out: a request whose
+    model has more work queued than runs in --max-queue-wait seconds is refused at once;
+    /metrics counts it by reason and /info shows the limit."""
+    s = Running(["minilm"], "--max-batch-tokens", "256", "--max-client-batch", "128",
+                "--max-queue-wait", "0.5")
+    try:
+        assert s.http.get("/info").json()["limits"]["max_queue_wait"] == 0.5
+        slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 128}   # seconds
+        with cf.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(s.post, "/embed", slow)
+            while s.metric("nanobert_batch_size_count") < 1:     # a rate is measured
+                time.sleep(0.02)
+            late = s.post("/embed", {"inputs": "x"})
+            assert first.result(timeout=120).status_code == 200
+        assert late.status_code == 429 and int(late.headers["Retry-After"]) >= 1, late.text
+        assert "--max-queue-wait" in late.json()["error"]["message"]
+        assert s.metric('nanobert_refused_total{reason="queue_wait"}') == 1
+        assert s.post("/embed", {"inputs": "x"}).status_code == 200      # drained: taken
+    finally:
+        s.close()

@@ -261,3 +261,82 @@ def test_a_tokenizer_file_loads_with_the_settings_beside_it(tmp_path, conf):
         Tokenizer.from_dir(d / "config.json")
     with pytest.raises(NanobertError, match="nope: no such directory"):
         Tokenizer.from_dir(d / "nope")
+
+
+MASK_TEXTS = ["the cat <mask> on the mat", "the cat<mask> on", "<mask>the", "a <mask>  <mask> b",
+              " <mask>", "paris <mask>.", "\t<mask>\n<mask>", "x <s> y </s> <pad> <unk>",
+              "Café <mask>! 東京", "hello <ent> world<ent>"]
+
+
+def _roberta_vocab_files(d, mask_lstrip=True):
+    """RoBERTa as many hub checkpoints ship it: vocab.json + merges.txt, the special tokens
+    in special_tokens_map.json (<mask> taking the spaces before it), no tokenizer.json;
+    and an added token, <ent>, in added_tokens.json."""
+    from tokenizers import ByteLevelBPETokenizer
+    bpe = ByteLevelBPETokenizer()
+    text = ["the quick brown fox jumps over the lazy cat on the mat", "hello paris world"] * 30
+    bpe.train_from_iterator(text, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    d.mkdir()
+    bpe.save_model(str(d))
+    mask = {"content": "<mask>", "lstrip": mask_lstrip, "rstrip": False, "normalized": False,
+            "single_word": False}
+    (d / "special_tokens_map.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
+        "pad_token": "<pad>", "cls_token": "<s>", "mask_token": mask}))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "RobertaTokenizer", "model_max_length": 512, "mask_token": "<mask>"}))
+    n = len(json.loads((d / "vocab.json").read_text()))
+    (d / "added_tokens.json").write_text(json.dumps({"<ent>": n}))
+    return d
+
+
+@pytest.mark.parametrize("lstrip", [True, False])
+def test_vocab_json_tokenizer_matches_special_tokens_in_text(tmp_path, lstrip):
+    """A RoBERTa vocab.json + merges.txt read "<mask>" in a text as "Ġ<", "mask", ">" (so
+    fill-mask never saw a mask) where transformers reads one <mask> token, and with
+    lstrip the spaces before it too; the tokenizer's special and added tokens are now
+    registered from its configuration files, as transformers registers them."""
+    d = _roberta_vocab_files(tmp_path / "rob", lstrip)
+    ours = Tokenizer.from_dir(d)
+    for ref in (hf.RobertaTokenizerFast.from_pretrained(d), hf.AutoTokenizer.from_pretrained(d)):
+        assert [ours.encode(t).ids for t in MASK_TEXTS] == [ref(t)["input_ids"] for t in MASK_TEXTS]
+        a, b = MASK_TEXTS[:4], MASK_TEXTS[4:8]
+        assert ours(a, b)["input_ids"].tolist() == \
+            ref(a, b, padding=True, return_tensors="pt")["input_ids"].tolist()
+    assert ours.encode("the cat <mask> on").ids.count(ours.mask_id) == 1
+    assert len(ours.encode(" <mask>").ids) == (3 if lstrip else 4)   # <s> (Ġ) <mask> </s>
+    ours.save(tmp_path / "saved")                  # a tokenizer.json keeps the settings
+    again = Tokenizer.from_dir(tmp_path / "saved")
+    ref = hf.AutoTokenizer.from_pretrained(tmp_path / "saved")
+    assert [again.encode(t).ids for t in MASK_TEXTS] == [ours.encode(t).ids for t in MASK_TEXTS] \
+        == [ref(t)["input_ids"] for t in MASK_TEXTS]
+
+
+def test_vocab_txt_tokenizer_registers_its_configured_tokens(minilm_dir, tmp_path):
+    """A BERT vocab.txt still reads [MASK] in a text as the mask token, and now takes the
+    settings and added tokens of tokenizer_config.json's added_tokens_decoder as well."""
+    d = tmp_path / "bert"
+    d.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        (d / name).write_bytes((minilm_dir / name).read_bytes())
+    texts = ["the cat [MASK] on the mat", "The Cat [mask] [CLS] [SEP] [PAD] [UNK] ok",
+             "x[MASK]y", " [MASK] ", "[MASK][MASK]", "an <ent> here", "AN <ENT>here"]
+    ours, ref = Tokenizer.from_dir(d), hf.AutoTokenizer.from_pretrained(d)
+    assert [ours.encode(t).ids for t in texts] == [ref(t)["input_ids"] for t in texts]
+    assert ours.encode("the [MASK]").ids.count(ours.mask_id) == 1
+    conf = json.loads((d / "tokenizer_config.json").read_text())
+    token = {"special": True, "normalized": False, "lstrip": False, "rstrip": False,
+             "single_word": False}
+    conf["added_tokens_decoder"] = {
+        "0": dict(token, content="[PAD]"), "103": dict(token, content="[MASK]", lstrip=True),
+        "30522": dict(token, content="<ent>", special=False, normalized=True)}
+    (d / "tokenizer_config.json").write_text(json.dumps(conf))
+    ours, ref = Tokenizer.from_dir(d), hf.AutoTokenizer.from_pretrained(d)
+    assert [ours.encode(t).ids for t in texts] == [ref(t)["input_ids"] for t in texts]
+    assert ours.token_to_id("<ent>") == 30522 and ours.encode(" [MASK] ").ids[1] == 103
+    conf["added_tokens_decoder"]["30600"] = dict(token, content="<far>")
+    (d / "tokenizer_config.json").write_text(json.dumps(conf))
+    with pytest.raises(NanobertError, match="added token '<far>' has id 30600, but the "
+                                            "vocabulary gives it 30523"):
+        Tokenizer.from_dir(d)
