@@ -1037,7 +1037,11 @@ def make_app(server: Server):
             # off the event loop: the batch under way finishes in the inference thread,
             # and a blocked loop wrote no answer meanwhile (the clients of requests cut
             # off by the drain deadline waited for their 503 until it was done)
-            await asyncio.get_running_loop().run_in_executor(None, server.stop)
+            stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
+            try:
+                await stopping
+            except asyncio.CancelledError:   # a second Ctrl-C: the process is leaving now
+                pass
 
     async def http_error(request, exc):
         path = request.url.path if len(request.url.path) <= 200 else request.url.path[:197] + "..."
@@ -1338,11 +1342,22 @@ def banner(server: Server) -> str:
 
 
 def not_drain_deadline(record) -> bool:
-    """A filter on uvicorn's log: without its ERROR line "Cancel N running task(s),
-    timeout graceful shutdown exceeded" at the drain deadline. The requests it cancels
-    are answered 503 and counted, and nanobert's last line says so (an error logged
-    before it read as if the shutdown had failed)."""
-    return "timeout graceful shutdown exceeded" not in str(record.msg)
+    """A filter on uvicorn's log: without the ERROR lines of a stop that nanobert reports
+    itself in its last line: "Cancel N running task(s), timeout graceful shutdown
+    exceeded" at the drain deadline (the requests it cancels are answered 503 and
+    counted), and, after a second Ctrl-C, the traceback of the lifespan task cancelled
+    on the way out (Starlette hands it to uvicorn as text, ending in CancelledError).
+    Either read as if the shutdown had failed."""
+    text = str(record.msg).rstrip()
+    return "timeout graceful shutdown exceeded" not in text and not (
+        text.startswith("Traceback") and text.endswith("CancelledError"))
+
+
+def drain_end(signals: list, config: ServeConfig) -> str:
+    """What ended the drain: its deadline, or a second Ctrl-C (uvicorn then stops at once)."""
+    if signals.count("SIGINT") > 1:
+        return "when a second SIGINT forced the stop"
+    return f"after --drain-timeout {config.drain_timeout:g}"
 
 
 def serve_cmd(args):
@@ -1381,8 +1396,8 @@ def serve_cmd(args):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
     uvicorn.Server(uv).run(sockets=[sock])
-    cut = (f"; {server.cut_off} still running after --drain-timeout {config.drain_timeout:g} "
-           "answered 503" if server.cut_off else "")
+    cut = (f"; {server.cut_off} still running {drain_end(stopped_by, config)} answered 503"
+           if server.cut_off else "")
     print(f"nanobert serve: stopped{' by ' + stopped_by[0] if stopped_by else ''}, "
           f"requests in flight answered{cut}", flush=True)
     return 0

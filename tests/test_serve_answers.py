@@ -158,3 +158,21 @@ def test_rerank_copies_of_a_document_tie_and_keep_the_order_sent(made):
         copies = [x for x in r if docs[x["index"]] == text]
         assert [x["index"] for x in copies] == [i for i, d in enumerate(docs) if d == text]
         assert len({x["relevance_score"] for x in copies}) == 1
+
+
+def test_a_second_ctrl_c_is_named_and_its_cancelled_lifespan_not_logged():
+    """Two SIGINTs: uvicorn stops at once. The last line said the drain deadline cut the
+    requests off, and Starlette's cancelled lifespan was logged as an ERROR traceback."""
+    import logging
+    from nanobert.serve import ServeConfig, drain_end, not_drain_deadline
+    config = ServeConfig(drain_timeout=25)
+    assert drain_end(["SIGINT", "SIGINT"], config) == "when a second SIGINT forced the stop"
+    assert drain_end(["SIGTERM"], config) == "after --drain-timeout 25"
+
+    def record(msg):
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, msg, None, None)
+    cancelled = "Traceback (most recent call last):\n  File ...\nasyncio.exceptions.CancelledError\n"
+    assert not not_drain_deadline(record(cancelled))
+    assert not not_drain_deadline(record("Cancel 3 running task(s), timeout graceful shutdown "
+                                         "exceeded"))
+    assert not_drain_deadline(record("Traceback (most recent call last):\nValueError: boom"))
