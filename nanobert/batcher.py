@@ -152,11 +152,16 @@ class Batcher:
         job.outputs, job.left = [None] * len(items), len(items)
         self._unqueue(job, -sum(job.lengths))
         self._queue.put(job)
+        # not started within max_wait: answered then, not after the batch under way
+        timer = loop.call_later(self.max_wait, self._give_up, job) if self.max_wait else None
         try:
             return await job.future
         except asyncio.CancelledError:   # the client went away: its items are dropped
             job.cancelled = True
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def expected_wait(self, model: Hashable) -> float:
         """Seconds the work queued for `model` takes at its recently measured rate (0
@@ -193,19 +198,16 @@ class Batcher:
                 new = tokens / seconds
                 self._rate[model] = new if old is None else 0.7 * old + 0.3 * new
 
-    def _expire(self, live: list) -> list:
-        """`live` less the requests not started within max_wait seconds of being
-        queued: those are answered QueueFull (a client waiting on would time out)."""
-        if self.max_wait is None:
-            return live
-        now = time.perf_counter()
-        for job in {id(j): j for j, _ in live if not j.started}.values():
-            if now - job.queued_at > self.max_wait:
-                job.cancelled = True
-                _answer(job, QueueFull(f"queued {now - job.queued_at:.0f} s without starting, "
-                                       f"over --max-queue-wait {self.max_wait:g}; retry "
-                                       "later", "queued_too_long"))
-        return [e for e in live if not e[0].cancelled]
+    def _give_up(self, job: Job):
+        """On the event loop, max_wait seconds after `job` was queued: a job no batch has
+        started is dropped (the inference thread skips cancelled jobs) and answered
+        QueueFull, as a client waiting on would time out."""
+        if job.started or job.cancelled or job.future.done():
+            return
+        job.cancelled = True
+        job.future.set_exception(QueueFull(
+            f"queued {time.perf_counter() - job.queued_at:.0f} s without starting, over "
+            f"--max-queue-wait {self.max_wait:g}; retry later", "queued_too_long"))
 
     def stop(self, timeout: Optional[float] = None):
         """Finish what is queued, then end the thread."""
@@ -252,7 +254,7 @@ class Batcher:
         a request far over the budget (a /qa context of a megabyte) goes out one batch at
         a time while the requests that arrive meanwhile are answered between its
         batches, and neither kind can starve the other."""
-        live = self._expire([e for e in pending if not e[0].cancelled])
+        live = [e for e in pending if not e[0].cancelled]
         for job, i in pending:
             if job.cancelled:          # the client went away, or it waited too long
                 self._unqueue(job, job.lengths[i])

@@ -273,3 +273,32 @@ def test_queue_wait_is_bounded():
     given_up = [r for r in results if isinstance(r, QueueFull)]
     assert given_up and all(r.reason == "queued_too_long" for r in given_up), results
     assert b.expected_wait("m") == 0      # nothing counted as queued any more
+
+
+def test_a_request_not_started_within_max_wait_is_answered_then_not_after_the_batch():
+    """The bound on queue wait holds during a long batch: the request queued behind it is
+    answered QueueFull at max_wait, not when the batch under way ends (it was checked only
+    between batches, and so overrun by a whole batch)."""
+    import time
+    from nanobert.batcher import QueueFull
+    b = Batcher(max_tokens=10, max_wait=0.3)
+    gate = threading.Event()
+
+    def blocked(items):
+        gate.wait(10)                 # the batch under way: as long as the test says
+        return list(items)
+
+    async def go():
+        first = asyncio.create_task(b.submit("m", ["long"], [10], blocked))
+        await asyncio.sleep(0.05)     # the first batch is running
+        t0 = time.perf_counter()
+        with pytest.raises(QueueFull) as late:
+            await b.submit("m", ["short"], [1], blocked)
+        waited = time.perf_counter() - t0
+        gate.set()
+        return waited, late.value.reason, await first
+
+    waited, reason, first = asyncio.run(go())
+    b.stop(5)
+    assert reason == "queued_too_long" and 0.25 < waited < 2, waited
+    assert first == ["long"] and b.expected_wait("m") == 0
