@@ -50,7 +50,6 @@ class Job:
     left: int = 0
     started: bool = False
     cancelled: bool = False       # set on the event loop, read by the inference thread
-    unrun: int = 0                # its tokens not yet run (nor dropped): Batcher._queued
 
 
 class QueueFull(Exception):
@@ -187,7 +186,6 @@ class Batcher:
         with self._lock:
             model = model_of(job.group)
             self._queued[model] = self._queued.get(model, 0) - tokens
-            job.unrun -= tokens
 
     def _measured(self, batch: list, seconds: float):
         tokens = sum(job.lengths[i] for job, i in batch)

@@ -423,9 +423,7 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     if unknown:
         raise NanobertError(f"unknown config field {unknown[0]!r}")
     try:
-        kw = fam.config_kwargs(hf)
-        kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
-        kw = _labels_override(kw, config_overrides)
+        kw = _labels_override(hf_config_kwargs(hf, fam), config_overrides)
         config = BertConfig(**{**kw, **config_overrides})  # a new config, none mutated
     except KeyError as e:
         raise NanobertError(f"{path}: missing key(s) {e.args[0]}")
@@ -448,6 +446,14 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     _check_declared_head(model, arch, fam, path)
     model.source_dir = model_dir
     return model
+
+
+def hf_config_kwargs(hf: dict, fam: Family) -> dict:
+    """BertConfig keyword arguments of a config.json of family `fam`: the family's keys,
+    then nanobert's own (`nanobert_*`)."""
+    kw = fam.config_kwargs(hf)
+    kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
+    return kw
 
 
 def new_pooler(model) -> bool:

@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import random
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -305,7 +306,6 @@ def attached_end(text: str, end: int, limit: int) -> int:
     (combining marks, ATTACHED_RANGES), never past `limit` (where the next word
     starts): a word that ends in "e\u0308" ends after the mark. Whitespace, and a mark
     after whitespace, end it."""
-    import unicodedata
     while end < limit and (unicodedata.category(text[end]).startswith("M")
                            or any(a <= text[end] <= b for a, b in ATTACHED_RANGES)):
         end += 1

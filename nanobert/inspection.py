@@ -16,6 +16,7 @@ backend it was loaded with.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -298,9 +299,7 @@ def note_sample(labels: Sequence[str], idx: Sequence[int], n: int, flag: str = "
 def _shortfall(labels: Sequence[str], n: int) -> str:
     """Why a balanced sample of n holds fewer: n // k of each of the k labels, and the
     labels that have fewer examples than that."""
-    counts = {}
-    for lab in labels:
-        counts[lab] = counts.get(lab, 0) + 1
+    counts = Counter(labels)
     per = n // len(counts)
     short = [f"{lab!r} ({c})" for lab, c in sorted(counts.items()) if c < per]
     why = (f"{'at most ' * bool(short)}{per} of each of the {len(counts)} labels (the sample "

@@ -673,7 +673,7 @@ class SelfAttention(nn.Module):
         if "p2c" in terms:  # [i, j] = k_j · pos_q[index[i, j]]
             bias = bias + torch.einsum("bjnd,rnd->bnjr", k, pos_q).gather(
                 -1, idx.transpose(-1, -2)).transpose(-1, -2)
-        return bias * (self.scale or 1 / math.sqrt(self.hd))  # every term is scaled alike
+        return bias * self.scale  # every term is scaled alike (relative attention: set)
 
 
 class Block(nn.Module):

@@ -197,7 +197,7 @@ def _read_model_config(path: str, **overrides):
     (an ALBERT config gives an ALBERT, a DeBERTa-v2 one a DeBERTa-v2), whose own key names
     are read. `overrides` are BertConfig fields. A model_type nanobert cannot build, or a
     bad file, is a one-line error naming --config."""
-    from .checkpoint import validate_hf_config
+    from .checkpoint import hf_config_kwargs, validate_hf_config
     from .families import BY_MODEL_TYPE
     from .model import BertConfig
     hf = _read_hf_config(path)
@@ -214,9 +214,7 @@ def _read_model_config(path: str, **overrides):
         note(f"--config {path}: vocab_size {given} is replaced by the tokenizer's "
              f"{overrides['vocab_size']}")
     try:
-        kw = BY_MODEL_TYPE[model_type].config_kwargs(hf)
-        kw.update({k[len("nanobert_"):]: v for k, v in hf.items() if k.startswith("nanobert_")})
-        return BertConfig(**dict(kw, **overrides))
+        return BertConfig(**dict(hf_config_kwargs(hf, BY_MODEL_TYPE[model_type]), **overrides))
     except KeyError as e:
         raise NanobertError(f"--config {path}: missing key(s) {e.args[0]}") from None
     except (ValueError, TypeError, ArithmeticError) as e:
@@ -743,7 +741,7 @@ def _claim_ablation_dir(out: Path, t: TrainConfig, reads: list):
     from .files import check_not_input
     rec = rundir.read_run(out) if out.is_dir() else None
     other = rec is not None and not rec.get("damaged") and rec.get("command") != "ablate-masking"
-    if other or (rec is None and any((out / n).exists() for n in rundir.MODEL_FILES)):
+    if other or (rec is None and rundir.holds_a_run(out)):
         what = f"a {rec['command']} run's directory" if other else "a model directory"
         raise NanobertError(f"--out {out} is {what}; ablate-masking writes one run per split "
                             "under --out, which would mix them into it: choose another directory")

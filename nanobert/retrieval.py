@@ -160,7 +160,6 @@ def row_correlations(rows: list, pred, what: str) -> dict:
     return correlations([r.score for r in rows], pred)
 
 
-
 # ----------------------------------------------------------------------------------
 # Cross-encoders: scoring (query, document) pairs
 

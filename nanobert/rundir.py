@@ -200,7 +200,8 @@ def checkpoint_step(out_dir: Path):
         return None
 
 
-def _holds_a_run(out_dir: Path) -> bool:
+def holds_a_run(out_dir: Path) -> bool:
+    """A model or a checkpoint in the directory itself."""
     return any((out_dir / name).exists() for name in MODEL_FILES)
 
 
@@ -377,7 +378,7 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
             yield out_dir
         except BaseException as e:
             # kept for --resume: a model or checkpoint it wrote, or runs it holds
-            if not (_holds_runs(out_dir) or _holds_a_run(out_dir) and not _unsaved(out_dir, e)):
+            if not (_holds_runs(out_dir) or holds_a_run(out_dir) and not _unsaved(out_dir, e)):
                 _take_back(out_dir, before)
             raise
         write_text(out_dir / RUN_FILE, json.dumps(dict(record, status="finished"), indent=1) + "\n")
@@ -411,7 +412,7 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool)
     that no run wrote (`foreign_entries`), which every later --overwrite keeps."""
     if resume and overwrite:
         raise NanobertError("--resume and --overwrite contradict each other: choose one")
-    rec, holds = read_run(out_dir), _holds_a_run(out_dir) or _holds_runs(out_dir)
+    rec, holds = read_run(out_dir), holds_a_run(out_dir) or _holds_runs(out_dir)
     if overwrite:
         if rec is not None:      # a run's directory: all of it but what was there before
             clear(out_dir, keep=foreign_entries(out_dir, rec))
@@ -438,11 +439,19 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool)
                             f"({out_dir / RUN_FILE}: {rec['damaged']}); start over with "
                             "--overwrite, or choose another directory")
     elif holds:
-        what = ("an unfinished run" if rec and rec.get("status") != "finished" else "a model"
-                if _holds_a_run(out_dir) else f"the runs of {(rec or {}).get('command') or 'another command'}")
-        raise NanobertError(f"--out {out_dir} already holds {what}; continue it with --resume, "
-                            "start over with --overwrite, or choose another directory")
+        raise NanobertError(f"--out {out_dir} already holds {_held(out_dir, rec)}; continue it "
+                            "with --resume, start over with --overwrite, or choose another "
+                            "directory")
     return foreign
+
+
+def _held(out_dir: Path, rec) -> str:
+    """What a directory a new run may not use holds, in a few words."""
+    if rec and rec.get("status") != "finished":
+        return "an unfinished run"
+    if holds_a_run(out_dir):
+        return "a model"
+    return f"the runs of {(rec or {}).get('command') or 'another command'}"   # one level down
 
 
 def _same_run(old, new: dict) -> bool:

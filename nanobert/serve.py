@@ -332,7 +332,7 @@ class Server:
         """The names of the models that serve `route` and take text `pairs` (True) or
         single texts (False), or may (of unknown kind)."""
         return [n for n, m in self.models.items()
-                if route in m.routes and m.settings.get("pairs") in (pairs, None)]
+                if route in m.routes and m.takes_pairs in (pairs, None)]
 
     def _list(self) -> str:
         return ", ".join(f"{n} ({m.task})" for n, m in self.models.items())

@@ -100,17 +100,16 @@ def _config_tokens(path: Path, conf: dict) -> dict:
     return found
 
 
-def _declared_tokens(path: Path, conf: dict) -> list:
+def _declared_tokens(path: Path, conf: dict, named: dict) -> list:
     """[(id, AddedToken)] that the tokenizer's files add with their ids: tokenizer_config.json's
     added_tokens_decoder, else the older added_tokens.json (special when it names a
-    special token, and then not normalised)."""
+    special token, one of `named` (`_config_tokens`), and then not normalised)."""
     where = path / "tokenizer_config.json"
     decoder = conf.get("added_tokens_decoder")
     if isinstance(decoder, dict):
         pairs = [(k, _added_token(v, False, where)) for k, v in decoder.items()]
     else:
         where = path / "added_tokens.json"
-        named = set(_config_tokens(path, conf))
         pairs = [(i, AddedToken(t, special=t in named, normalized=t not in named))
                  for t, i in _read_json(where).items()]
     out = []
@@ -133,7 +132,7 @@ def _register_tokens(tk: HFTokenizer, path: Path, conf: dict, specials: dict) ->
     name none) that the vocabulary has."""
     where = path / "tokenizer_config.json"
     named = _config_tokens(path, conf)
-    declared = _declared_tokens(path, conf)
+    declared = _declared_tokens(path, conf, named)
     for i, token in declared:
         token.special = token.special or token.content in named
         tk.add_tokens([token])

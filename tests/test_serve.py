@@ -118,6 +118,11 @@ class Running:
         m = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
+    def stop_log(self) -> str:
+        """SIGTERM, then everything the server printed to the end."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.communicate(timeout=60)[0]
+
     def close(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -937,8 +942,7 @@ def test_stalled_or_vanished_body_frees_its_place(models):
         halfway.close()
         r = s.post("/embed", {"inputs": ["word " * 300, "and another " * 200]})
         assert r.status_code == 200 and r.json()["truncated"] == [True, True]
-        s.proc.send_signal(signal.SIGTERM)
-        log = s.proc.communicate(timeout=60)[0]
+        log = s.stop_log()
         assert "error in" not in log and "note:" not in log, log
     finally:
         s.close()
@@ -1071,8 +1075,7 @@ def test_pipelined_request_whose_client_closes_is_cancelled(models):
                 time.sleep(0.05)
         assert s.metric('nanobert_requests_total{route="/embed",status="200"}') == 0
         assert s.post("/embed", {"inputs": "x"}).status_code == 200
-        s.proc.send_signal(signal.SIGTERM)
-        log = s.proc.communicate(timeout=60)[0]
+        log = s.stop_log()
         assert "Traceback" not in log and "Exception in ASGI" not in log, log
     finally:
         s.close()
