@@ -88,13 +88,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVE_FLAGS: list = []   # --serve-flag: added to every `nanobert serve` this script starts
+
+
 def start(kind: str, threads: int, extra=(), cpus=None, models=("minilm",)) -> tuple:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     if kind == "nanobert":
         cmd = [sys.executable, "-m", "nanobert", "serve", *models, "--port", str(port),
-               "--threads", str(threads), *extra]
+               "--threads", str(threads), *extra, *SERVE_FLAGS]
     else:
         cmd = [sys.executable, __file__, "--peer-server", str(port), "--threads", str(threads)]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
@@ -415,11 +418,15 @@ def main():
                     help="words of the long /qa context that short requests wait behind (0: skip)")
     ap.add_argument("--server-cpus", type=cpu_set, default="0",
                     help="CPUs the servers are pinned to ('' : no pinning); the client gets the others")
+    ap.add_argument("--serve-flag", action="append", default=[], metavar="FLAG",
+                    help="a flag for every nanobert server started (repeat; e.g. "
+                         "--serve-flag=--max-batch-time --serve-flag=100)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"))
     ap.add_argument("--peer-server", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer_server:
         return peer_main(args.peer_server, args.threads)
+    SERVE_FLAGS[:] = args.serve_flag
     if not DATA.is_file():
         print(f"skipped: {DATA} not found (the SST-2 dev set)")
         return 0
@@ -441,6 +448,7 @@ def main():
               "machine": f"{os.cpu_count()} CPUs, load {load_average()} at start; servers "
                          f"pinned to CPUs {sorted(args.server_cpus) or 'all'}, "
                          f"{args.threads} torch thread(s) each; nanobert {args.dtype}, peer float32",
+              "serve_flags": args.serve_flag,
               "event_loop": type(asyncio.get_event_loop_policy()).__module__,
               "http": http_parser(),
               "sentences": len(sentences)}

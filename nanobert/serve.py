@@ -62,6 +62,7 @@ class ServeConfig:
     drain_timeout: float = 25.0         # SIGTERM: seconds to finish requests in flight; then 503
     cors_origins: tuple = ()            # web pages (origins) whose scripts may call the API
     max_queue_wait: float = 30.0        # seconds a request may wait for its first batch; 429
+    max_batch_time: float = 0.5         # seconds a batch may run (at its model's measured speed)
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -271,7 +272,8 @@ class Server:
         with torch_threads(1 if on_cpu else torch.get_num_threads()):
             self.warm_up()
         self.batcher = Batcher(self.config.max_batch_tokens, self.metrics,
-                               run_on_cores if on_cpu else None, self.config.max_queue_wait)
+                               run_on_cores if on_cpu else None, self.config.max_queue_wait,
+                               self.config.max_batch_time)
         self.tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS,
                                              thread_name_prefix="nanobert-tokenize")
 
@@ -588,7 +590,8 @@ def info(server: Server):
         "limits": {"max_batch_tokens": c.max_batch_tokens,
                    "max_concurrent_requests": c.max_concurrent_requests,
                    "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit,
-                   "body_timeout": c.body_timeout, "max_queue_wait": c.max_queue_wait},
+                   "body_timeout": c.body_timeout, "max_queue_wait": c.max_queue_wait,
+                   "max_batch_time": c.max_batch_time},
         "routes": [f"{r.method} {r.path}" for r in served_routes(server)]})
 
 
@@ -1125,6 +1128,11 @@ def serve_args(p):
                         "more work queued than runs in that time (at the rate of recent "
                         "batches), or one that waited that long, is answered 429 with "
                         "Retry-After instead of waiting on (default 30)")
+    p.add_argument("--max-batch-time", type=checked(float), default=d.max_batch_time,
+                   metavar="SECONDS",
+                   help="a batch also holds no more tokens than its model runs in this time "
+                        "(at the rate of its recent batches): a request arriving while a "
+                        "batch runs waits at most about this long for it (default 0.5)")
     p.add_argument("--threads", type=checked(int), default=d.threads,
                    help="torch threads for inference (default: torch's choice)")
     p.add_argument("--cors-allow-origin", action="append", metavar="ORIGIN",
@@ -1147,7 +1155,7 @@ def config_from_args(args) -> ServeConfig:
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
-    for flag in ("body_timeout", "drain_timeout", "max_queue_wait"):
+    for flag in ("body_timeout", "drain_timeout", "max_queue_wait", "max_batch_time"):
         v = getattr(args, flag)
         if not (math.isfinite(v) and v > 0):
             raise NanobertError(f"--{flag.replace('_', '-')} must be a number of seconds > 0, "
@@ -1163,7 +1171,7 @@ def config_from_args(args) -> ServeConfig:
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
                        args.dtype, args.body_timeout, args.warmup, args.drain_timeout,
                        cors_origins(args.cors_allow_origin or []),
-                       max_queue_wait=args.max_queue_wait)
+                       max_queue_wait=args.max_queue_wait, max_batch_time=args.max_batch_time)
 
 
 def cors_origins(given: list) -> tuple:

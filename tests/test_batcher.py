@@ -302,3 +302,50 @@ def test_a_request_not_started_within_max_wait_is_answered_then_not_after_the_ba
     b.stop(5)
     assert reason == "queued_too_long" and 0.25 < waited < 2, waited
     assert first == ["long"] and b.expected_wait("m") == 0
+
+
+def test_batches_stop_at_what_runs_in_max_seconds():
+    """With max_seconds: once a model's speed is measured, its batches hold no more
+    tokens than run in that time, so a request that arrives while a long request runs
+    waits one short batch, not a whole token budget's worth (a 16k-token /qa batch: 4 s)."""
+    import time
+    b = Batcher(max_tokens=1000, max_seconds=0.1)
+    sizes = []
+
+    def timed(items):                 # 1000 tokens per second; items are token counts
+        sizes.append(sum(items))
+        time.sleep(sum(items) / 1000)
+        return list(items)
+
+    async def go():
+        assert b.budget("qa") == 1000                     # speed unknown: the whole budget
+        await b.submit(("qa", "qa"), [100], [100], timed)  # measured: 1000 tokens/s
+        assert 90 <= b.budget("qa") <= 100 and b.budget("emb") == 1000
+        long = asyncio.create_task(b.submit(("qa", "qa"), [50] * 16, [50] * 16, timed))
+        await asyncio.sleep(0.05)                          # a batch of the long one runs
+        t0 = time.perf_counter()
+        short = await b.submit(("emb", "embed"), [1], [1], timed)
+        waited = time.perf_counter() - t0
+        return short, waited, await long
+
+    short, waited, long = asyncio.run(go())
+    b.stop(5)
+    assert short == [1] and long == [50] * 16
+    assert max(sizes[1:]) <= 100, sizes                    # 800 tokens in batches of 100
+    assert waited < 0.3, waited        # one 0.1 s batch; with the whole budget, 0.8 s
+
+
+def test_without_max_seconds_batches_fill_the_token_budget():
+    import time
+    b = Batcher(max_tokens=1000)
+
+    def timed(items):
+        time.sleep(sum(items) / 1000)
+        return list(items)
+
+    async def go():
+        await b.submit("m", [100], [100], timed)
+        return b.budget("m")
+
+    assert asyncio.run(go()) == 1000
+    b.stop(5)

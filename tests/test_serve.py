@@ -974,6 +974,8 @@ def test_int8_server_equals_offline_int8(models):
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
     (["--body-timeout", "nan"], "--body-timeout must be a number of seconds > 0, got nan"),
     (["--drain-timeout", "0"], "--drain-timeout must be a number of seconds > 0, got 0.0"),
+    (["--max-batch-time", "-1"], "--max-batch-time must be a number of seconds > 0, got -1.0"),
+    (["--max-batch-time", "inf"], "--max-batch-time must be a number of seconds > 0, got inf"),
     (["--cors-allow-origin", "example.com/app"], "--cors-allow-origin 'example.com/app': give"),
     (["--port", "BUSY"], "Address already in use"),
     # keys no 'Authorization: Bearer' header can match (stripped, Latin-1): every request
@@ -1086,9 +1088,10 @@ def test_a_queue_longer_than_max_queue_wait_is_429(models):
     model has more work queued than runs in --max-queue-wait seconds is refused at once;
     /metrics counts it by reason and /info shows the limit."""
     s = Running(["minilm"], "--max-batch-tokens", "256", "--max-client-batch", "128",
-                "--max-queue-wait", "0.5")
+                "--max-queue-wait", "0.5", "--max-batch-time", "0.25")
     try:
-        assert s.http.get("/info").json()["limits"]["max_queue_wait"] == 0.5
+        limits = s.http.get("/info").json()["limits"]
+        assert limits["max_queue_wait"] == 0.5 and limits["max_batch_time"] == 0.25
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 128}   # seconds
         with cf.ThreadPoolExecutor(1) as pool:
             first = pool.submit(s.post, "/embed", slow)
