@@ -252,6 +252,13 @@ def query_split(beir, holdout: float = 0.0) -> tuple:
     return [q for q in qids if not held_out(q, holdout)], held
 
 
+def queries_used(beir, settings: dict, training: bool) -> int:
+    """How many judged queries of a BEIR folder a run trains on (`training`) or scores:
+    with `holdout`, the held-out ones are scored and the rest trained on."""
+    train_q, held = query_split(beir_split(beir, settings, training), settings.get("holdout") or 0.0)
+    return len(train_q) if training else len(held) or len(train_q)
+
+
 def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=False) -> list:
     """TextRows of (query, relevant document[, hard negative]); with `labelled`,
     (query, document) rows scored 1 (relevant) or 0 (each hard negative)."""

@@ -81,6 +81,16 @@ def at_least(n, at_most=None) -> Range:
 MAX_STEPS = 10**9
 MAX_SEQ_LEN = 1 << 17
 
+# The fewest tokens a --max-length (and a Python max_length) may give a sequence: [CLS],
+# [SEP] and some text. Below it, truncation kept nothing of the text (every input read
+# as [CLS] [SEP]), or a 1 turned truncation off.
+MIN_MAX_LENGTH = 4
+
+
+def max_length_range() -> Range:
+    """What every --max-length flag and Python max_length take."""
+    return at_least(MIN_MAX_LENGTH)
+
 
 def positive() -> Range:
     return Range(lo=0, lo_open=True)

@@ -77,7 +77,7 @@ def iter_documents(files: Sequence) -> Iterator[list]:
     keys and brackets would be learnt as text) and text-less files raise an error naming
     the file and line."""
     for f in files:
-        doc, any_text = [], False
+        doc, any_text, n = [], False, 0
         for n, line in read_lines(f):  # (a NUL byte is refused there: binary data)
             line = line.strip()
             if line and not any_text and opens_json(line):
@@ -91,8 +91,9 @@ def iter_documents(files: Sequence) -> Iterator[list]:
                 doc = []
         if doc:
             yield doc
-        if not any_text:
-            raise NanobertError(f"{f}: empty file (no text to pretrain on)")
+        if not any_text:   # (n: the lines read, all blank)
+            raise NanobertError(f"{f}: no text to pretrain on (only blank lines)" if n else
+                                f"{f}: empty file (no text to pretrain on)")
 
 
 def sentences(line: str) -> list:

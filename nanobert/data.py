@@ -180,11 +180,19 @@ def _text_column(names) -> Optional[str]:
 
 
 def _first_content(path: Path) -> tuple:
-    """(line number, text) of the first non-blank line; an empty file is an error."""
+    """(line number, text) of the first non-blank line; an empty file, or one of blank
+    lines only, is an error."""
+    seen = False
     for n, text in read_lines(path):
         if text.strip():
             return n, text
-    raise data_error(path, None, "empty file")
+        seen = True
+    raise data_error(path, None, no_text(seen))
+
+
+def no_text(blank_lines: bool) -> str:
+    """What a file without text is: empty, or (not empty) of blank lines only."""
+    return "no text (only blank lines)" if blank_lines else "empty file"
 
 
 def _is_json_list(text: str) -> bool:
@@ -213,10 +221,10 @@ def _unique_keys(pairs: list) -> dict:
 
 def _json_value(text: str, path, line):
     """json.loads, with every way it can fail (bad syntax, a 5000-digit number, nesting
-    deeper than Python's stack, a key given twice in one object) reported at the file
-    and line."""
+    deeper than Python's stack, a key given twice in one object, a lone surrogate escape)
+    reported at the file and line."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
     except _DuplicateKey as e:
         raise data_error(path, line, f"the key {e.args[0]!r} appears twice in one JSON object "
                          "(which value is meant?)")
@@ -224,6 +232,47 @@ def _json_value(text: str, path, line):
         raise data_error(path, (line or 1) + e.lineno - 1, f"not valid JSON ({_json_msg(e)})")
     except (ValueError, RecursionError) as e:
         raise data_error(path, line, f"not usable JSON ({str(e)[:80] or type(e).__name__})")
+    if SURROGATE_ESCAPE.search(text):
+        refuse_surrogates(value, path, line)
+    return value
+
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")   # how JSON writes U+D800-U+DFFF
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_surrogates(value, path, line):
+    """Refuse a parsed JSON value holding a lone surrogate escape ("\\ud800": valid JSON,
+    but no text; a pair of escapes is one character, an emoji, once parsed), naming the
+    field (`text`, `tokens[1]`, `data[0].paragraphs[1].context`): no tokenizer, JSON
+    writer or terminal takes it."""
+    where = _surrogate_at(value)
+    if where is not None:
+        at, key = where
+        what = (f"a field name in {at!r}" if at is not None else "a field name") if key else \
+            (f"field {at!r}" if at is not None else "the JSON string")
+        raise data_error(path, line, f"{what} is not valid Unicode (a lone surrogate escape)")
+
+
+def _surrogate_at(value):
+    """(where, is it a key) of the first string in `value` holding a lone surrogate (json
+    leaves one as it is), or None; where is None for `value` itself. Walked with a stack,
+    not recursion: json parses values nested almost as deep as Python's stack allows."""
+    todo = [(value, None)]
+    while todo:
+        v, at = todo.pop()
+        if isinstance(v, str):
+            if SURROGATE.search(v):
+                return at, False
+        elif isinstance(v, dict):
+            bad = next((k for k in v if SURROGATE.search(k)), None)
+            if bad is not None:
+                return at, True
+            todo.extend((x, f"{at}.{k}" if at is not None else k)
+                        for k, x in reversed(v.items()))
+        elif isinstance(v, list):
+            todo.extend((x, f"{at or ''}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def _json_msg(e: json.JSONDecodeError) -> str:
@@ -348,6 +397,8 @@ def _json_array_objects(path: Path):
             raise data_error(path, line, f"not usable JSON ({str(e)[:80] or type(e).__name__})")
         if not isinstance(obj, dict):
             raise data_error(path, line, "expected the array to hold JSON objects (records)")
+        if SURROGATE_ESCAPE.search(text, pos, end):
+            refuse_surrogates(obj, path, line)
         yield line, obj
         seen += 1
         line += text.count("\n", pos, end)
@@ -531,13 +582,18 @@ def _trimmed(fields: list, width: int) -> list:
 
 
 def _read_table(path: Path, delimiter: str, quoting: bool):
-    """Yield (line number, fields) of a delimited file (line number where the row starts)."""
+    """Yield (line number, fields) of a delimited file (line number where the row starts).
+    Blank lines are skipped, and so are rows of empty fields (`,,`: an empty row of a
+    spreadsheet); a lone field written out (`""`, as csv.writer and pandas write an empty
+    text in a one-column table) is a row, so that row i of a one-column table's output
+    stays row i of the file."""
     lines = ((n, text + "\n") for n, text in read_lines(path))
-    state = {"n": 0}
+    state = {"n": 0, "raw": []}
 
     def feed():
         for n, text in lines:
             state["n"] = n
+            state["raw"].append(text)
             yield text
     reader = csv.reader(feed(), delimiter=delimiter,
                         quoting=csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE,
@@ -554,7 +610,8 @@ def _read_table(path: Path, delimiter: str, quoting: bool):
                 raise data_error(path, start, f"malformed {kind} row (a quoted field that starts "
                                  "in this row is never closed)")
             raise data_error(path, state["n"], f"malformed {kind} row ({e})")
-        if row and any(x.strip() for x in row):
+        raw, state["raw"] = "".join(state["raw"]), []
+        if any(x.strip() for x in row) or (len(row) == 1 and raw.strip()):
             yield start, row
         start = state["n"] + 1
 
@@ -687,10 +744,9 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
     delim = _delimiter(path, fmt)
     quoting = fmt == "csv" or (fmt == "tsv" and tsv_uses_quoting(path))
     table = _read_table(path, delim, quoting)
-    try:
-        hline, first = next(table)
-    except StopIteration:
-        raise data_error(path, None, "empty file")
+    hline, first = next(((n, f) for n, f in table if any(x.strip() for x in f)), (None, None))
+    if first is None:   # (a file of blank lines is refused before: `_first_content`)
+        raise data_error(path, None, "no header (only empty fields)")
     header = _trimmed([_unquoted(h.strip()) if not quoting else h.strip() for h in first], 1)
     if any(map(is_column_index, given)) and not _is_header(first, given):
         first = _trimmed(first, 1)
@@ -700,6 +756,8 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
 
     def rows():
         for n, fields in table:
+            if len(header) > 1 and not any(x.strip() for x in fields):
+                continue   # a lone empty field ("") where rows have several: no row
             fields = _trimmed(fields, len(header))
             if len(fields) != len(header):
                 more = (f" (a {sep} inside a text? such a field must be quoted)"
@@ -807,7 +865,9 @@ def _holds_tokens(path: Path) -> bool:
 
 
 def read_text_lines(path) -> list:
-    """`Example`s of a plain text file, one input a line (blank lines skipped). A file
+    """`Example`s of a plain text file, one input a line. Blank (or whitespace) lines are
+    skipped, with a note when one comes before a text: row i of the output is then the
+    i-th text, not line i (tables and JSON Lines keep an empty text as a row). A file
     that is JSON (JSON Lines broken on their first line, a JSON document) or CoNLL
     columns is refused: read as text, each of its lines would be taken for an input."""
     path = input_path(path)
@@ -819,7 +879,12 @@ def read_text_lines(path) -> list:
     if looks_like_conll(path):
         raise data_error(path, n, "CoNLL columns (a token and its tag a line), not one text "
                          "a line; a tagger (--task ner) reads these")
-    return [Example(t, line=k) for k, t in read_lines(path) if t.strip()]
+    out = [Example(t, line=k) for k, t in read_lines(path) if t.strip()]
+    blank = out[-1].line - len(out)   # blank lines before the last text (none after it)
+    if blank > 0:
+        note(f"{path}: {blank} blank line{'s' * (blank != 1)} skipped (row i of the output "
+             "is the i-th sentence, not line i)")
+    return out
 
 
 def label_set(examples, path=None) -> list:
@@ -1026,7 +1091,7 @@ def _json_tags(tags, n_words: int, path, n) -> list:
 def _load_json(path: Path):
     lines = [text for _, text in read_lines(path)]  # UTF-8 checked, line-numbered errors
     if not any(t.strip() for t in lines):
-        raise data_error(path, None, "empty file")
+        raise data_error(path, None, no_text(bool(lines)))
     return _json_value("\n".join(lines), path, None)
 
 

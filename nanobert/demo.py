@@ -119,7 +119,7 @@ def plot_confusion(gold, pred, labels, out_png):
 
 
 def demo_args(p):
-    from .config import at_least, checked, positive, seed_range
+    from .config import at_least, checked, max_length_range, positive, seed_range
     count = checked(int, at_least(1))
     p.add_argument("--out", default="runs/demo", help="output directory")
     p.add_argument("--model", default="minilm", help="the model to fine-tune")
@@ -128,7 +128,7 @@ def demo_args(p):
     p.add_argument("--n-train", type=count, default=3000, help="tweets to train on")
     p.add_argument("--n-dev", type=count, default=500, help="held-out tweets")
     p.add_argument("--epochs", type=count, default=2, help="passes over the training tweets")
-    p.add_argument("--max-length", type=checked(int, at_least(4)), default=48,
+    p.add_argument("--max-length", type=checked(int, max_length_range()), default=48,
                    help="max tokens per tweet")
     p.add_argument("--batch-size", type=count, default=16, help="examples per batch")
     p.add_argument("--lr", type=checked(float, positive()), default=1e-4,

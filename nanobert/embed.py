@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from .batching import forward_tokens, restore_order, sorted_batches
-from .config import at_least, checked
-from .files import NanobertError, atomic_path, check_output_file, note
+from .config import at_least, checked, max_length_range
+from .files import NanobertError, atomic_path, check_output_file
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
 from .tokenizer import check_texts
@@ -267,7 +267,7 @@ class Encoder:
         self.pooling = check_pooling(pooling) if pooling is not None else None
         self.normalize = check_flag(normalize, "normalize")
         self.batch_size = check_count(batch_size, "batch_size")
-        self.max_length = check_count(max_length, "max_length", none_ok=True)
+        self.max_length = self._max_length(max_length)
         if isinstance(model, tuple) and len(model) == 2 and tokenizer is None:
             model, tokenizer = model               # Encoder(nanobert.load(...))
         if isinstance(model, (str, Path)):
@@ -285,6 +285,20 @@ class Encoder:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling = self.pooling or default_pooling(model)
         self.name = name or str(getattr(model, "source_dir", None) or "model")
+
+    @staticmethod
+    def _max_length(value) -> Optional[int]:
+        """None, or a whole number of tokens in the range of `--max-length`, refused in its
+        words (`max_length: got 2, expected an integer >= 4`): a 1 turned truncation off,
+        a 2 read every text as [CLS] [SEP]."""
+        from .config import check_value, max_length_range
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"max_length must be {max_length_range().describe(int)} or None, "
+                            f"got {type(value).__name__} {value!r}"[:200])
+        check_value("max_length", int(value), int, max_length_range())
+        return int(value)
 
     @classmethod
     def from_pretrained(cls, name_or_dir="minilm", **kw) -> "Encoder":
@@ -409,21 +423,15 @@ def read_texts(path, text_column: Optional[str] = None) -> list[str]:
     lines skipped). JSON or CoNLL columns in a file without their suffix are refused, not
     embedded line by line as if each line were a sentence."""
     from .data import detect_format, read_inputs  # (not finetune: it imports the embed tasks)
-    examples = read_inputs(path, {"text_column": text_column})
     # read as lines (read_inputs refuses real CoNLL columns; blank-line-separated text
     # looks like CoNLL to the detector)
-    plain = detect_format(Path(path), plain_text=True) in ("text", "conll")
-    if text_column and plain:
+    if text_column and detect_format(path, plain_text=True) in ("text", "conll"):
         raise NanobertError(f"--text-column {text_column}: {path} is plain text, one sentence "
                             "a line, without columns (a .tsv/.csv/.jsonl file has them)")
+    # (read_inputs notes blank lines it skips in plain text: row i is the i-th sentence)
+    examples = read_inputs(path, {"text_column": text_column})
     if not examples:
-        raise NanobertError(f"{path}: empty file (no sentences)")
-    if plain:   # rows follow the sentences, not the file's lines: say so when they differ
-        with open(path, encoding="utf-8", errors="replace") as f:
-            blank = sum(1 for _ in f) - len(examples)
-        if blank > 0:
-            note(f"{path}: {blank} blank line{'s' * (blank != 1)} skipped (row i of the "
-                 "output is the i-th sentence, not line i)")
+        raise NanobertError(f"{path}: no sentences")
     return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}" for e in examples]
 
 
@@ -494,7 +502,7 @@ def _common(p):
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the vectors")
     p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64,
                    help="texts per forward pass")
-    p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=None,
+    p.add_argument("--max-length", type=checked(int, max_length_range(), "--max-length"), default=None,
                    help="truncate texts to this many tokens (default: the model's)")
     add_dtype_flag(p)
     p.add_argument("--text-column", default=None,
@@ -531,14 +539,17 @@ def embed_cmd(args):
 
 def search_args(p):
     _common(p)
-    p.add_argument("--corpus", required=True, help="text file, one document per line")
+    p.add_argument("--corpus", required=True,
+                   help="documents: a text file (one a line) or a .tsv/.csv/.jsonl table "
+                        "(its text column: --text-column)")
     p.add_argument("--query", required=True, action="append",
                    help="query text (repeat for several queries)")
     p.add_argument("-k", "--top-k", dest="k", type=checked(int, at_least(1), "-k"), default=5,
                    help="how many results")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--rerank", metavar="MODEL", help="a cross-encoder (`finetune --task "
-                   "rerank`) that re-scores the nearest --rerank-k lines")
+                   "rerank`) or a pair classifier of two labels that re-scores the nearest "
+                   "--rerank-k lines")
     p.add_argument("--rerank-k", type=checked(int, at_least(1), "--rerank-k"), default=None,
                    help=f"with --rerank: how many nearest lines to re-score (default: "
                         f"{RERANK_K})")

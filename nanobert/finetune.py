@@ -37,7 +37,6 @@ import dataclasses
 import json
 import math
 import random
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -47,9 +46,10 @@ import torch
 from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
-from .config import Config, at_least, fraction, param, positive
+from .config import Config, at_least, fraction, max_length_range, param, positive
 from .checkpoint import OtherLabels, init_new_weights
 from .files import NanobertError, check_output_dir, note
+from .qa import attached_end  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
 
@@ -293,25 +293,6 @@ def entities(text, enc, word_preds: dict, id2label: dict) -> list:
     return entity_spans(text, spans, word_preds, id2label)
 
 
-# characters that never start a grapheme cluster of their own (UAX #29: Extend, ZWJ),
-# besides the combining marks (M*: accents, variation selectors U+FE0E/FE0F): a word's
-# when they follow it, though an uncased tokenizer maps them to no token ("Zoe\u0308")
-ATTACHED_RANGES = (("\u200c", "\u200d"),            # zero-width non-joiner, joiner
-                   ("\U0001f3fb", "\U0001f3ff"),    # emoji skin-tone modifiers
-                   ("\U000e0020", "\U000e007f"))    # emoji tag characters
-
-
-def attached_end(text: str, end: int, limit: int) -> int:
-    """`end` moved past the characters right after it that attach to the one before
-    (combining marks, ATTACHED_RANGES), never past `limit` (where the next word
-    starts): a word that ends in "e\u0308" ends after the mark. Whitespace, and a mark
-    after whitespace, end it."""
-    while end < limit and (unicodedata.category(text[end]).startswith("M")
-                           or any(a <= text[end] <= b for a, b in ATTACHED_RANGES)):
-        end += 1
-    return end
-
-
 def tag_parts(tag: str) -> tuple:
     """(entity type or None for O, whether the tag may continue an entity of that type).
     IOB2's B-/I-, and for checkpoints trained elsewhere BIOES/BILOU (E-, L- continue; S-,
@@ -462,6 +443,19 @@ def qa_predict(model, tok, examples, settings, batch_size=64) -> list:
         if not math.isfinite(r["score"]):   # an empty context: no span (JSON has no -inf)
             r["score"] = None
     return out
+
+
+# what plain (not --json) `predict` output escapes in the fields it prints, so that a
+# record stays one line of tab-separated fields: a backslash, tabs, line breaks and the
+# other control characters, as Python writes them in a string ('\\', '\t', '\n', '\x1b')
+ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x5c, *range(0x7f, 0xa0),
+                                             0x2028, 0x2029]}
+
+
+def one_line(r: dict) -> dict:
+    """A result with its strings (text, pair, question, answer, label) escaped for a line
+    of plain output (ONE_LINE); offsets still count characters of the original text."""
+    return {k: v.translate(ONE_LINE) if isinstance(v, str) else v for k, v in r.items()}
 
 
 def classify_show(r: dict) -> str:
@@ -680,7 +674,18 @@ def read_task_data(task, path, columns=None, require_labels=True):
 
 def evaluate_task(task, model, tok, examples, settings, batch_size=64, progress=False) -> dict:
     out = get_task(task).evaluate(model, tok, examples, settings, batch_size, progress)
-    return {"task": task, "n": len(examples), **out}
+    # a BEIR folder: the queries scored (its held-out ones with --holdout), not all judged
+    return {"task": task, "n": out.get("n_queries", len(examples)), **out}
+
+
+def _examples(data, settings: dict, training: bool) -> str:
+    """'N training examples' or 'N dev examples'; a BEIR folder counts the queries the
+    run uses (with --holdout one folder is cut into training and held-out queries)."""
+    from .biencoder import queries_used
+    split = "training" if training else "dev"
+    if hasattr(data, "qrels"):
+        return f"{queries_used(data, settings, training)} {split} queries"
+    return f"{len(data)} {split} examples"
 
 
 def check_known_labels(task, examples, model, path):
@@ -770,7 +775,10 @@ class FinetuneConfig(Config):
     dev: str = param("", "development file (evaluated every epoch)", required=True)
     batch_size: int = param(32, "examples per micro-batch", at_least(1))
     max_length: Optional[int] = param(
-        None, "max tokens per sequence (default: 128; 384 for qa)", at_least(4))
+        None, "max tokens per sequence (default: " + "; ".join(
+            f"{n} for {', '.join(t for t in TASKS if TASKS[t].max_length == n)}"
+            for n in sorted({t.max_length for t in TASKS.values()})) + ")",
+        max_length_range())
     max_train_examples: Optional[int] = param(
         None, "train on a seeded random subset of this size", at_least(1))
     max_dev_examples: Optional[int] = param(None, "evaluate on a seeded subset", at_least(1))
@@ -883,7 +891,7 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     check_known_labels(task.name, dev, model, cfg.dev)
     items = task.features(tok, train, settings, label2id(model))
     batches, steps_per_epoch = task.batcher(items, cfg, tok.pad_id or 0)
-    _report(task, train, dev, items, model, cfg, steps_per_epoch)
+    _report(task, train, dev, items, model, cfg, steps_per_epoch, settings)
     # the new head from the run's seed (the loader started it from seed 0; a new pooler
     # keeps that start)
     init_new_weights(model, [n for n in getattr(model, "new_weights", [])
@@ -948,11 +956,12 @@ def freeze_layers(model, n: int):
         module.requires_grad_(False)
 
 
-def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int):
+def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int, settings: dict):
     """One line: what the run trains on."""
     features = f" ({len(items)} features)" if isinstance(items, list) else ""
     labels = f", {len(model.config.id2label or {})} labels" if task.labels else ""
-    print(f"{task.name}: {len(train)} training examples{features}, {len(dev)} dev examples"
+    print(f"{task.name}: {_examples(train, settings, True)}{features}, "
+          f"{_examples(dev, settings, False)}"
           f"{labels}, {steps_per_epoch} batches of {cfg.batch_size} per epoch", flush=True)
     c = model.config
     if model.head in POOLED_HEADS and c.classifier_pooling == "mean" and not hf_pools_mean(c):
@@ -1222,7 +1231,8 @@ def finetune_cmd(args):
 def _model_flags(p):
     from .config import add_flags, at_least, checked
     from .quantize import add_dtype_flag
-    p.add_argument("--model", required=True, help="a fine-tuned model directory")
+    p.add_argument("--model", required=True,
+                   help="a model directory (what finetune wrote), 'minilm' or a hub name")
     p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64,
                    help="examples per inference batch")
     add_dtype_flag(p)
@@ -1362,5 +1372,5 @@ def predict_cmd(args):
     if not examples:
         raise NanobertError("nothing to predict")
     for r in task.predict(model, tok, examples, settings, args.batch_size):
-        print(json.dumps(r) if args.json else task.show(r))
+        print(json.dumps(r) if args.json else task.show(one_line(r)))
     return 0

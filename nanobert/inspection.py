@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .config import Config, add_flags, at_least, checked, param, positive, seed_range
+from .config import (Config, add_flags, at_least, checked, max_length_range, param,
+                     positive, seed_range)
 from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file, note
 from .finetune import ColumnsConfig
 
@@ -188,25 +189,36 @@ def attention_args(p):
     p.add_argument("--scale", choices=("linear", "sqrt"), default=None,
                    help="colour scale (default: linear for head maps, sqrt for --cls, where "
                         "[CLS] attending to itself would otherwise wash out the rest)")
-    p.add_argument("--max-length", type=checked(int, at_least(4), "--max-length"), default=128,
+    p.add_argument("--max-length", type=checked(int, max_length_range(), "--max-length"),
+                   default=128,
                    help="truncate the text to this many tokens")
     p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+
+
+def check_has_tokens(tokenizer, text: str, pair: Optional[str] = None) -> None:
+    """NanobertError when --text (or --pair) tokenizes to nothing: not only an empty or
+    blank text, but one of characters the tokenizer drops (a zero-width space, lone
+    combining marks, control characters), which left a map of [CLS] and [SEP] alone."""
+    for flag, t in (("--text", text), ("--pair", pair)):
+        if t is None or tokenizer.tk.encode_batch([t], add_special_tokens=False)[0].ids:
+            continue
+        what = ("empty text" if not t.strip() else
+                f"no tokens in {t[:40]!r} (the tokenizer keeps none of its characters)")
+        hint = ("there would be no tokens to look at but [CLS] and [SEP]" if flag == "--text"
+                else "leave --pair out to look at one sentence")
+        raise NanobertError(f"{flag}: {what}; {hint}")
 
 
 def attention_cmd(args):
     """Attention heatmaps for chosen layers and heads, or [CLS] attention across layers."""
     from . import load
-    if not args.text.strip():
-        raise NanobertError("--text: empty text; there would be no tokens to look at but "
-                            "[CLS] and [SEP]")
-    if args.pair is not None and not args.pair.strip():
-        raise NanobertError("--pair: empty second sentence (leave --pair out to look at one)")
     if args.cls and (args.heads is not None or args.layers is not None):
         flag = "--heads" if args.heads is not None else "--layers"
         raise NanobertError(f"{flag} does not apply with --cls (its map averages every head "
                             "of every layer); leave one of them out")
     check_output_file(args.out, "--out", IMAGE_SUFFIXES)
     model, tokenizer = load(args.model)
+    check_has_tokens(tokenizer, args.text, args.pair)
     tokens, probs = attention_maps(model, tokenizer, args.text, args.pair, args.max_length)
     L, nh = probs.shape[:2]
     name = Path(str(args.model)).name or str(args.model)
@@ -366,7 +378,7 @@ class TsneConfig(Config):
     seed: int = param(0, "random seed of the sample and of t-SNE", seed_range())
     perplexity: float = param(30.0, "t-SNE perplexity (capped at (n - 1) / 3)", positive())
     batch_size: int = param(64, "inference batch size", at_least(1))
-    max_length: int = param(128, "truncate texts to this many tokens", at_least(4))
+    max_length: int = param(128, "truncate texts to this many tokens", max_length_range())
     columns: ColumnsConfig = param(lambda: ColumnsConfig())
 
     nested = {"columns": None}

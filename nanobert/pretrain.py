@@ -35,7 +35,7 @@ from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked
                      param)
 from .files import NanobertError, atomic_path, check_output_dir, note, write_text
 from .masking import IGNORE, SPLIT_DECIMALS, Masker, fixed_masks, parse_split, split_name
-from .model import pair_loss
+from .model import PRESETS, VARIANTS, pair_loss
 from .train import TrainConfig
 
 OBJECTIVES = {"mlm": None, "mlm+nsp": "nsp", "mlm+sop": "sop"}
@@ -91,7 +91,9 @@ class PretrainConfig(Config):
     """A pretraining run: `nanobert pretrain`'s flags, or `PretrainConfig(...)` in Python."""
     corpus: list = param(list, "text files or directories: one paragraph a line, blank line = "
                          "new document", required=True, nargs="+", metavar="PATH")
-    preset: Optional[str] = param("tiny", "model size: tiny mini small medium base large")
+    preset: Optional[str] = param(
+        "tiny", f"model size ({' '.join(PRESETS)}), optionally after a family: "
+        f"{', '.join(v + '-' for v in VARIANTS if v != 'bert')} (e.g. albert-base)")
     model_config: Optional[str] = param(None, "a config.json to use instead of --preset: a "
                                         "Hugging Face config of any family nanobert reads "
                                         "(its model_type: bert, roberta, albert, distilbert, "

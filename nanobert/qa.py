@@ -7,10 +7,13 @@
     decoding: in every window, the n-best start and end tokens inside the context,
               end >= start, at most `max_answer_length` tokens; score = start + end
               logit; the best span over all windows of a question wins; its text is
-              cut from the context through the token offsets.
+              cut from the context through the token offsets (a token's end moved past
+              the characters attached to it, as an NER entity's: `attached_end`).
 """
 from __future__ import annotations
 
+import bisect
+import unicodedata
 from dataclasses import dataclass
 
 import torch
@@ -28,16 +31,22 @@ class Window:
     end: int = 0
 
 
-def check_room(tk, questions: list, contexts: list, max_length: int, doc_stride: int):
+def check_room(tk, questions: list, contexts: list, max_length: int, doc_stride: int,
+               train: bool = False):
     """NanobertError when a question leaves a window no more room for its context than
     the doc stride and the context has to be cut: the tokenizers library then panics (a
     BaseException, with a Rust backtrace on stderr) instead of raising. The questions
     are measured in one batch; only a question that leaves too little room has its
-    context tokenized here."""
+    context tokenized here. `train`: while fine-tuning, where --max-length and
+    --doc-stride set the windows; else the model's windows (nanobert.json) are given."""
     special = tk.num_special_tokens_to_add(True)
     for q, c, e in zip(questions, contexts, tk.encode_batch(questions, add_special_tokens=False)):
         room = max_length - special - len(e.ids)
         if room <= doc_stride and len(tk.encode(q, c).ids) > max_length:
+            if not train:
+                raise NanobertError(f"the question is too long for the model's windows of "
+                                    f"{max_length} tokens (doc stride {doc_stride}): shorten "
+                                    f"it (question: {q[:60]!r})")
             raise NanobertError(f"the question leaves {max(room, 0)} tokens of a window of "
                                 f"{max_length} for the context, not more than the doc stride "
                                 f"{doc_stride}: use a larger --max-length or a smaller "
@@ -45,28 +54,66 @@ def check_room(tk, questions: list, contexts: list, max_length: int, doc_stride:
 
 
 def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: bool = False):
-    """All windows of all examples (list of `Window`)."""
+    """All windows of all examples (list of `Window`). `train`: windows to fine-tune on
+    (the answers are labelled, and an error names the flags that set the windows)."""
     questions = [e.question.strip() for e in examples]
     contexts = [e.context for e in examples]
-    check_room(tokenizer.tk, questions, contexts, max_length, doc_stride)
+    check_room(tokenizer.tk, questions, contexts, max_length, doc_stride, train)
     try:
         encs = tokenizer.encode_batch(questions, contexts, max_length=max_length,
                                       stride=doc_stride, strategy="only_second")
     except Exception as e:  # the question alone does not fit, or the stride is too big
+        advice = ("; use a larger --max-length or a smaller --doc-stride" if train else "")
         raise NanobertError(f"cannot cut QA windows with max length {max_length} and doc stride "
-                            f"{doc_stride} ({str(e)[:120]}); use a larger --max-length or a "
-                            "smaller --doc-stride")
+                            f"{doc_stride} ({str(e)[:120]}){advice}")
     windows = []
     for i, (ex, enc) in enumerate(zip(examples, encs)):
-        for w in [enc] + list(enc.overflowing):
-            seq = w.sequence_ids
-            offsets = [o if s == 1 else None for o, s in zip(w.offsets, seq)]
+        pieces = [enc] + list(enc.overflowing)
+        for w, offsets in zip(pieces, context_offsets(ex.context, pieces)):
             win = Window(i, list(w.ids), list(w.type_ids), offsets)
             if train and ex.answers:
                 text, char_start = ex.answers[0]
                 win.start, win.end = answer_tokens(offsets, char_start, char_start + len(text))
             windows.append(win)
     return windows
+
+
+def context_offsets(context: str, pieces) -> list:
+    """The offsets of each window's tokens in the context (None outside it), each token's
+    end moved past the characters right after it that attach to it (`attached_end`):
+    an uncased tokenizer maps the accent of a decomposed "Andre\u0301" to no token, and
+    an answer cut at the token's end dropped it. Never past the start of the context's
+    next token, in any window (so a token ends where it ends in every window)."""
+    offsets = [[o if s == 1 else None for o, s in zip(w.offsets, w.sequence_ids)]
+               for w in pieces]
+    starts = sorted({o[0] for win in offsets for o in win if o is not None})
+    for win in offsets:
+        for k, o in enumerate(win):
+            if o is not None:
+                nxt = bisect.bisect_right(starts, o[0])
+                limit = starts[nxt] if nxt < len(starts) else len(context)
+                win[k] = (o[0], attached_end(context, o[1], limit))
+    return offsets
+
+
+# characters that never start a grapheme cluster of their own (UAX #29: Extend, ZWJ),
+# besides the combining marks (M*: accents, variation selectors U+FE0E/FE0F): a word's
+# when they follow it, though an uncased tokenizer maps them to no token ("Zoe\u0308")
+ATTACHED_RANGES = (("\u200c", "\u200d"),            # zero-width non-joiner, joiner
+                   ("\U0001f3fb", "\U0001f3ff"),    # emoji skin-tone modifiers
+                   ("\U000e0020", "\U000e007f"))    # emoji tag characters
+
+
+def attached_end(text: str, end: int, limit: int) -> int:
+    """`end` moved past the characters right after it that attach to the one before
+    (combining marks, ATTACHED_RANGES), never past `limit` (where the next word
+    starts): a word that ends in "e\u0308" ends after the mark. Whitespace, and a mark
+    after whitespace, end it. The one rule of where a span ends: NER entities
+    (finetune.entities) and QA answers (context_offsets) use it."""
+    while end < limit and (unicodedata.category(text[end]).startswith("M")
+                           or any(a <= text[end] <= b for a, b in ATTACHED_RANGES)):
+        end += 1
+    return end
 
 
 def answer_tokens(offsets, char_start: int, char_end: int) -> tuple:

@@ -164,13 +164,21 @@ def row_correlations(rows: list, pred, what: str) -> dict:
 # Cross-encoders: scoring (query, document) pairs
 
 
-@torch.inference_mode()
 def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64) -> list:
     """The one logit of a cross-encoder / regression model for each (text, text_pair)
     (text_pair may be None), in input order."""
-    from .batching import forward_tokens, restore_order, sorted_batches
     if not pairs:
         return []
+    return pair_logits(model, tok, pairs, max_length, batch_size)[:, 0].tolist()
+
+
+@torch.inference_mode()
+def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64):
+    """The logits of a sequence head for each (text, text_pair) (text_pair may be None):
+    a float32 tensor (n, outputs), in input order."""
+    from .batching import forward_tokens, restore_order, sorted_batches
+    if not pairs:
+        return torch.zeros(0, model.config.num_labels)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -181,12 +189,22 @@ def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int 
 
     def forward(idx):
         batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
-        return model(**batch).logits[:, 0].float().cpu()
+        return model(**batch).logits.float().cpu()
     try:
         out = list(map_on_cores(forward, groups, cpu=device.type == "cpu"))
     finally:
         model.train(was_training)
-    return restore_order(groups, torch.cat(out)).tolist()
+    return restore_order(groups, torch.cat(out))
+
+
+def relevance(logits: torch.Tensor) -> list:
+    """The relevance of each pair from a pair model's logits (n, outputs): the logit of
+    a one-output model (a cross-encoder, a regression head), the probability of the
+    second label (the positive class) of a two-label classifier. The server's /rerank
+    scores the same way (serve_models.Served.relevance)."""
+    if logits.shape[-1] == 1:
+        return logits[:, 0].tolist()
+    return torch.softmax(logits, -1)[:, 1].tolist()
 
 
 class Reranker:
@@ -196,8 +214,11 @@ class Reranker:
         r.score("who wrote it?", ["Ada wrote it.", "It rained."])      # [3.1, -4.2]
         r.rerank("who wrote it?", ["Ada wrote it.", "It rained."])     # [(0, 3.1, 'Ada...'), ...]
 
-    Any model with a one-logit sequence head works (a `finetune --task rerank` output,
-    or a sentence-transformers CrossEncoder directory)."""
+    Any model of (query, document) pairs with a sequence head of one output (a `finetune
+    --task rerank` output, a regression model, a sentence-transformers CrossEncoder
+    directory) scores by its logit; a pair classifier of two labels (MRPC's, say) by
+    the probability of its second label, as the server's /rerank does. Refused: other
+    heads, classifiers of more than two labels, models trained on single texts."""
 
     def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None):
         import nanobert
@@ -205,9 +226,7 @@ class Reranker:
         self.batch_size = _whole(batch_size, "batch_size")
         _whole(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir)
-        if self.model.head not in ("regression", "classify") or self.model.config.num_labels != 1:
-            raise NanobertError(f"{model_dir}: not a cross-encoder (needs a sequence head with "
-                                f"one output; this model's head is {self.model.head or 'none'})")
+        _check_pair_head(model_dir, self.model)
         settings = resolve(model_dir) / "nanobert.json"
         saved = json.loads(settings.read_text("utf-8")) if settings.is_file() else {}
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
@@ -219,10 +238,12 @@ class Reranker:
         self.model.eval()
 
     def score(self, query: str, documents) -> list:
-        """The relevance logit of each document for `query`, in document order."""
+        """The relevance of each document for `query`, in document order: the logit of a
+        one-output model, the second label's probability for a two-label classifier."""
         query, documents = _query_and_documents(query, documents)
-        return pair_scores(self.model, self.tokenizer, [(query, d) for d in documents],
-                           self.max_length, self.batch_size)
+        return relevance(pair_logits(self.model, self.tokenizer,
+                                     [(query, d) for d in documents], self.max_length,
+                                     self.batch_size))
 
     def rerank_hits(self, query, hits: list, k: Optional[int] = None) -> list:
         """Search results [(index, score, text)] (of one query, or a list of such lists
@@ -247,6 +268,23 @@ class Reranker:
         scores = self.score(query, documents)
         order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
         return [(i, scores[i], documents[i]) for i in order]
+
+
+def _check_pair_head(model_dir, model) -> None:
+    """A head that scores a pair: one output (regression, a one-label classifier) or a
+    classifier of two labels (what the server's /rerank serves); else an error naming
+    what the model is."""
+    n = model.config.num_labels
+    if model.head == "regression" and n == 1 or model.head == "classify" and n in (1, 2):
+        return
+    if model.head == "classify":
+        labels = ", ".join(str(model.config.id2label[i]) for i in sorted(model.config.id2label))
+        raise NanobertError(f"{model_dir}: a classifier of {n} labels ({labels[:80]}), not a "
+                            "reranker (one output, or two labels: the second one's probability "
+                            "is the relevance)")
+    raise NanobertError(f"{model_dir}: not a cross-encoder (needs a sequence head with one "
+                        f"output, or a classifier of two labels; this model's head is "
+                        f"{model.head or 'none'})")
 
 
 def _whole(value, name: str, none_ok: bool = False):

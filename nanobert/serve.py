@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .batcher import Batcher, QueueFull, heap_trimmer
-from .config import checked
+from .config import at_least, checked
 from .files import NanobertError
 from .threads import run_on_cores, torch_threads
 from .serve_models import Counts, Served, load_served, split_spec
@@ -151,12 +151,14 @@ def read_str(body, name, default=None, required=False):
 
 
 def read_texts(body: dict, name: str, limit: int, pairs: bool = False,
-               one_text: bool = True) -> tuple:
+               one_text: bool = True, token_ids: Optional[str] = None) -> tuple:
     """(texts, pairs or None, single) from a string (when `one_text`) or a list of
     strings (or, when `pairs`, of [text, text] pairs). Over `limit` inputs is a 413. A
     list of two strings is two texts, as everywhere else: a pair is always written
     inside the list, `[["premise", "hypothesis"]]` (read as one pair, `["a", "b"]`
-    answered one result where two were sent)."""
+    answered one result where two were sent). An input of numbers is a 422 that says
+    the field must be text; `token_ids`, on the embedding routes (where clients that
+    tokenize send ids), is what the message adds about token ids (TOKEN_IDS)."""
     if body.get(name) is None:
         raise unprocessable(name, "is required")
     value = body[name]
@@ -170,11 +172,13 @@ def read_texts(body: dict, name: str, limit: int, pairs: bool = False,
     if len(items) > limit:
         raise ApiError(413, f"batch of {len(items)} inputs is over the limit of {limit} "
                             "(--max-client-batch)", name)
-    ids = next((i for i, t in enumerate(items) if _is_token_ids(t)), None)
-    if ids is not None:
-        raise unprocessable(f"{name}[{ids}]", "must be text, not token ids: another "
-                            "tokenizer's ids (tiktoken's, say) mean nothing to this model "
-                            "(LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)")
+    numbers = _is_token_ids if token_ids is not None else _is_numbers
+    num = next((i for i, t in enumerate(items) if numbers(t)), None)
+    if num is not None:
+        if token_ids is not None:
+            raise unprocessable(f"{name}[{num}]", "must be text, not token ids: " + token_ids)
+        kind = "a list of numbers" if isinstance(items[num], list) else "a number"
+        raise unprocessable(f"{name}[{num}]", f"must be text (a string), not {kind}")
     if all(isinstance(t, str) for t in items):
         return items, None, single
     if pairs and all(_is_pair(t) for t in items):
@@ -185,10 +189,26 @@ def read_texts(body: dict, name: str, limit: int, pairs: bool = False,
                         "texts or [text, pair] lists" if pairs else ""))
 
 
+# what a 422 for token ids adds, on the routes whose clients may send them: OpenAI's
+# clients tokenize first (LangChain's OpenAIEmbeddings, with tiktoken), and TEI's /embed
+# takes ids; on the other routes a number is just not text
+TOKEN_IDS = {
+    "/v1/embeddings": "another tokenizer's ids (tiktoken's, say) mean nothing to this model "
+                      "(LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)",
+    "/embed": "another tokenizer's ids mean nothing to this model",
+}
+
+
 def _is_token_ids(x) -> bool:
     """An int, or a non-empty list of ints: what OpenAI clients send when they tokenize."""
     ints = x if isinstance(x, list) and x else [x]
     return all(isinstance(i, int) and not isinstance(i, bool) for i in ints)
+
+
+def _is_numbers(x) -> bool:
+    """A number, or a non-empty list of numbers (not true or false)."""
+    nums = x if isinstance(x, list) and x else [x]
+    return all(isinstance(i, (int, float, HugeInt)) and not isinstance(i, bool) for i in nums)
 
 
 def _is_pair(x) -> bool:
@@ -397,7 +417,8 @@ def vector_rows(rows, normalize: bool, dimensions: Optional[int] = None) -> list
 async def embed_inputs(server: Server, body: dict, field_name: str, normalize: bool,
                        path: str):
     m = server.pick(body, "embed", path=path)
-    texts, _, single = read_texts(body, field_name, server.config.max_client_batch)
+    texts, _, single = read_texts(body, field_name, server.config.max_client_batch,
+                                  token_ids=TOKEN_IDS[path])
     truncate = read_bool(body, "truncate", True)
     dimensions = read_int(body, "dimensions")
     if dimensions is not None and dimensions > m.hidden_size:
@@ -417,7 +438,8 @@ async def openai_embeddings(server: Server, body: dict) -> dict:
     if fmt not in ("float", "base64"):
         raise unprocessable("encoding_format", f"must be 'float' or 'base64', got {shown(fmt)}")
     read_str(body, "user")                     # (not used; OpenAI's type is checked)
-    texts, _, single = read_texts(body, "input", server.config.max_client_batch)
+    texts, _, single = read_texts(body, "input", server.config.max_client_batch,
+                                  token_ids=TOKEN_IDS["/v1/embeddings"])
     empty = next((i for i, t in enumerate(texts) if not t), None)
     if empty is not None:                      # OpenAI refuses them too
         raise unprocessable("input" if single else f"input[{empty}]", "must not be empty")
@@ -526,31 +548,49 @@ async def ner(server: Server, body: dict) -> dict:
     return {"model": m.name, "results": results, "usage": counts.usage()}
 
 
-def read_questions(body: dict, limit: int) -> list:
-    """[(question, context)] from question + context, or inputs: [{question, context}]."""
+def read_questions(body: dict, limit: int) -> tuple:
+    """([(question, context)], [id or None]) from question + context, or inputs:
+    [{question, context, optionally id}]; a request with both forms is a 422 (which one
+    did it mean?), and so is a key a QA input does not have (a typo: `cntext`), as in
+    `Predictor.predict`."""
+    from .finetune import QA_KEYS           # (SQuAD's title and answers: accepted, unread)
     if body.get("inputs") is None:          # absent or null: one question
         return [(read_str(body, "question", required=True),
-                 read_str(body, "context", required=True))]
+                 read_str(body, "context", required=True))], [None]
+    both = next((k for k in ("question", "context") if body.get(k) is not None), None)
+    if both is not None:
+        raise unprocessable(both, "was sent with 'inputs': send either inputs (a list of "
+                                  "{question, context} objects) or question and context, "
+                                  "not both")
     items = body["inputs"]
     if not isinstance(items, list) or not items:
         raise unprocessable("inputs", "must be a non-empty list of {question, context} objects")
     if len(items) > limit:
         raise ApiError(413, f"batch of {len(items)} inputs is over the limit of {limit} "
                             "(--max-client-batch)", "inputs")
-    out = []
+    out, ids = [], []
     for i, it in enumerate(items):
         if not isinstance(it, dict):
             raise unprocessable(f"inputs[{i}]", "must be an object with question and context")
+        unknown = next((k for k in it if k not in QA_KEYS), None)
+        if unknown is not None:
+            key = unknown if len(unknown) <= 40 else unknown[:37] + "..."
+            raise unprocessable(f"inputs[{i}].{key}", "is not a key of a QA input (a QA input "
+                                "has a question and a context, optionally an id)")
         for key in ("question", "context"):
             if not isinstance(it.get(key), str):
                 raise unprocessable(f"inputs[{i}].{key}", "must be a string")
+        qid = it.get("id")
+        if qid is not None and (not isinstance(qid, (str, int)) or isinstance(qid, bool)):
+            raise unprocessable(f"inputs[{i}].id", "must be a string or an integer")
         out.append((it["question"], it["context"]))
-    return out
+        ids.append(None if qid is None else str(qid))
+    return out, ids
 
 
 async def qa(server: Server, body: dict) -> dict:
     m = server.pick(body, "qa")
-    pairs = read_questions(body, server.config.max_client_batch)
+    pairs, ids = read_questions(body, server.config.max_client_batch)
     try:
         work = await server.tokenized(m.qa_windows, pairs)
     except NanobertError:
@@ -561,7 +601,8 @@ async def qa(server: Server, body: dict) -> dict:
     lengths = work.lengths
     spans = await server.run(m, "qa_spans", work.items, lengths)
     answers = await server.on_tokenizer(m.qa_answers, work, spans)
-    results = [dict(a, windows=n) for a, n in zip(answers, work.windows_per_question)]
+    results = [dict({} if qid is None else {"id": qid}, **a, windows=n)
+               for a, n, qid in zip(answers, work.windows_per_question, ids)]
     tokens = sum(lengths)
     return {"model": m.name, "results": results,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -1133,8 +1174,10 @@ def serve_args(p):
                    help="a batch also holds no more tokens than its model runs in this time "
                         "(at the rate of its recent batches): a request arriving while a "
                         "batch runs waits at most about this long for it (default 0.5)")
-    p.add_argument("--threads", type=checked(int), default=d.threads,
-                   help="torch threads for inference (default: torch's choice)")
+    from .threads import MAX_THREADS
+    p.add_argument("--threads", type=checked(int, at_least(1, MAX_THREADS), "--threads"),
+                   default=d.threads, metavar="N",
+                   help="torch threads for inference (default: every available core)")
     p.add_argument("--cors-allow-origin", action="append", metavar="ORIGIN",
                    help="let scripts on this web origin call the API from a browser "
                         "(repeat for more; '*': any); by default browsers refuse them")

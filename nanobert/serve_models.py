@@ -189,9 +189,15 @@ class Served:
                                              max_length=1 << 30)[0].ids)
 
     def tokens(self, texts, pairs=None) -> list:
-        """[(tokens, truncated)] per input; a token is {id, token, start, end, type, special}."""
-        encs = self.counter.encode_batch(texts, pairs, max_length=self.max_length)
-        return [([{"id": i, "token": t, "start": a, "end": b, "type": ty, "special": bool(s)}
+        """[(tokens, truncated)] per input; a token is {id, token, start, end, type, special}.
+        `special`: the id is one of the tokenizer's special tokens ([UNK] too), whether
+        the tokenizer added it ([CLS], [SEP]) or read it in the text (a typed "[SEP]" is
+        that token, as in transformers; the tokenizers library marks only those it adds)."""
+        tok = self.counter
+        specials = set(tok.special_ids)
+        encs = tok.encode_batch(texts, pairs, max_length=self.max_length)
+        return [([{"id": i, "token": t, "start": a, "end": b, "type": ty,
+                   "special": bool(s) or i in specials}
                   for i, t, (a, b), ty, s in zip(e.ids, e.tokens, e.offsets, e.type_ids,
                                                  e.special_tokens_mask)],
                  bool(e.overflowing)) for e in encs]
@@ -268,11 +274,10 @@ class Served:
         return out
 
     def relevance(self, logits: torch.Tensor) -> float:
-        """A pair classifier's relevance: the single logit, or the probability of the
-        second (positive) class of two."""
-        if logits.shape[-1] == 1:
-            return float(logits[0])
-        return float(torch.softmax(logits, -1)[1])
+        """A pair's relevance from its logits (outputs,), as the offline Reranker scores
+        it (retrieval.relevance: the single logit, or the second class's probability)."""
+        from .retrieval import relevance
+        return relevance(logits.reshape(1, -1))[0]
 
     def describe(self) -> dict:
         d = {"name": self.name, "task": self.task, "routes": self.paths,

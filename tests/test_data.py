@@ -4,6 +4,7 @@ import json
 import pytest
 
 from nanobert import cli
+from nanobert import data as D
 from nanobert.data import (detect_format, iob1_to_iob2, label_set, read_classification,
                            read_conll, read_squad, tsv_uses_quoting)
 from nanobert.files import NanobertError
@@ -85,7 +86,7 @@ def test_columns_named_by_flags(tmp_path):
     ("ragged.tsv", "sentence\tlabel\nfine\t1\nno label here\n", "ragged.tsv:3", "expected 2 fields"),
     ("nolabel.tsv", "sentence\tscore\nfine\t1\n", "nolabel.tsv:1", "no label column"),
     ("empty.tsv", "", "empty.tsv", "empty file"),
-    ("blank.csv", "\n\n  \n", "blank.csv", "empty file"),
+    ("blank.csv", "\n\n  \n", "blank.csv", "no text (only blank lines)"),
     ("header_only.tsv", "sentence\tlabel\n", "header_only.tsv", "no examples"),
     ("bad.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": \n', "bad.jsonl:2",
      "not valid JSON"),
@@ -197,3 +198,95 @@ def test_qa_jsonl_and_bad_squad(tmp_path):
     p = write(tmp_path, "noq.json", json.dumps(doc))
     with pytest.raises(NanobertError, match=r"noq\.json: data\[0\].*'question'"):
         read_squad(p)
+
+
+# ---- lone surrogate escapes, empty texts in one-column tables, blank files -----------
+
+SURROGATE_FILES = [   # (name, content, reader, expected message after the path)
+    ("c.jsonl", '{"text": "ok", "label": 1}\n{"text": "fine \\ud800 x", "label": 0}\n',
+     lambda p: read_classification(p), ":2: field 'text'"),
+    ("arr.json", '[{"text": "ok", "label": 1},\n {"text": "b", "label": "\\udfff"}]\n',
+     lambda p: read_classification(p), ":2: field 'label'"),
+    ("in.jsonl", '{"text": "x \\uDC00"}\n', lambda p: D.read_inputs(p), ":1: field 'text'"),
+    ("ner.jsonl", '{"tokens": ["John", "\\ud800"], "ner_tags": ["B-PER", "O"]}\n',
+     lambda p: read_conll(p), ":1: field 'tokens[1]'"),
+    ("q.jsonl", '{"question": "who \\ud800?", "context": "John"}\n',
+     lambda p: read_squad(p, require_answers=False), ":1: field 'question'"),
+    ("sq.json", json.dumps({"data": [{"paragraphs": [{"context": "a", "qas": []}, {
+        "context": "John \ud800 here", "qas": []}]}]}),
+     lambda p: read_squad(p, require_answers=False),
+     ": field 'data[0].paragraphs[1].context'"),
+    ("rows.jsonl", '{"anchor": "a", "positive": "b"}\n{"anchor": "a", "positive": "\\ud83d"}\n',
+     lambda p: D.read_text_rows(p), ":2: field 'positive'"),
+    ("key.jsonl", '{"text": "a", "\\ud800": 1}\n', lambda p: D.read_inputs(p),
+     ":1: a field name"),
+]
+
+
+@pytest.mark.parametrize("name,content,read,where", SURROGATE_FILES,
+                         ids=[f[0] for f in SURROGATE_FILES])
+def test_a_lone_surrogate_escape_in_json_names_file_line_and_field(tmp_path, name, content,
+                                                                   read, where):
+    # the string reached the tokenizer: a TypeError traceback, or a misleading message
+    p = write(tmp_path, name, content)
+    with pytest.raises(NanobertError) as e:
+        read(p)
+    assert str(e.value) == f"{p}{where} is not valid Unicode (a lone surrogate escape)"
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_text(tmp_path):
+    p = write(tmp_path, "ok.jsonl", '{"text": "smile \\ud83d\\ude00", "label": 1}\n'
+              '{"text": "path C:\\\\ud800", "label": 0}\n')
+    assert [e.text_a for e in read_classification(p)] == ["smile \U0001F600", "path C:\\ud800"]
+
+
+def test_a_beir_corpus_or_queries_with_a_lone_surrogate_is_refused(tmp_path):
+    root = tmp_path / "beir"
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text('{"_id": "d1", "title": "t", "text": "bad \\ud800 doc"}\n')
+    (root / "queries.jsonl").write_text('{"_id": "q1", "text": "who"}\n')
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    with pytest.raises(NanobertError, match=r"corpus\.jsonl:1: field 'text' is not valid Unicode"):
+        D.read_beir(root)
+    (root / "corpus.jsonl").write_text('{"_id": "d1", "title": "t", "text": "doc"}\n')
+    (root / "queries.jsonl").write_text('{"_id": "q1", "text": "who \\udbff"}\n')
+    with pytest.raises(NanobertError, match=r"queries\.jsonl:1: field 'text' is not valid"):
+        D.read_beir(root)
+
+
+@pytest.mark.parametrize("name,text", [
+    ("one.csv", 'text\n""\nok\n"x"\n'), ("one.tsv", 'sentence\n""\nok\n"x"\n'),
+    ("blank_line.csv", 'Text\n""\nok\n\n"x"\n')])
+def test_a_one_column_table_keeps_its_empty_texts(tmp_path, name, text):
+    # the "" row was dropped: row i of the output was no longer row i of the file
+    p = write(tmp_path, name, text)
+    got = D.read_inputs(p)
+    assert [e.text_a for e in got] == ["", "ok", "x"] and got[0].line == 2
+    assert [r.texts for r in D.read_text_rows(p)] == [("",), ("ok",), ("x",)]
+
+
+def test_empty_rows_of_wider_tables_are_still_skipped(tmp_path):
+    p = write(tmp_path, "two.csv", 'text,label\n""\n,\nok,1\n\n"",0\n')
+    assert [(e.text_a, e.label) for e in read_classification(p)] == [("ok", "1"), ("", "0")]
+    q = write(tmp_path, "lead.csv", '""\ntext\nok\n')   # an empty row before the header
+    assert [e.text_a for e in D.read_inputs(q)] == ["ok"]
+
+
+@pytest.mark.parametrize("content,msg", [("", "empty file"),
+                                         ("\n \n\t\n", "no text (only blank lines)")])
+def test_a_file_of_blank_lines_is_not_called_empty(tmp_path, content, msg):
+    for name in ("blank.txt", "blank.jsonl", "blank.json"):
+        p = write(tmp_path, name, content)
+        for read in (D.read_inputs, read_squad, read_conll):
+            with pytest.raises(NanobertError) as e:
+                read(p)
+            assert str(e.value) == f"{p}: {msg}"
+
+
+def test_blank_lines_skipped_in_plain_text_are_noted_for_every_reader(tmp_path, capsys):
+    p = write(tmp_path, "s.txt", "a man\n\n  \nthe sky\n\n\n")
+    assert [(e.text_a, e.line) for e in D.read_inputs(p)] == [("a man", 1), ("the sky", 4)]
+    assert capsys.readouterr().err == (f"nanobert: note: {p}: 2 blank lines skipped (row i of "
+                                       "the output is the i-th sentence, not line i)\n")
+    q = write(tmp_path, "t.txt", "a man\nthe sky\n\n\n")   # blank lines after the last text
+    assert len(D.read_inputs(q)) == 2 and capsys.readouterr().err == ""

@@ -14,6 +14,7 @@ from nanobert.cli import main
 from nanobert.embed import (Encoder, cosine, corpus_embeddings_cached, declared_pooling, encode,
                             pool, top_k)
 from nanobert.files import NanobertError
+from test_finetune import tiny_dir  # noqa: F401  (a small random BERT)
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
              "The girl is carrying a baby.", "A man is riding a horse.",
@@ -280,7 +281,8 @@ def test_texts_to_embed_are_read_by_content_not_by_suffix(tmp_path):
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1, got 0"),
     ({"batch_size": "8"}, TypeError, "batch_size"),
-    ({"max_length": 0}, ValueError, "max_length"),
+    ({"max_length": 0}, NanobertError, "max_length: got 0, expected an integer >= 4"),
+    ({"max_length": "8"}, TypeError, "max_length must be an integer >= 4 or None, got str"),
     ({"normalize": "yes"}, TypeError, "normalize"),
     ({"pooling": "sum"}, NanobertError, "unknown pooling 'sum'"),
     ({"dtype": "int4"}, NanobertError, "dtype 'int4'"),
@@ -288,6 +290,25 @@ def test_texts_to_embed_are_read_by_content_not_by_suffix(tmp_path):
 def test_encoder_names_its_bad_argument(minilm, kwargs, error, words):
     with pytest.raises(error, match=words):
         Encoder(*minilm, **kwargs)
+
+
+def test_encoder_refuses_the_max_lengths_the_cli_refuses_in_its_words(minilm, capsys):
+    """Encoder checked only max_length >= 1: a 1 turned truncation off (a long text then
+    failed deep in the model), a 2 read every text as [CLS] [SEP] alone. It takes what
+    --max-length takes (config.max_length_range), refused with the flag's words."""
+    for n in (1, 2, 3):
+        with pytest.raises(SystemExit) as out:
+            main(["embed", "--model", "minilm", "--max-length", str(n), "--input", "x.txt",
+                  "--out", "x.npy"])
+        cli = capsys.readouterr().err.strip()
+        assert out.value.code == 2
+        assert cli == f"nanobert: error: --max-length: got {n}, expected an integer >= 4"
+        with pytest.raises(NanobertError) as e:
+            Encoder(*minilm, max_length=n)
+        assert str(e.value) == f"max_length: got {n}, expected an integer >= 4"
+    enc = Encoder(*minilm, max_length=np.int64(4))
+    assert enc.max_length == 4 and enc.encode(["word " * 600, "hi there"]).shape == (2, 384)
+    assert not np.allclose(enc.encode("hi there"), enc.encode(""))   # text left: [CLS] hi [SEP]
 
 
 def test_encode_and_search_refuse_bad_inputs_by_name(encoder):
@@ -416,3 +437,26 @@ def test_search_refuses_rerank_k_without_a_reranker(encoder):
     CLI's --rerank-k without --rerank was)."""
     with pytest.raises(ValueError, match="rerank_k is the number of hits given to `rerank`"):
         encoder.search("a", ["b", "c"], rerank_k=5)
+
+
+def test_search_reranks_with_a_two_label_pair_classifier(encoder, tiny_dir, tmp_path, capsys):
+    """`search --rerank` refused a pair classifier of two labels (MRPC's) that the
+    server's /rerank serves; it re-sorts by the positive class's probability, the
+    numbers `Reranker.score` gives (tested against the server's in test_retrieval)."""
+    from nanobert.retrieval import Reranker
+    from test_finetune import head_dir
+    from test_retrieval import DOCS_TO_RANK, QUERY
+    mrpc = head_dir(tiny_dir, tmp_path / "mrpc", "classify",
+                    {"task": "classify", "max_length": 32, "pairs": True},
+                    {0: "not_equivalent", 1: "equivalent"})
+    docs = [d for d in DOCS_TO_RANK if d.strip()]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"{d.strip()}\n" for d in docs))
+    assert main(["search", "--model", "minilm", "--corpus", str(corpus), "--query", QUERY,
+                 "-k", "3", "--rerank", str(mrpc), "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out.strip().splitlines()[-1])[0]["hits"]
+    lines = [d.strip() for d in docs]
+    want = Reranker(mrpc).rerank(QUERY, lines, k=3)
+    assert [h["index"] for h in hits] == [i for i, _, _ in want]
+    assert all(abs(h["score"] - s) < 1e-5 and 0 < h["score"] < 1
+               for h, (_, s, _) in zip(hits, want))

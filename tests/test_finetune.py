@@ -740,3 +740,43 @@ def test_labels_come_from_the_whole_training_file_not_the_sample(tiny_dir, tmp_p
                      "--max-train-examples", "4", "--max-length", "16", "--no-progress"]) == 0
     model, _ = nanobert.load(out)
     assert sorted(model.config.id2label.values()) == ["bad", "good", "meh"]
+
+
+def head_dir(tiny_dir, out, head, settings, id2label=None):
+    """tiny_dir's encoder under a new random `head`, saved with its nanobert.json
+    (`settings`; None: without one)."""
+    from nanobert.checkpoint import save_model
+    base, tok = nanobert.load(tiny_dir)
+    config = base.config
+    if id2label is not None:
+        config = nanobert.preset("tiny", vocab_size=config.vocab_size, id2label=id2label,
+                                 max_position_embeddings=config.max_position_embeddings)
+    extra = {} if settings is None else {"nanobert.json": json.dumps(settings)}
+    save_model(nanobert.Bert(config, head), out, tokenizer=tok, extra_files=extra)
+    return out
+
+
+def test_plain_predict_output_keeps_one_record_a_line(tiny_dir, tmp_path, capsys):
+    """Plain `predict` printed texts raw: a newline or tab inside one split its record
+    over two lines, or into more tab-separated fields. They are escaped as Python writes
+    them in a string (a backslash too, so the escapes read back); --json is unchanged."""
+    clf = head_dir(tiny_dir, tmp_path / "clf", "classify",
+                    {"task": "classify", "max_length": 32, "pairs": False}, {0: "bad", 1: "good"})
+    texts = ["two\nlines\there", "back\\slash \\n not a newline", "cr\r\x1b\u2028 é\u0301 🙂"]
+    assert cli.main(["predict", "--model", str(clf)] + texts) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(len(line.split("\t")) == 3 for line in lines)
+    shown = [line.split("\t")[2] for line in lines]
+    assert shown == ["two\\nlines\\there", "back\\\\slash \\\\n not a newline",
+                     "cr\\r\\x1b\\u2028 é\u0301 🙂"]
+    assert [eval(f"'{s}'") for s in shown] == texts                # they read back
+    assert cli.main(["predict", "--model", str(clf), "--json"] + texts) == 0
+    assert [json.loads(x)["text"] for x in capsys.readouterr().out.splitlines()] == texts
+
+    reader = head_dir(tiny_dir, tmp_path / "qa", "qa",
+                       {"task": "qa", "max_length": 32, "doc_stride": 8})
+    assert cli.main(["predict", "--model", str(reader), "--context", "alice lives\tin paris",
+                     "where does\nalice\tlive"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    question, answer, score, prob = line.split("\t")
+    assert question == "where does\\nalice\\tlive" and "\t" not in answer

@@ -79,14 +79,17 @@ def test_embed_learns_sts_and_writes_the_st_layout(tiny_dir, tmp_path, capsys):
 def test_embed_on_beir_with_holdout_gradient_cache_and_negatives(tmp_path, capsys):
     beir = beir_dir(tmp_path / "beir")
     out = tmp_path / "emb"
-    run(capsys, "finetune", "--task", "embed", "--model", "minilm", "--train", beir, "--dev", beir,
-        "--holdout", "0.3", "--out", out, "--max-steps", "2", "--batch-size", "8", "--max-length", "6",
-        "--mini-batch-size", "3", "--hard-negatives", "1", "--no-progress")
+    shown = run(capsys, "finetune", "--task", "embed", "--model", "minilm", "--train", beir,
+                "--dev", beir, "--holdout", "0.3", "--out", out, "--max-steps", "2",
+                "--batch-size", "8", "--max-length", "6", "--mini-batch-size", "3",
+                "--hard-negatives", "1", "--no-progress")
+    train_q, held = E.query_split(read_beir(beir), 0.3)
+    # the queries the run uses, not every judged query twice
+    assert f"embed: {len(train_q)} training queries, {len(held)} dev queries," in "\n".join(shown)
     saved = json.loads((out / "nanobert.json").read_text())
     assert saved["holdout"] == 0.3 and saved["mini_batch_size"] == 3
     m = json.loads(run(capsys, "evaluate", "--model", out, "--data", beir, "--json")[-1])
-    held = E.query_split(read_beir(beir), 0.3)[1]
-    assert m["split"] == "train" and m["n_queries"] == len(held) > 0
+    assert m["split"] == "train" and m["n"] == m["n_queries"] == len(held) > 0
     assert 0 <= m["ndcg_at_10"] <= 1 and m["recall_at_100"] == 1.0   # 18 documents
     # the dev score the run kept the model for is the one evaluate gives the saved model:
     # documents cut at the saved max length (6 here: no verb left) in both (training read

@@ -239,15 +239,24 @@ def test_read_labelled_formats(tmp_path):
         read_labelled(bad)
 
 
-def test_attention_refuses_empty_text(tmp_path, capsys):
-    """--text '' drew a map of [CLS] and [SEP] alone, and --pair '' a pair with nothing."""
-    from nanobert.cli import main
-    for flags, flag in ((["--text", " "], "--text"), (["--text", "a", "--pair", ""], "--pair")):
-        rc = main(["attention", "--model", str(tmp_path / "none"), "--out",
+def test_attention_refuses_text_without_tokens(tiny_dir, tmp_path, capsys):
+    """--text '' drew a map of [CLS] and [SEP] alone, and --pair '' a pair with nothing;
+    so did a text the tokenizer keeps nothing of (a zero-width space, lone combining
+    marks, control characters), which passed the check of empty text: the check counts
+    tokens."""
+    for flags, flag in ((["--text", " "], "--text"), (["--text", "a", "--pair", ""], "--pair"),
+                        (["--text", "\u200b"], "--text"), (["--text", "\u0301\u0308"], "--text"),
+                        (["--text", "\x01\x02 \u200b"], "--text"),
+                        (["--text", "good", "--pair", "\u200b"], "--pair")):
+        rc = main(["attention", "--model", str(tiny_dir), "--out",
                    str(tmp_path / "a.png")] + flags)
         err = capsys.readouterr().err
-        assert rc == 2 and err.startswith(f"nanobert: error: {flag}") and err.count("\n") == 1
+        assert rc == 2 and err.startswith(f"nanobert: error: {flag}: ") and err.count("\n") == 1
+        assert ("[CLS] and [SEP]" if flag == "--text" else "leave --pair out") in err
     assert not (tmp_path / "a.png").exists()
+    assert main(["attention", "--model", str(tiny_dir), "--out", str(tmp_path / "a.png"),
+                 "--text", "good \u200b film", "--json"]) == 0      # tokens besides: drawn
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["tokens"][1:-1] == ["good", "film"]
 
 
 def test_tsne_says_the_perplexity_it_uses(tiny_dir, labelled_tsv, tmp_path, capsys):

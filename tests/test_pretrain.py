@@ -51,7 +51,7 @@ def test_bad_corpus_exits_2_with_file_and_line(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     assert main(["pretrain", "--corpus", str(empty), "--out", str(tmp_path / "o")]) == 2
-    assert "empty file" in capsys.readouterr().err
+    assert "no text to pretrain on (only blank lines)" in capsys.readouterr().err
     assert main(["pretrain", "--corpus", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert main(["pretrain", "--corpus", str(bad), "--out", str(tmp_path / "o"),
                  "--mask-split", "80/10"]) == 2

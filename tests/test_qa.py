@@ -1,5 +1,6 @@
 """QA: sliding windows, answer spans across window borders, n-best decoding."""
 import json
+import unicodedata
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from nanobert import cli
 from nanobert.data import QAExample
 from nanobert.qa import answer_tokens, best_spans, decode, make_windows
-from test_finetune import tiny_dir  # noqa: F401  (a small random BERT saved in a tmp dir)
+from test_finetune import head_dir, tiny_dir  # noqa: F401  (a small random BERT, a head on it)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
@@ -52,7 +53,13 @@ def test_a_question_that_leaves_no_room_past_the_stride_is_a_clear_error(minilm,
     ex = long_example(tok)                  # "where is it": 3 tokens, + 3 special
     assert make_windows(tok, [ex], max_length=16, doc_stride=9)
     for stride in (10, 11, 400):
-        with pytest.raises(NanobertError, match=f"leaves 10 tokens .* doc stride {stride}"):
+        with pytest.raises(NanobertError, match=f"leaves 10 tokens .* doc stride {stride}: "
+                                                "use a larger --max-length"):
+            make_windows(tok, [ex], max_length=16, doc_stride=stride, train=True)
+        # windows to predict with are the model's (nanobert.json): no flags to name
+        with pytest.raises(NanobertError, match=f"^the question is too long for the model's "
+                                                f"windows of 16 tokens \\(doc stride {stride}\\): "
+                                                "shorten it"):
             make_windows(tok, [ex], max_length=16, doc_stride=stride)
     assert "panicked" not in capfd.readouterr().err
     short = QAExample("s", ex.question, "w1 w2 golden", [])
@@ -217,3 +224,49 @@ def test_training_windows_label_answers_exactly_in_unicode_contexts(minilm):
     assert inside and len(inside) < len(windows)
     for w in inside:
         assert ctx[w.offsets[w.start][0]:w.offsets[w.end][1]] == answer
+
+
+@pytest.fixture
+def reader_dir(tiny_dir, tmp_path):
+    """A QA model (random weights, tiny_dir's tokenizer: uncased, it drops accents) saved
+    with the windows `predict` reads from its nanobert.json: 24 tokens, stride 6."""
+    return head_dir(tiny_dir, tmp_path / "reader", "qa",
+                    {"task": "qa", "max_length": 24, "doc_stride": 6})
+
+
+@pytest.mark.parametrize("context, answer", [
+    ("He met Dave\u0301", "Dave\u0301"),                 # decomposed "Davé": the accent kept
+    ("Carol\u0308 met bob", "Carol\u0308"),              # decomposed "Carolë", mid-text
+    ("the plot " * 6 + "dave\u0301\u0323 lives in rome", "dave\u0301\u0323"),  # windows
+    ("He met Dave \u0301", "Dave"),                       # a mark after a space: not his
+    ("He met Davé", "Davé"),                              # precomposed: as before
+])
+def test_answers_keep_the_marks_attached_to_their_last_letter(reader_dir, context, answer):
+    """An answer ending in a letter with a decomposed accent ("Andre\u0301") came out
+    without it ("Andre", end 12 not 13): the uncased tokenizer maps the mark to no token
+    and the span ended at the token's end. Answers end where NER entities end
+    (attached_end), through the Python Predictor as through `predict` and the server."""
+    from nanobert import Predictor
+    p = Predictor(reader_dir)
+    name = "".join(c for c in unicodedata.normalize("NFD", answer.lower())
+                   if not unicodedata.category(c).startswith("M"))       # the token's
+    p.model = FakeReader(p.tokenizer.tk.token_to_id(name))
+    out = p.predict({"question": "who met whom", "context": context})
+    assert out["answer"] == answer and context[out["start"]:out["end"]] == answer
+    assert out["start"] == context.index(answer)
+
+
+def test_a_question_too_long_for_the_models_windows_names_no_flags(reader_dir, capsys):
+    """`predict`, `evaluate` and Predictor told the user to use a larger --max-length or a
+    smaller --doc-stride, flags they do not have (the windows are the model's); they say
+    what the server says."""
+    from nanobert import Predictor
+    from nanobert.files import NanobertError
+    question = "where does " * 12 + "dave live"
+    want = ("the question is too long for the model's windows of 24 tokens (doc stride 6): "
+            "shorten it")
+    with pytest.raises(NanobertError, match=want.replace("(", "\\(").replace(")", "\\)")):
+        Predictor(reader_dir).predict({"question": question, "context": "the plot " * 10})
+    rc = cli.main(["predict", "--model", str(reader_dir), "--context", "the plot " * 10, question])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"nanobert: error: {want}") and "--max-length" not in err

@@ -224,7 +224,7 @@ def test_bad_utf8_empty_and_unknown_formats(tmp_path):
     bad = write(tmp_path, "bad.tsv", b"sentence\tlabel\nok\t1\ncaf\xe9\t0\n")
     assert error_of(D.read_classification, bad).startswith(f"{bad}:3: not valid UTF-8")
     empty = write(tmp_path, "empty.tsv", "\n  \n")
-    assert error_of(D.read_classification, empty) == f"{empty}: empty file"
+    assert error_of(D.read_classification, empty) == f"{empty}: no text (only blank lines)"
     odd = write(tmp_path, "odd.txt", "justoneword\n")
     assert error_of(D.read_classification, odd).startswith(f"{odd}:1: unknown format")
     header = write(tmp_path, "h.tsv", "sentence\tlabel\n")

@@ -172,3 +172,54 @@ def test_tab_separated_conll_tokens_may_hold_spaces(tmp_path):
     assert D.read_conll(four)[0].words == ["EU", "São Paulo"]
     spaces = write(tmp_path, "s.txt", "John B-PER\nNew York B-LOC\n")
     assert "expected 2 columns like line 1, found 3" in error_of(D.read_conll, spaces)
+
+
+# ---- 6. hostile text in data files (lone surrogates, empty texts, blank files) ------------
+
+def embed_cli(tmp_path, capsys, name, text):
+    """(exit status, stderr, the .npy written or None) of `nanobert embed` on a file."""
+    from nanobert.cli import main
+    p = write(tmp_path, name, text)
+    out = tmp_path / f"{name}.npy"
+    try:
+        rc = main(["embed", "--model", "minilm", "--input", str(p), "--out", str(out),
+                   "--threads", "1"])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err, (np.load(out) if out.exists() else None), p
+
+
+def test_embed_refuses_a_lone_surrogate_naming_file_line_and_field(tmp_path, capsys):
+    # ValueError traceback: 'texts[0] is not valid Unicode', no file named
+    rc, err, arr, p = embed_cli(tmp_path, capsys, "sur.jsonl",
+                                '{"text": "ok", "label": 1}\n{"text": "fine \\ud800 x"}\n')
+    assert rc == 2 and arr is None
+    assert err == (f"nanobert: error: {p}:2: field 'text' is not valid Unicode (a lone "
+                   "surrogate escape)\n")
+
+
+def test_embed_keeps_the_empty_rows_of_a_one_column_csv(tmp_path, capsys):
+    # 2 rows for 3 data rows: the "" row was dropped, the rows no longer lined up
+    rc, err, arr, _ = embed_cli(tmp_path, capsys, "je7.csv", 'text\n""\nok\n"x"\n')
+    assert rc == 0 and arr.shape == (3, 384)
+    rc, _, alone, _ = embed_cli(tmp_path, capsys, "ok.csv", 'text\nok\n')
+    assert np.allclose(arr[1], alone[0], atol=1e-5)
+
+
+def test_embed_says_a_file_of_blank_lines_has_no_text(tmp_path, capsys):
+    rc, err, arr, p = embed_cli(tmp_path, capsys, "blank.txt", "\n   \n\t\n")
+    assert rc == 2 and err == f"nanobert: error: {p}: no text (only blank lines)\n"
+    rc, err, arr, p = embed_cli(tmp_path, capsys, "empty.txt", "")
+    assert rc == 2 and err == f"nanobert: error: {p}: empty file\n"
+
+
+def test_a_pretraining_corpus_of_blank_lines_is_not_called_empty(tmp_path):
+    from nanobert.corpus import iter_documents
+    blank = write(tmp_path, "blank.txt", "\n  \n")
+    assert error_of(lambda: list(iter_documents([blank]))) == (
+        f"{blank}: no text to pretrain on (only blank lines)")
+    empty = write(tmp_path, "empty.txt", "")
+    assert error_of(lambda: list(iter_documents([empty]))) == (
+        f"{empty}: empty file (no text to pretrain on)")

@@ -9,6 +9,7 @@ import pytest
 from nanobert import retrieval as R
 from nanobert.data import Beir, TextRow
 from nanobert.files import NanobertError
+from test_finetune import head_dir, tiny_dir  # noqa: F401  (a small random BERT, a head on it)
 
 
 def test_ndcg_mrr_recall_by_hand():
@@ -123,3 +124,57 @@ def test_retrieval_metrics_equal_an_independent_trec_eval():
     got = R.retrieval_metrics(qrels, run)
     for name, value in _trec_reference(qrels, run).items():
         assert got[name] == pytest.approx(value, abs=1e-12), name
+
+
+# ----------------------------------------------------------------------------------
+# Reranker: the models the server's /rerank serves, scored as it scores them
+
+QUERY = "where does alice live"
+DOCS_TO_RANK = ["alice lives in paris", "the movie was boring", "bob met carol",
+                "the plot was really quite a story " * 4, "", "alice"]
+
+
+@pytest.mark.parametrize("head, id2label, settings", [
+    ("classify", {0: "not_equivalent", 1: "equivalent"},                # MRPC-like, two labels
+     {"task": "classify", "max_length": 32, "pairs": True}),
+    ("classify", {0: "no", 1: "yes"}, None),                             # two labels, no record
+    ("classify", {0: "relevant"}, {"task": "classify", "max_length": 24, "pairs": True}),
+    ("regression", None, {"task": "rerank", "max_length": 16}),          # a cross-encoder
+])
+def test_reranker_scores_what_the_servers_rerank_scores(tiny_dir, tmp_path, one_thread, head,
+                                                        id2label, settings):
+    """Reranker refused a two-label pair classifier that the server's /rerank serves,
+    ranking by the positive class's probability: the same models rerank offline now,
+    with the server's numbers (its scoring code, called in-process)."""
+    from nanobert.serve_models import load_served
+    path = head_dir(tiny_dir, tmp_path / "m", head, settings, id2label)
+    served = load_served(str(path))
+    assert "rerank" in served.routes
+    logits = served.runner("logits")([(QUERY, d) for d in DOCS_TO_RANK])
+    server = [served.relevance(row) for row in logits]
+    reranker = R.Reranker(path)
+    offline = reranker.score(QUERY, DOCS_TO_RANK)
+    assert np.allclose(offline, server, rtol=0, atol=1e-6)
+    if id2label is not None and len(id2label) == 2:
+        assert all(0 < s < 1 for s in offline)                       # probabilities
+    ranked = reranker.rerank(QUERY, DOCS_TO_RANK)
+    assert [i for i, _, _ in ranked] == sorted(range(len(server)), key=lambda i: -server[i])
+
+
+def test_reranker_refuses_what_the_server_does_not_rerank(tiny_dir, tmp_path):
+    """Single-text classifiers and classifiers of more than two labels rank nothing on
+    the server (no /rerank route); Reranker refuses them with a clear message."""
+    from nanobert.serve_models import load_served
+    three = head_dir(tiny_dir, tmp_path / "three", "classify",
+                     {"task": "classify", "max_length": 32, "pairs": True},
+                     {0: "a", 1: "b", 2: "c"})
+    single = head_dir(tiny_dir, tmp_path / "single", "classify",
+                      {"task": "classify", "max_length": 32, "pairs": False}, {0: "neg", 1: "pos"})
+    tagger = head_dir(tiny_dir, tmp_path / "tagger", "token", {"task": "ner", "max_length": 32},
+                      {0: "O", 1: "B-X"})
+    for path, words in [(three, r"a classifier of 3 labels \(a, b, c\), not a reranker"),
+                        (single, "trained on single texts .* not a cross-encoder"),
+                        (tagger, "not a cross-encoder .* this model's head is token")]:
+        assert "rerank" not in load_served(str(path)).routes
+        with pytest.raises(NanobertError, match=words):
+            R.Reranker(path)

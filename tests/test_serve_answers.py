@@ -1,6 +1,8 @@
 """`nanobert serve`'s choices that need no running server: which model answers a request
 that names none, which routes the banner and /info list, and NER spans and scores as
-the server and `Predictor` share them (`finetune.entities`)."""
+the server and `Predictor` share them (`finetune.entities`); and, from a real server
+process, how it reads what a request sends (unknown keys, two forms, numbers, typed
+special tokens)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +17,7 @@ import nanobert  # noqa: E402
 from nanobert.checkpoint import save_model  # noqa: E402
 from nanobert.serve import ApiError, ServeConfig, Server, banner, info  # noqa: E402
 from nanobert.serve_models import load_served  # noqa: E402
-from test_serve import tiny_model  # noqa: E402
+from test_serve import Running, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LABELS = {0: "negative", 1: "positive"}
@@ -176,3 +178,101 @@ def test_a_second_ctrl_c_is_named_and_its_cancelled_lifespan_not_logged():
     assert not not_drain_deadline(record("Cancel 3 running task(s), timeout graceful shutdown "
                                          "exceeded"))
     assert not_drain_deadline(record("Traceback (most recent call last):\nValueError: boom"))
+
+
+# ----------------------------------------------------------------------------------
+# What a request sends, read by a real server process
+
+
+@pytest.fixture(scope="module")
+def running(made, tmp_path_factory):
+    tags = tiny_model(tmp_path_factory.mktemp("tags") / "tags", "token",
+                      {"task": "ner", "max_length": 32}, {0: "O", 1: "B-PER", 2: "I-PER"}, seed=5)
+    s = Running(["minilm", f"reader={made['reader']}", f"paired={made['paired']}",
+                 f"tags={tags}"])
+    yield s
+    s.close()
+
+
+def refused(running, path, body) -> dict:
+    r = running.post(path, body)
+    assert r.status_code == 422, r.text
+    return r.json()["error"]
+
+
+def test_a_qa_input_with_an_unknown_key_is_refused_as_predict_refuses_it(running, made):
+    """`{"question", "context", "cntext"}` was answered 200 (the typo dropped without a
+    word), while `Predictor.predict` refuses it."""
+    err = refused(running, "/qa", {"inputs": [{"question": "who met mary?", "context": "john"},
+                                              {"question": "a", "context": "b", "cntext": "x"}]})
+    assert err["param"] == "inputs[1].cntext"
+    assert err["message"] == ("field 'inputs[1].cntext' is not a key of a QA input (a QA input "
+                              "has a question and a context, optionally an id)")
+    with pytest.raises(ValueError, match="a QA input has a question and a context, optionally"):
+        nanobert.Predictor(made["reader"]).predict({"question": "a", "context": "b", "cntext": "x"})
+    # what Predictor takes, the server takes: an id (given back, as Predictor gives it) and
+    # SQuAD's unread title and answers
+    one = {"question": "who met mary?", "context": "john met mary in paris", "id": 7,
+           "title": "t", "answers": {"text": ["john"], "answer_start": [0]}}
+    r = running.post("/qa", {"inputs": [one, {"question": "a", "context": "b"}]})
+    assert r.status_code == 200, r.text
+    got = r.json()["results"]
+    offline = nanobert.Predictor(made["reader"]).predict([one])[0]
+    assert got[0]["id"] == offline["id"] == "7" and "id" not in got[1]
+    assert (got[0]["answer"], got[0]["start"]) == (offline["answer"], offline["start"])
+    assert refused(running, "/qa", {"inputs": [dict(one, id=[1])]})["param"] == "inputs[0].id"
+
+
+def test_qa_with_both_inputs_and_question_is_refused(running):
+    """`inputs` and a top-level question and context: only `inputs` was answered, the
+    other question dropped without a word."""
+    inputs = [{"question": "who?", "context": "john met mary"}]
+    err = refused(running, "/qa", {"inputs": inputs, "question": "a", "context": "b"})
+    assert err["param"] == "question"
+    assert "send either inputs (a list of {question, context} objects) or question and " \
+           "context, not both" in err["message"]
+    assert refused(running, "/qa", {"inputs": inputs, "context": "b"})["param"] == "context"
+    # null is absent: one form each
+    assert running.post("/qa", {"inputs": inputs, "question": None}).status_code == 200
+    assert running.post("/qa", {"inputs": None, "question": "who?",
+                                "context": "john"}).status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param, kind", [
+    ("/ner", {"inputs": [1]}, "inputs[0]", "a number"),
+    ("/classify", {"inputs": [["a", "b"], 2.5]}, "inputs[1]", "a number"),
+    ("/classify", {"inputs": [[1, 2]]}, "inputs[0]", "a list of numbers"),
+    ("/rerank", {"query": "q", "documents": ["a", 3]}, "documents[1]", "a number"),
+    ("/tokenize", {"inputs": [4], "model": "minilm"}, "inputs[0]", "a number"),
+])
+def test_numbers_are_not_text_and_only_embeddings_speak_of_token_ids(running, path, body,
+                                                                     param, kind):
+    """`/ner {"inputs": [1]}` was told about tiktoken's ids and LangChain's
+    OpenAIEmbeddings, advice for /v1/embeddings only."""
+    err = refused(running, path, body)
+    assert err["param"] == param
+    assert err["message"] == f"field '{param}' must be text (a string), not {kind}"
+
+
+def test_token_ids_sent_for_embeddings_are_named_as_such(running):
+    err = refused(running, "/v1/embeddings", {"input": [[101, 2023, 102]]})
+    assert "must be text, not token ids" in err["message"]
+    assert "check_embedding_ctx_length=False" in err["message"]
+    err = refused(running, "/embed", {"inputs": ["a", 7]})
+    assert err["message"] == ("field 'inputs[1]' must be text, not token ids: another "
+                              "tokenizer's ids mean nothing to this model")
+
+
+def test_tokenize_marks_a_typed_special_token_special(running):
+    """A typed "[SEP]" is the real separator (id 102, as in transformers), and /tokenize
+    said `special: false` of it."""
+    r = running.post("/tokenize", {"inputs": [["a [SEP] b", "[MASK] c 😀"]], "model": "minilm"})
+    toks = r.json()["tokens"][0]
+    got = [(t["token"], t["id"], t["special"]) for t in toks]
+    assert got == [("[CLS]", 101, True), ("a", 1037, False), ("[SEP]", 102, True),
+                   ("b", 1038, False), ("[SEP]", 102, True), ("[MASK]", 103, True),
+                   ("c", 1039, False), ("[UNK]", 100, True), ("[SEP]", 102, True)]
+    assert (toks[2]["start"], toks[2]["end"], toks[2]["type"]) == (2, 7, 0)
+    assert (toks[5]["start"], toks[5]["end"], toks[5]["type"]) == (0, 6, 1)
+    plain = running.post("/tokenize", {"inputs": "a [sep]", "model": "minilm"}).json()
+    assert [t["special"] for t in plain["tokens"][0]] == [True, False, False, False, False, True]
