@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .files import NanobertError
+from .files import NanobertError, signals_replaced
 
 # the pipeline, in order: inspect a model, train it, use it, look inside it, experiments
 COMMANDS = {
@@ -128,19 +128,9 @@ def _end_at_once(signum, frame):
 def _while_loading():
     """Inside the block, Ctrl-C and SIGTERM end the process at once (`_end_at_once`),
     where nobody else handles them (in the main thread)."""
-    before = {}
-    try:
-        for sig, usual in ((signal.SIGINT, signal.default_int_handler),
-                           (signal.SIGTERM, signal.SIG_DFL)):
-            if signal.getsignal(sig) is usual:
-                before[sig] = signal.signal(sig, _end_at_once)
-    except ValueError:   # not the main thread (main() called from a worker thread)
-        pass
-    try:
+    usual = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    with signals_replaced(_end_at_once, lambda signum, current: current is usual[signum]):
         yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def _out_of_memory(e: BaseException) -> bool:

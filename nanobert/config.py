@@ -12,7 +12,7 @@ From that one description come
                        configs such as the trainer's are flattened, see `Config.flags`)
   - the config back:   `FinetuneConfig.from_args(args)`
   - the validation:    on construction (`__post_init__`) and while parsing, with one
-                       message `--lr: got inf, expected a finite number > 0`
+                       message `--lr: got inf, expected a finite number > 0 and <= 1`
 
 so Python callers and the command line share defaults, ranges and messages:
 
@@ -94,6 +94,12 @@ def max_length_range() -> Range:
 
 def positive() -> Range:
     return Range(lo=0, lo_open=True)
+
+
+def learning_rate() -> Range:
+    """What every --lr takes: AdamW's step is about lr per weight, so an lr above 1 is
+    never meaningful (--lr 1e23 gave weights of 5e22 and a model that answers NaN)."""
+    return Range(lo=0, hi=1, lo_open=True)
 
 
 def fraction(open_hi: bool = False, open_lo: bool = False) -> Range:

@@ -9,6 +9,13 @@
       each printed with its prediction and its gold label (not hand-picked sentences)
 
 `nanobert demo --train X --dev Y` does the same with your own classification files.
+
+`--out` is a run directory (nanobert.rundir) whose record names the demo: running the
+demo again replaces its own earlier output (and nothing else there), another command's
+model or files that were not the demo's need `--overwrite`, and an interrupted demo
+continues with the same command and `--resume` (the split is seeded: the same flags
+write the same data files). The split is written only after the directory is taken,
+and only over the demo's own earlier split.
 """
 from __future__ import annotations
 
@@ -85,12 +92,13 @@ def split(rows, n_train, n_dev, seed) -> tuple:
     return train, dev
 
 
-def write_csv(rows, path):
+def csv_text(rows) -> str:
+    """(text, label) rows as a CSV file's text, with its header."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["text", "label"])
     w.writerows(rows)
-    write_text(path, buf.getvalue())
+    return buf.getvalue()
 
 
 def plot_confusion(gold, pred, labels, out_png):
@@ -119,7 +127,7 @@ def plot_confusion(gold, pred, labels, out_png):
 
 
 def demo_args(p):
-    from .config import at_least, checked, max_length_range, positive, seed_range
+    from .config import at_least, checked, learning_rate, max_length_range, seed_range
     count = checked(int, at_least(1))
     p.add_argument("--out", default="runs/demo", help="output directory")
     p.add_argument("--model", default="minilm", help="the model to fine-tune")
@@ -131,7 +139,7 @@ def demo_args(p):
     p.add_argument("--max-length", type=checked(int, max_length_range()), default=48,
                    help="max tokens per tweet")
     p.add_argument("--batch-size", type=count, default=16, help="examples per batch")
-    p.add_argument("--lr", type=checked(float, positive()), default=1e-4,
+    p.add_argument("--lr", type=checked(float, learning_rate()), default=1e-4,
                    help="peak learning rate")
     p.add_argument("--freeze-layers", type=checked(int, at_least(0)), default=None, metavar="N",
                    help="blocks at the bottom kept fixed (default: half of them; minilm: 3 "
@@ -139,33 +147,83 @@ def demo_args(p):
     p.add_argument("--seed", type=checked(int, seed_range(), "--seed"), default=42, help="the split, the head, the order")
     p.add_argument("--show", type=checked(int, at_least(0)), default=10,
                    help="held-out examples to print with their gold labels (drawn at random)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted demo in OUT from its checkpoint (same flags)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an OUT that holds another run's model or files the "
+                        "demo did not write (its own earlier output is replaced without it; "
+                        "files no run wrote are kept)")
+
+
+# the demo's files in --out beside finetune's: its split, and what it reports
+SPLIT = ("data/train.csv", "data/dev.csv")
+# flags that change what is shown, not what is trained
+NOT_TRAINED = ("show", "threads")
 
 
 def demo_cmd(args):
     """Fine-tune MiniLM for tweet sentiment in a few minutes on a CPU (or on --train/--dev)."""
+    from . import rundir
     from .finetune import finetune
     t0 = time.time()
     out = Path(args.out)
     check_output_dir(out)
     if bool(args.train) != bool(args.dev):
         raise NanobertError("give both --train and --dev (or neither, for the tweet demo)")
-    if args.train:
-        train_path, dev_path = args.train, args.dev
-        print(f"demo: fine-tuning {args.model} on {train_path}, evaluating on {dev_path}")
-    else:
-        train_path, dev_path = out / "data" / "train.csv", out / "data" / "dev.csv"
-        n_train = write_tweet_split(args, train_path, dev_path)
+    # everything that can fail on the flags, before --out is touched
     if args.freeze_layers is None:
         args.freeze_layers = half_the_blocks(args.model)
-    # the tweets: evaluate twice an epoch for a few points on the curve; own files: each epoch
-    eval_every = None if args.train else max(1, -(-n_train // args.batch_size) // 2)
-    best = finetune("classify", args.model, train_path, dev_path, out, epochs=args.epochs,
-                    lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
-                    seed=args.seed, warmup_ratio=0.1, freeze_embeddings=True,
-                    freeze_layers=args.freeze_layers, group_by_length=True, eval_every=eval_every,
-                    overwrite=True)  # the demo's own directory: run it again
-    report(best, out, dev_path, args, t0)
+    corpus = None if args.train else find_corpus()
+    rows = None if args.train else read_tweets(corpus)
+    if rows is not None and not (1 <= min(args.n_train, args.n_dev)
+                                 and args.n_train + args.n_dev <= len(rows)):
+        raise NanobertError(f"--n-train + --n-dev must be between 2 and {len(rows)}")
+    data = [args.train, args.dev] if args.train else [corpus]
+    fp = rundir.fingerprint("classify", data + rundir.model_files(args.model),
+                            {k: v for k, v in vars(args).items() if k not in NOT_TRAINED})
+    earlier = earlier_demo(out)     # the demo's own output: replaced without --overwrite
+    if rows is not None:    # (also with --overwrite: a file the demo did not write stays)
+        rundir.check_owned(out, SPLIT, "demo", earlier)
+    with rundir.run(out, "demo", fp, resume=args.resume,
+                    overwrite=args.overwrite or (earlier is not None and not args.resume),
+                    reads=[args.model, *data], written=earlier):
+        if args.train:
+            train_path, dev_path = args.train, args.dev
+            print(f"demo: fine-tuning {args.model} on {train_path}, evaluating on {dev_path}")
+        else:
+            train_path, dev_path = (out / f for f in SPLIT)
+            n_train = write_tweet_split(args, rows, out)
+        # the tweets: evaluate twice an epoch for a few points on the curve; own files: each epoch
+        eval_every = None if args.train else max(1, -(-n_train // args.batch_size) // 2)
+        with rundir.hosting(out):     # finetune runs inside the demo's run
+            best = finetune("classify", args.model, train_path, dev_path, out,
+                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                            max_length=args.max_length, seed=args.seed, warmup_ratio=0.1,
+                            freeze_embeddings=True, freeze_layers=args.freeze_layers,
+                            group_by_length=True, eval_every=eval_every, resume=args.resume)
+    report(best, out, dev_path, args, t0)     # the finished model, as a user loads it
     return 0
+
+
+def earlier_demo(out: Path):
+    """The files of the demo's own earlier output in `out`, which a new demo may replace
+    (relative path -> digest, for rundir's `written`): {} for a directory whose record
+    names the demo (its record lists them); for a demo from before the demo had a record
+    of its own (a finetune run of OUT/data/train.csv and dev.csv that wrote
+    demo_results.json), its split. None when `out` is not the demo's."""
+    from . import rundir
+    rec = rundir.read_run(out) if out.is_dir() else None
+    if rec is None or rec.get("damaged"):
+        return None
+    if rec.get("command") == "demo":
+        return {}
+    data = rec["fingerprint"].get("data") or []
+    files = [out / rel for rel in SPLIT]
+    if (rec.get("command") != "finetune" or not (out / "demo_results.json").is_file()
+            or len(data) < 2 or not all(f.is_file() for f in files)
+            or [rundir.file_digest(f) for f in files] != data[:2]):
+        return None
+    return dict(zip(SPLIT, data[:2]))
 
 
 def half_the_blocks(model: str) -> int:
@@ -184,14 +242,13 @@ def half_the_blocks(model: str) -> int:
     return n // 2 if isinstance(n, int) and groups in (None, n) else 0
 
 
-def write_tweet_split(args, train_path, dev_path) -> int:
-    """The seeded, stratified split of the tweet corpus, written as CSV; returns its size."""
-    rows = read_tweets(find_corpus())
-    if args.n_train < 1 or args.n_dev < 1 or args.n_train + args.n_dev > len(rows):
-        raise NanobertError(f"--n-train + --n-dev must be between 2 and {len(rows)}")
+def write_tweet_split(args, rows: list, out: Path) -> int:
+    """The seeded, stratified split of the tweets `rows`, written as CSV into the demo's
+    run directory `out` (as files the run owns); returns its size."""
+    from .rundir import write_owned
     train, dev = split(rows, args.n_train, args.n_dev, args.seed)
-    write_csv(train, train_path)
-    write_csv(dev, dev_path)
+    for rel, part in zip(SPLIT, (train, dev)):
+        write_owned(out, rel, csv_text(part), "demo")
     shares = ", ".join(f"{lab} {sum(r[1] == lab for r in rows) / len(rows):.0%}" for lab in LABELS)
     print(f"demo: {len(rows):,} labelled tweets (airlines, #DeflateGate, Apple, self-driving "
           f"cars, ...; {shares}); training on {len(train):,}, holding out {len(dev):,} "

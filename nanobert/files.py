@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -319,3 +320,23 @@ def check_output_file(path, flag: str = "--out", suffixes=None, inputs=()):
         raise NanobertError(f"{flag} {path}: unsupported file type {path.suffix or '(none)'!r} "
                             f"(choose one of {', '.join(suffixes)})")
     _writable_ancestor(path, flag)
+
+
+@contextlib.contextmanager
+def signals_replaced(handler, replace):
+    """Inside the block, Ctrl-C (SIGINT) and SIGTERM go to `handler`, for each signal
+    whose current handler `replace(signum, current)` accepts; the block gets {signum:
+    the handler it replaced}, and those come back after it. Only in the main thread:
+    elsewhere Python delivers no signals, and nothing is replaced."""
+    before = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if replace(sig, signal.getsignal(sig)):
+                before[sig] = signal.signal(sig, handler)
+    except ValueError:   # not the main thread
+        pass
+    try:
+        yield before
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)

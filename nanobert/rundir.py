@@ -14,10 +14,13 @@ A killed run leaves "running" behind, so its half-written directory is never tak
 model. A run that fails before it has written a model or a checkpoint (bad data, a bad
 flag, an early Ctrl-C), or that a full disk stopped before its first checkpoint, takes
 back what it created: nothing is left half-written. A new run into a directory that
-holds a model or a checkpoint stops unless `--overwrite` (which clears it first) or
-`--resume` (which continues the checkpoint only when the fingerprint matches, and
+holds a model or a checkpoint stops unless `--overwrite` (which first deletes what runs
+wrote there, `RUN_OUTPUTS` and the files a record lists as "written", and nothing else)
+or `--resume` (which continues the checkpoint only when the fingerprint matches, and
 otherwise says what differs). Directories without the file (hub downloads, models from
-other tools) are finished models.
+other tools) are finished models. A command that trains through another one (the demo
+through finetune) holds the directory itself and lends it (`hosting`), so the record
+names the command the user ran.
 """
 from __future__ import annotations
 
@@ -29,16 +32,19 @@ import os
 import re
 import shutil
 import struct
+import sys
 import time
 from pathlib import Path
 
-from .files import NanobertError, check_not_input, check_output_dir, write_failure, write_text
+from .files import (NanobertError, check_not_input, check_output_dir, note, write_failure,
+                    write_text)
 
 RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
 # what a finished run leaves: any of these makes a directory "another run's"
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "checkpoint")
-# kept by --overwrite: the tokenized-corpus cache (keyed by content) and input data (demo)
+# kept by --overwrite: the tokenized-corpus cache (keyed by content) and a folder of input
+# data (files in it that a run wrote, the demo's split, are listed in its record: "written")
 KEEP_ON_OVERWRITE = ("cache", "data", LOCK_FILE)
 # flags that change where or how visibly a run goes, not what it computes
 NOT_SHAPING = {"out", "out_dir", "resume", "overwrite", "progress", "no_progress", "device",
@@ -139,12 +145,26 @@ def differences(old: dict, new: dict, limit: int = 3) -> list:
     a, b = old.get("data", []), new.get("data", [])
     if len(a) != len(b):
         out.append(f"{len(a)} data file(s) there, {len(b)} now")
-    out += [f"data file {i + 1} has other content ({x['size']:,} bytes there, {y['size']:,} now)"
+    out += [f"data file {i + 1} has other content" + _sizes(x, y)
             for i, (x, y) in enumerate(zip(a, b)) if x != y]
     fa, fb = old.get("flags", {}), new.get("flags", {})
-    out += [f"--{k.replace('_', '-')} {fa.get(k)} there, {fb.get(k)} now"
-            for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    named = {"task"} if old.get("task") != new.get("task") else set()   # said once, above
+    out += [f"--{k.replace('_', '-')} {_shown(fa.get(k))} there, {_shown(fb.get(k))} now"
+            for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k not in named]
     return out[:limit]
+
+
+def _sizes(x, y) -> str:
+    """' (3 bytes there, 5 now)' when the sizes tell the two files apart, else nothing."""
+    sx, sy = (d.get("size") if isinstance(d, dict) else None for d in (x, y))
+    if sx == sy or not isinstance(sx, int) or not isinstance(sy, int):
+        return ""
+    return f" ({sx:,} bytes there, {sy:,} now)"
+
+
+def _shown(value) -> str:
+    """A flag's value as the user types it: an unset flag is 'not set', not Python's None."""
+    return "not set" if value is None else str(value)
 
 
 # ----------------------------------------------------------------------------------
@@ -231,10 +251,11 @@ def clean_temporaries(out_dir: Path):
             p.unlink(missing_ok=True)
 
 
-def clear(out_dir: Path, keep=(), only=None):
+def clear(out_dir: Path, keep=(), only=None, written=None):
     """Empty a run directory (but the content-keyed cache and the names in `keep`; with
-    `only`, just the names it matches). Entries are first renamed into one hidden folder,
-    so a kill half-way leaves nothing that looks like a model."""
+    `only`, just the names it matches), and remove the files `written` names (relative
+    path -> digest) that still hold what the run wrote. Entries are first renamed into
+    one hidden folder, so a kill half-way leaves nothing that looks like a model."""
     trash = out_dir / f".old-run.{os.getpid()}"
     trash.mkdir(exist_ok=True)
     for p in sorted(out_dir.iterdir()):
@@ -243,6 +264,70 @@ def clear(out_dir: Path, keep=(), only=None):
         if only is None or only.fullmatch(p.name):
             os.replace(p, trash / p.name)
     shutil.rmtree(trash, ignore_errors=True)
+    _remove_written(out_dir, _still_written(out_dir, written))
+
+
+def _remove_written(out_dir: Path, written: dict):
+    """Delete the recorded files, and the folders they leave empty (up to `out_dir`)."""
+    for rel in written:
+        path = out_dir / rel
+        path.unlink(missing_ok=True)
+        for folder in path.parents:
+            if folder == out_dir or out_dir not in folder.parents:
+                break
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def text_digest(text: str) -> dict:
+    """`file_digest` of the file that `text` makes."""
+    data = text.encode("utf-8")
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()[:24]}
+
+
+def _still_written(out_dir: Path, written) -> dict:
+    """The entries of a record's "written" (relative path -> digest) whose file is still
+    there, inside `out_dir`, with the content the run wrote: a file changed since (the
+    user's now) is not the run's."""
+    out = {}
+    for rel, digest in (written or {}).items() if isinstance(written, dict) else ():
+        path = out_dir / str(rel)
+        if (isinstance(rel, str) and not Path(rel).is_absolute() and ".." not in Path(rel).parts
+                and path.is_file() and not path.is_symlink() and file_digest(path) == digest):
+            out[rel] = digest
+    return out
+
+
+def check_owned(out_dir, rels, command: str, written=None):
+    """Each of `rels` (paths in `out_dir`) is absent, or a file that a run recorded as its
+    own ("written", or in `written`: relative path -> digest) and that still holds what
+    it wrote: writing there replaces nothing of the user's."""
+    out_dir = Path(out_dir)
+    rec = read_run(out_dir) if out_dir.is_dir() else None
+    mine = _still_written(out_dir, dict((rec or {}).get("written") or {}, **(written or {})))
+    for rel in rels:
+        path = out_dir / rel
+        if (path.exists() or path.is_symlink()) and rel not in mine:
+            raise NanobertError(f"--out {out_dir}: {path} is not a file that {command} wrote "
+                                "(or it was changed since), and it is never replaced: move "
+                                "it, or choose another --out")
+    return mine
+
+
+def write_owned(out_dir, rel: str, text: str, command: str):
+    """Write `text` to `out_dir/rel`, a file a run makes beside its outputs (the demo's
+    data split), inside the run that holds `out_dir`. It is recorded ("written", with
+    its digest) first, so that --overwrite and a failed run take it back; a file already
+    there that a run did not write (or that was changed since) is refused, never
+    replaced (`check_owned`)."""
+    out_dir = Path(out_dir)
+    if out_dir.resolve() not in _HELD:
+        raise RuntimeError(f"write_owned: no run holds {out_dir}")
+    written = check_owned(out_dir, [rel], command)
+    written[rel] = text_digest(text)
+    rec = read_run(out_dir) or {}
+    write_text(out_dir / RUN_FILE, json.dumps(dict(rec, written=written), indent=1) + "\n")
+    write_text(out_dir / rel, text)
 
 
 # what a model directory that no nanobert run wrote is made of (a hub download, another
@@ -255,6 +340,13 @@ MODEL_ARTIFACTS = re.compile(
     r"|\d+_[A-Za-z]+|checkpoint|nanobert\.json|metrics\.jsonl|training_curve\.png")
 # a run's own bookkeeping: never another program's files
 BOOKKEEPING = {RUN_FILE, LOCK_FILE, *KEEP_ON_OVERWRITE}
+# what nanobert runs write at the top of their --out (a model's files, the training log
+# and curve, the checkpoint, pretrain's arguments, an ablation's report and split runs,
+# the demo's report): --overwrite deletes these, and the files a run recorded as its own
+# ("written"), and nothing else
+RUN_OUTPUTS = re.compile(
+    MODEL_ARTIFACTS.pattern + "|" + re.escape(RUN_FILE) + r"|pretrain_args\.json"
+    r"|ablation\.(md|csv|png)|split-.+|confusion_matrix\.png|demo_results\.json")
 
 
 def foreign_entries(out_dir: Path, rec) -> list:
@@ -356,32 +448,139 @@ def check_checkpoint(ckpt_dir: Path):
 # A run
 
 
+# the directories this process holds for a run (resolved path -> the command), and those
+# of them whose run lends them to a run it starts (`hosting`: demo -> finetune)
+_HELD: dict = {}
+_HOSTED: set = set()
+
+
+@contextlib.contextmanager
+def hosting(out_dir):
+    """Inside the run that holds `out_dir`, let a run it starts there (the demo's
+    finetune) join it: that run neither claims nor locks the directory again, and its
+    record stays the outer run's (the command the user ran, its fingerprint)."""
+    key = Path(out_dir).resolve()
+    if key not in _HELD:
+        raise RuntimeError(f"hosting: no run holds {out_dir}")
+    _HOSTED.add(key)
+    try:
+        yield
+    finally:
+        _HOSTED.discard(key)
+
+
 @contextlib.contextmanager
 def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool = False,
-        reads=()):
+        reads=(), written=None):
     """Own `out_dir` for one training run (see the module docstring). Yields the
     directory; on a normal exit the run is marked finished, on an exception or a kill
-    it stays "running". `reads` are the run's inputs, which --overwrite must not clear."""
+    it stays "running". `reads` are the run's inputs, which --overwrite must not clear;
+    `written` (relative path -> digest) are files in it that the caller knows an earlier
+    run of its own wrote (and that its record does not list). Inside a run that already
+    hosts runs in `out_dir` (`hosting`: the demo's finetune), it joins that run."""
     out_dir = Path(out_dir)
+    if out_dir.resolve() in _HOSTED:
+        yield out_dir
+        return
     check_output_dir(out_dir, "--out")
-    if overwrite:
-        check_not_input(out_dir, reads, "--out", KEEP_ON_OVERWRITE)
+    if overwrite and not resume:
+        _check_inputs_kept(out_dir, reads, written)
     before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
     out_dir.mkdir(parents=True, exist_ok=True)
+    key = out_dir.resolve()
     with _lock(out_dir):
+        _HELD[key] = command
         try:
             clean_temporaries(out_dir)
-            foreign = _claim(out_dir, command, fp, resume, overwrite)
-            record = {"status": "running", "command": command, "fingerprint": fp,
-                      "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "foreign": foreign}
-            write_text(out_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
+            record = _start(out_dir, command, fp, resume, overwrite, written)
             yield out_dir
         except BaseException as e:
             # kept for --resume: a model or checkpoint it wrote, or runs it holds
             if not (_holds_runs(out_dir) or holds_a_run(out_dir) and not _unsaved(out_dir, e)):
                 _take_back(out_dir, before)
+            elif (full := _full_disk(out_dir, e)) is not None:
+                raise full from e
             raise
-        write_text(out_dir / RUN_FILE, json.dumps(dict(record, status="finished"), indent=1) + "\n")
+        finally:
+            _HELD.pop(key, None)
+        now = read_run(out_dir) or {}    # with the files it recorded while it ran
+        write_text(out_dir / RUN_FILE, json.dumps(
+            dict(record, status="finished", written=_still_written(out_dir, now.get("written"))),
+            indent=1) + "\n")
+
+
+def _start(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
+           written) -> dict:
+    """Claim the directory and write the "running" record; returns it."""
+    old = read_run(out_dir) or {}
+    mine = dict(old.get("written") or {}) if isinstance(old.get("written"), dict) else {}
+    mine.update(written or {})
+    foreign = _claim(out_dir, command, fp, resume, overwrite, mine)
+    threads = _threads()
+    if resume and isinstance(old.get("threads"), int) and threads not in (None, old["threads"]):
+        note(f"--resume: the run started with --threads {old['threads']} and continues with "
+             f"{threads}: its model will differ in the last bits from an uninterrupted run "
+             "(same --threads for bit-identical results, docs/runs.md)")
+    record = {"status": "running", "command": command, "fingerprint": fp,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "foreign": foreign,
+              "threads": threads, "written": _still_written(out_dir, mine)}
+    write_text(out_dir / RUN_FILE, json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def _threads():
+    """The CPU threads torch computes with (part of what makes a run's bits), or None
+    when torch is not loaded."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
+def _full_disk(out_dir: Path, e: BaseException):
+    """The one line for a disk that filled up (or went read-only) after the run wrote a
+    checkpoint, which is written whole or not at all: the last one is there to continue
+    from. None for any other error, or when no whole checkpoint is there."""
+    what = write_failure(e)
+    if what is None:
+        return None
+    try:
+        check_checkpoint(out_dir / "checkpoint")
+    except NanobertError:
+        return None
+    command = _HELD.get(out_dir.resolve()) or "training"
+    return NanobertError(f"{out_dir}: {what}; the last checkpoint (step "
+                         f"{checkpoint_step(out_dir)}) is intact: make room and continue it "
+                         f"with the same {command} command and --resume")
+
+
+def _overwritten(out_dir: Path, written=None) -> list:
+    """The paths in `out_dir` that --overwrite deletes: a run's outputs (`RUN_OUTPUTS`) but
+    what was there when a run first took the directory, and the files runs recorded as
+    their own; in a model directory no run recorded, the model's files."""
+    if not out_dir.is_dir():
+        return []
+    rec = read_run(out_dir)
+    if rec is None and not holds_a_run(out_dir):
+        return []
+    only, keep = (MODEL_ARTIFACTS, set()) if rec is None else (
+        RUN_OUTPUTS, set(foreign_entries(out_dir, rec)) | set(KEEP_ON_OVERWRITE))
+    mine = dict((rec or {}).get("written") or {}, **(written or {}))
+    return ([p for p in out_dir.iterdir() if p.name not in keep and only.fullmatch(p.name)
+             and not TEMPORARY.fullmatch(p.name)]
+            + [out_dir / rel for rel in _still_written(out_dir, mine)])
+
+
+def _check_inputs_kept(out_dir: Path, reads, written):
+    """--overwrite would delete none of the run's inputs (those in the directory that no
+    run wrote, the run's data in `--out .`, are kept and may be read)."""
+    check_not_input(out_dir, reads, "--out", keep=os.listdir(out_dir) if out_dir.is_dir() else ())
+    gone = [p.resolve() for p in _overwritten(out_dir, written)]
+    for given in reads:
+        if not given or not Path(str(given)).exists():  # a hub name or an alias
+            continue
+        src = Path(str(given)).resolve()
+        if any(src == p or p in src.parents for p in gone):
+            raise NanobertError(f"--out {out_dir}: holds the input {given}, which --overwrite "
+                                "would delete (choose another --out)")
 
 
 def _unsaved(out_dir: Path, e: BaseException) -> bool:
@@ -393,10 +592,12 @@ def _unsaved(out_dir: Path, e: BaseException) -> bool:
 def _take_back(out_dir: Path, before):
     """A run that failed before it wrote a model or a checkpoint (bad data, a bad flag, an
     early Ctrl-C) leaves nothing: the directory goes if the run made it, else what the
-    run added to it (`before`: the names that were there)."""
+    run added to it (`before`: the names that were there), the files it recorded as its
+    own included (the demo's split, in a data/ folder that was there)."""
     if before is None:
         shutil.rmtree(out_dir, ignore_errors=True)
         return
+    _remove_written(out_dir, _still_written(out_dir, (read_run(out_dir) or {}).get("written")))
     for name in set(os.listdir(out_dir)) - before:
         path = out_dir / name
         if path.is_dir() and not path.is_symlink():
@@ -405,35 +606,25 @@ def _take_back(out_dir: Path, before):
             path.unlink(missing_ok=True)
 
 
-def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool) -> list:
+def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
+           written=None) -> list:
     """Decide whether this run may use the directory, clearing it when told to. A new
     run stops at a model or a checkpoint (a run that died before writing either left
-    nothing to lose); --resume stops at any other run's record. Returns the names there
-    that no run wrote (`foreign_entries`), which every later --overwrite keeps."""
+    nothing to lose); --resume stops at any other run's record. --overwrite deletes
+    what runs wrote (`_overwritten`) and nothing else. Returns the names there that no
+    run wrote (`foreign_entries`), which every later --overwrite keeps."""
     if resume and overwrite:
         raise NanobertError("--resume and --overwrite contradict each other: choose one")
     rec, holds = read_run(out_dir), holds_a_run(out_dir) or _holds_runs(out_dir)
     if overwrite:
-        if rec is not None:      # a run's directory: all of it but what was there before
-            clear(out_dir, keep=foreign_entries(out_dir, rec))
+        if rec is not None:      # a run's directory: what runs wrote, but what was there before
+            clear(out_dir, keep=foreign_entries(out_dir, rec), only=RUN_OUTPUTS, written=written)
         elif holds:              # another program's model: its files, never the rest
-            clear(out_dir, only=MODEL_ARTIFACTS)
+            clear(out_dir, only=MODEL_ARTIFACTS, written=written)
         return foreign_entries(out_dir, rec)
     foreign = foreign_entries(out_dir, rec)
     if resume:
-        if rec is not None and rec.get("damaged"):
-            raise NanobertError(f"--resume: {out_dir / RUN_FILE}: {rec['damaged']}; the run "
-                                "cannot be continued: start over with --overwrite")
-        if rec is None and holds:
-            raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
-                                "recorded; start over with --overwrite or choose another --out")
-        if rec is not None and not _same_run(rec.get("fingerprint"), fp):
-            diff = "; ".join(differences(rec.get("fingerprint") or {}, fp)) or "unknown run"
-            raise NanobertError(f"--resume: {out_dir} holds another run ({diff}); resume with "
-                                "the same data and flags, or start over with --overwrite")
-        if (out_dir / "checkpoint").exists():
-            check_checkpoint(out_dir / "checkpoint")
-        repair_log(out_dir / "metrics.jsonl")
+        _check_resume(out_dir, rec, holds, fp)
     elif holds and rec is not None and rec.get("damaged"):
         raise NanobertError(f"--out {out_dir} holds a run whose record cannot be used "
                             f"({out_dir / RUN_FILE}: {rec['damaged']}); start over with "
@@ -443,6 +634,23 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool)
                             "with --resume, start over with --overwrite, or choose another "
                             "directory")
     return foreign
+
+
+def _check_resume(out_dir: Path, rec, holds: bool, fp: dict):
+    """--resume continues only this run, from a whole checkpoint."""
+    if rec is not None and rec.get("damaged"):
+        raise NanobertError(f"--resume: {out_dir / RUN_FILE}: {rec['damaged']}; the run "
+                            "cannot be continued: start over with --overwrite")
+    if rec is None and holds:
+        raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
+                            "recorded; start over with --overwrite or choose another --out")
+    if rec is not None and not _same_run(rec.get("fingerprint"), fp):
+        diff = "; ".join(differences(rec.get("fingerprint") or {}, fp)) or "unknown run"
+        raise NanobertError(f"--resume: {out_dir} holds another run ({diff}); resume with "
+                            "the same data and flags, or start over with --overwrite")
+    if (out_dir / "checkpoint").exists():
+        check_checkpoint(out_dir / "checkpoint")
+    repair_log(out_dir / "metrics.jsonl")
 
 
 def _held(out_dir: Path, rec) -> str:

@@ -10,13 +10,20 @@
         every `save_every` steps (or at each evaluation): a resumable checkpoint
     until the last step, or `early_stopping` evaluations in a row without a better metric.
     A non-finite loss or gradient norm stops the run before the update (the divergence
-    guard, `Trainer._check_finite`): the last checkpoint and the best model stay good.
+    guard, `Trainer._check_finite`), and weights that are not finite stop it before they
+    are evaluated or checkpointed (`_check_weights`): the last checkpoint and the best
+    model stay good.
 
 The data come from a callable `batches(epoch, start)` that yields the micro-batches of
 an epoch from index `start` on, the same ones for the same (epoch, index). With that,
 a checkpoint is just (weights, optimizer moments, step, epoch, next batch index, RNG
 states), and `resume=True` continues as if never stopped: on CPU with a fixed seed the
-loss curve is identical to an uninterrupted run.
+loss curve is identical to an uninterrupted run. Ctrl-C or SIGTERM at any moment gives
+such a checkpoint: during the forward/backward it rolls back to the start of the step;
+one that lands in the update waits for its end (`signals_deferred`: the update and the
+step count are one); one during a step's after-step work (log, evaluation, best model,
+checkpoint) checkpoints the state from before that work, marked `pending`, and the
+resumed run does that work first. The best model is recorded once it is saved.
 
 Output directory:
     out_dir/              the deployable model (written by `save(model, out_dir)`)
@@ -39,9 +46,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .config import (MAX_STEPS, Config, at_least, check_device, fraction, param, positive,
-                     seed_range)
-from .files import NanobertError, atomic_path
+from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
+                     positive, seed_range)
+from .files import NanobertError, atomic_path, signals_replaced
 
 
 @dataclass
@@ -53,7 +60,7 @@ class TrainConfig(Config):
                         at_least(1, 10**6))
     max_steps: Optional[int] = param(None, "stop after this many optimizer steps",
                                     at_least(1, MAX_STEPS))
-    lr: float = param(5e-5, "peak learning rate", positive())
+    lr: float = param(5e-5, "peak learning rate", learning_rate())
     weight_decay: float = param(0.01, "AdamW weight decay (not on biases and LayerNorm weights)",
                                 at_least(0))
     warmup_ratio: float = param(0.1, "fraction of the steps spent warming up the learning rate",
@@ -179,9 +186,10 @@ class WeightAverage:
     def swapped(self, model: nn.Module):
         """The model holds the averaged weights inside the block, its own after it."""
         def swap():
-            for p, avg in zip(self.params, self.shadow):
-                p.data, avg.data = avg.data, p.data
-            _forget_packed_weights(model)
+            with signals_deferred():   # (a Ctrl-C half way would mix the two sets)
+                for p, avg in zip(self.params, self.shadow):
+                    p.data, avg.data = avg.data, p.data
+                _forget_packed_weights(model)
         swap()
         try:
             yield
@@ -216,6 +224,45 @@ def _set_rng_state(s: dict):
     np.random.set_state(s["numpy"])
     if "cuda" in s and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Ctrl-C and SIGTERM (which nanobert.cli turns into a KeyboardInterrupt) wait for the
+    end of the block: what it does (an optimizer update and its bookkeeping) happens
+    entirely or not at all. The signal's own handler runs at the end. Only signals whose
+    handler is Python code are held (SIG_DFL and SIG_IGN behave as they do), and only in
+    the main thread, the one Python delivers signals to."""
+    held, before = [], {}
+    try:
+        with signals_replaced(lambda signum, frame: held.append(signum),
+                              lambda signum, current: callable(current)) as before:
+            yield
+    finally:
+        for sig in held[:1]:
+            before[sig](sig, None)
+
+
+def _saved_rng(state: dict, tensors: dict) -> dict:
+    """The generator states a checkpoint holds (state.json and optimizer.safetensors)."""
+    py, npr = state["python_rng"], state["numpy_rng"]
+    rng = {"torch": tensors["rng.torch"],
+           "python": (py[0], tuple(py[1]), py[2]),
+           "numpy": (npr[0], tensors["rng.numpy"].numpy().astype(np.uint32), npr[1], npr[2], npr[3])}
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda:
+        rng["cuda"] = cuda
+    return rng
+
+
+def _sizes(micro_batches: list) -> tuple:
+    """(examples, tokens) of a step's micro-batches, for the throughput in the log."""
+    examples = tokens = 0
+    for b in micro_batches:
+        examples += int(b["input_ids"].shape[0])
+        mask = b.get("attention_mask")
+        tokens += int(mask.sum()) if mask is not None else b["input_ids"].numel()
+    return examples, tokens
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -295,6 +342,10 @@ class Trainer:
         self.last_eval: Optional[dict] = None
         self.evals_since_best = 0            # for early stopping
         self.stopped_early = False
+        # between an optimizer step and the end of its after-step work (log, evaluation,
+        # best model, checkpoint): what that work starts from (`_step_done`), so that an
+        # interrupt in there checkpoints the step with its after-step work still to do
+        self._pending: Optional[dict] = None
 
     def _wrap_distributed(self, model):
         """Several processes (torchrun): DDP averages the gradients; rank 0 alone evaluates
@@ -349,17 +400,33 @@ class Trainer:
         norm = nn.utils.clip_grad_norm_(self.model.parameters(),
                                         self.cfg.max_grad_norm or math.inf)
         self._check_finite(loss, float(norm))
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        _forget_packed_weights(self.model)
-        if self.average is not None:
-            self.average.update()
-        self.step += 1
+        examples, tokens = _sizes(micro_batches)
+        # the update and its bookkeeping are one: a Ctrl-C or SIGTERM in between would
+        # checkpoint the new weights under the old step (and a resume repeat the update)
+        with signals_deferred():
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            _forget_packed_weights(self.model)
+            if self.average is not None:
+                self.average.update()
+            self.step += 1
+            self.batch_index += len(micro_batches)
+            self._step_done({"loss": loss, "examples": examples, "tokens": tokens})
         return loss
+
+    def _step_done(self, result: dict):
+        """The state right after an update, before its after-step work: what a checkpoint
+        taken during that work holds (with the work marked to do), and the RNG state the
+        work starts from."""
+        self._boundary_rng = _rng_state()
+        self._pending = dict(result, rng=self._boundary_rng,
+                             window={"loss": self.window["loss"], "steps": self.window["steps"]},
+                             best=self.best, last_eval=self.last_eval,
+                             evals_since_best=self.evals_since_best)
 
     def _check_finite(self, loss: float, grad_norm: float):
         """The divergence guard: a non-finite loss or gradient stops training BEFORE the
@@ -382,21 +449,26 @@ class Trainer:
         self.bar = self._progress_bar()
         self.window["t0"] = self.t_start = time.time()
         try:
+            if self._pending is not None:   # resumed inside a step's after-step work
+                self._after_step()
             while not self._finished():
                 if self.batch_index >= self.steps_per_epoch:
                     self.epoch, self.batch_index = self.epoch + 1, 0
                 if self.cfg.max_steps is None and self.epoch >= self.cfg.epochs:
                     break
                 self._run_epoch()
-        except KeyboardInterrupt:
+            if self.bar is not None:
+                self.bar.close()
+            if self._saved_step != self.step:
+                self._check_weights()
+                self._save_checkpoint()
+            self.plot()
+        except KeyboardInterrupt:   # (also while the last checkpoint or the curve is written)
             self._checkpoint_on_interrupt()
             raise
         finally:
             if self.bar is not None:
                 self.bar.close()
-        if self._saved_step != self.step:
-            self._save_checkpoint()
-        self.plot()
         result = dict(self.best or self.last_eval or {})
         result.setdefault("step", self.step)
         return result
@@ -424,7 +496,8 @@ class Trainer:
         if not self.cfg.progress:
             return None
         from tqdm.auto import tqdm
-        return tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True)
+        return tqdm(total=self.total_steps, initial=self.step - (self._pending is not None),
+                    unit="step", dynamic_ncols=True)
 
     def _finished(self) -> bool:
         return self.step >= self.total_steps or self.stopped_early
@@ -433,10 +506,8 @@ class Trainer:
         """Optimizer steps from (epoch, batch_index) to the end of the epoch (or of the run)."""
         it = iter(self.batches(self.epoch, self.batch_index))
         while self.batch_index < self.steps_per_epoch and not self._finished():
-            micro = self._next_micro_batches(it)
-            loss = self._train_step(micro)
-            self.batch_index += len(micro)
-            self._after_step(micro, loss)
+            self._train_step(self._next_micro_batches(it))
+            self._after_step()
 
     def _next_micro_batches(self, it) -> list:
         """The micro-batches of the next step (fewer at the end of an epoch)."""
@@ -450,11 +521,11 @@ class Trainer:
                                     f"({self.batch_index + len(micro)} < {self.steps_per_epoch})")
         return micro
 
-    def _after_step(self, micro: list, loss: float):
-        """Log, evaluate and checkpoint when due."""
+    def _after_step(self):
+        """Log, evaluate and checkpoint when due (the work of the step `_pending` holds)."""
         cfg = self.cfg
         end_of_epoch = self.batch_index >= self.steps_per_epoch
-        self._count(micro, loss)
+        self._count(self._pending)
         if self.bar is not None:
             self.bar.update(1)
         last = self.step == self.total_steps
@@ -462,22 +533,28 @@ class Trainer:
             self._log_train()
         evaluated = (cfg.eval_every and self.step % cfg.eval_every == 0) or \
             (not cfg.eval_every and end_of_epoch) or last
+        saved = (cfg.save_every and self.step % cfg.save_every == 0) or \
+            (not cfg.save_every and evaluated)
+        if evaluated or saved:   # no model or checkpoint of non-finite weights
+            self._check_weights()
         if evaluated:
             self._evaluate_and_keep_best()
         # the step is complete: its RNG state is the boundary a checkpoint records (taken
         # before saving, so the checkpoint holds the state the next step starts from)
-        if (cfg.save_every and self.step % cfg.save_every == 0) or (not cfg.save_every and evaluated):
-            self._boundary_rng = _rng_state()
-            self._save_checkpoint()
         self._boundary_rng = _rng_state()
+        if saved:
+            self._save_checkpoint(rng=self._boundary_rng)
+        self._pending = None
 
     def _checkpoint_on_interrupt(self):
         """Ctrl-C: the weights are those after the last finished step; a half-accumulated
-        gradient is dropped, and the RNG goes back to where that step left it."""
+        gradient is dropped, and the RNG goes back to where that step left it. Inside a
+        step's after-step work (evaluation, the best model, a checkpoint), the checkpoint
+        is of the state before that work, marked to do it first on resume."""
         if self.bar is not None:
             self.bar.close()
         self.optimizer.zero_grad(set_to_none=True)
-        self._save_checkpoint(rng=self._boundary_rng)
+        self._save_checkpoint(rng=self._boundary_rng, pending=self._pending)
         print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
               f"(continue with --resume)")
 
@@ -492,14 +569,12 @@ class Trainer:
         """Loss and throughput are averaged over the steps between two log records."""
         self.window = {"loss": 0.0, "steps": 0, "examples": 0, "tokens": 0, "t0": time.time()}
 
-    def _count(self, micro: list, loss: float):
+    def _count(self, result: dict):
         w = self.window
-        w["loss"] += loss
+        w["loss"] += result["loss"]
         w["steps"] += 1
-        for b in micro:
-            w["examples"] += int(b["input_ids"].shape[0])
-            mask = b.get("attention_mask")
-            w["tokens"] += int(mask.sum()) if mask is not None else b["input_ids"].numel()
+        w["examples"] += result["examples"]
+        w["tokens"] += result["tokens"]
 
     def _epoch_position(self) -> float:
         return round(self.epoch + self.batch_index / self.steps_per_epoch, 4)
@@ -556,14 +631,26 @@ class Trainer:
 
     def _evaluate_and_save_best(self):
         metrics = self._evaluate()
-        self.last_eval = metrics
         if self._improved(metrics):
-            self.best = dict(metrics, step=self.step)
-            self.evals_since_best = 0
+            # the best is what was saved: recorded once the save is complete
             if self.save_fn is not None and self.is_main:
                 self.save_fn(self.model, self.out_dir)
+            self.best = dict(metrics, step=self.step)
+            self.evals_since_best = 0
         else:
             self.evals_since_best += 1
+        self.last_eval = metrics
+
+    def _check_weights(self):
+        """The divergence guard at the model's end: weights that are not finite (an update
+        that overflowed) stop the run before they become the best model or a checkpoint."""
+        tensors = list(self.model.parameters()) + (self.average.shadow if self.average else [])
+        if all(bool(torch.isfinite(t).all()) for t in tensors):
+            return
+        kept = (f"the last good checkpoint (step {self._saved_step}) is in {self.ckpt_dir}"
+                if self._saved_step is not None else "no checkpoint was written")
+        raise NanobertError(f"training diverged at step {self.step}: the weights are no longer "
+                            f"finite; {kept}; try a lower --lr")
 
     def _agree(self, flag: bool) -> bool:
         """Rank 0's decision, for every process (only rank 0 evaluates)."""
@@ -574,11 +661,15 @@ class Trainer:
         return bool(t.item())
 
     # ---- checkpoints --------------------------------------------------------------
-    def _save_checkpoint(self, rng: Optional[dict] = None):
+    def _save_checkpoint(self, rng: Optional[dict] = None, pending: Optional[dict] = None):
+        """The weights, optimizer moments and position; with `pending` (`_step_done`'s
+        record), the state from before the last step's after-step work, marked to do."""
         from safetensors.torch import save_file, save_model
         if not self.is_main:
             return
-        rng = rng or _rng_state()
+        rng = pending["rng"] if pending else (rng or _rng_state())
+        now = pending or {"best": self.best, "last_eval": self.last_eval,
+                          "evals_since_best": self.evals_since_best, "window": self.window}
         opt_tensors = {}
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         for i, p in enumerate(params):
@@ -592,15 +683,18 @@ class Trainer:
         state = {
             "step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
             "total_steps": self.total_steps, "warmup": self.warmup,
-            "best": self.best, "last_eval": self.last_eval,
-            "evals_since_best": self.evals_since_best,
+            "best": now["best"], "last_eval": now["last_eval"],
+            "evals_since_best": now["evals_since_best"],
             "ema_updates": self.average.updates if self.average else None,
             "python_rng": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
             "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "config": asdict(self.cfg),
             # the losses since the last log record: a resumed run logs the same mean
-            "window": {"loss": self.window["loss"], "steps": self.window["steps"]},
+            "window": {"loss": now["window"]["loss"], "steps": now["window"]["steps"]},
+            # the step's after-step work (log, evaluation, best model) is still to do: what
+            # it starts from (the step's loss, and its examples and tokens for throughput)
+            "pending": {k: pending[k] for k in ("loss", "examples", "tokens")} if pending else None,
         }
         self._saved_step = self.step
         with atomic_path(self.ckpt_dir) as tmp:
@@ -627,10 +721,6 @@ class Trainer:
             if i.isdigit():
                 opt["state"].setdefault(int(i), {})[name] = v
         self.optimizer.load_state_dict(opt)  # casts to the parameters' device
-        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
-        self.best, self.last_eval = state["best"], state["last_eval"]
-        self.evals_since_best = state.get("evals_since_best", 0)
-        self.window.update(state.get("window") or {})   # (older checkpoints: a fresh window)
         if self.average is not None:
             if state.get("ema_updates") is None:
                 raise NanobertError(f"{d}: this checkpoint has no weight average (--ema); "
@@ -638,21 +728,38 @@ class Trainer:
             self.average.load(tensors, state["ema_updates"])
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        py = state["python_rng"]
-        npr = state["numpy_rng"]
-        rng = {"torch": tensors["rng.torch"],
-               "python": (py[0], tuple(py[1]), py[2]),
-               "numpy": (npr[0], tensors["rng.numpy"].numpy().astype(np.uint32), npr[1], npr[2], npr[3])}
-        cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
-        if cuda:
-            rng["cuda"] = cuda
-        _set_rng_state(rng)
-        # drop log records from after the checkpoint (the resumed run writes them again)
+        self._restore_position(state)
+        _set_rng_state(_saved_rng(state, tensors))
+        if self._pending is not None:
+            self._pending["rng"] = _rng_state()
+        self._trim_log()
+
+    def _restore_position(self, state: dict):
+        """Step, epoch, batch, the evaluations so far, the loss window; and a step whose
+        after-step work an interrupt cut short (`pending`), to be done first."""
+        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
+        self.best, self.last_eval = state["best"], state["last_eval"]
+        self.evals_since_best = state.get("evals_since_best", 0)
+        self.window.update(state.get("window") or {})   # (older checkpoints: a fresh window)
+        patience = self.cfg.early_stopping   # (a run that stopped early stays stopped)
+        self.stopped_early = bool(patience) and self.evals_since_best >= patience
+        self._pending = None
+        if state.get("pending"):
+            self._pending = dict(state["pending"], best=self.best, last_eval=self.last_eval,
+                                 evals_since_best=self.evals_since_best,
+                                 window={"loss": self.window["loss"], "steps": self.window["steps"]})
+        self._saved_step = None if self._pending else self.step
+
+    def _trim_log(self):
+        """Drop the log records from after the checkpoint (the resumed run writes them
+        again), and those of a step whose after-step work is to be done again."""
         log = self.out_dir / "metrics.jsonl"
-        if log.is_file() and self.is_main:
-            keep = [line for line in log.read_text("utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= self.step]
-            log.write_text("".join(line + "\n" for line in keep))
+        if not (log.is_file() and self.is_main):
+            return
+        last = self.step - 1 if self._pending is not None else self.step
+        keep = [line for line in log.read_text("utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= last]
+        log.write_text("".join(line + "\n" for line in keep))
 
     # ---- the training curve -------------------------------------------------------
     def plot(self):

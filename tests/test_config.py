@@ -90,7 +90,7 @@ def test_help_shows_the_allowed_range(capsys):
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
     out = capsys.readouterr().out
-    assert "peak learning rate [a finite number > 0]" in " ".join(out.split())
+    assert "peak learning rate [a finite number > 0 and <= 1]" in " ".join(out.split())
 
 
 def test_add_flags_skip_and_defaults():

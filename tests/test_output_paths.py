@@ -105,7 +105,8 @@ def test_commands_check_their_output_before_anything_else(tmp_path, capsys):
 
 def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     """embed --out equal to --input overwrote the input; --overwrite into the model
-    directory, or into the folder holding the training file, deleted it, then failed."""
+    directory, or into a folder holding an input among the files it replaces, deleted it,
+    then failed. (An input that --overwrite keeps is no reason to refuse: test_rundir.py.)"""
     text = tmp_path / "in.txt"
     text.write_text("good\nbad\n")
     assert refused(capsys, ["embed", "--model", "minilm", "--input", str(text), "--out",
@@ -115,15 +116,15 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    train = model / "train.tsv"
+    train = model / "vocab.txt"     # one of a model's files, which --overwrite replaces
     train.write_text("sentence\tlabel\na\t1\nb\t0\n")
     ft = ["finetune", "--task", "classify", "--dev", str(train), "--overwrite"]
     assert refused(capsys, ft + ["--model", str(model), "--train", str(train), "--out",
                                  str(model)]).startswith(f"--out {model}: is the input {model}")
     assert refused(capsys, ft + ["--model", "minilm", "--train", str(train), "--out",
                                  str(model)]).startswith(
-        f"--out {model}: holds the input {train}, which clearing it would delete")
-    assert sorted(p.name for p in model.iterdir()) == ["config.json", "train.tsv"]
+        f"--out {model}: holds the input {train}, which --overwrite would delete")
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "vocab.txt"]
     assert refused(capsys, ["pretrain", "--corpus", str(train), "--out", str(model),
                             "--overwrite"]).startswith(f"--out {model}: holds the input {train}")
     assert (model / "config.json").exists()

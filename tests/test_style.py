@@ -104,7 +104,8 @@ NO_MIRROR = {
     "__main__": "every CLI test (python -m nanobert)",
     "cli": "every CLI test, test_config.py (one-line errors)",
     "files": "test_rundir.py, test_readers.py (atomic writes, read_lines)",
-    "demo": "test_finetune.py (the demo's reader, split and run on user files)",
+    "demo": "test_finetune.py (the demo's reader, split and run on user files), test_rundir.py "
+            "(its output directory)",
     "serve_models": "test_serve.py (models as served)",
     "threads": "test_serve.py and the CLI tests (--threads)",
 }

@@ -333,7 +333,7 @@ def test_a_nan_metric_is_never_the_best(tmp_path):
 
 
 def test_config_rejects_bad_values_with_the_flag_name():
-    with pytest.raises(NanobertError, match=r"^--lr: got inf, expected a finite number > 0$"):
+    with pytest.raises(NanobertError, match=r"^--lr: got inf, expected a finite number > 0 and <= 1$"):
         TrainConfig(out_dir="x", lr=float("inf"))
     with pytest.raises(NanobertError, match=r"^--warmup-ratio: got 5, expected .*<= 1$"):
         TrainConfig(out_dir="x", warmup_ratio=5)
@@ -417,3 +417,200 @@ def test_training_steps_equal_transformers(tmp_path, dropout, backend):
         after = dict(hf.named_parameters())[name]
         assert torch.allclose(p, after, atol=1e-5)
         assert (after - start[name]).abs().max() > 2e-3   # AdamW: about lr per step
+
+
+# ----------------------------------------------------------------------------------
+# Ctrl-C / SIGTERM at any moment of a step: the resumed run is the uninterrupted one
+
+TIMING = ("examples_per_s", "tokens_per_s", "elapsed")
+
+
+def all_records(out_dir) -> list:
+    """Every metrics.jsonl record, without the timing fields."""
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING}
+            for x in (out_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def noisy_held_out_loss(model) -> dict:
+    """An evaluation that draws from the global RNG (as a masked-LM validation may): a
+    resume must give it, and the step after it, the same random numbers."""
+    return {"loss": held_out_loss(model)["loss"] + 1e-3 * torch.rand(()).item()}
+
+
+def save_weights(model, out_dir):
+    """The best model as the real writers save it: a temporary name, then a rename."""
+    from pathlib import Path
+    from safetensors.torch import save_model
+    from nanobert.files import atomic_path
+    save_weights.calls += 1
+    with atomic_path(Path(out_dir) / "model.safetensors") as tmp:
+        save_model(model, str(tmp))
+        if save_weights.calls == save_weights.interrupt_at:
+            raise KeyboardInterrupt   # before the rename: the model is not in place yet
+
+
+def exact_run(out, resume=False, evaluate=noisy_held_out_loss, model_seed=0, made=None, **kw):
+    """12 steps with dropout, an evaluation every 3 (and patience 3), the best model
+    saved (`made`: a list the Trainer is put in)."""
+    cfg = TrainConfig(out_dir=str(out), epochs=3, lr=5e-3, log_every=1, seed=7, eval_every=3,
+                      early_stopping=3, resume=resume, progress=False, **kw)
+    t = Trainer(tiny_model(model_seed), cfg, lambda e, s: batches(e, s, n=4), steps_per_epoch=4,
+                evaluate=evaluate, save=save_weights)
+    (made if made is not None else []).append(t)
+    t.fit()
+
+
+@pytest.fixture(autouse=True)
+def _no_save_interrupt():
+    save_weights.interrupt_at, save_weights.calls = None, 0
+    yield
+    save_weights.interrupt_at, save_weights.calls = None, 0
+
+
+def assert_same_run(ref, cut):
+    """Bit-identical records (but timing), best model and final weights and optimizer."""
+    assert all_records(cut) == all_records(ref)
+    assert [r["step"] for r in all_records(ref) if r["type"] == "eval"] == [3, 6, 9, 12]
+    for name in ("model.safetensors", "checkpoint/model.safetensors",
+                 "checkpoint/optimizer.safetensors"):
+        assert (cut / name).read_bytes() == (ref / name).read_bytes(), name
+    state = {k: v for k, v in json.loads((ref / "checkpoint" / "state.json").read_text()).items()
+             if k != "config"}
+    assert {k: v for k, v in json.loads((cut / "checkpoint" / "state.json").read_text()).items()
+            if k != "config"} == state
+
+
+@pytest.mark.parametrize("nth_save", [1, 2])
+def test_interrupt_in_the_best_model_save_resumes_to_the_same_model(tmp_path, nth_save):
+    """Ctrl-C while the best model is written (the files not yet renamed into place): the
+    best is not recorded (the checkpoint would say "saved" with no model, or an older
+    one, behind it), and the resumed run saves it and ends as the uninterrupted one."""
+    exact_run(tmp_path / "ref")
+    save_weights.interrupt_at, save_weights.calls, made = nth_save, 0, []
+    with pytest.raises(KeyboardInterrupt):
+        exact_run(tmp_path / "cut", made=made)
+    save_weights.interrupt_at = None
+    assert (tmp_path / "cut" / "model.safetensors").exists() == (nth_save > 1)
+    assert (made[0].best or {}).get("step") == {1: None, 2: 3}[nth_save]   # not the unsaved one
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    assert (state["best"] or {}).get("step") == {1: None, 2: 3}[nth_save]
+    exact_run(tmp_path / "cut", resume=True, model_seed=123)
+    assert (tmp_path / "cut" / "model.safetensors").is_file()
+    assert_same_run(tmp_path / "ref", tmp_path / "cut")
+
+
+def interrupting(n_calls: int, fn):
+    """`fn`, raising KeyboardInterrupt (Ctrl-C) on its n-th call instead."""
+    calls = {"n": 0}
+
+    def wrapped(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == n_calls:
+            raise KeyboardInterrupt
+        return fn(*a, **k)
+    return wrapped
+
+
+@pytest.mark.parametrize("where,ema", [("evaluate", None), ("evaluate", 0.8),
+                                       ("checkpoint", None)])
+def test_interrupt_in_the_after_step_work_resumes_exactly(tmp_path, monkeypatch, where, ema):
+    """Ctrl-C during step 6's evaluation (or after its best model, as its checkpoint is
+    written): the resumed run evaluates step 6 first (its record, its chance to be the
+    best, the patience count), with the RNG state that evaluation started from, and
+    goes on exactly as the uninterrupted run."""
+    exact_run(tmp_path / "ref", ema=ema)
+    if where == "evaluate":
+        evaluate = interrupting(2, noisy_held_out_loss)
+    else:
+        evaluate = noisy_held_out_loss
+        monkeypatch.setattr(Trainer, "_save_checkpoint",
+                            interrupting(2, Trainer._save_checkpoint))
+    with pytest.raises(KeyboardInterrupt):
+        exact_run(tmp_path / "cut", evaluate=evaluate, ema=ema)
+    monkeypatch.undo()
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 6 and state["pending"] is not None
+    exact_run(tmp_path / "cut", resume=True, model_seed=123, ema=ema)
+    assert_same_run(tmp_path / "ref", tmp_path / "cut")
+
+
+@pytest.mark.parametrize("signame,nth", [("SIGINT", 5), ("SIGINT", 6), ("SIGTERM", 5)])
+def test_a_signal_right_after_the_update_is_held_to_the_end_of_the_step(
+        tmp_path, monkeypatch, signame, nth):
+    """Ctrl-C (or SIGTERM, which the CLI turns into one) just after optimizer.step(), before
+    the step is counted: it waits for the bookkeeping, so the checkpoint never holds the
+    new weights under the old step (a resume then repeated the update)."""
+    import signal
+    import nanobert.train as train
+    from nanobert.cli import _terminate_like_ctrl_c
+    sig = getattr(signal, signame)
+    exact_run(tmp_path / "ref")
+    forget, calls = train._forget_packed_weights, {"n": 0}
+
+    def signalled(model):  # (called once per step, right after the update)
+        calls["n"] += 1
+        if calls["n"] == nth:
+            signal.raise_signal(sig)
+        return forget(model)
+    monkeypatch.setattr(train, "_forget_packed_weights", signalled)
+    before = signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            exact_run(tmp_path / "cut")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == nth
+    exact_run(tmp_path / "cut", resume=True, model_seed=123)
+    assert_same_run(tmp_path / "ref", tmp_path / "cut")
+
+
+@pytest.mark.parametrize("command", [
+    ["finetune", "--task", "classify", "--model", "m", "--train", "t", "--dev", "d", "--out", "o"],
+    ["pretrain", "--corpus", "c", "--out", "o"],
+    ["distill", "--corpus", "c", "--teacher", "t", "--out", "o"]])
+def test_an_lr_above_one_is_refused(command, capsys, tmp_path, monkeypatch):
+    """--lr 1e23 trained a "finished" model of weights near 5e22 that answered NaN."""
+    from nanobert.cli import main
+    monkeypatch.chdir(tmp_path)
+    try:
+        rc = main([*command, "--lr", "1e23", "--threads", "1"])
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2
+    assert capsys.readouterr().err == ("nanobert: error: --lr: got 1e+23, expected a finite "
+                                       "number > 0 and <= 1\n")
+    assert list(tmp_path.iterdir()) == []
+    assert TrainConfig(out_dir="x", lr=1).lr == 1
+    with pytest.raises(NanobertError, match=r"^--lr: got 1.5, expected a finite number > 0 and <= 1$"):
+        TrainConfig(out_dir="x", lr=1.5)
+
+
+def test_non_finite_weights_are_never_saved_as_the_best_model(tmp_path):
+    """An update that leaves weights inf or NaN (the loss and gradient before it were
+    finite) stops the run at the next evaluation, as the loss guard does: the best model
+    and the checkpoint stay those of the last finite weights."""
+    saved = []
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=3, lr=1e-3, eval_every=2, progress=False)
+    model = tiny_model()
+    t = Trainer(model, cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                evaluate=lambda m: {"loss": -float(len(saved))},   # each one a new best
+                save=lambda m, d: saved.append([p.detach().clone() for p in m.parameters()]))
+    step = t.optimizer.step
+
+    def overflowing(*a, **k):   # the 4th update (an evaluation follows) overflows a weight
+        out = step(*a, **k)
+        if t.step == 3:
+            with torch.no_grad():
+                model.classifier.weight[0, 0] = float("inf")
+        return out
+    t.optimizer.step = overflowing
+    with pytest.raises(NanobertError, match=r"^training diverged at step 4: the weights are no "
+                                            r"longer finite; the last good checkpoint \(step 2\)"):
+        t.fit()
+    assert len(saved) == 1 and all(torch.isfinite(p).all() for p in saved[0])
+    assert t.best["step"] == 2
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 2 and state["best"]["step"] == 2
