@@ -35,6 +35,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional
 
 
+# with max_seconds, the most tokens of a model's first batch (its speed not yet measured):
+# about 0.4 s of minilm on one CPU thread
+FIRST_BATCH_TOKENS = 2048
+
+
 @dataclass
 class Job:
     """One request's share of the work: its items, their token counts, and the
@@ -192,11 +197,15 @@ class Batcher:
         thread, and a one-sentence request arriving just after it started waited all of
         it; in batches of max_seconds it waits one of those (its model's turn comes next,
         `_next_model`). Batches of a few thousand tokens run as fast per token as larger
-        ones on the unpadded path, so throughput stays."""
+        ones on the unpadded path, so throughput stays. Before the model's first batch its
+        speed is unknown: that batch holds at most FIRST_BATCH_TOKENS (uncut, the first
+        batch of a long /qa request kept a request behind it waiting 2.4 s)."""
         with self._lock:
             rate = self._rate.get(model)
-        if not (self.max_seconds and rate):
+        if not self.max_seconds:
             return self.max_tokens
+        if not rate:   # the model's first batch: small, to measure its speed on
+            return min(self.max_tokens, FIRST_BATCH_TOKENS)
         return max(1, min(self.max_tokens, int(rate * self.max_seconds)))
 
     def _unqueue(self, job: Job, tokens: int):

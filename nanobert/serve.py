@@ -62,7 +62,7 @@ class ServeConfig:
     drain_timeout: float = 25.0         # SIGTERM: seconds to finish requests in flight; then 503
     cors_origins: tuple = ()            # web pages (origins) whose scripts may call the API
     max_queue_wait: float = 30.0        # seconds a request may wait for its first batch; 429
-    max_batch_time: float = 0.5         # seconds a batch may run (at its model's measured speed)
+    max_batch_time: float = 1.0         # seconds a batch may run (at its model's measured speed)
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -1173,7 +1173,7 @@ def serve_args(p):
                    metavar="SECONDS",
                    help="a batch also holds no more tokens than its model runs in this time "
                         "(at the rate of its recent batches): a request arriving while a "
-                        "batch runs waits at most about this long for it (default 0.5)")
+                        "batch runs waits at most about this long for it (default 1)")
     from .threads import MAX_THREADS
     p.add_argument("--threads", type=checked(int, at_least(1, MAX_THREADS), "--threads"),
                    default=d.threads, metavar="N",

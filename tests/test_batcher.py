@@ -318,7 +318,7 @@ def test_batches_stop_at_what_runs_in_max_seconds():
         return list(items)
 
     async def go():
-        assert b.budget("qa") == 1000                     # speed unknown: the whole budget
+        assert b.budget("qa") == 1000                     # speed unknown: a first batch
         await b.submit(("qa", "qa"), [100], [100], timed)  # measured: 1000 tokens/s
         assert 90 <= b.budget("qa") <= 100 and b.budget("emb") == 1000
         long = asyncio.create_task(b.submit(("qa", "qa"), [50] * 16, [50] * 16, timed))
@@ -333,6 +333,14 @@ def test_batches_stop_at_what_runs_in_max_seconds():
     assert short == [1] and long == [50] * 16
     assert max(sizes[1:]) <= 100, sizes                    # 800 tokens in batches of 100
     assert waited < 0.3, waited        # one 0.1 s batch; with the whole budget, 0.8 s
+
+
+def test_a_models_first_batch_is_small_until_its_speed_is_known():
+    from nanobert.batcher import FIRST_BATCH_TOKENS
+    sliced, whole = Batcher(max_tokens=16384, max_seconds=0.5), Batcher(max_tokens=16384)
+    assert sliced.budget("m") == FIRST_BATCH_TOKENS < 16384 and whole.budget("m") == 16384
+    sliced.stop(5)
+    whole.stop(5)
 
 
 def test_without_max_seconds_batches_fill_the_token_budget():
