@@ -189,6 +189,25 @@ def _error(message) -> None:
 def main(argv=None) -> int:
     """Run one command. Everything heavy (torch, the commands' modules) is imported in
     here: a Ctrl-C at any moment is one line, never a traceback."""
+    code = _command(argv)
+    _leave_processes(code)
+    return code
+
+
+def _leave_processes(code: int):
+    """A torchrun worker (pretrain, distill) takes its process group down with the other
+    ranks (nanobert.pretrain.leave_processes), then exits at once with `code`: what is
+    left to do is the interpreter's teardown, where gloo's threads could still abort
+    the process after its work was done and written."""
+    pretrain = sys.modules.get("nanobert.pretrain")
+    if pretrain is not None and pretrain.leave_processes(ok=code == 0):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _command(argv) -> int:
+    """main() without the torchrun teardown."""
     args = previous = None
     try:
         with _while_loading():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -55,6 +56,24 @@ def dist_info() -> tuple:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def leave_processes(ok: bool) -> bool:
+    """Under torchrun, after the command: take the process group down while every rank
+    is alive, and say whether there was one. After a command that ended well the ranks
+    meet first, and the trainer's objects (DDP's reducer holds the group) are collected
+    before the group goes: a rank that left while the other still held the group, or a
+    group destroyed by the interpreter's own teardown, ended at times in C++'s
+    'terminate called without an active exception' (SIGABRT) after the model was written."""
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    if ok:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    return True
 
 
 def _meet(world: int, work=None):
@@ -585,14 +604,7 @@ def _trainer_config(run: _Run) -> TrainConfig:
 
 def pretrain_cmd(args):
     """Pretrain a BERT from scratch with masked language modelling (and NSP/SOP)."""
-    cfg = PretrainConfig.from_args(args)
-    try:
-        run_pretrain(cfg)
-    finally:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            import torch.distributed as dist
-            if dist.is_initialized():
-                dist.destroy_process_group()
+    run_pretrain(PretrainConfig.from_args(args))
     return 0
 
 

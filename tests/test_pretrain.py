@@ -388,13 +388,12 @@ def test_sigterm_saves_a_checkpoint_like_ctrl_c(corpus_dir, tmp_path):
             "--no-progress", "--threads", "1"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          cwd=ROOT)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / "model.safetensors").exists() and \
-            not (out / "checkpoint").exists():
-        time.sleep(0.2)
-        if (out / "vocab.txt").exists():
-            time.sleep(2)       # training has started: a few steps
-            break
+    deadline, log = time.time() + 120, out / "metrics.jsonl"
+    # training has taken steps once the first "train" record (step 10) is written; a
+    # fixed sleep after the vocabulary appeared was too short on a loaded machine, where
+    # the signal then came before the first step (and a run with no step leaves nothing)
+    while time.time() < deadline and not (log.exists() and log.stat().st_size):
+        time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, err

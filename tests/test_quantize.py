@@ -11,7 +11,8 @@ import torch.nn as nn
 
 import nanobert
 from nanobert import NanobertError
-from nanobert.quantize import OUTLIER_RATIO, Int8Linear, outlier_channels, quantize
+from nanobert.quantize import (OUTLIER_RATIO, Int8Linear, outlier_channels, quantize,
+                               weight_levels)
 
 SENTENCES = ["cool ?", "oh come on .", "a gripping , funny and moving film about growing up .",
              "the plot is thin and the jokes fall flat , but the cast is great fun to watch ."]
@@ -23,19 +24,37 @@ def test_int8_linear_close_and_outliers_help(one_thread):
     x = torch.randn(40, 64)
     x[:4, 7] = 60.0  # a massive channel on a few tokens, as BERT has on [CLS]/[SEP]
     want = lin(x).detach()
-    plain = Int8Linear(lin, torch.zeros(0, dtype=torch.long), reduce_range=False)(x)
-    kept = Int8Linear(lin, torch.tensor([7]), reduce_range=False)(x)
+    plain = Int8Linear(lin, torch.zeros(0, dtype=torch.long), levels=weight_levels())(x)
+    kept = Int8Linear(lin, torch.tensor([7]), levels=weight_levels())(x)
     err_plain, err_kept = ((y - want).abs().max().item() for y in (plain, kept))
     assert err_kept < 0.05 * want.abs().max().item()
     assert err_kept < err_plain / 3
-    assert kept.shape == want.shape and Int8Linear(lin, torch.tensor([7]), False)(
+    assert kept.shape == want.shape and Int8Linear(lin, torch.tensor([7]), weight_levels())(
         x.view(4, 10, 64)).shape == (4, 10, 48)
+
+
+def test_int8_products_of_extreme_values_do_not_saturate(one_thread):
+    """Without VNNI fbgemm sums pairs of 8-bit products in 16 bits (vpmaddubsw): with
+    weights of |q| up to 127 and activations using all 8 bits, a row of extreme values came
+    out 30% wrong on an AVX2 CPU. The weights' levels are chosen for the CPU, so the int8
+    product equals the exact one of the same quantized values on any CPU."""
+    torch.manual_seed(0)
+    lin = nn.Linear(384, 64, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(64, 384).sign())   # every weight at +-levels
+    x = torch.rand(32, 384) * 10 - 1                    # activations up to 255 after quantizing
+    y = Int8Linear(lin, torch.zeros(0, dtype=torch.long), weight_levels())(x)
+    s = (x.max() - x.min()) / 255                       # the kernel's own activation rounding
+    zero = torch.round(-x.min() / s)
+    xq = (torch.clamp(torch.round(x / s) + zero, 0, 255) - zero) * s
+    exact = xq @ lin.weight.t()        # the weights are exact at any level count (+-1)
+    assert (y - exact).abs().max() < 1e-4 * exact.abs().max()
 
 
 def test_outliers_zeroed_in_place_leave_the_input_as_it_was(one_thread):
     torch.manual_seed(0)
     lin = nn.Linear(64, 48)
-    q = Int8Linear(lin, torch.tensor([3, 7]), reduce_range=False)
+    q = Int8Linear(lin, torch.tensor([3, 7]), levels=weight_levels())
     x = torch.randn(2, 20, 64)
     x[:, 0, 7] = 60.0
     with torch.no_grad():                       # in place, then put back
