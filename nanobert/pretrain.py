@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -65,7 +66,6 @@ def leave_processes(ok: bool) -> bool:
     before the group goes: a rank that left while the other still held the group, or a
     group destroyed by the interpreter's own teardown, ended at times in C++'s
     'terminate called without an active exception' (SIGABRT) after the model was written."""
-    import sys
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return False

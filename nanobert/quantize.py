@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -87,11 +88,14 @@ def weight_levels() -> int:
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b: W int8 per output row (|q| <= `levels`), x quantized to 8 bits per
-    call, except the input channels `outliers`, which are multiplied in fp32."""
+    """y = x W^T + b: W int8 per output row (|q| <= `levels`, by default what this CPU's
+    kernel sums without saturating: weight_levels()), x quantized to 8 bits per call,
+    except the input channels `outliers`, which are multiplied in fp32."""
 
-    def __init__(self, linear: nn.Linear, outliers: torch.Tensor, levels: int = 127):
+    def __init__(self, linear: nn.Linear, outliers: torch.Tensor,
+                 levels: Optional[int] = None):
         super().__init__()
+        levels = weight_levels() if levels is None else levels
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach().float().clone()                       # (out, in)
         self.register_buffer("outliers", outliers)                       # (k,)

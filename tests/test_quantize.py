@@ -24,12 +24,12 @@ def test_int8_linear_close_and_outliers_help(one_thread):
     x = torch.randn(40, 64)
     x[:4, 7] = 60.0  # a massive channel on a few tokens, as BERT has on [CLS]/[SEP]
     want = lin(x).detach()
-    plain = Int8Linear(lin, torch.zeros(0, dtype=torch.long), levels=weight_levels())(x)
-    kept = Int8Linear(lin, torch.tensor([7]), levels=weight_levels())(x)
+    plain = Int8Linear(lin, torch.zeros(0, dtype=torch.long))(x)   # levels: this CPU's
+    kept = Int8Linear(lin, torch.tensor([7]))(x)
     err_plain, err_kept = ((y - want).abs().max().item() for y in (plain, kept))
     assert err_kept < 0.05 * want.abs().max().item()
     assert err_kept < err_plain / 3
-    assert kept.shape == want.shape and Int8Linear(lin, torch.tensor([7]), weight_levels())(
+    assert kept.shape == want.shape and Int8Linear(lin, torch.tensor([7]))(
         x.view(4, 10, 64)).shape == (4, 10, 48)
 
 
@@ -43,7 +43,9 @@ def test_int8_products_of_extreme_values_do_not_saturate(one_thread):
     with torch.no_grad():
         lin.weight.copy_(torch.randn(64, 384).sign())   # every weight at +-levels
     x = torch.rand(32, 384) * 10 - 1                    # activations up to 255 after quantizing
-    y = Int8Linear(lin, torch.zeros(0, dtype=torch.long), weight_levels())(x)
+    q = Int8Linear(lin, torch.zeros(0, dtype=torch.long))
+    assert q.levels == weight_levels()
+    y = q(x)
     s = (x.max() - x.min()) / 255                       # the kernel's own activation rounding
     zero = torch.round(-x.min() / s)
     xq = (torch.clamp(torch.round(x / s) + zero, 0, 255) - zero) * s
@@ -54,7 +56,7 @@ def test_int8_products_of_extreme_values_do_not_saturate(one_thread):
 def test_outliers_zeroed_in_place_leave_the_input_as_it_was(one_thread):
     torch.manual_seed(0)
     lin = nn.Linear(64, 48)
-    q = Int8Linear(lin, torch.tensor([3, 7]), levels=weight_levels())
+    q = Int8Linear(lin, torch.tensor([3, 7]))
     x = torch.randn(2, 20, 64)
     x[:, 0, 7] = 60.0
     with torch.no_grad():                       # in place, then put back
