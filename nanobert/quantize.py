@@ -44,6 +44,7 @@ not saved; keep the fp32 checkpoint and quantize when loading:
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -72,6 +73,7 @@ CALIBRATION = [
 ]
 
 
+@functools.lru_cache(maxsize=1)
 def _has_vnni() -> bool:
     """Does the CPU have 8-bit dot products with 32-bit sums (AVX512-VNNI / AVX-VNNI)?"""
     try:
