@@ -98,6 +98,9 @@ class Int8Linear(nn.Module):
                  levels: Optional[int] = None):
         super().__init__()
         levels = weight_levels() if levels is None else levels
+        if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 127:
+            raise ValueError(f"Int8Linear(levels=): expected a whole number from 1 to 127 "
+                             f"(the largest |int8 weight|), got {levels!r}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach().float().clone()                       # (out, in)
         self.register_buffer("outliers", outliers)                       # (k,)

@@ -53,6 +53,13 @@ def test_int8_products_of_extreme_values_do_not_saturate(one_thread):
     assert (y - exact).abs().max() < 1e-4 * exact.abs().max()
 
 
+def test_int8_linear_refuses_weight_levels_outside_int8():
+    lin = nn.Linear(8, 4)
+    for bad in (0, 128, -5, 2.5, True, "63"):
+        with pytest.raises(ValueError, match="levels"):
+            Int8Linear(lin, torch.zeros(0, dtype=torch.long), bad)
+
+
 def test_outliers_zeroed_in_place_leave_the_input_as_it_was(one_thread):
     torch.manual_seed(0)
     lin = nn.Linear(64, 48)
