@@ -1268,16 +1268,21 @@ class HeaderLimits:
     uvicorn only times out idle connections after an answer); headers over
     `max_header_bytes` are a 431 (httptools buffers them without limit: one connection
     sending an endless header grew the server by 70 MB in 2 s). Malformed HTTP is a JSON
-    400 like every other error (uvicorn's is plain text)."""
+    400 like every other error (uvicorn's is plain text). A request that asks to switch
+    protocols (`Upgrade: h2c`, which `curl --http2` sends, or a WebSocket handshake) is
+    answered as plain HTTP/1.1, as RFC 9110 lets a server do (UpgradeIgnored)."""
     header_timeout: float = 30.0
     max_header_bytes: int = MAX_HEADER_BYTES
     header_timer = None
     header_bytes = 0           # bytes of reads that ended inside the headers
     header_size = 0            # what the parser read of them: the URL and each header
     lingering = False          # an error was answered (raw_error): reading to drop
+    upgrade_ignored = False    # the request being parsed asked for an Upgrade we ignore
 
     def connection_made(self, transport):
         super().connection_made(transport)
+        if not isinstance(self.parser, UpgradeIgnored):
+            self.parser = UpgradeIgnored(self, self.parser)
         _start_header_timer(self, self.header_timeout)
 
     def data_received(self, data):
@@ -1320,7 +1325,35 @@ class HeaderLimits:
         _stop_header_timer(self)
         if self.header_size > self.max_header_bytes:
             raise ValueError("headers too large")   # the parser's error: answered 431
+        if (self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT"
+                and not self._should_upgrade()):
+            # an Upgrade this server does not do: the parser stops here and takes the
+            # body for the new protocol's bytes; UpgradeIgnored reads it all again
+            # without the Upgrade (no request is started for this parse)
+            self.upgrade_ignored = True
+            return
         super().on_headers_complete()
+
+    def on_message_complete(self):
+        if not self.upgrade_ignored:
+            super().on_message_complete()
+
+    def head_without_upgrade(self) -> bytes:
+        """The request line and headers just parsed, less what asks for an Upgrade:
+        the Upgrade and HTTP2-Settings headers, and those tokens of Connection."""
+        p = self.parser.parser
+        version = p.get_http_version().encode("ascii")
+        lines = [p.get_method() + b" " + self.url + b" HTTP/" + version]
+        for name, value in self.headers:
+            if name in (b"upgrade", b"http2-settings"):
+                continue
+            if name == b"connection":
+                value = b", ".join(t.strip() for t in value.split(b",")
+                                   if t.strip().lower() not in (b"upgrade", b"http2-settings"))
+                if not value:
+                    continue
+            lines.append(name + b": " + value)
+        return b"\r\n".join(lines) + b"\r\n\r\n"
 
     # pipelining: uvicorn moves `self.cycle` to the request queued behind the running
     # one, and on connection_lost marked only that one disconnected; the running request
@@ -1341,6 +1374,41 @@ class HeaderLimits:
             if cycle is not None and not cycle.response_complete:
                 cycle.disconnected = True   # its send() writes nothing, receive() says so
                 cycle.message_event.set()
+
+
+class UpgradeIgnored:
+    """uvicorn's httptools parser, for a request with `Connection: upgrade` and an
+    `Upgrade` this server does not do (h2c, which `curl --http2` sends on http://; a
+    WebSocket handshake, with no WebSocket library or route): the parser stops after its
+    headers and takes what follows, the body and any pipelined requests, for the new
+    protocol; uvicorn then started the request without its body (a 400 "body is not valid
+    JSON" for a valid request), logged two warnings for every later read, and dropped
+    what the client sent after it. Here the headers are parsed again without the Upgrade
+    (RFC 9110 7.8: a server may ignore it), and the rest of the bytes after them."""
+
+    def __init__(self, protocol, parser):
+        self.protocol, self.parser = protocol, parser
+
+    def __getattr__(self, name):
+        return getattr(self.parser, name)
+
+    def feed_data(self, data: bytes):
+        import httptools
+        proto = self.protocol
+        while True:            # (a loop: a client may pipeline many such requests)
+            try:
+                return self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade as e:
+                if not proto.upgrade_ignored:      # CONNECT, or a WebSocket uvicorn takes
+                    raise
+                head = proto.head_without_upgrade()
+                proto.upgrade_ignored = False
+                self.parser = httptools.HttpRequestParser(proto)
+                try:
+                    self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+                except AttributeError:     # httptools < 0.6.3 (as uvicorn does)
+                    pass
+                data = head + data[e.args[0]:]
 
 
 def _start_header_timer(proto, timeout: float):

@@ -768,6 +768,36 @@ def test_malformed_http_and_endless_headers_are_json_errors(server):
     assert server.http.get("/health", headers=big_but_fine).status_code == 200
 
 
+def test_a_request_asking_for_an_upgrade_is_answered_as_http_1_1(server):
+    """`Connection: Upgrade` with `Upgrade: h2c` (what `curl --http2` sends on http://)
+    or a WebSocket handshake: the parser took the body and every pipelined request after
+    it for the new protocol's bytes, so a valid request was a 400 "body is not valid
+    JSON" and the requests behind it got no answer. The Upgrade is ignored (RFC 9110)."""
+    plain = server.post("/embed", {"inputs": ["hello"]}).json()["embeddings"]
+    body = json.dumps({"inputs": ["hello"]}).encode()
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+
+    def post(upgrade: bytes, close=b"") -> bytes:
+        return (b"POST /embed HTTP/1.1\r\nHost: x\r\n" + auth + upgrade + close
+                + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    h2c = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+    ws = b"Connection: upgrade\r\nUpgrade: websocket\r\n"
+    request = (post(h2c) + post(ws) + post(h2c, b"Connection: close\r\n"))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
+        s.sendall(request[:50])           # the headers over two reads, too
+        time.sleep(0.2)
+        s.sendall(request[50:])
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    heads = re.findall(rb"HTTP/1.1 (\d+)", answer)
+    assert heads == [b"200"] * 3, answer[:300]
+    for part in answer.split(b"HTTP/1.1 200 OK")[1:]:
+        got = json.loads(part.partition(b"\r\n\r\n")[2])["embeddings"]
+        assert np.allclose(got, plain, atol=1e-6)
+
+
 def test_error_messages_quote_values_cut_short(server):
     """An error quotes what was sent only in part: a name of a megabyte was echoed whole."""
     for path, body, says in [("/embed", {"inputs": "x", "model": "m" * 5000}, "'mmmm"),
