@@ -173,6 +173,67 @@ def read_config(model_dir: Path) -> dict:
     return d
 
 
+# how a sentence encoder pools its token vectors (nanobert.embed)
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
+SETTINGS_FILE = "nanobert.json"
+# what finetune saves in nanobert.json, and the values each may hold (None: not given)
+WHOLE_SETTINGS = {"max_length": 4, "doc_stride": 1, "max_answer_length": 1, "n_best": 1,
+                  "rerank_k": 1, "hard_negatives": 0, "mini_batch_size": 1}
+TEXT_SETTINGS = ("task", "split", "model", "retriever", "loss")
+COLUMN_SETTINGS = ("text_column", "pair_column", "label_column")
+
+
+def read_settings(model_dir: Path, positions=None) -> dict:
+    """The settings a fine-tuned model was trained with (nanobert.json: task, max_length,
+    ...), checked, or {} when there is none. A value of the wrong type or range (a file
+    edited by hand, or broken) is one line naming the file, not a traceback where it is
+    used; with `positions` (the model's), a max_length longer than the model can read is
+    refused too. Settings that are null count as not given."""
+    path = Path(model_dir) / SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text("utf-8"))
+    except (ValueError, OSError) as e:   # (UnicodeDecodeError is a ValueError)
+        raise NanobertError(f"{path}: not valid JSON ({str(e)[:120]})")
+    if not isinstance(settings, dict):
+        raise NanobertError(f"{path}: not a JSON object of settings")
+
+    def bad(key, expected):
+        return NanobertError(f"{path}: {key} must be {expected}, got {settings[key]!r}"[:300])
+    if not isinstance(settings.get("pairs", False), bool):
+        raise bad("pairs", "true or false")
+    settings = {k: v for k, v in settings.items() if v is not None}
+    for key, low in WHOLE_SETTINGS.items():
+        v = settings.get(key, low)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise bad(key, f"an integer >= {low}")
+    for key in TEXT_SETTINGS:
+        if not isinstance(settings.get(key, ""), str):
+            raise bad(key, "a string")
+    _check_number_settings(settings, bad)
+    columns = settings.get("columns", {})
+    if not isinstance(columns, dict) or any(
+            k not in COLUMN_SETTINGS or not isinstance(v, str) or not v
+            for k, v in columns.items()):
+        raise bad("columns", f"an object of column names ({', '.join(COLUMN_SETTINGS)})")
+    if positions is not None and settings.get("max_length", 0) > positions:
+        raise NanobertError(f"{path}: max_length {settings['max_length']} is longer than the "
+                            f"model's {positions} positions")
+    return settings
+
+
+def _check_number_settings(settings: dict, bad):
+    """pooling one the encoders know; scale a finite number > 0; holdout in [0, 1)."""
+    if settings.get("pooling", "mean") not in POOLINGS:
+        raise bad("pooling", f"one of {', '.join(POOLINGS)}")
+    for key, ok, expected in (("scale", lambda x: 0 < x < float("inf"), "a finite number > 0"),
+                              ("holdout", lambda x: 0 <= x < 1, "a number >= 0 and < 1")):
+        v = settings.get(key, 1 if key == "scale" else 0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v):
+            raise bad(key, expected)
+
+
 def read_weights(model_dir: Path) -> dict:
     """All tensors of the directory's checkpoint, by their (normalised) HF names."""
     st, index, pt, pt_index = (model_dir / n for n in (

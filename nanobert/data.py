@@ -907,6 +907,7 @@ def label_set(examples, path=None) -> list:
         if frac is not None:
             raise data_error(where, frac.line, f"label {frac.label!r} is a real number: the "
                              "labels look like scores; fine-tune them with --task regress")
+    _one_casing(examples, where)
     if len(labels) < 2:
         shown = f"only {next(iter(labels))!r}" if labels else "none"
         raise data_error(where, None, f"a classifier needs at least two labels in the training "
@@ -948,6 +949,19 @@ def _one_spelling(examples, values: dict, where):
         if other != e.label:
             raise data_error(where, e.line, f"labels {other!r} and {e.label!r} are the same "
                              "number written two ways; write each class one way")
+
+
+def _one_casing(examples, where):
+    """Two labels that differ only in capitals ('Positive' and 'positive': two annotators,
+    a hand-edited row) are refused: each would silently be a class of its own."""
+    seen = {}
+    for e in examples:
+        if e.label is None:
+            continue
+        other = seen.setdefault(e.label.casefold(), e.label)
+        if other != e.label:
+            raise data_error(where, e.line, f"labels {other!r} and {e.label!r} differ only in "
+                             "capitals: one class or two? write each class one way")
 
 
 def _is_non_finite(s: str) -> bool:

@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from .batching import forward_tokens, restore_order, sorted_batches
+from .checkpoint import POOLINGS
 from .config import at_least, checked, max_length_range
 from .files import NanobertError, atomic_path, check_output_file
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
 from .tokenizer import check_texts
 
-POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 RERANK_K = 100   # search with a reranker: the nearest entries the cross-encoder re-scores
 
 

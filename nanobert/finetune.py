@@ -47,7 +47,7 @@ from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, positive
-from .checkpoint import OtherLabels, init_new_weights
+from .checkpoint import OtherLabels, init_new_weights, read_settings
 from .files import NanobertError, check_output_dir, note
 from .qa import attached_end  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
@@ -662,6 +662,15 @@ TASKS = {t.name: t for t in [
 ]}
 
 
+# flags that only some tasks read (the others would drop them without a word)
+TASK_FLAGS = {"doc_stride": ("qa",), "max_answer_length": ("qa",), "n_best": ("qa",),
+              "loss": ("embed",), "scale": ("embed",), "mini_batch_size": ("embed",),
+              "hard_negatives": ("embed", "rerank"), "holdout": ("embed", "rerank"),
+              "split": ("embed", "rerank"), "retriever": ("rerank",), "rerank_k": ("rerank",)}
+# of these, the ones read only when the training data is a BEIR folder
+BEIR_FLAGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k")
+
+
 def get_task(name: str) -> Task:
     if name not in TASKS:
         raise NanobertError(f"unknown task {name!r} (choose {', '.join(TASKS)})")
@@ -836,6 +845,18 @@ class FinetuneConfig(Config):
         for name in ("teacher_weight", "temperature"):   # would change nothing: refused
             if not self.teachers and getattr(self, name) != defaults[name]:
                 raise NanobertError(f"--{name.replace('_', '-')}: only with --teacher")
+        self._check_task_flags()
+
+    def _check_task_flags(self):
+        """A flag of other tasks (--doc-stride on a classifier, --loss on a reranker)
+        changes nothing in this run: refused, not silently dropped."""
+        retrieval = {f.name: f.default for f in dataclasses.fields(self.retrieval)}
+        own = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, tasks in TASK_FLAGS.items():
+            where, defaults = (self.retrieval, retrieval) if name in retrieval else (self, own)
+            if self.task not in tasks and getattr(where, name) != defaults[name]:
+                raise NanobertError(f"--{name.replace('_', '-')}: only for --task "
+                                    f"{' and '.join(tasks)}; a {self.task} run does not use it")
 
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""
@@ -870,6 +891,7 @@ def finetune(config, *args, **fields) -> dict:
     from .config import as_flags
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
+    _check_beir_flags(cfg)
     cfg = cfg.replace(retrieval=cfg.retrieval.replace(pooling=sentence_pooling(task, cfg)))
     models = [cfg.model] + cfg.teachers
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
@@ -878,6 +900,16 @@ def finetune(config, *args, **fields) -> dict:
     with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite,
                     reads=models + [cfg.train, cfg.dev]):
         return _finetune(cfg, task)
+
+
+def _check_beir_flags(cfg: FinetuneConfig):
+    """The BEIR flags (--holdout, --split, --hard-negatives, ...) are read only when the
+    training data is a BEIR folder: with a table of rows they would change nothing."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg.retrieval)}
+    given = [n for n in BEIR_FLAGS if getattr(cfg.retrieval, n) != defaults[n]]
+    if given and cfg.task in ("embed", "rerank") and not D.is_beir_dir(cfg.train):
+        raise NanobertError(f"--{given[0].replace('_', '-')}: only for a BEIR folder "
+                            f"(corpus.jsonl, queries.jsonl, qrels/), and {cfg.train} is not one")
 
 
 def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
@@ -1075,17 +1107,7 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
     from .checkpoint import resolve
     d = resolve(model_dir)
     model, tok = nanobert.load(d, dtype=dtype)
-    settings = {}
-    if (d / "nanobert.json").is_file():
-        try:
-            settings = json.loads((d / "nanobert.json").read_text("utf-8"))
-        except ValueError as e:
-            raise NanobertError(f"{d / 'nanobert.json'}: not valid JSON ({e})")
-        if not isinstance(settings, dict):
-            raise NanobertError(f"{d / 'nanobert.json'}: not a JSON object of settings")
-        if not isinstance(settings.get("pairs", False), bool):
-            raise NanobertError(f"{d / 'nanobert.json'}: pairs must be true or false, got "
-                                f"{settings['pairs']!r}"[:200])
+    settings = read_settings(d, model.config.max_position_embeddings)
     by_head = {t.head: name for name, t in reversed(list(TASKS.items()))}
     task = settings.get("task") or by_head.get(model.head)
     if encoder and task is None:

@@ -123,7 +123,8 @@ class PretrainConfig(Config):
     batch_size: int = param(32, "global sequences per optimizer step", at_least(1))
     seq_len: int = param(128, "tokens per row, with [CLS] and [SEP]",
                          at_least(8, MAX_SEQ_LEN))
-    mask_prob: float = param(0.15, "fraction of tokens selected", fraction(open_lo=True))
+    mask_prob: float = param(0.15, "fraction of tokens selected",
+                             fraction(open_lo=True, open_hi=True))
     mask_split: str = param("80/10/10", "[MASK]/random/unchanged percentages")
     whole_word_mask: bool = param(False, "mask all pieces of a word together")
     objective: str = param("mlm", "pretraining objective", choices=tuple(OBJECTIVES))

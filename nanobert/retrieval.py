@@ -18,7 +18,6 @@ computes them, so published figures can be compared:
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Callable, Optional
 
@@ -222,13 +221,12 @@ class Reranker:
 
     def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None):
         import nanobert
-        from .checkpoint import resolve
+        from .checkpoint import read_settings, resolve
         self.batch_size = _whole(batch_size, "batch_size")
         _whole(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir)
         _check_pair_head(model_dir, self.model)
-        settings = resolve(model_dir) / "nanobert.json"
-        saved = json.loads(settings.read_text("utf-8")) if settings.is_file() else {}
+        saved = read_settings(resolve(model_dir), self.model.config.max_position_embeddings)
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
             raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "
                                 "cross-encoder of (query, document) pairs")

@@ -2,6 +2,8 @@
 arguments read the file and dropped the texts without a word."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from nanobert.cli import main
@@ -44,3 +46,109 @@ def test_predict_refuses_column_flags_without_an_input_file(tmp_path, capsys, fl
     assert main(["predict", "--model", str(tmp_path / "none"), "a text", flag, "body"]) == 2
     assert capsys.readouterr().err == (f"nanobert: error: {flag} names a column of an --input "
                                        "table; TEXT arguments have no columns (leave it out)\n")
+
+
+# ---- a fine-tuned model's nanobert.json with values of the wrong type or range --------
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """A tiny random two-label classifier of 32 positions (its nanobert.json is written
+    by each test), and a corpus to search."""
+    import nanobert
+    from conftest import tiny_model_dir
+    from nanobert.checkpoint import save_model
+    d = tmp_path_factory.mktemp("clf")
+    base, tok = nanobert.load(tiny_model_dir(d / "base", ["good", "bad", "film", "plot", "was",
+                                                         "the", "fine", "dull"], 40, "."))
+    config = nanobert.preset("tiny", vocab_size=base.config.vocab_size, num_hidden_layers=1,
+                             id2label={0: "bad", 1: "good"}, max_position_embeddings=32)
+    save_model(nanobert.Bert(config, "classify"), d / "clf", tokenizer=tok)
+    (d / "corpus.txt").write_text("the film was good\nthe plot was dull\n")
+    return d
+
+
+@pytest.mark.parametrize("settings, says", [
+    # each was a traceback (TypeError, OverflowError, ValueError) where the value was used
+    ({"task": "classify", "max_length": "x"}, "max_length must be an integer >= 4, got 'x'"),
+    ({"task": "classify", "max_length": -5}, "max_length must be an integer >= 4, got -5"),
+    ({"task": "classify", "max_length": 2.5}, "max_length must be an integer >= 4, got 2.5"),
+    # 0 and true were read as 'no limit' and 1
+    ({"task": "classify", "max_length": 0}, "max_length must be an integer >= 4, got 0"),
+    ({"task": "classify", "max_length": True}, "max_length must be an integer >= 4, got True"),
+    # longer than the model's positions: a traceback on the first long text
+    ({"task": "classify", "max_length": 10 ** 6},
+     "max_length 1000000 is longer than the model's 32 positions"),
+    ({"task": "classify", "columns": {"foo": "x"}}, "columns must be an object of column names"),
+    ({"task": "classify", "pooling": "zzz"}, "pooling must be one of mean, cls"),
+    ({"task": 5}, "task must be a string, got 5"),
+])
+def test_bad_settings_of_a_model_are_one_line(classifier, capsys, settings, says):
+    model = classifier / "clf"
+    (model / "nanobert.json").write_text(json.dumps(settings))
+    assert main(["predict", "--model", str(model), "a good film"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nanobert: error: {model / 'nanobert.json'}: {says}") and \
+        err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("content, says", [(b"{", "not valid JSON"), (b"\xff\xfe{", "not valid JSON"),
+                                           (b"[1]", "not a JSON object of settings")])
+def test_a_reranker_with_broken_settings_is_one_line(classifier, capsys, content, says):
+    """search --rerank read nanobert.json unchecked: JSONDecodeError, UnicodeDecodeError,
+    AttributeError tracebacks."""
+    model = classifier / "clf"
+    (model / "nanobert.json").write_bytes(content)
+    assert main(["search", "--model", str(classifier / "base"), "--corpus",
+                 str(classifier / "corpus.txt"), "--query", "good", "--rerank", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nanobert: error: {model / 'nanobert.json'}: {says}") and \
+        err.count("\n") == 1, err
+
+
+def test_null_settings_count_as_not_given(classifier, capsys):
+    model = classifier / "clf"
+    (model / "nanobert.json").write_text(json.dumps({"task": "classify", "max_length": None,
+                                                     "split": None, "pairs": False}))
+    assert main(["predict", "--model", str(model), "a good film"]) == 0
+
+
+# ---- finetune flags of other tasks: read by none of this run's code ----------------------
+
+@pytest.mark.parametrize("task, flag, value, only", [
+    ("classify", "--doc-stride", "4", "--task qa"),
+    ("ner", "--n-best", "3", "--task qa"),
+    ("classify", "--loss", "mnrl", "--task embed"),
+    ("regress", "--scale", "5", "--task embed"),
+    ("rerank", "--mini-batch-size", "2", "--task embed"),
+    ("qa", "--split", "test", "--task embed and rerank"),
+    ("embed", "--retriever", "x", "--task rerank"),
+    ("classify", "--rerank-k", "5", "--task rerank"),
+])
+def test_finetune_refuses_a_flag_of_another_task(tmp_path, capsys, task, flag, value, only):
+    """Each was dropped without a word (the run trained as if it were not given)."""
+    err = finetune_error(tmp_path, capsys, task, "sentence\tlabel\ngood\t1\nbad\t0\n",
+                         flag, value)
+    assert err == f"nanobert: error: {flag}: only for {only}; a {task} run does not use it\n"
+
+
+def finetune_error(tmp_path, capsys, task, table, flag, value) -> str:
+    """What `finetune --task TASK FLAG VALUE` on a training file `table` says: it must
+    refuse (status 2) before making its output directory."""
+    train = tmp_path / "train.tsv"
+    train.write_text(table)
+    out = tmp_path / "out"
+    assert main(["finetune", "--task", task, "--model", str(tmp_path / "none"), "--train",
+                 str(train), "--dev", str(train), "--out", str(out), flag, value]) == 2
+    assert not out.exists()
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task, flag, value", [("embed", "--holdout", "0.3"),
+                                               ("embed", "--hard-negatives", "2"),
+                                               ("rerank", "--rerank-k", "5")])
+def test_finetune_refuses_beir_flags_on_a_table(tmp_path, capsys, task, flag, value):
+    """--holdout on scored pairs held nothing out (every row trained on, every row scored)."""
+    err = finetune_error(tmp_path, capsys, task,
+                         "sentence1\tsentence2\tscore\na b\tc d\t0.5\ne f\tg h\t1\n", flag, value)
+    assert err == (f"nanobert: error: {flag}: only for a BEIR folder (corpus.jsonl, "
+                   f"queries.jsonl, qrels/), and {tmp_path / 'train.tsv'} is not one\n")

@@ -61,7 +61,10 @@ def test_task_choices_come_from_the_task_table():
     (["pretrain", "--corpus", "c", "--out", "o", "--steps", "-1"],
      "--steps: got -1, expected an integer >= 1"),
     (["pretrain", "--corpus", "c", "--out", "o", "--mask-prob", "1.5"],
-     "--mask-prob: got 1.5, expected a finite number > 0 and <= 1"),
+     "--mask-prob: got 1.5, expected a finite number > 0 and < 1"),
+    # 1 passed the flag, then the masker refused it with a ValueError traceback
+    (["pretrain", "--corpus", "c", "--out", "o", "--mask-prob", "1"],
+     "--mask-prob: got 1.0, expected a finite number > 0 and < 1"),
     (["pretrain", "--corpus", "c", "--out", "o", "--mask-split", "90/20/0"],
      "--mask-split: got '90/20/0', expected three percentages"),
     (["fill-mask", "--model", "m", "-k", "-3", "a [MASK]"],

@@ -223,3 +223,15 @@ def test_a_pretraining_corpus_of_blank_lines_is_not_called_empty(tmp_path):
     empty = write(tmp_path, "empty.txt", "")
     assert error_of(lambda: list(iter_documents([empty]))) == (
         f"{empty}: empty file (no text to pretrain on)")
+
+
+# ---- labels that differ only in capitals ------------------------------------------------
+
+def test_labels_differing_only_in_capitals_are_refused(tmp_path):
+    # 'Positive' and 'positive' silently became two classes (a classifier of three)
+    p = write(tmp_path, "d.tsv", "sentence\tlabel\na\tpositive\nb\tnegative\nc\tPositive\n")
+    assert error_of(D.label_set, D.read_classification(p), p) == (
+        f"{p}:4: labels 'positive' and 'Positive' differ only in capitals: one class or two? "
+        "write each class one way")
+    one_way = write(tmp_path, "e.tsv", "sentence\tlabel\na\tPOS\nb\tneg\nc\tPOS\n")
+    assert D.label_set(D.read_classification(one_way), one_way) == ["POS", "neg"]
