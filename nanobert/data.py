@@ -156,14 +156,31 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
     else:
         known = next((c for c in PAIR_COLUMNS if column_named(names, c) == text), text)
         pair = column_named(names, PAIR_COLUMNS.get(known))
+    if not text_column:
+        _one_candidate(names, TEXT_COLUMNS, (text, pair), "text", path, line)
     if label_column:
         label = need(label_column, "label")
     else:
         label = first_column(names, LABEL_COLUMNS)
+        if require_label:   # (an input file's labels are not read)
+            _one_candidate(names, LABEL_COLUMNS, (label,), "label", path, line)
     if label is None and require_label:
         raise data_error(path, line, f"no label column (expected 'label'; columns: {shown}); "
                          "name it with --label-column")
     return Columns(text, pair, label)
+
+
+def _one_candidate(names, candidates, chosen, what: str, path, line):
+    """Refuse a header with two columns that could each be the one chosen (`text` and
+    `sentence`; `label` and `class`): which one was meant would be a guess. `chosen`: the
+    columns taken (a text column and its pair column are both taken)."""
+    known = {c.casefold() for c in candidates}
+    others = [n for n in names if isinstance(n, str) and n.casefold() in known
+              and n not in chosen]
+    if others:
+        flag = "--text-column" if what == "text" else "--label-column"
+        raise data_error(path, line, f"two {what} columns, {chosen[0]!r} and {others[0]!r}: "
+                         f"which one holds the {what}s would be a guess; pick one with {flag}")
 
 
 def _text_column(names) -> Optional[str]:
@@ -688,6 +705,17 @@ JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a 
               list: "a list", dict: "an object"}
 
 
+def _note_empty_texts(examples: list, path) -> None:
+    """Labelled examples with an empty text (a cell lost in an export or a join; QQP's
+    train file has a few) are kept, as other tools keep them, with one note saying how
+    many and where the first is: the model learns, or is scored on, a label for no input."""
+    empty = [e for e in examples
+             if not e.text_a.strip() or (e.text_b is not None and not e.text_b.strip())]
+    if empty:
+        note(f"{path}:{empty[0].line}: {len(empty)} labelled example(s) with an empty text "
+             "(kept; fill the cells or remove the rows if they were lost on the way)")
+
+
 def _not_a_frame(objs: list, path):
     """A file of one JSON object whose every value is an object or a list is a whole table
     in one object (pandas' to_json orient='columns', 'index' or 'split'), not a record:
@@ -780,7 +808,8 @@ def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
     out = []
     for n, row in rows:
         label = _label_str(row[il], path, n, cols["require_label"]) if il is not None else None
-        out.append(Example(row[ia], row[ib] if ib is not None else None, label, n))
+        b = row[ib] if ib is not None else None
+        out.append(Example(row[ia], b, label, n))
     return out
 
 
@@ -802,6 +831,8 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
                          "with a header, or JSON Lines)")
     if not out:
         raise data_error(path, None, "no examples (only a header?)")
+    if require_label:
+        _note_empty_texts(out, path)
     return out
 
 
@@ -1165,10 +1196,20 @@ def _jsonl_question(obj: dict, path, n, require_answers) -> QAExample:
                          "'context' (JSON Lines of questions), or SQuAD JSON (an object with "
                          "a 'data' list)")
     qid = str(obj.get("id", n))
+    _no_empty_question(obj["question"], obj["context"], f"{path}:{n}: question {qid!r}")
     answers = _answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}")
     if require_answers and not answers:
         raise data_error(path, n, f"question {qid!r} has no answers")
     return QAExample(qid, obj["question"], obj["context"], answers)
+
+
+def _no_empty_question(question: str, context: str, where: str):
+    """An empty question (or context) is a field lost on the way: the model would pick
+    a span of the context with nothing asked (or answer from nothing), and training
+    would teach it to."""
+    for what, text in ((" is empty", question), (": its context is empty", context)):
+        if not text.strip():
+            raise NanobertError(f"{where}{what} (fill it in or remove the question)")
 
 
 def _squad_article(article, where, path, require_answers) -> list:
@@ -1188,6 +1229,7 @@ def _squad_article(article, where, path, require_answers) -> list:
             qid = qa.get("id", f"{at}.qas[{q}]")
             if not isinstance(qid, (str, int)) or isinstance(qid, bool):
                 raise NanobertError(f"{path}: {at}.qas[{q}]: the question id must be a string")
+            _no_empty_question(question, context, f"{path}: question {str(qid)!r}")
             answers = _answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}")
             if require_answers and not answers:
                 v2 = (" (SQuAD v2.0 'is_impossible': nanobert reads SQuAD v1.1, where every "
@@ -1290,10 +1332,28 @@ def _score(value, path, line) -> float:
     return x
 
 
-def is_sts_original(path) -> bool:
+def is_sts_original(path, given=()) -> bool:
     """The STS Benchmark release layout: no header, >= 7 tab-separated fields, a number
-    in the fifth."""
-    fields = _first_content(Path(path))[1].split("\t")
+    in the fifth. A first line off that layout (a score that is no number, a field
+    left out) is still a row of it, to be refused with its line and fault, not a header
+    whose columns are then missing: where it names no column (a reader's, or one
+    `given` by name) and the file is named as the release's are (sts-*.csv) or its next
+    lines have the layout."""
+    path = Path(path)
+    first = _first_content(path)[1]
+    if _is_sts_row(first):
+        return True
+    fields = first.split("\t")
+    if len(fields) < 2 or _is_header(fields, given):
+        return False
+    if re.fullmatch(r"sts-.*\.csv", path.name, re.IGNORECASE):
+        return True
+    after = (t for _, t in itertools.islice(read_lines(path), 1, 50) if t.strip())
+    return any(_is_sts_row(t) for t in itertools.islice(after, 5))
+
+
+def _is_sts_row(text: str) -> bool:
+    fields = text.split("\t")
     if len(fields) < STS_FIELDS:
         return False
     try:
@@ -1308,13 +1368,24 @@ def _read_sts_original(path: Path, require_score: bool) -> list:
     for n, text in read_lines(path):
         if not text.strip():
             continue
-        fields = text.split("\t")  # quoting off: quotes are part of the sentences
-        if len(fields) < STS_FIELDS:
-            raise data_error(path, n, f"expected at least {STS_FIELDS} tab-separated fields "
-                             f"(genre file year id score sentence1 sentence2), found {len(fields)}")
-        score = _score(fields[4], path, n) if require_score or fields[4].strip() else None
-        out.append(TextRow((fields[5], fields[6]), score, n, path))
+        try:
+            out.append(_sts_row(text, path, n, require_score))
+        except NanobertError as e:
+            if out:
+                raise
+            raise NanobertError(f"{e} (read as a row of the STS Benchmark layout, which has "
+                                "no header; a header names its columns: sentence1, sentence2, "
+                                "score)") from None
     return out
+
+
+def _sts_row(text: str, path, n, require_score: bool) -> TextRow:
+    fields = text.split("\t")  # quoting off: quotes are part of the sentences
+    if len(fields) < STS_FIELDS:
+        raise data_error(path, n, f"expected at least {STS_FIELDS} tab-separated fields "
+                         f"(genre file year id score sentence1 sentence2), found {len(fields)}")
+    score = _score(fields[4], path, n) if require_score or fields[4].strip() else None
+    return TextRow((fields[5], fields[6]), score, n, path)
 
 
 def read_records(path, given=()) -> tuple:
@@ -1353,7 +1424,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     (query, positive) pairs), STS/NLI pair columns without a score are refused too
     (`_scored_pairs`)."""
     path, columns = Path(path), columns or {}
-    if is_sts_original(path):
+    if is_sts_original(path, tuple(columns.values())):
         return _read_sts_original(path, require_score is not False)
     names, records = read_records(path, tuple(columns.values()))
     shown = ", ".join(map(repr, names)) or "none"

@@ -669,6 +669,23 @@ TASK_FLAGS = {"doc_stride": ("qa",), "max_answer_length": ("qa",), "n_best": ("q
               "split": ("embed", "rerank"), "retriever": ("rerank",), "rerank_k": ("rerank",)}
 # of these, the ones read only when the training data is a BEIR folder
 BEIR_FLAGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k")
+# the tasks whose training/evaluation readers take --text-column, --text-pair-column and
+# --label-column; NER and QA files have fixed fields (CoNLL columns, tokens/ner_tags;
+# SQuAD's question/context/answers), so the flags would change nothing there
+COLUMN_TASKS = ("classify", "regress", "embed", "rerank")
+
+
+def check_column_flags(task: str, columns: dict, doing: str = "run") -> None:
+    """Refuse --text-column & co. (`columns`: ColumnsConfig.given()) for a task whose
+    files have fixed fields: they were dropped without a word."""
+    if columns and task not in COLUMN_TASKS:
+        flag = next(flag for path, _, flag in ColumnsConfig.flags() if path[-1] in columns)
+        fields = ("CoNLL columns or JSON Lines tokens/ner_tags" if task == "ner" else
+                  "SQuAD JSON, or question/context fields")
+        tasks = f"{', '.join(COLUMN_TASKS[:-1])} and {COLUMN_TASKS[-1]}"
+        tasks = f"--task {tasks}" if doing == "run" else f"{tasks} models"
+        raise NanobertError(f"{flag}: only for {tasks}; a {task} {doing} reads fixed fields "
+                            f"({fields}) and does not use it")
 
 
 def get_task(name: str) -> Task:
@@ -857,6 +874,7 @@ class FinetuneConfig(Config):
             if self.task not in tasks and getattr(where, name) != defaults[name]:
                 raise NanobertError(f"--{name.replace('_', '-')}: only for --task "
                                     f"{' and '.join(tasks)}; a {self.task} run does not use it")
+        check_column_flags(self.task, self.columns.given())
 
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""
@@ -1149,6 +1167,15 @@ def check_trained_head(d, model, task: Task):
     if task.name in ("classify", "ner") and not getattr(model.config, "id2label", None):
         raise NanobertError(f"{d}: config.json has no id2label: the {task.name} head's labels "
                             "are unknown")
+    if task.name in ("classify", "ner"):
+        ids = sorted(model.config.id2label)
+        names = [model.config.id2label[i] for i in ids]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:   # two classes would print (and be scored as) one name
+            same = [str(i) for i, n in zip(ids, names) if n == twice]
+            raise NanobertError(f"{Path(d) / 'config.json'}: id2label names {twice!r} for "
+                                f"ids {' and '.join(same)}: each of the {task.name} head's "
+                                "labels needs its own name")
 
 
 def not_finetuned(d, model) -> str:
@@ -1282,6 +1309,7 @@ def evaluate_cmd(args):
     model, tok, settings = load_finetuned(args.model, args.dtype, encoder=True)
     settings.update(B.evaluate_overrides(args))
     task = TASKS[settings["task"]]
+    check_column_flags(task.name, ColumnsConfig.from_args(args).given(), "evaluation")
     examples = _evaluation_data(task, args, model, settings)
     result = evaluate_task(task.name, model, tok, examples, settings, args.batch_size,
                            progress=not args.json)
@@ -1349,6 +1377,10 @@ def _predict_inputs(task: Task, args, settings) -> list:
     """The inputs of --input or the command line, of the kind (single texts or pairs)
     the model was trained on."""
     if args.input:
+        given = ColumnsConfig.from_args(args).given()
+        if task.name == "qa" or (task.name == "ner" and D.looks_like_conll(args.input)):
+            # (a ner model's --input of plain texts may be a table: its text column counts)
+            check_column_flags(task.name, given, "prediction")
         examples = read_for(task, args.model, lambda: task.inputs(args.input,
                                                                    _columns(args, settings)),
                             args.input)

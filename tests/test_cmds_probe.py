@@ -152,3 +152,82 @@ def test_finetune_refuses_beir_flags_on_a_table(tmp_path, capsys, task, flag, va
                          "sentence1\tsentence2\tscore\na b\tc d\t0.5\ne f\tg h\t1\n", flag, value)
     assert err == (f"nanobert: error: {flag}: only for a BEIR folder (corpus.jsonl, "
                    f"queries.jsonl, qrels/), and {tmp_path / 'train.tsv'} is not one\n")
+
+
+# ---- column flags of tasks whose files have fixed fields --------------------------------
+
+@pytest.mark.parametrize("task", ["ner", "qa"])
+@pytest.mark.parametrize("flag", ["--text-column", "--text-pair-column", "--label-column"])
+def test_finetune_refuses_column_flags_of_a_fixed_field_task(tmp_path, capsys, task, flag):
+    """CoNLL/SQuAD readers take no column names: the flag was saved in nanobert.json and
+    dropped at training time."""
+    err = finetune_error(tmp_path, capsys, task, "John B-PER\nlives O\n", flag, "body")
+    assert err.startswith(f"nanobert: error: {flag}: only for --task classify, regress, embed "
+                          f"and rerank; a {task} run reads fixed fields (") and \
+        err.endswith(") and does not use it\n") and err.count("\n") == 1, err
+
+
+@pytest.fixture(scope="module")
+def span_models(classifier):
+    """A tiny random tagger and QA model beside the classifier (same vocabulary)."""
+    import nanobert
+    from nanobert.checkpoint import save_model
+    base, tok = nanobert.load(classifier / "base")
+    out = {}
+    for head, task, labels in (("token", "ner", {0: "O", 1: "B-PER", 2: "I-PER"}),
+                               ("qa", "qa", None)):
+        config = nanobert.preset("tiny", vocab_size=base.config.vocab_size, num_hidden_layers=1,
+                                 id2label=labels, max_position_embeddings=32)
+        d = classifier / task
+        save_model(nanobert.Bert(config, head), d, tokenizer=tok)
+        (d / "nanobert.json").write_text(json.dumps({"task": task, "max_length": 32,
+                                                     "doc_stride": 8}))
+        out[task] = d
+    (classifier / "ner.txt").write_text("the B-PER\nfilm O\n")
+    (classifier / "qa.jsonl").write_text('{"question": "the film", "context": "the plot was '
+                                         'good", "answers": [{"text": "good", '
+                                         '"answer_start": 13}]}\n')
+    return out
+
+
+@pytest.mark.parametrize("task, command", [("ner", "evaluate"), ("qa", "evaluate"),
+                                           ("qa", "predict"), ("ner", "predict")])
+def test_evaluate_and_predict_refuse_column_flags_of_fixed_fields(classifier, span_models,
+                                                                   capsys, task, command):
+    data = classifier / ("ner.txt" if task == "ner" else "qa.jsonl")
+    where = ["--data", str(data)] if command == "evaluate" else ["--input", str(data)]
+    assert main([command, "--model", str(span_models[task]), *where,
+                 "--text-column", "text"]) == 2
+    doing = "evaluation" if command == "evaluate" else "prediction"
+    err = capsys.readouterr().err
+    assert err.startswith("nanobert: error: --text-column: only for classify, regress, embed "
+                          f"and rerank models; a {task} {doing} reads fixed fields (") and \
+        err.count("\n") == 1, err
+
+
+def test_a_tagger_still_reads_the_text_column_of_an_input_table(classifier, span_models,
+                                                                 capsys):
+    table = classifier / "in.tsv"
+    table.write_text("id\tbody\n1\tthe film was good\n")
+    assert main(["predict", "--model", str(span_models["ner"]), "--input", str(table),
+                 "--text-column", "body"]) == 0
+    assert capsys.readouterr().out.startswith("the film was good")
+
+
+# ---- a model whose id2label gives two ids one name ----------------------------------------
+
+def test_a_model_with_one_label_name_twice_is_refused(classifier, tmp_path, capsys):
+    import shutil
+    model = tmp_path / "dup"
+    shutil.copytree(classifier / "clf", model)
+    (model / "nanobert.json").write_text(json.dumps({"task": "classify"}))
+    config = json.loads((model / "config.json").read_text())
+    config["id2label"], config["label2id"] = {"0": "good", "1": "good"}, {"good": 1}
+    (model / "config.json").write_text(json.dumps(config))
+    says = (f"nanobert: error: {model / 'config.json'}: id2label names 'good' for ids 0 and 1: "
+            "each of the classify head's labels needs its own name\n")
+    assert main(["predict", "--model", str(model), "a good film"]) == 2
+    assert capsys.readouterr().err == says
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\ngood film\tgood\n")
+    assert main(["evaluate", "--model", str(model), "--data", str(tmp_path / "dev.tsv")]) == 2
+    assert capsys.readouterr().err == says

@@ -267,7 +267,9 @@ def test_a_one_column_table_keeps_its_empty_texts(tmp_path, name, text):
 
 def test_empty_rows_of_wider_tables_are_still_skipped(tmp_path):
     p = write(tmp_path, "two.csv", 'text,label\n""\n,\nok,1\n\n"",0\n')
-    assert [(e.text_a, e.label) for e in read_classification(p)] == [("ok", "1"), ("", "0")]
+    # (an input file keeps a row with an empty text; a labelled one too, with a note)
+    assert [(e.text_a, e.label) for e in read_classification(p, require_label=False)] == \
+        [("ok", "1"), ("", "0")]
     q = write(tmp_path, "lead.csv", '""\ntext\nok\n')   # an empty row before the header
     assert [e.text_a for e in D.read_inputs(q)] == ["ok"]
 
@@ -290,3 +292,72 @@ def test_blank_lines_skipped_in_plain_text_are_noted_for_every_reader(tmp_path, 
                                        "the output is the i-th sentence, not line i)\n")
     q = write(tmp_path, "t.txt", "a man\nthe sky\n\n\n")   # blank lines after the last text
     assert len(D.read_inputs(q)) == 2 and capsys.readouterr().err == ""
+
+
+# ---- columns that could each be the one meant; empty texts -----------------------------
+
+@pytest.mark.parametrize("name, content, line, msg", [
+    ("both.tsv", "text\tsentence\tlabel\ngood\tbad\t1\n", 1,
+     "two text columns, 'text' and 'sentence': which one holds the texts would be a guess; "
+     "pick one with --text-column"),
+    ("case.csv", "Text,text,label\ngood,bad,1\n", 1, "two text columns, 'text' and 'Text'"),
+    ("pair.jsonl", '{"sentence1": "a", "sentence2": "b", "text": "c", "label": 1}\n', 1,
+     "two text columns, 'sentence1' and 'text'"),
+    ("labels.tsv", "sentence\tlabel\tclass\ngood\t1\tpos\n", 1,
+     "two label columns, 'label' and 'class': which one holds the labels would be a guess; "
+     "pick one with --label-column"),
+])
+def test_two_candidate_columns_are_refused_unless_one_is_named(tmp_path, name, content, line,
+                                                                msg):
+    """The reader took the first of its candidate names, without a word."""
+    p = write(tmp_path, name, content)
+    with pytest.raises(NanobertError) as e:
+        read_classification(p)
+    assert str(e.value).startswith(f"{p}:{line}: {msg}")
+
+
+def test_a_named_column_settles_which_one(tmp_path):
+    p = write(tmp_path, "both.tsv", "text\tsentence\tlabel\tclass\ngood\tbad\t1\tpos\n")
+    e = read_classification(p, text_column="sentence", label_column="class")[0]
+    assert (e.text_a, e.text_b, e.label) == ("bad", None, "pos")
+    # a text column and its pair column are one choice (QNLI: question, sentence)
+    q = write(tmp_path, "qnli.tsv", "question\tsentence\tlabel\nWho?\tMe.\t1\n")
+    assert read_classification(q)[0].text_b == "Me."
+    # an input file's labels are not read: two label columns are no question there
+    assert D.read_inputs(p, {"text_column": "text"})[0].text_a == "good"
+
+
+@pytest.mark.parametrize("name, content, line", [
+    ("e.tsv", "sentence\tlabel\ngood\t1\n\t0\n", 3),
+    ("w.csv", 'text,label\nok,1\n"  ",0\n', 3),
+    ("p.tsv", "sentence1\tsentence2\tlabel\na\tb\t1\nc\t \t0\n", 3),
+    ("e.jsonl", '{"text": "ok", "label": 1}\n{"text": "", "label": 0}\n', 2),
+])
+def test_an_empty_text_in_labelled_data_is_kept_with_a_note(tmp_path, capsys, name, content,
+                                                           line):
+    """A label learnt, or scored, for no input: kept (QQP's train file has a few, and
+    other tools read them), with one note naming the first."""
+    p = write(tmp_path, name, content)
+    assert len(read_classification(p)) == 2
+    assert capsys.readouterr().err == (f"nanobert: note: {p}:{line}: 1 labelled example(s) "
+                                       "with an empty text (kept; fill the cells or remove "
+                                       "the rows if they were lost on the way)\n")
+    assert len(read_classification(p, require_label=False)) == 2   # an input file: no note
+    assert capsys.readouterr().err == ""
+
+
+def test_an_empty_question_or_context_is_refused(tmp_path):
+    doc = squad_doc()
+    doc["data"][0]["paragraphs"][0]["qas"][1]["question"] = "  "
+    p = write(tmp_path, "s.json", json.dumps(doc))
+    for require in (True, False):
+        with pytest.raises(NanobertError) as e:
+            read_squad(p, require_answers=require)
+        assert str(e.value) == f"{p}: question 'q2' is empty (fill it in or remove the question)"
+    p = write(tmp_path, "q.jsonl", '{"question": "Who?", "context": "Me."}\n'
+              '{"id": "b", "question": "", "context": "You."}\n')
+    with pytest.raises(NanobertError, match=r"q\.jsonl:2: question 'b' is empty"):
+        read_squad(p, require_answers=False)
+    p = write(tmp_path, "q.csv", "question,context\nWho?,\n")
+    with pytest.raises(NanobertError, match=r"q\.csv:2: question '2': its context is empty"):
+        read_squad(p, require_answers=False)

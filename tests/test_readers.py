@@ -652,8 +652,11 @@ def test_semicolon_csv_and_capitalised_headers(tmp_path):
     assert [(r.texts, r.score) for r in rows] == [(("a", "b"), 0.5)]
     two = write(tmp_path, "two.tsv", "Text\tTEXT\tlabel\na\tb\t1\n")   # which one? neither
     assert "no text column" in error_of(D.read_classification, two)
-    exact = write(tmp_path, "e.tsv", "Label\tclass\ttext\na\tb\tc\n")    # exact names first
-    assert [(e.text_a, e.label) for e in D.read_classification(exact)] == [("c", "b")]
+    # two label columns ('class' spelt exactly was taken over 'Label'): a guess, refused
+    exact = write(tmp_path, "e.tsv", "Label\tclass\ttext\na\tb\tc\n")
+    assert "two label columns, 'class' and 'Label'" in error_of(D.read_classification, exact)
+    assert [(e.text_a, e.label) for e in D.read_classification(exact, label_column="Label")] \
+        == [("c", "a")]
 
 
 def test_mixed_label_types_are_refused_and_booleans_are_one_class(tmp_path):

@@ -235,3 +235,28 @@ def test_labels_differing_only_in_capitals_are_refused(tmp_path):
         "write each class one way")
     one_way = write(tmp_path, "e.tsv", "sentence\tlabel\na\tPOS\nb\tneg\nc\tPOS\n")
     assert D.label_set(D.read_classification(one_way), one_way) == ["POS", "neg"]
+
+
+# ---- an STS Benchmark file whose first line is off the layout ---------------------------
+
+STS_ROW = "main-captions\tMSRvid\t2012test\t0001\t{}\tA man is dancing.\tA man dances.\n"
+
+
+@pytest.mark.parametrize("name, first, msg", [
+    # taken for a header: "no text column" (and its "columns" were the first row's cells)
+    ("sts-dev.csv", STS_ROW.format("x.5"), "score 'x.5' is not a finite number"),
+    ("pairs.tsv", STS_ROW.format("x.5"), "score 'x.5' is not a finite number"),
+    # taken for a header of 6 columns: line 2 was blamed for having 7 fields
+    ("sts-dev.csv", STS_ROW.format("5.0").rsplit("\t", 1)[0] + "\n",
+     "expected at least 7 tab-separated fields (genre file year id score sentence1 "
+     "sentence2), found 6"),
+])
+def test_a_bad_first_sts_row_is_named_with_its_fault(tmp_path, name, first, msg):
+    p = write(tmp_path, name, first + STS_ROW.format("4.0") + STS_ROW.format("3.5"))
+    with pytest.raises(NanobertError) as e:
+        D.read_text_rows(p, require_score=True)
+    assert str(e.value).startswith(f"{p}:1: {msg} (read as a row of the STS Benchmark layout")
+    # a header that names its columns is still one
+    q = write(tmp_path, "h.tsv", "genre\tfile\tyear\tid\tscore\tsentence1\tsentence2\n"
+              + STS_ROW.format("4.0"))
+    assert [r.score for r in D.read_text_rows(q, require_score=True)] == [4.0]
