@@ -93,6 +93,11 @@ def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
                             f"tokens, more than the model's vocab_size "
                             f"{model.config.vocab_size} (config.json): a vocabulary from "
                             "another model?")
+    positions = model.config.usable_positions
+    if model.config.position_embedding_type == "absolute" and tokenizer.model_max_length > positions:
+        # (tokenizer_config.json says 512 for a model of 128 positions, say: tok(long_text)
+        # would be a ValueError in the model's forward, not a truncation)
+        tokenizer = tokenizer.with_max_length(positions)
     return to_dtype(model.eval(), dtype, tokenizer), tokenizer
 
 

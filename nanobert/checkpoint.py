@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .files import NanobertError, usual_mode
+from .files import NanobertError, check_output_dir, usual_mode
 from .families import BY_MODEL_TYPE, FAMILIES, Family
 from .model import ACTIVATIONS, Bert, BertConfig
 from .rundir import require_finished
@@ -489,7 +489,9 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     except KeyError as e:
         raise NanobertError(f"{path}: missing key(s) {e.args[0]}")
     except (TypeError, ValueError, ArithmeticError) as e:
-        raise NanobertError(f"{path}: {e}")
+        # (a value given to load() is named as such, not blamed on the file)
+        given = ", ".join(f"{k}={v!r}" for k, v in config_overrides.items())
+        raise NanobertError(f"{path}{f' with {given}' if given else ''}: {e}")
     state = _normalise_names(read_weights(model_dir), fam)
     arch = None
     if head == "auto":
@@ -696,6 +698,8 @@ def _check_save_args(out_dir, tokenizer) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NanobertError(f"{out_dir}: is a file, not a directory to save the model in")
+    # (under a file, unwritable, on /proc: refused by name, not an OSError from mkdir)
+    check_output_dir(out_dir, "save_pretrained(out_dir)")
     return out_dir
 
 

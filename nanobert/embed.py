@@ -148,6 +148,8 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
         base.eval()
     device = next(base.parameters()).device
     pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
+    # (never past the model's positions, whatever the caller or the tokenizer says)
+    max_length = min(max_length or tokenizer.model_max_length, base.config.usable_positions)
     encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
     batches = sorted_batches([len(e.ids) for e in encodings], batch_size,
                              max_tokens=forward_tokens(device))
@@ -182,7 +184,7 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
         check_count(batch_size, "batch_size")     # (none to batch: a server's empty call)
     max_length = check_count(max_length, "max_length", none_ok=True) \
         or declared_max_length(getattr(model, "source_dir", None)) or tokenizer.model_max_length
-    max_length = min(max_length, base.config.max_position_embeddings)
+    max_length = min(max_length, base.config.usable_positions)
 
     def vector(out, mask):
         v = pool(out.last_hidden_state.float(), mask, pooling)      # (B, H)

@@ -136,23 +136,30 @@ SIDE_FILES = ("nanobert.json", "modules.json", "sentence_bert_config.json",
 ST_MODULE = re.compile(r"\d+_[A-Za-z]+")
 
 
-def check_export_out(out_dir, model_name=None) -> None:
+def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
     """OUT is a new or empty directory, or an earlier export (replaced as a whole); never
-    the model itself, another model or run, or a folder of other files."""
+    the model itself, another model or run, or a folder of other files. `flag` is how
+    messages name it (the CLI's OUT, or export_onnx's argument)."""
+    import os
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+        raise TypeError(f"{flag}: expected a directory (str or path), got {out_dir!r}")
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, "OUT")
+    if out_dir.suffix.lower() == ".onnx" and not out_dir.is_dir():
+        raise NanobertError(f"{flag} {out_dir} names a file, but {flag} is a directory (the "
+                            f"model files plus model.onnx): try {out_dir.with_suffix('')}")
+    check_output_dir(out_dir, flag)
     given = Path(str(model_name)) if model_name else None
     if given is not None and given.exists() and given.resolve() == out_dir.resolve():
-        raise NanobertError(f"OUT {out_dir}: is the model being exported; writing it would "
-                            "destroy it (choose another OUT)")
+        raise NanobertError(f"{flag} {out_dir}: is the model being exported; writing it would "
+                            f"destroy it (choose another {flag})")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (
             (out_dir / "model.onnx").is_file() and not (out_dir / RUN_FILE).exists()):
         what = "a model" if (out_dir / "config.json").exists() else "other files"
-        raise NanobertError(f"OUT {out_dir} already holds {what} and is not an earlier "
+        raise NanobertError(f"{flag} {out_dir} already holds {what} and is not an earlier "
                             "export; choose a new or empty directory")
     # an earlier export is replaced whole (no stale model_quantized.onnx), but never one
     # that holds the model being exported
-    check_not_input(out_dir, [model_name], "OUT")
+    check_not_input(out_dir, [model_name], flag)
 
 
 def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
@@ -164,6 +171,8 @@ def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     from .checkpoint import save_model
     from .quantize import dtype_name
     dtype = dtype_name(dtype)
+    # (as the CLI's OUT: replacing a directory whole must not take a model or other files)
+    check_export_out(out_dir, getattr(model, "source_dir", None), "export_onnx(out_dir)")
     data = onnx_bytes(model)
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
@@ -205,9 +214,6 @@ def export_cmd(args):
     """Export a model to ONNX (dynamic batch and sequence axes; optional int8)."""
     from . import load
     out = Path(args.out)
-    if out.suffix.lower() == ".onnx" and not out.is_dir():
-        raise NanobertError(f"OUT {out} names a file, but OUT is a directory (the model files "
-                            f"plus model.onnx): try {out.with_suffix('')}")
     check_export_out(out, args.model)            # before loading or tracing anything
     model, tokenizer = load(args.model)
     source = getattr(model, "source_dir", None)  # 'minilm' or a hub name: now a directory

@@ -1079,9 +1079,9 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
         model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
     except OtherLabels:   # a classifier of other labels: a new head on its encoder
         model, tok = _new_head_on(cfg.model, task.head, overrides)
-    if model.config.max_position_embeddings < max_length:
+    if model.config.usable_positions < max_length:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "
-                            f"{model.config.max_position_embeddings} positions")
+                            f"{model.config.usable_positions} positions")
     return model, tok
 
 
@@ -1125,7 +1125,7 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
     from .checkpoint import resolve
     d = resolve(model_dir)
     model, tok = nanobert.load(d, dtype=dtype)
-    settings = read_settings(d, model.config.max_position_embeddings)
+    settings = read_settings(d, model.config.usable_positions)
     by_head = {t.head: name for name, t in reversed(list(TASKS.items()))}
     task = settings.get("task") or by_head.get(model.head)
     if encoder and task is None:
@@ -1135,7 +1135,7 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
     settings["task"] = task
     check_trained_head(d, model, TASKS[task])
     settings.setdefault("max_length", min(default_max_length(d, tok, TASKS[task]),
-                                          model.config.max_position_embeddings))
+                                          model.config.usable_positions))
     # (a model of few positions, without nanobert.json: a window must hold more than the stride)
     settings.setdefault("doc_stride", min(128, settings["max_length"] // 2))
     if torch.cuda.is_available() and dtype == "float32":

@@ -44,7 +44,7 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
     encoder.eval()
     try:
         max_length = min(max_length or tokenizer.model_max_length,
-                         encoder.config.max_position_embeddings)
+                         encoder.config.usable_positions)
         batch = tokenizer([text], None if pair is None else [pair], max_length, report="texts")
         device = next(encoder.parameters()).device
         out = encoder(**{k: v.to(device) for k, v in batch.items()}, output_attentions=True)

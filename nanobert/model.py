@@ -122,6 +122,18 @@ class BertConfig:
                              f"num_attention_heads {self.num_attention_heads}")
         if self.attn_backend not in ("eager", "sdpa", "unpadded"):
             raise ValueError(f"unknown attn_backend {self.attn_backend!r}")
+        # what would otherwise fail later, deep inside torch (a KeyError, an assertion)
+        for key in ("hidden_act", "pooler_act", "mlm_act"):
+            if getattr(self, key) is not None and getattr(self, key) not in ACTIVATIONS:
+                raise ValueError(f"unknown {key} {getattr(self, key)!r}; choose from "
+                                 f"{', '.join(ACTIVATIONS)}")
+        for key, lo in (("max_position_embeddings", 1), ("type_vocab_size", 0), ("num_labels", 1)):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"{key} must be a whole number >= {lo}, got {v!r}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary "
+                             f"(0 to {self.vocab_size - 1})")
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             self.num_labels = len(self.id2label)
@@ -129,6 +141,12 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def usable_positions(self) -> int:
+        """Tokens a row may hold: the position table less the offset at which positions
+        start (RoBERTa: pad + 1), so a tokenizer's max_length is capped by this."""
+        return self.max_position_embeddings - self.position_offset
 
     @property
     def unpadded(self) -> bool:
@@ -892,6 +910,9 @@ class Bert(nn.Module):
 
     def __init__(self, config: BertConfig, head: Optional[str] = None):
         super().__init__()
+        if not isinstance(config, BertConfig):
+            raise TypeError(f"Bert(config): expected a BertConfig (nanobert.preset('tiny'), "
+                            f"say), got {type(config).__name__}")
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; choose from {[h for h in HEADS if h]}")
         # the head decides the output size: a changed copy, the caller's config stays as it is

@@ -226,13 +226,13 @@ class Reranker:
         _whole(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir)
         _check_pair_head(model_dir, self.model)
-        saved = read_settings(resolve(model_dir), self.model.config.max_position_embeddings)
+        saved = read_settings(resolve(model_dir), self.model.config.usable_positions)
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
             raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "
                                 "cross-encoder of (query, document) pairs")
         self.tokenizer.check_max_length(max_length, pair=True)   # [CLS] q [SEP] d [SEP]
         self.max_length = max_length or saved.get("max_length") or 512
-        self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
+        self.max_length = min(self.max_length, self.model.config.usable_positions)
         self.model.eval()
 
     def score(self, query: str, documents) -> list:

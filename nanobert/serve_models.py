@@ -339,7 +339,7 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
     else:
         from .embed import declared_max_length
         max_length = min(declared_max_length(path) or tokenizer.model_max_length,
-                         model.config.max_position_embeddings)
+                         model.config.usable_positions)
         engine = nanobert.Encoder(model, tokenizer, max_length=max_length, name=name)
     # a note on stderr for every cut input would fill the log and keep every note said
     # (to say it once) for good; the answers and the metrics say what was cut

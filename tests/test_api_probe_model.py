@@ -195,6 +195,10 @@ def test_save_pretrained_arguments(tmp_path, tiny_config, tok, monkeypatch):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(NanobertError, match="afile: is a file"):
         model.save_pretrained(tmp_path / "afile")
+    with pytest.raises(NanobertError, match="out_dir.*afile is a file"):  # was NotADirectoryError
+        model.save_pretrained(tmp_path / "afile" / "sub")
+    with pytest.raises(NanobertError, match="out_dir.*virtual file system"):
+        model.save_pretrained("/proc/nanobert-model")
     with pytest.raises(TypeError, match="tokenizer"):
         model.save_pretrained(tmp_path / "t", tokenizer="minilm")
     model.save_pretrained(tmp_path / "ok", tokenizer=tok)
@@ -211,3 +215,32 @@ def test_attention_cls_refuses_heads(tmp_path, tok, capsys):
         assert main(["attention", "--model", str(d), "--text", "a good film", "--out",
                      str(out), "--cls", flag, "2"]) == 2
         assert flag in capsys.readouterr().err and not out.exists()
+
+
+# ---- 9. a tokenizer that reads further than the model's positions --------------------
+
+
+def test_loaded_tokenizer_truncates_to_the_models_positions(tmp_path, tok, capsys):
+    """tokenizer_config.json says 512, the model has 64 positions: tok(long_text) fed the
+    model 512 tokens, a ValueError in forward (fill-mask: a traceback, exit 1)."""
+    path = saved(tmp_path / "m", tok, "mlm")
+    assert tok.model_max_length > 64
+    model, loaded_tok = nanobert.load(path)
+    assert loaded_tok.model_max_length == 64
+    long_text = "the cat sat on the mat " * 40
+    assert model(**loaded_tok(long_text)).logits.shape[1] == 64
+    assert main(["fill-mask", "--model", str(path), "[MASK] " + long_text]) == 0
+    assert "[MASK] 1:" in capsys.readouterr().out
+    assert main(["fill-mask", "--model", str(path), long_text + " [MASK]"]) == 2
+    err = capsys.readouterr().err
+    assert "past the 64 tokens the model reads" in err and err.count("\n") == 1
+
+
+def test_load_names_the_override_that_is_wrong(tmp_path, tok):
+    """A bad config override was blamed on config.json alone, or (an unknown activation)
+    was a KeyError while the model was built."""
+    path = saved(tmp_path / "m", tok)
+    with pytest.raises(NanobertError, match="with hidden_act='nope': unknown hidden_act"):
+        nanobert.load(path, hidden_act="nope")
+    with pytest.raises(NanobertError, match="with attn_backend=None: unknown attn_backend"):
+        nanobert.load(path, attn_backend=None)

@@ -148,3 +148,27 @@ def test_cli_int8_flag_and_the_deploy_doc_feed(tmp_path, capsys, one_thread):
         onnx_bytes(model.bert)
     with pytest.raises(NanobertError, match="dtype 'int4'"):
         export_onnx(model, tmp_path / "x", dtype="int4")
+
+
+def test_python_export_refuses_what_the_cli_refuses(tmp_path, one_thread):
+    """export_onnx replaces out_dir whole: given a folder of other files, another model or
+    the model's own directory, it deleted them (only the CLI checked OUT)."""
+    model = small_model("bert", "classify")
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    model.source_dir = src                                      # as nanobert.load sets it
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out, why in [(other, "other files"), (src, "is the model being exported"),
+                     (afile, "is a file"), (tmp_path / "m.onnx", "names a file")]:
+        with pytest.raises(NanobertError, match=f"export_onnx.out_dir. .*{why}"):
+            export_onnx(model, out)
+    with pytest.raises(TypeError, match="out_dir"):
+        export_onnx(model, None)
+    assert (other / "keep.txt").read_text() == "mine" and (src / "config.json").is_file()
+    assert not (tmp_path / "m.onnx").exists()
+    assert export_onnx(model, tmp_path / "new").is_file()      # and an earlier export is
+    assert export_onnx(model, tmp_path / "new").is_file()      # replaced

@@ -300,3 +300,27 @@ def test_tsne_sample_size_is_said_and_checked(tiny_dir, labelled_tsv, tmp_path, 
         command_sample(["a", "b", "c", "a"], 2)
     labels = ["a", "b", "c", "a"]
     assert sorted(labels[i] for i in command_sample(labels, 3)) == ["a", "b", "c"]
+
+
+def test_lengths_stop_at_the_positions_past_robertas_offset(tmp_path, capsys):
+    """A RoBERTa's positions start at pad + 1: max_length was capped at
+    max_position_embeddings, one or two tokens too many (a ValueError in forward: a
+    traceback from `attention`, `embed`, sentence_vectors and Encoder.encode)."""
+    from nanobert.embed import Encoder
+    tok = nanobert.Tokenizer.train([" ".join(WORDS)] * 3, vocab_size=100, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("roberta-tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                          max_position_embeddings=16)
+    assert cfg.usable_positions == 16 < cfg.max_position_embeddings
+    model_dir = tmp_path / "rob"
+    nanobert.Bert(cfg, "mlm").save_pretrained(model_dir, tokenizer=tok)
+    long_text = " ".join(WORDS * 5)
+    assert main(["attention", "--model", str(model_dir), "--text", long_text, "--max-length",
+                 "1000", "--out", str(tmp_path / "a.png")]) == 0
+    assert "16 tokens" in capsys.readouterr().out
+    model, loaded = nanobert.load(model_dir)
+    assert loaded.model_max_length == 16
+    wide = loaded.with_max_length(1000)                        # a tokenizer that reads on
+    assert sentence_vectors(model, wide, [long_text, "a"], kind="mean", max_length=None).shape \
+        == (2, cfg.hidden_size)
+    assert Encoder(model, wide, max_length=1000).encode(long_text).shape == (cfg.hidden_size,)

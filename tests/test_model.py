@@ -225,3 +225,19 @@ def test_bad_inputs_and_configs_are_named(tiny_config):
         dataclasses.replace(tiny_config, hidden_size="x")
     with pytest.raises(TypeError, match="preset"):
         nanobert.preset(None)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(hidden_act="foo"), "unknown hidden_act 'foo'"),                  # was a KeyError in forward
+    (dict(pooler_act="foo"), "unknown pooler_act"),
+    (dict(pad_token_id=200, vocab_size=100), "pad_token_id 200 is outside"),  # an AssertionError
+    (dict(type_vocab_size=-1), "type_vocab_size must be"),                # a RuntimeError
+    (dict(max_position_embeddings=0), "max_position_embeddings must be"),
+    (dict(num_labels=0), "num_labels must be"),                           # silently (B, 0) logits
+])
+def test_config_values_torch_would_trip_on_are_named(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        nanobert.preset("tiny", **overrides)
+    with pytest.raises(TypeError, match="Bert.config.: expected a BertConfig"):
+        nanobert.Bert("tiny")                                             # an AttributeError
+    assert nanobert.preset("tiny", pad_token_id=None).pad_token_id is None
