@@ -96,22 +96,25 @@ class Terminated(KeyboardInterrupt):
     its output directory, instead of dying with its temporaries in place."""
 
 
-def _terminate_like_ctrl_c(signum, frame):
-    raise Terminated()
+_SIGNALLED: list = []   # Ctrl-C / SIGTERM that came while the command ran
 
 
-def _catch_sigterm():
-    """Only in the main thread of a single process (under torchrun the launcher stops
-    the workers with SIGTERM, and a checkpoint there needs every rank), and only where
-    nobody else handles SIGTERM. Returns the handler to put back, or None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return None
-    try:
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            return signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
-    except ValueError:   # not the main thread (main() called from a worker thread)
-        pass
-    return None
+def _interrupt(signum, frame):
+    """Ctrl-C or SIGTERM while the command runs: a KeyboardInterrupt (Terminated), as
+    Python raises for Ctrl-C, and the signal noted. Raised inside an import, the exception
+    can be lost (Python ignores it in importlib's lock callbacks) and the command runs on;
+    the note still makes it end as interrupted (`_command`)."""
+    _SIGNALLED.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _ours_to_handle(signum, current) -> bool:
+    """Ctrl-C where Python's own handler is in place; SIGTERM where nobody handles it, in
+    a single process (under torchrun the launcher stops the workers with SIGTERM, and a
+    checkpoint there needs every rank)."""
+    if signum == signal.SIGINT:
+        return current is signal.default_int_handler
+    return current in (signal.SIG_DFL, None) and int(os.environ.get("WORLD_SIZE", "1")) <= 1
 
 
 def _end_at_once(signum, frame):
@@ -208,15 +211,19 @@ def _leave_processes(code: int):
 
 def _command(argv) -> int:
     """main() without the torchrun teardown."""
-    args = previous = None
+    args = None
+    _SIGNALLED.clear()
     try:
         with _while_loading():
             from .threads import set_threads
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
             args = build_parser().parse_args(argv)
             set_threads(args.threads)
-        previous = _catch_sigterm()
-        return args.func(args) or 0
+        with signals_replaced(_interrupt, _ours_to_handle):
+            code = args.func(args) or 0
+            if _SIGNALLED:   # its KeyboardInterrupt was lost in an import: it ran on
+                raise Terminated() if _SIGNALLED[-1] == signal.SIGTERM else KeyboardInterrupt()
+        return code
     except NanobertError as e:
         _error(e)
         return 2
@@ -234,9 +241,6 @@ def _command(argv) -> int:
             raise
         _error(message)
         return 2
-    finally:
-        if previous is not None:   # (main() called in-process: leave the caller's as it was)
-            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -542,7 +542,7 @@ def test_a_signal_right_after_the_update_is_held_to_the_end_of_the_step(
     new weights under the old step (a resume then repeated the update)."""
     import signal
     import nanobert.train as train
-    from nanobert.cli import _terminate_like_ctrl_c
+    from nanobert.cli import _interrupt
     sig = getattr(signal, signame)
     exact_run(tmp_path / "ref")
     forget, calls = train._forget_packed_weights, {"n": 0}
@@ -553,7 +553,7 @@ def test_a_signal_right_after_the_update_is_held_to_the_end_of_the_step(
             signal.raise_signal(sig)
         return forget(model)
     monkeypatch.setattr(train, "_forget_packed_weights", signalled)
-    before = signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
+    before = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with pytest.raises(KeyboardInterrupt):
             exact_run(tmp_path / "cut")
