@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,13 @@ import torch
 
 import nanobert
 from nanobert.checkpoint import resolve
+
+# A test run started in the background by a shell (`make test &`, nohup) inherits SIGINT
+# ignored, and so would every command the tests start: the Ctrl-C tests then saw a command
+# run to the end. The tests are about nanobert's handling of Ctrl-C, so they get Python's
+# own handler back (a command started from here then gets the default disposition).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

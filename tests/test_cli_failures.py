@@ -141,11 +141,10 @@ def test_ctrl_c_while_torch_is_imported(delay):
                                                 (signal.SIGTERM, 143, "terminated")])
 def test_an_interrupt_lost_inside_the_command_still_ends_it_as_interrupted(
         monkeypatch, capsys, signum, code, word):
-    """The Ctrl-C test above failed once in a fresh clone (exit 0, the whole output): the
-    signal came after the modules loaded, while the command imported more, and Python
-    dropped the KeyboardInterrupt raised inside an import; the command ran on. Here a
-    command loses it on purpose (as importlib's lock callbacks do): it must still end as
-    interrupted, with its status."""
+    """A Ctrl-C that comes after the modules loaded, while the command imports more,
+    raises its KeyboardInterrupt inside an import, where Python can drop it (importlib's
+    lock callbacks ignore exceptions) and the command runs on. Here a command loses it on
+    purpose: it must still end as interrupted, with its status."""
     import argparse
 
     from nanobert import cli
