@@ -17,9 +17,10 @@ def parse(argv):
 
 
 def test_flags_round_trip_into_the_config():
-    cfg = FinetuneConfig.from_args(parse(FT + ["--lr", "1e-4", "--text-pair-column", "b",
-                                               "--no-progress", "--early-stopping", "3"]))
-    assert (cfg.task, cfg.model, cfg.train, cfg.dev) == ("ner", "m", "t", "d")
+    classify = [("classify" if a == "ner" else a) for a in FT]   # (column flags: tables)
+    cfg = FinetuneConfig.from_args(parse(classify + ["--lr", "1e-4", "--text-pair-column", "b",
+                                                     "--no-progress", "--early-stopping", "3"]))
+    assert (cfg.task, cfg.model, cfg.train, cfg.dev) == ("classify", "m", "t", "d")
     assert cfg.trainer.lr == 1e-4 and cfg.trainer.out_dir == "o" and cfg.trainer.epochs == 3
     assert cfg.trainer.early_stopping == 3 and cfg.trainer.progress is False
     assert cfg.columns.given() == {"pair_column": "b"}
@@ -38,9 +39,11 @@ def test_job_defaults_differ_where_the_jobs_do():
 
 def test_replace_reaches_nested_fields_and_keeps_the_original():
     cfg = FinetuneConfig(task="qa", model="m", train="t", dev="d")
-    new = cfg.replace(lr=3e-5, text_column="q", doc_stride=64)
-    assert new.trainer.lr == 3e-5 and new.columns.text_column == "q" and new.doc_stride == 64
-    assert cfg.trainer.lr == 5e-5 and cfg.columns.text_column is None
+    new = cfg.replace(lr=3e-5, seed=7, doc_stride=64)
+    assert new.trainer.lr == 3e-5 and new.trainer.seed == 7 and new.doc_stride == 64
+    assert cfg.trainer.lr == 5e-5 and cfg.trainer.seed == 42
+    # (a column flag reaches its nested config too, on a task that reads columns)
+    assert cfg.replace(task="classify", text_column="q").columns.text_column == "q"
     with pytest.raises(TypeError, match="no field"):
         cfg.replace(learning_rate=1)
     with pytest.raises(NanobertError, match="--doc-stride: got 0"):
