@@ -236,22 +236,18 @@ def _read_model_config(path: str, **overrides):
         note(f"--config {path}: vocab_size {given} is replaced by the tokenizer's "
              f"{overrides['vocab_size']}")
     try:
-        return BertConfig(**dict(hf_config_kwargs(hf, BY_MODEL_TYPE[model_type]), **overrides))
+        # (the padding id is the tokenizer's: None until it is known)
+        return BertConfig(**dict(hf_config_kwargs(hf, BY_MODEL_TYPE[model_type]),
+                                 **dict({"pad_token_id": None}, **overrides)))
     except KeyError as e:
         raise NanobertError(f"--config {path}: missing key(s) {e.args[0]}") from None
     except (ValueError, TypeError, ArithmeticError) as e:
         raise NanobertError(f"--config {path}: not a usable {model_type} config.json ({e})") from None
 
 
-def usable_positions(c) -> int:
-    """Tokens a row of this config may hold: its position table less the offset at which
-    positions start (RoBERTa: pad + 1)."""
-    return c.max_position_embeddings - getattr(c, "position_offset", 0)
-
-
 def check_seq_len(seq_len: int, c, whose: str = "the model's"):
-    if seq_len > usable_positions(c):
-        raise NanobertError(f"--seq-len {seq_len} exceeds {whose} {usable_positions(c)} "
+    if seq_len > c.usable_positions:
+        raise NanobertError(f"--seq-len {seq_len} exceeds {whose} {c.usable_positions} "
                             "positions")
 
 
@@ -259,7 +255,8 @@ def _model_config(cfg: PretrainConfig, tok):
     from .model import preset
     drop = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     if cfg.model_config:
-        c = _read_model_config(cfg.model_config, vocab_size=tok.vocab_size, **drop)
+        c = _read_model_config(cfg.model_config, vocab_size=tok.vocab_size,
+                               pad_token_id=tok.pad_id, **drop)
     else:   # the name was checked with the flags (PretrainConfig.__post_init__)
         pad = {} if tok.pad_id is None else {"pad_token_id": tok.pad_id}
         c = preset(cfg.preset, vocab_size=tok.vocab_size,
