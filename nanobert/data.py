@@ -938,7 +938,8 @@ def label_set(examples, path=None) -> list:
         if frac is not None:
             raise data_error(where, frac.line, f"label {frac.label!r} is a real number: the "
                              "labels look like scores; fine-tune them with --task regress")
-    _one_casing(examples, where)
+    _one_spelling(examples, str.casefold, where,
+                  "differ only in capitals: one class or two? write each class one way")
     if len(labels) < 2:
         shown = f"only {next(iter(labels))!r}" if labels else "none"
         raise data_error(where, None, f"a classifier needs at least two labels in the training "
@@ -947,7 +948,8 @@ def label_set(examples, path=None) -> list:
         values = {x: int(x) for x in labels}
     except ValueError:
         return sorted(labels)
-    _one_spelling(examples, values, where)
+    _one_spelling(examples, values.get, where,
+                  "are the same number written two ways; write each class one way")
     return sorted(labels, key=values.get)
 
 
@@ -970,29 +972,17 @@ def _one_kind(examples, labels: set, numbers: dict, missing: set, where):
                      "one way")
 
 
-def _one_spelling(examples, values: dict, where):
-    """Two labels that are one number ('01' and '1') are refused: one class or two?"""
+def _one_spelling(examples, key, where, how: str):
+    """Two labels that are one class by `key` are refused (one class or two?): '01' and
+    '1', one number; 'Positive' and 'positive', one word (two annotators, a hand-edited
+    row). Each would silently be a class of its own."""
     seen = {}
     for e in examples:
         if e.label is None:
             continue
-        other = seen.setdefault(values[e.label], e.label)
+        other = seen.setdefault(key(e.label), e.label)
         if other != e.label:
-            raise data_error(where, e.line, f"labels {other!r} and {e.label!r} are the same "
-                             "number written two ways; write each class one way")
-
-
-def _one_casing(examples, where):
-    """Two labels that differ only in capitals ('Positive' and 'positive': two annotators,
-    a hand-edited row) are refused: each would silently be a class of its own."""
-    seen = {}
-    for e in examples:
-        if e.label is None:
-            continue
-        other = seen.setdefault(e.label.casefold(), e.label)
-        if other != e.label:
-            raise data_error(where, e.line, f"labels {other!r} and {e.label!r} differ only in "
-                             "capitals: one class or two? write each class one way")
+            raise data_error(where, e.line, f"labels {other!r} and {e.label!r} {how}")
 
 
 def _is_non_finite(s: str) -> bool:

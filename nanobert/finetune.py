@@ -858,20 +858,17 @@ class FinetuneConfig(Config):
         if self.teachers and self.task not in TEACHER_TASKS:
             raise NanobertError(f"--teacher: a {self.task} run cannot learn from teachers "
                                 f"(only {' and '.join(TEACHER_TASKS)})")
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name in ("teacher_weight", "temperature"):   # would change nothing: refused
-            if not self.teachers and getattr(self, name) != defaults[name]:
+            if not self.teachers and name in _changed(self):
                 raise NanobertError(f"--{name.replace('_', '-')}: only with --teacher")
         self._check_task_flags()
 
     def _check_task_flags(self):
         """A flag of other tasks (--doc-stride on a classifier, --loss on a reranker)
         changes nothing in this run: refused, not silently dropped."""
-        retrieval = {f.name: f.default for f in dataclasses.fields(self.retrieval)}
-        own = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = _changed(self) | _changed(self.retrieval)
         for name, tasks in TASK_FLAGS.items():
-            where, defaults = (self.retrieval, retrieval) if name in retrieval else (self, own)
-            if self.task not in tasks and getattr(where, name) != defaults[name]:
+            if self.task not in tasks and name in changed:
                 raise NanobertError(f"--{name.replace('_', '-')}: only for --task "
                                     f"{' and '.join(tasks)}; a {self.task} run does not use it")
         check_column_flags(self.task, self.columns.given())
@@ -920,11 +917,16 @@ def finetune(config, *args, **fields) -> dict:
         return _finetune(cfg, task)
 
 
+def _changed(config) -> set:
+    """The fields of a config that differ from their defaults (the flags given)."""
+    return {f.name for f in dataclasses.fields(config)
+            if f.default is not dataclasses.MISSING and getattr(config, f.name) != f.default}
+
+
 def _check_beir_flags(cfg: FinetuneConfig):
     """The BEIR flags (--holdout, --split, --hard-negatives, ...) are read only when the
     training data is a BEIR folder: with a table of rows they would change nothing."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg.retrieval)}
-    given = [n for n in BEIR_FLAGS if getattr(cfg.retrieval, n) != defaults[n]]
+    given = [n for n in BEIR_FLAGS if n in _changed(cfg.retrieval)]
     if given and cfg.task in ("embed", "rerank") and not D.is_beir_dir(cfg.train):
         raise NanobertError(f"--{given[0].replace('_', '-')}: only for a BEIR folder "
                             f"(corpus.jsonl, queries.jsonl, qrels/), and {cfg.train} is not one")
