@@ -1282,7 +1282,7 @@ def _answers(raw, context: str, where: str) -> list:
 #                  qrels/<split>.tsv `query-id corpus-id score` (header, any line endings)
 
 ANCHOR_COLUMNS = ["anchor", "query", "sentence1", "text_a", "question", "sentence", "text",
-                  "premise"]
+                  "premise", "question1", "sentence_a", "#1 String"]
 POSITIVE_COLUMNS = ["positive", "pos", "document", "passage", "sentence2", "text_b", "answer",
                     "hypothesis", "text_pair"]
 NEGATIVE_COLUMNS = ["negative", "neg", "hard_negative"]
@@ -1421,7 +1421,10 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     roles = [_pick(names, ANCHOR_COLUMNS, columns.get("text")),
              _pick(names, POSITIVE_COLUMNS, columns.get("pair")),
              _pick(names, NEGATIVE_COLUMNS, columns.get("negative"))]
+    if roles[0] is not None and roles[1] is None and not columns.get("pair"):
+        roles[1] = _pair_of(names, roles[0])   # QNLI's question/sentence, QQP's question1/2
     score = None if require_score is False else _pick(names, SCORE_COLUMNS, columns.get("score"))
+    _no_second_candidate(names, roles + [score], columns, path)
     if roles[0] is None:
         raise data_error(path, 1, f"no text column (expected one of {', '.join(ANCHOR_COLUMNS[:5])}"
                          f"...; columns: {shown})")
@@ -1447,7 +1450,36 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     return out
 
 
-SCORED_PAIR_COLUMNS = ["sentence2", "text_b", "hypothesis", "text_pair"]
+# the pair columns of labelled pair tasks (STS, NLI, QNLI, QQP...): related only by their scores
+SCORED_PAIR_COLUMNS = list(dict.fromkeys(c.casefold() for c in PAIR_COLUMNS.values()))
+# the roles of read_text_rows: the columns each may be found in, the flag that names it
+TEXT_ROLES = (("text", ANCHOR_COLUMNS, "--text-column"),
+              ("pair", POSITIVE_COLUMNS, "--text-pair-column"),
+              ("negative", NEGATIVE_COLUMNS, None),
+              ("score", SCORE_COLUMNS, "--label-column"))
+
+
+def _pair_of(names, text: str) -> Optional[str]:
+    """The column paired with a first text column in the classification layouts
+    (PAIR_COLUMNS, any capitals), when the header has it."""
+    first = next((c for c in PAIR_COLUMNS if c.casefold() == text.casefold()), None)
+    return column_named(names, PAIR_COLUMNS.get(first)) if first else None
+
+
+def _no_second_candidate(names, taken: list, columns: dict, path):
+    """Refuse a header where a role found by its column name (not named by flag) has a
+    second column that could hold it too and is taken by no role ('score' and 'label';
+    'query' and 'text'): which one was meant would be a guess."""
+    for (role, candidates, flag), chosen in zip(TEXT_ROLES, taken):
+        if chosen is None or columns.get(role) is not None:
+            continue
+        known = {c.casefold() for c in candidates}
+        other = next((n for n in names if isinstance(n, str) and n.casefold() in known
+                      and n not in taken), None)
+        if other is not None:
+            how = f"pick one with {flag}" if flag else "rename the one not meant"
+            raise data_error(path, 1, f"two {role} columns, {chosen!r} and {other!r}: which "
+                             f"one holds the {role} would be a guess; {how}")
 UNSCORED_PAIRS = ("; {0!r}/{1!r} pairs (STS, NLI) are related by their scores, not all matches "
                   "(an STS-B test file?); (query, positive) pairs are read from columns named "
                   "so (anchor/positive, query/document, question/answer) or named with "

@@ -46,8 +46,8 @@ RERANK_K = 100   # search with a reranker: the nearest entries the cross-encoder
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
     """hidden (B, T, H), mask (B, T) 1 on real tokens -> (B, H)."""
     m = mask.unsqueeze(-1).to(hidden.dtype)                      # (B, T, 1)
-    if pooling == "cls":
-        return hidden[:, 0]
+    if pooling == "cls":   # each row's first real token (column 0 unless left-padded)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), mask.int().argmax(1)]
     if pooling == "max":
         return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
     total = (hidden * m).sum(1)                                   # (B, H)

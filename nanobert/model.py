@@ -410,7 +410,11 @@ class Layout:
         return x
 
     def first_tokens(self, x):  # the [CLS] vector of each sequence: (B, H)
-        return x[:, 0]
+        # its first real token: column 0, unless the batch is left-padded (then the pad at
+        # column 0 would stand in for the sequence, as it does in `transformers`, and the
+        # unpadded layout, which has no such pad, would disagree)
+        first = self.mask.int().argmax(1)                         # (B,), 0 if all masked
+        return x[torch.arange(self.B, device=x.device), first]
 
     def mean_tokens(self, x):  # the mean over each sequence's real tokens: (B, H)
         m = self.mask.unsqueeze(-1).to(x.dtype)

@@ -234,3 +234,32 @@ def test_one_call_attention_equals_the_per_length_loop(window):
                     torch.autograd.grad((one * w).sum(), (q, k, v))):
         assert torch.isfinite(b).all()
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_backends_agree_on_left_padded_input(pooling):
+    """A left-padded batch (the padding before the tokens, as decoder tokenizers pad):
+    every backend pools each row from its own tokens, so the pooled vectors and the
+    classifier's logits agree; the [CLS] vector is the first real token's."""
+    model = make_model("classify", classifier_pooling=pooling).eval()
+    batch = random_batch(B=4, T=12, seed=3)
+    right = batch["attention_mask"].bool()
+    lengths = right.sum(1)
+    left = torch.arange(12)[None] >= (12 - lengths)[:, None]          # (B, T)
+    assert not left[:, 0].all()                                      # some rows padded first
+    ids = torch.zeros_like(batch["input_ids"])
+    ids[left] = batch["input_ids"][right]
+    got = {}
+    with torch.inference_mode():
+        for backend in BACKENDS:
+            model.config.attn_backend = backend
+            out = model(input_ids=ids, attention_mask=left.long())
+            got[backend] = out.hidden.pooler_output, out.logits
+            hidden = model.bert(input_ids=ids, attention_mask=left.long()).last_hidden_state
+            if pooling == "cls":   # the pooler reads the first real token's vector
+                first = hidden[torch.arange(4), left.int().argmax(1)]
+                expect = model.bert.pooler(first)
+                torch.testing.assert_close(out.hidden.pooler_output, expect, atol=TOL, rtol=0)
+    for backend in ("sdpa", "unpadded"):
+        for a, b in zip(got[backend], got["eager"]):
+            torch.testing.assert_close(a, b, atol=TOL, rtol=0)

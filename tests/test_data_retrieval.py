@@ -68,6 +68,38 @@ def test_triplets_rerank_rows_and_single_texts(tmp_path):
         D.read_text_rows(missing)
 
 
+def test_classification_pair_layouts_read_both_texts(tmp_path):
+    """QNLI's question/sentence, QQP's question1/question2 and SICK's sentence_A/
+    sentence_B tables are pairs: the second text is read, not dropped; without their
+    scores they are no (query, positive) pairs."""
+    qnli = _write(tmp_path / "qnli.tsv", "question\tsentence\tlabel\nwho?\tme.\t1\n")
+    assert D.read_text_rows(qnli, require_score=False)[0].texts == ("who?", "me.")
+    qqp = _write(tmp_path / "qqp.tsv", "id\tquestion1\tquestion2\tis_duplicate\n1\tq\tr\t1\n")
+    assert D.read_text_rows(qqp, require_score=False)[0].texts == ("q", "r")
+    sick = _write(tmp_path / "sick.tsv", "sentence_A\tsentence_B\tscore\na\tb\t4.5\n")
+    assert D.read_text_rows(sick)[0].texts == ("a", "b")
+    with pytest.raises(NanobertError, match="no score column.*related by their scores"):
+        D.read_text_rows(qqp, pairs_need_score=True)
+
+
+@pytest.mark.parametrize("header, role, flag", [
+    ("sentence1,sentence2,score,label", "score", "--label-column"),
+    ("query,text", "text", "--text-column"),
+    ("anchor,positive,document", "pair", "--text-pair-column"),
+])
+def test_two_candidate_columns_for_one_role_are_refused(tmp_path, header, role, flag):
+    """Two columns that could each hold a role: a guess, refused naming both and the
+    flag; naming the role's column by flag reads the file."""
+    f = _write(tmp_path / "two.csv", header + "\n" + ",".join("1" * len(header.split(","))) + "\n")
+    first, second = [c for c in header.split(",")
+                     if c in {"score", "label", "query", "text", "positive", "document"}][:2]
+    with pytest.raises(NanobertError, match=f"two.csv:1: two {role} columns, '{first}' and "
+                                            f"'{second}'.*{flag}"):
+        D.read_text_rows(f)
+    rows = D.read_text_rows(f, columns={role: second})
+    assert rows[0].texts[0] == "1"
+
+
 def _beir(tmp_path, qrels="query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n"):
     root = tmp_path / "beir"
     (root / "qrels").mkdir(parents=True)

@@ -82,6 +82,10 @@ def test_pool_ignores_padding():
     assert pool(h, mask, "cls").tolist() == [[1.0, 2.0]]
     assert pool(h, mask, "max").tolist() == [[3.0, 4.0]]
     assert pool(h, mask, "mean_sqrt_len")[0].tolist() == pytest.approx([4 / 2 ** 0.5, 6 / 2 ** 0.5])
+    # left-padded: [CLS] is the first real token, not the padding at column 0
+    left = torch.tensor([[0, 1, 1]])
+    assert pool(h, left, "cls").tolist() == [[3.0, 4.0]]
+    assert pool(h, left, "max").tolist() == [[100.0, 100.0]]
 
 
 def test_declared_pooling(tmp_path, minilm_dir):
