@@ -16,7 +16,8 @@ def summary(model, tokenizer=None) -> dict:
         "task": model.head or "encoder",
         "layers": c.num_hidden_layers, "hidden": c.hidden_size,
         "heads": c.num_attention_heads, "ffn": c.intermediate_size,
-        "max_positions": c.max_position_embeddings, "activation": c.hidden_act,
+        # the longest input in tokens (RoBERTa's table of 514 holds 512 and 2 offsets)
+        "max_positions": c.usable_positions, "activation": c.hidden_act,
         "attn_backend": c.attn_backend,
         "vocab_size": c.vocab_size if tokenizer is None else tokenizer.vocab_size,
         "labels": c.id2label if model.head in ("classify", "token") else None,
@@ -43,7 +44,8 @@ def info_cmd(args):
     print(f"task         {s['task']}")
     print(f"shape        {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, "
           f"FFN {s['ffn']}, {s['activation']}")
-    print(f"positions    {s['max_positions']}   attention backend: {s['attn_backend']}")
+    print(f"positions    {s['max_positions']} tokens at most   "
+          f"attention backend: {s['attn_backend']}")
     print(f"vocabulary   {s['vocab_size']} tokens "
           f"({'lower-cased' if tokenizer.lowercase else 'cased'})")
     if s["labels"]:

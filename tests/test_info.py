@@ -24,6 +24,15 @@ def test_info_json_on_minilm(capsys):
     assert main(["info", "minilm", "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert (s["layers"], s["hidden"], s["heads"], s["vocab_size"]) == (6, 384, 12, 30522)
+    assert s["max_positions"] == 512
+
+
+def test_info_positions_are_the_tokens_a_row_may_hold(tiny_config):
+    """RoBERTa's table of 514 positions starts at pad + 1: 512 tokens fit, not 514."""
+    from nanobert.model import preset
+    roberta = preset("tiny", vocab_size=100, max_position_embeddings=514, position_offset=2,
+                     pad_token_id=1)
+    assert summary(nanobert.Bert(roberta))["max_positions"] == 512
 
 
 def test_info_names_weights_the_checkpoint_lacks(tmp_path, tiny_config):
