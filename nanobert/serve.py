@@ -581,6 +581,9 @@ def read_questions(body: dict, limit: int) -> tuple:
             if not isinstance(it.get(key), str):
                 raise unprocessable(f"inputs[{i}].{key}", "must be a string")
         qid = it.get("id")
+        if isinstance(qid, HugeInt):
+            raise unprocessable(f"inputs[{i}].id", f"is an integer of {len(qid.digits.lstrip('-'))} "
+                                "digits, far out of range (send it as a string)")
         if qid is not None and (not isinstance(qid, (str, int)) or isinstance(qid, bool)):
             raise unprocessable(f"inputs[{i}].id", "must be a string or an integer")
         out.append((it["question"], it["context"]))
@@ -735,6 +738,16 @@ def _json_writer():
 to_json = _json_writer()
 
 
+def check_transfer_encoding(request):
+    """501 for a body in a Transfer-Encoding other than chunked (httptools reads chunks
+    and ignored gzip), on every route: a GET's body is read off the connection too."""
+    codings = [c.strip().lower() for c in request.headers.get("transfer-encoding", "").split(",")]
+    if set(codings) - {"", "chunked"}:
+        raise ApiError(501, f"Transfer-Encoding {shown(request.headers['transfer-encoding'])} "
+                            "is not supported (send chunked, or a Content-Length)",
+                       "Transfer-Encoding", headers={"Connection": "close"})
+
+
 async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
                     fields: tuple) -> tuple:
     """(the request's JSON object with only `fields`, its size in bytes, which stay
@@ -748,11 +761,6 @@ async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
     if encoding not in CONTENT_ENCODINGS:
         raise ApiError(415, f"Content-Encoding {shown(encoding)} is not supported (send the "
                             "body as is, or gzip or deflate it)", "Content-Encoding")
-    codings = [c.strip().lower() for c in request.headers.get("transfer-encoding", "").split(",")]
-    if set(codings) - {"", "chunked"}:     # (httptools reads chunks; gzip was ignored)
-        raise ApiError(501, f"Transfer-Encoding {shown(request.headers['transfer-encoding'])} "
-                            "is not supported (send chunked, or a Content-Length)",
-                       "Transfer-Encoding", headers={"Connection": "close"})
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "
@@ -1016,6 +1024,7 @@ def endpoint(server: Server, route: Route):
             if not route.open and not authorized(request, server.config.api_key):
                 raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                headers={"WWW-Authenticate": "Bearer"})
+            check_transfer_encoding(request)
             if route.method == "GET":
                 response = route.handler(server, **request.path_params)
             else:
@@ -1057,7 +1066,8 @@ def endpoint(server: Server, route: Route):
             if counted:
                 server.in_flight -= 1
                 server.metrics.in_flight.dec()
-        server.metrics.requests.labels(route.path, str(response.status_code)).inc()
+        status = request.scope.get("nanobert.refused", response.status_code)  # (_refuse)
+        server.metrics.requests.labels(route.path, str(status)).inc()
         server.metrics.latency.labels(route.path).observe(time.perf_counter() - start)
         return response
 
@@ -1278,6 +1288,9 @@ class HeaderLimits:
     header_size = 0            # what the parser read of them: the URL and each header
     lingering = False          # an error was answered (raw_error): reading to drop
     upgrade_ignored = False    # the request being parsed asked for an Upgrade we ignore
+    current_cycle = None       # the cycle of the request being parsed, once its headers are
+    pending_error = None       # (status, message): a malformed request, answered after
+                               # the requests before it on the connection
 
     def connection_made(self, transport):
         super().connection_made(transport)
@@ -1298,17 +1311,64 @@ class HeaderLimits:
                 self._too_large()
 
     def _too_large(self):
-        raw_error(self, 431, f"request line and headers over {self.max_header_bytes} bytes")
+        self._refuse(431, f"request line and headers over {self.max_header_bytes} bytes")
 
     def send_400_response(self, msg):
         if self.header_size > self.max_header_bytes:
             return self._too_large()
-        raw_error(self, 400, "malformed HTTP request (not HTTP/1.1 as RFC 9112 writes "
-                             "it: request line, headers, Content-Length or chunks)")
+        self._refuse(400, "malformed HTTP request (not HTTP/1.1 as RFC 9112 writes "
+                          "it: request line, headers, Content-Length or chunks)")
+
+    def _refuse(self, status: int, message: str):
+        """Answer a malformed request and close the connection, after the requests the
+        client sent before it on this connection are answered (pipelining: the error was
+        written at once, the answer the client waited for never came, and the client took
+        the error for it). The malformed request's own cycle, when its headers had
+        started one, answers nothing: the error is its answer."""
+        _stop_header_timer(self)
+        self.lingering = True           # what follows cannot be parsed: read and drop it
+        self._abandon(self.current_cycle, status)
+        if self._unanswered():
+            self.pending_error = (status, message)
+        else:
+            raw_error(self, status, message)
+
+    def _abandon(self, cycle, status: int):
+        """A request that will never be complete: its app sees the client gone, writes
+        nothing, and is counted with `status` (nanobert.refused) rather than as 499."""
+        if cycle is None or cycle.response_complete:
+            return
+        cycle.disconnected = True
+        cycle.scope["nanobert.refused"] = status
+        cycle.message_event.set()
+        kept = [p for p in self.pipeline if p[0] is not cycle]
+        self.pipeline.clear()
+        self.pipeline.extend(kept)
+
+    def _unanswered(self) -> list:
+        """The cycles of requests received whole (or running) that still owe an answer."""
+        cycles = [self.running_cycle, self.cycle] + [c for c, _ in self.pipeline]
+        return [c for c in dict.fromkeys(cycles) if c is not None
+                and not c.response_complete and not c.disconnected]
+
+    def on_response_complete(self):
+        super().on_response_complete()       # (starts the next pipelined request)
+        if self.transport.is_closing() or self._unanswered():
+            return
+        if self.pending_error is not None:
+            status, message = self.pending_error
+            self.pending_error = None
+            raw_error(self, status, message)
+
+    # A client that shuts its sending side (a FIN) is taken to have gone, as nginx takes
+    # it: a half-close (`nc -N`) and a client that gave up look the same, and the work of
+    # those that gave up (a timeout, Ctrl-C) is cancelled, counted 499 (eof_received is
+    # uvicorn's: the connection closes).
 
     def on_message_begin(self):
         super().on_message_begin()
         self.header_size = 0
+        self.current_cycle = None
         _start_header_timer(self, self.header_timeout)
 
     # the size of what was parsed, for headers that arrive whole in one read (the count
@@ -1333,10 +1393,12 @@ class HeaderLimits:
             self.upgrade_ignored = True
             return
         super().on_headers_complete()
+        self.current_cycle = self.cycle
 
     def on_message_complete(self):
         if not self.upgrade_ignored:
             super().on_message_complete()
+            self.current_cycle = None
 
     def head_without_upgrade(self) -> bytes:
         """The request line and headers just parsed, less what asks for an Upgrade:
@@ -1473,9 +1535,11 @@ def not_drain_deadline(record) -> bool:
 
 
 def drain_end(signals: list, config: ServeConfig) -> str:
-    """What ended the drain: its deadline, or a second Ctrl-C (uvicorn then stops at once)."""
-    if signals.count("SIGINT") > 1:
-        return "when a second SIGINT forced the stop"
+    """What ended the drain, given the signals in the order they came: its deadline, or
+    a SIGINT after the first signal (uvicorn then stops at once; a second SIGTERM
+    does not)."""
+    if "SIGINT" in signals[1:]:
+        return f"when a {'second ' if signals[0] == 'SIGINT' else ''}SIGINT forced the stop"
     return f"after --drain-timeout {config.drain_timeout:g}"
 
 
@@ -1515,6 +1579,7 @@ def serve_cmd(args):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
     uvicorn.Server(uv).run(sockets=[sock])
+    stopped_by.reverse()      # (uvicorn raises the signals it caught again last first)
     cut = (f"; {server.cut_off} still running {drain_end(stopped_by, config)} answered 503"
            if server.cut_off else "")
     print(f"nanobert serve: stopped{' by ' + stopped_by[0] if stopped_by else ''}, "

@@ -667,6 +667,8 @@ def test_concurrent_requests_share_batches(server):
     ("/embed", b'{"inputs": "x", "dimensions": ' + b"9" * 5000 + b"}", 422,
      "'dimensions' is an integer of 5000 digits"),
     ("/embed", rb'{"inputs": ["ok", "a\ud800"]}', 422, "'inputs[1]' is not valid Unicode"),
+    ("/qa", b'{"inputs": [{"question": "q", "context": "c", "id": ' + b"7" * 5000 + b"}]}", 422,
+     "'inputs[0].id' is an integer of 5000 digits"),
     ("/tokenize", rb'{"inputs": [["a", "\udfff"]]}', 422, "'inputs[0][1]' is not valid"),
     ("/rerank", rb'{"query": "\udc00", "documents": ["a"]}', 422, "'query' is not valid"),
     ("/qa", rb'{"inputs": [{"question": "q", "context": "\ud83d"}]}', 422,
@@ -863,12 +865,15 @@ def test_queue_full_is_429_and_sigterm_drains(models):
         s.close()
 
 
-def test_drain_deadline_answers_503_and_exits(models):
+@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGTERM", "SIGINT")])
+def test_drain_deadline_answers_503_and_exits(models, signals):
     """On SIGTERM the requests in flight get --drain-timeout seconds; those still running
     then are answered 503 (they were a plain-text 500 with a traceback each, and their
     work went on: the server stopped only after it, with the event loop blocked, so the
-    clients whose 503s were not yet written waited for minutes). Listening on --port 0
-    takes a free port, which the banner names."""
+    clients whose 503s were not yet written waited for minutes). A SIGINT after it stops
+    at once; the last line names the first signal and what ended the drain (it named
+    the last signal, and the deadline). Listening on --port 0 takes a free port, which
+    the banner names."""
     s = Running(["minilm"], "--max-batch-tokens", "256", "--max-client-batch", "128",
                 "--drain-timeout", "1", port=0)
     try:
@@ -879,7 +884,9 @@ def test_drain_deadline_answers_503_and_exits(models):
             while s.metric("nanobert_requests_in_flight") < 3:
                 time.sleep(0.05)
             start = time.time()
-            s.proc.send_signal(signal.SIGTERM)
+            for sig in signals:
+                s.proc.send_signal(getattr(signal, sig))
+                time.sleep(0.2)
             answers = [a.result(timeout=60) for a in answers]
         assert s.proc.wait(60) == 0
         assert time.time() - start < 15       # the drain, and at most a batch of 256 tokens
@@ -889,6 +896,9 @@ def test_drain_deadline_answers_503_and_exits(models):
         assert "shutting down" in cut.json()["error"]["message"]
         log = s.proc.stdout.read()
         assert "Traceback" not in log and "answered 503" in log, log
+        assert "stopped by SIGTERM" in log, log
+        assert ("when a SIGINT forced the stop" if len(signals) > 1 else
+                "after --drain-timeout 1 answered 503") in log, log
         # uvicorn's own ERROR line for the tasks it cancels (nanobert's line says it)
         assert "graceful shutdown exceeded" not in log, log
     finally:
@@ -1107,6 +1117,48 @@ def test_pipelined_request_whose_client_closes_is_cancelled(models):
                 time.sleep(0.05)
         assert s.metric('nanobert_requests_total{route="/embed",status="200"}') == 0
         assert s.post("/embed", {"inputs": "x"}).status_code == 200
+        log = s.stop_log()
+        assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    finally:
+        s.close()
+
+
+def test_malformed_requests_answer_in_turn_and_log_nothing(models):
+    """What breaks HTTP framing on a connection is answered once, in its turn, with a
+    JSON error and nothing in the log:
+    - a Transfer-Encoding other than chunked and no length (the app had started; its own
+      answer was then written after the 400 had closed the sending side: a traceback);
+    - a malformed request pipelined behind a valid one (the 400 was written at once, and
+      the client took it for the answer to the valid request, which never came);
+    - a malformed chunked body (counted as 499, client gone, not as the 400 it got)."""
+    s = Running(["minilm"])
+    try:
+        for request in (b"POST /embed HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"
+                        b'{"inputs":"hello"}',
+                        b"GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: foo\r\n\r\n"):
+            head, _, body = raw_http(s.port, request).partition(b"\r\n\r\n")
+            assert re.match(rb"HTTP/1.1 (400|501)", head) and b"application/json" in head, head
+            assert head.count(b"HTTP/1.1") == 1 and json.loads(body)["error"]["message"]
+        head, _, body = raw_http(s.port, b"GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                                 b"gzip, chunked\r\n\r\n0\r\n\r\n").partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 501") and b"Transfer-Encoding" in body
+
+        post = json.dumps({"inputs": ["a sentence to embed, of some length"] * 40}).encode()
+        valid = b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(post) + post
+        for broken in (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n",
+                       b"GARBAGE\r\n\r\n"):
+            for then in (True, False):       # in a later read, or in the same one
+                answer = (raw_http(s.port, valid, then=broken) if then
+                          else raw_http(s.port, valid + broken))
+                assert re.findall(rb"HTTP/1.1 (\d+)", answer) == [b"200", b"400"], answer[:200]
+                first = answer.split(b"HTTP/1.1 400")[0].partition(b"\r\n\r\n")[2]
+                assert len(json.loads(first)["embeddings"]) == 40
+
+        chunked = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                   b"\r\nzz\r\nabc\r\n0\r\n\r\n")
+        assert raw_http(s.port, chunked).startswith(b"HTTP/1.1 400")
+        assert s.metric('nanobert_requests_total{route="/v1/embeddings",status="499"}') == 0
+
         log = s.stop_log()
         assert "Traceback" not in log and "Exception in ASGI" not in log, log
     finally:

@@ -170,6 +170,8 @@ def test_a_second_ctrl_c_is_named_and_its_cancelled_lifespan_not_logged():
     config = ServeConfig(drain_timeout=25)
     assert drain_end(["SIGINT", "SIGINT"], config) == "when a second SIGINT forced the stop"
     assert drain_end(["SIGTERM"], config) == "after --drain-timeout 25"
+    assert drain_end(["SIGTERM", "SIGTERM"], config) == "after --drain-timeout 25"
+    assert drain_end(["SIGTERM", "SIGINT"], config) == "when a SIGINT forced the stop"
 
     def record(msg):
         return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, msg, None, None)
