@@ -236,7 +236,8 @@ def _command(argv) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:
-        message = _out_of_resources(e, args)
+        from .files import path_failure
+        message = _out_of_resources(e, args) or path_failure(e)
         if message is None:
             raise
         _error(message)

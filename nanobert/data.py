@@ -49,6 +49,11 @@ class Sentence:
     words: list
     tags: Optional[list] = None
     line: int = 0
+    word_a_line: bool = False   # CoNLL columns: word i on line `line + i` (else all on `line`)
+
+    def line_of(self, i: int) -> int:
+        """The line of the file that holds word i."""
+        return self.line + i if self.word_a_line else self.line
 
 
 @dataclass
@@ -487,9 +492,12 @@ def to_iob2(tags: list) -> list:
 
 def looks_like_conll(path, sample: int = 50) -> bool:
     """Whether a file that could be one text a line is CoNLL columns instead: it starts
-    with -DOCSTART-, or each of its first non-blank lines is a token followed by columns
-    ending in an IOB tag."""
-    seen = 0
+    with -DOCSTART-, or its first non-blank lines are each a token followed by columns
+    ending in an IOB tag, tagged as an entity tagger's data is (some `O`, or every type
+    in capitals: `B-PER`). A sentence's last word can look like a tag ('an E-mail', 'a
+    U-turn', 'vitamin B-12'): lines of plain text were read as a token and its columns,
+    and their other words dropped."""
+    seen, tags = 0, []
     for _, text in read_lines(path):
         cols = conll_columns(text)
         if not cols:
@@ -498,10 +506,14 @@ def looks_like_conll(path, sample: int = 50) -> bool:
             return True
         if len(cols) < 2 or not is_iob_tag(cols[-1]):
             return False
+        tags.append(cols[-1])
         seen += 1
         if seen >= sample:
             break
-    return seen > 0
+    return seen > 0 and ("O" in tags or all(TAGGER_TYPE.fullmatch(t[2:]) for t in tags))
+
+
+TAGGER_TYPE = re.compile(r"[A-Z][A-Z0-9_]*")   # an entity type as datasets write them
 
 
 def detect_format(path, plain_text: bool = False) -> str:
@@ -705,14 +717,15 @@ JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a 
               list: "a list", dict: "an object"}
 
 
-def _note_empty_texts(examples: list, path) -> None:
-    """Labelled examples with an empty text (a cell lost in an export or a join; QQP's
-    train file has a few) are kept, as other tools keep them, with one note saying how
-    many and where the first is: the model learns, or is scored on, a label for no input."""
-    empty = [e for e in examples
-             if not e.text_a.strip() or (e.text_b is not None and not e.text_b.strip())]
+def _note_empty_texts(examples: list, path, what: str = "labelled example(s)") -> None:
+    """Examples (or `TextRow`s) with an empty text (a cell lost in an export or a join;
+    QQP's train file has a few) are kept, as other tools keep them, with one note saying
+    how many and where the first is: the model learns, or is scored on, no input."""
+    def texts(e):
+        return e.texts if isinstance(e, TextRow) else (e.text_a, e.text_b)
+    empty = [e for e in examples if any(t is not None and not t.strip() for t in texts(e))]
     if empty:
-        note(f"{path}:{empty[0].line}: {len(empty)} labelled example(s) with an empty text "
+        note(f"{path}:{empty[0].line}: {len(empty)} {what} with an empty text "
              "(kept; fill the cells or remove the rows if they were lost on the way)")
 
 
@@ -1041,7 +1054,8 @@ def read_conll(path, require_tags=True) -> list:
 
     def flush():
         if words:
-            out.append(Sentence(list(words), to_iob2(tags) if require_tags else None, start))
+            out.append(Sentence(list(words), to_iob2(tags) if require_tags else None, start,
+                                word_a_line=True))
         words.clear()
         tags.clear()
 
@@ -1447,6 +1461,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         out.append(TextRow(texts, _score(rec.get(score), path, n) if score else None, n, path))
     if not out:
         raise data_error(path, None, "no rows (only a header?)")
+    _note_empty_texts(out, path, "row(s)")
     return out
 
 

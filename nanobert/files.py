@@ -250,6 +250,19 @@ def write_failure(e: BaseException):
     return None
 
 
+def path_failure(e: BaseException):
+    """The one line for a path the system cannot look up, wherever it was met (a
+    `resolve()`, an `exists()`, a mkdir): a loop of symbolic links, a name too long.
+    Python before 3.13 raises a RuntimeError for the loop in `Path.resolve`. Else None."""
+    if isinstance(e, OSError) and e.errno in (errno.ELOOP, errno.ENAMETOOLONG):
+        shown = e.filename if e.filename is not None else "a path"
+        return f"{shown}: cannot be used ({e.strerror or e})"
+    if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):
+        return f"{str(e)[len('Symlink loop from '):].strip(chr(39))}: cannot be used (a loop of " \
+               "symbolic links)"
+    return None
+
+
 # ----------------------------------------------------------------------------------
 # Output paths, checked before the expensive work
 
@@ -283,9 +296,16 @@ def _writable_ancestor(path: Path, flag: str, shown=None) -> Path:
 def check_output_dir(path, flag: str = "--out"):
     """`path` can be (or become) a directory this process writes into."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
+    kind = path_kind(path)
+    if kind is None and os.path.islink(path):   # (mkdir then failed: 'File exists')
+        raise NanobertError(f"{flag} {path}: is a link to {os.readlink(path)}, which does not "
+                            "exist; remove the link or create the directory it points to")
+    if kind == "dir" and Path(os.path.abspath(path)).resolve() == Path("/"):
+        raise NanobertError(f"{flag} {path}: is the root of the file system; name a "
+                            "directory for the output")
+    if kind not in (None, "dir"):
         raise NanobertError(f"{flag} {path}: is a file; a directory is needed here")
-    if path.is_dir():
+    if kind == "dir":
         _writable_ancestor(path / "x", flag, shown=path)
     else:
         _writable_ancestor(path, flag)

@@ -408,9 +408,9 @@ def classify_check(examples, model, path):
 def ner_check(sentences, model, path):
     known = set(model.config.id2label.values())
     for s in sentences:
-        for t in s.tags:
+        for i, t in enumerate(s.tags):
             if t not in known:
-                raise D.data_error(path, s.line, f"unknown tag {t!r} (the model knows "
+                raise D.data_error(path, s.line_of(i), f"unknown tag {t!r} (the model knows "
                                    f"{', '.join(sorted(known))})")
 
 

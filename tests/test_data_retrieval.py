@@ -238,3 +238,15 @@ def test_a_missing_score_is_called_missing(tmp_path):
     j = _write(tmp_path / "s.jsonl", '{"sentence1": "a", "sentence2": "b", "score": null}\n')
     with pytest.raises(NanobertError, match=r"s.jsonl:1: the score is missing"):
         D.read_text_rows(j, require_score=True)
+
+
+def test_rows_with_an_empty_text_are_kept_with_one_note(tmp_path, capsys):
+    """As labelled classification examples are: kept (a row of the file is a row of the
+    output), with one note naming the first one's line and the count."""
+    f = _write(tmp_path / "e.tsv", "anchor\tpositive\na man eats\t\na cat\ta kitten\nx\t \n")
+    rows = D.read_text_rows(f)
+    assert [r.texts for r in rows] == [("a man eats", ""), ("a cat", "a kitten"), ("x", " ")]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{f}:2: 2 row(s) with an empty text (kept" in err
+    D.read_text_rows(_write(tmp_path / "ok.tsv", "anchor\tpositive\na\tb\n"))
+    assert capsys.readouterr().err == ""

@@ -201,6 +201,23 @@ def test_ner_label_set_has_b_and_i_of_every_type():
         ner_labels([Sentence(["x"], ["O"])], "t.txt")
 
 
+def test_an_unknown_tag_is_named_at_its_own_line(tmp_path):
+    """A tag the model does not know is reported at the line that holds it (it was the
+    line of its sentence's first word); in JSON Lines a sentence is one line."""
+    from types import SimpleNamespace
+    from nanobert import data as D
+    from nanobert.finetune import ner_check
+    model = SimpleNamespace(config=SimpleNamespace(id2label={0: "O", 1: "B-PER", 2: "I-PER"}))
+    conll = tmp_path / "dev.txt"
+    conll.write_text("a O\nb O\n\nc O\nd O\ne O\nf B-XYZ\n\n")
+    with pytest.raises(NanobertError, match=r"dev.txt:7: unknown tag 'B-XYZ'"):
+        ner_check(D.read_conll(conll), model, conll)
+    jsonl = tmp_path / "dev.jsonl"
+    jsonl.write_text('{"tokens": ["a"], "tags": ["O"]}\n{"tokens": ["c", "f"], "tags": ["O", "B-XYZ"]}\n')
+    with pytest.raises(NanobertError, match=r"dev.jsonl:2: unknown tag 'B-XYZ'"):
+        ner_check(D.read_conll(jsonl), model, jsonl)
+
+
 def test_ner_labels_go_on_the_first_subword(minilm):
     _, tok = minilm
     s = Sentence(["Smithsonianville", "met", "unbelievably", "Bo"], ["B-ORG", "O", "O", "B-PER"])

@@ -103,6 +103,35 @@ def test_commands_check_their_output_before_anything_else(tmp_path, capsys):
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_paths_the_system_cannot_look_up_are_one_line(tmp_path, capsys):
+    """A loop of symbolic links, a name over the system's limit (as input or output),
+    an --out that is a dangling link and the file system's root: one line naming the
+    path, status 2 (pathlib's RuntimeError / OSError came out as tracebacks, and --out /
+    wrote a model into the root)."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    data = tmp_path / "t.tsv"
+    data.write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
+    long_name = str(tmp_path / ("a" * 300))
+    loop = str(tmp_path / "loop1")
+
+    def finetune(train, out):
+        return ["finetune", "--task", "classify", "--model", "minilm", "--max-steps", "1",
+                "--train", train, "--dev", str(data), "--out", out]
+    cases = [(finetune(loop, str(tmp_path / "r")), f"{loop}: cannot be"),
+             (finetune(long_name + ".tsv", str(tmp_path / "r")), "File name too long"),
+             (finetune(str(data), loop), f"{loop}: cannot be"),
+             (finetune(str(data), long_name), "File name too long"),
+             (finetune(str(data), str(tmp_path / "dangling")),
+              f"--out {tmp_path / 'dangling'}: is a link to {tmp_path / 'nowhere'}, which does "
+              "not exist"),
+             (finetune(str(data), "/"), "--out /: is the root of the file system")]
+    for argv, expected in cases:
+        assert expected in refused(capsys, argv), argv
+    assert not (tmp_path / "r").exists() and not (tmp_path / "nowhere").exists()
+
+
 def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     """embed --out equal to --input overwrote the input; --overwrite into the model
     directory, or into a folder holding an input among the files it replaces, deleted it,

@@ -265,6 +265,12 @@ def test_looks_like_conll_tells_columns_from_text(tmp_path):
     assert D.looks_like_conll(write(tmp_path, "b.txt", "\nEU B-ORG\nrejects O\n\nPeter I-PER\n"))
     assert not D.looks_like_conll(write(tmp_path, "c.txt", "EU rejects German call\nPeter O\n"))
     assert not D.looks_like_conll(write(tmp_path, "d.txt", "EU B-ORG\nrejects\n"))
+    # sentences whose last word looks like a tag are text (their other words were
+    # dropped as columns); tags as datasets write them are columns
+    assert not D.looks_like_conll(write(tmp_path, "e.txt", "Alice sent an E-mail\nA U-turn\n"))
+    assert not D.looks_like_conll(write(tmp_path, "f.txt", "Peter needs vitamin B-12\n"))
+    assert D.looks_like_conll(write(tmp_path, "g.txt", "Paris B-LOC\nBerlin B-LOC\n"))
+    assert D.looks_like_conll(write(tmp_path, "h.txt", "wnut I-person\nx O\n"))
 
 
 def test_one_column_table_is_read_by_its_suffix(tmp_path):
