@@ -85,7 +85,12 @@ def _pooling_dir(model_dir: Path) -> Optional[Path]:
             raise NanobertError(f"{modules}: expected a list of modules with a string type "
                                 f"and path, got {str(m)[:80]}")
         path = m.get("path", "")
-        if m["type"].endswith("Pooling") and found is None:
+        kind = m["type"].rsplit(".", 1)[-1]
+        if kind not in ST_MODULES:
+            raise NanobertError(f"{modules}: module {m['type']!r} ({path or 'the top folder'}) "
+                                "is not supported (nanobert runs a Transformer, Pooling and "
+                                "Normalize): its embeddings would differ from the checkpoint's")
+        if kind == "Pooling" and found is None:
             if Path(path).is_absolute() or ".." in Path(path).parts:
                 raise NanobertError(f"{modules}: the Pooling module's path {path!r} is not a "
                                     "folder of the model directory")
@@ -105,12 +110,22 @@ def declared_pooling(model_dir) -> Optional[str]:
     if path is None or not path.is_file():
         return None
     conf = _st_json(path, dict, "a JSON object of pooling_mode_* settings")
-    for key, name in (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
-                      ("pooling_mode_max_tokens", "max"),
-                      ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len")):
-        if conf.get(key):
-            return name
-    return None
+    on = [k for k, v in conf.items() if k.startswith("pooling_mode_") and v]
+    odd = next((k for k in on if k not in ST_POOLINGS), None)
+    if odd is not None:
+        raise NanobertError(f"{path}: {odd} is not supported (nanobert pools by "
+                            f"{', '.join(ST_POOLINGS.values())}); its embeddings would differ "
+                            "from the checkpoint's")
+    if len(on) > 1:   # sentence-transformers joins the vectors of each, end to end
+        raise NanobertError(f"{path}: {' and '.join(on)} are both on (one vector of each, "
+                            "joined); nanobert pools one way: turn all but one off")
+    return ST_POOLINGS[on[0]] if on else None
+
+
+# sentence-transformers' modules nanobert runs, and its pooling settings: name -> ours
+ST_MODULES = ("Transformer", "Pooling", "Normalize")
+ST_POOLINGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+               "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len"}
 
 
 def declared_max_length(model_dir) -> Optional[int]:

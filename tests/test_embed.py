@@ -100,6 +100,37 @@ def test_declared_pooling(tmp_path, minilm_dir):
         declared_pooling(tmp_path)
 
 
+@pytest.mark.parametrize("modes, says", [
+    ({"pooling_mode_weightedmean_tokens": True}, "pooling_mode_weightedmean_tokens is not supported"),
+    ({"pooling_mode_lasttoken": True}, "pooling_mode_lasttoken is not supported"),
+    ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}, "are both on"),
+])
+def test_a_pooling_nanobert_does_not_do_is_refused(tmp_path, modes, says):
+    """Modes other than cls/mean/max/mean_sqrt_len, or two at once (joined vectors),
+    were read as mean pooling: embeddings 0.2-0.4 off the checkpoint's, silently."""
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_mean_tokens": False, **modes}))
+    with pytest.raises(NanobertError, match=f"1_Pooling.config.json: .*{says}"):
+        declared_pooling(tmp_path)
+
+
+def test_a_module_nanobert_does_not_run_is_refused(tmp_path):
+    """A Dense (or any other) module after the pooling changed the vectors, and was
+    skipped: 384 numbers where the checkpoint gives 64."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(NanobertError, match=r"modules.json: module 'sentence_transformers.models.Dense' "
+                                            r"\(2_Dense\) is not supported"):
+        declared_pooling(tmp_path)
+    (tmp_path / "modules.json").write_text(json.dumps(modules[:2]))
+    assert declared_pooling(tmp_path) == "mean"
+
+
 def test_top_k():
     corpus = np.array([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.0]])
     hits = top_k(np.array([[2.0, 0.1]]), corpus, k=3)[0]
