@@ -728,11 +728,15 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
                             "for fbgemm): save the float32 model and load it with dtype='int8'")
     out_dir = _check_save_args(out_dir, tokenizer)
     _check_mlm_act(model)
+    fam = FAMILIES[model.config.family]
+    if model.head is not None and model.head not in fam.heads:   # nothing would load it
+        raise NanobertError(f"a {model.config.family} model with a {model.head} head is not "
+                            f"saved: {fam.architecture(model.head)} is not one nanobert loads "
+                            f"(the {model.config.family} heads: {', '.join(fam.heads)})")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".save.", dir=out_dir) as tmp:
         tmp = Path(tmp)
         state = hf_state_dict(model)
-        fam = FAMILIES[model.config.family]
         tied = fam.decoder + ".weight"
         if tied in state:  # safetensors refuses shared storage
             state[tied] = state[tied].clone()

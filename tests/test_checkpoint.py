@@ -369,3 +369,18 @@ def test_multi_label_classifier_refused_unless_given_new_labels(tmp_path):
     assert load_model(tmp_path, head=None).head is None
     model = load_model(tmp_path, head="classify", id2label={0: "a", 1: "b", 2: "c"})
     assert model.config.problem_type == "single_label_classification"
+
+
+def test_a_head_the_family_does_not_load_is_not_saved(tmp_path):
+    """save_pretrained wrote ModernBertForQuestionAnswering (and other heads a family's
+    loader refuses): a directory that nanobert.load and export then refused."""
+    import nanobert
+    from nanobert.files import NanobertError
+    model = nanobert.Bert(nanobert.preset("modernbert-tiny", vocab_size=100), head="qa")
+    with pytest.raises(NanobertError, match="a modernbert model with a qa head is not saved"):
+        model.save_pretrained(tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    nanobert.Bert(nanobert.preset("modernbert-tiny", vocab_size=100), head="classify") \
+        .save_pretrained(tmp_path / "ok")
+    from nanobert.checkpoint import load_model
+    assert load_model(tmp_path / "ok").head == "classify"
