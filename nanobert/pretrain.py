@@ -156,6 +156,9 @@ class PretrainConfig(Config):
             raise NanobertError(f"--vocab-size {self.vocab_size}: the size of a vocabulary "
                                 f"to train, but --tokenizer {self.tokenizer} gives one; drop "
                                 "one of them")
+        if self.model_config and self.preset != type(self).__dataclass_fields__["preset"].default:
+            raise NanobertError(f"--preset {self.preset}: --config {self.model_config} gives the "
+                                "model's shape; drop one of them")
         if self.model_config:
             # a bad file, one of a family nanobert does not build, or one with too few
             # positions, fails before the corpus is read

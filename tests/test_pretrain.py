@@ -319,6 +319,10 @@ def test_empty_huge_and_missing_values_are_refused_while_parsing(tmp_path, capsy
     assert cli_refusal(capsys, base + ["--steps", "99999999999999999999"]).startswith("--steps: got")
     with pytest.raises(NanobertError, match="--preset"):
         PretrainConfig(corpus=["c"], preset=None)
+    # both a preset and a config: the config was used, the preset recorded as if it counted
+    assert cli_refusal(capsys, base + ["--steps", "2", "--preset", "mini", "--config",
+                                       str(tmp_path / "config.json")]).startswith(
+        "--preset mini: --config ")
     assert not (tmp_path / "o").exists()
 
 
