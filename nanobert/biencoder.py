@@ -466,6 +466,10 @@ def read_embed_data(path, cols=None, require=True):
         if first.score is not None and len(first.texts) != 2:
             raise data_error(path, first.line, "scored rows must be pairs (text_a, text_b, "
                              "score), not triplets")
+        if first.score is not None:
+            _scores_differ(data, path, "score", "the loss compares pairs by their scores, and "
+                           "is 0 when none differ (rows without scores are (anchor, positive) "
+                           "pairs)")
     return data
 
 
@@ -487,7 +491,17 @@ def read_rerank_data(path, cols=None, require=True):
     if all(r.score == 0 for r in rows):
         raise data_error(path, None, "every label is 0: no relevant document (reranking labels "
                          "are relevance grades: >= 0, some > 0)")
+    _scores_differ(rows, path, "label", "nothing tells a relevant document from another "
+                   "(reranking needs documents graded differently)")
     return rows
+
+
+def _scores_differ(rows, path, what: str, why: str):
+    """Scored rows whose scores are all one value train nothing (a loss of 0 at every
+    step, or one that only pushes every score one way): refused, naming the file."""
+    scores = {r.score for r in rows if r.score is not None}
+    if len(scores) == 1:
+        raise NanobertError(f"{path}: every {what} is {next(iter(scores)):g}: {why}")
 
 
 def beir_split(beir, settings: dict, training: bool):
@@ -505,10 +519,8 @@ def scores_vary_check(rows, model, path):
     the run failed at its first evaluation, naming no file)."""
     if not isinstance(rows, list):  # a BEIR folder: judged by relevance, not scores
         return
-    scores = {r.score for r in rows if r.score is not None}
-    if len(scores) == 1:
-        raise NanobertError(f"{path}: every score is {next(iter(scores))}: the correlations "
-                            "(Pearson, Spearman) need scores that vary")
+    _scores_differ(rows, path, "score", "the correlations (Pearson, Spearman) need scores "
+                   "that vary")
 
 
 def regress_features(tok, rows, settings, label2id=None) -> list:

@@ -226,11 +226,27 @@ def test_evaluation_scores_that_never_vary_are_refused_before_training(tmp_path)
     from nanobert.finetune import get_task
     dev = tmp_path / "dev.tsv"
     dev.write_text("sentence1\tsentence2\tscore\na\tb\t1\nc\td\t1.0\n")
-    with pytest.raises(NanobertError, match=f"{dev}: every score is 1.0: the correlations"):
+    with pytest.raises(NanobertError, match=f"{dev}: every score is 1: the correlations"):
         scores_vary_check(read_scored(dev), None, dev)
     dev.write_text("anchor\tpositive\nq\td\n")
     scores_vary_check(read_scored(dev, require=False), None, dev)   # pairs: no score
     assert get_task("regress").check is get_task("embed").check is scores_vary_check
+
+
+def test_training_data_whose_scores_never_vary_is_refused(tmp_path):
+    """Scored pairs for an embedding model (a CoSENT loss of 0 at every step) and a
+    reranker's rows all graded alike trained nothing, and said so nowhere."""
+    f = tmp_path / "t.tsv"
+    f.write_text("sentence1\tsentence2\tscore\na\tb\t1\nc\td\t1\ne\tf\t1\n")
+    with pytest.raises(NanobertError, match=f"{f}: every score is 1: the loss compares"):
+        E.read_embed_data(f)
+    f.write_text("query\tdocument\tlabel\nq\ta\t1\nq\tb\t1\n")
+    with pytest.raises(NanobertError, match=f"{f}: every label is 1: nothing tells"):
+        E.read_rerank_data(f)
+    f.write_text("query\tdocument\tlabel\nq\ta\t1\nq\tb\t0\n")
+    assert len(E.read_rerank_data(f)) == 2
+    f.write_text("anchor\tpositive\nq\td\nr\te\n")      # (anchor, positive): no scores
+    assert len(E.read_embed_data(f)) == 2
 
 
 def test_regression_records_pairs_and_a_single_text_model_is_no_cross_encoder(tmp_path, capsys):
