@@ -131,6 +131,11 @@ class BertConfig:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"{key} must be a whole number >= {lo}, got {v!r}")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                                  or not 0 <= v <= 1):
+                raise ValueError(f"{key} must be a probability from 0 to 1, got {v!r}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary "
                              f"(0 to {self.vocab_size - 1})")
@@ -809,6 +814,10 @@ class BertModel(nn.Module):
                 output_attentions=False, keep_unpadded=False) -> EncoderOutput:
         # input_ids, attention_mask, token_type_ids: (B, T)
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+        if input_ids.dtype not in (torch.int64, torch.int32):   # (uint8, int16: the lookup's)
+            input_ids = input_ids.long()
+        if token_type_ids is not None and token_type_ids.dtype not in (torch.int64, torch.int32):
+            token_type_ids = token_type_ids.long()
         B, T = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)

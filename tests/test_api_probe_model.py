@@ -244,3 +244,19 @@ def test_load_names_the_override_that_is_wrong(tmp_path, tok):
         nanobert.load(path, hidden_act="nope")
     with pytest.raises(NanobertError, match="with attn_backend=None: unknown attn_backend"):
         nanobert.load(path, attn_backend=None)
+
+
+def test_ids_of_any_integer_type_and_dropout_overrides_checked(tiny_config):
+    """uint8 / int16 ids (a numpy array of small ids) ran into torch's 'Expected tensor
+    for argument #1 indices to have one of the following scalar types'; a dropout
+    probability out of range from load(**overrides) was torch's message, naming no field."""
+    model = nanobert.Bert(tiny_config).eval()
+    ids = torch.tensor([[2, 7, 3, 9]])
+    expect = model.bert(ids).last_hidden_state
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        got = model.bert(ids.to(dtype), token_type_ids=torch.zeros(1, 4, dtype=dtype))
+        torch.testing.assert_close(got.last_hidden_state, expect)
+    for key, value in (("hidden_dropout_prob", 5.0), ("attention_probs_dropout_prob", -0.1),
+                       ("classifier_dropout", "0.1")):
+        with pytest.raises(ValueError, match=f"{key} must be a probability from 0 to 1"):
+            nanobert.BertConfig(**{**vars(tiny_config), key: value})
