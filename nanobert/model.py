@@ -1059,5 +1059,17 @@ class Bert(nn.Module):
         return load_model(name_or_dir, head=head, **config_overrides).eval()
 
     def save_pretrained(self, out_dir, tokenizer=None):
-        from .checkpoint import save_model
+        """config.json + model.safetensors (+ the tokenizer's files) into `out_dir`. Not
+        into a directory of a nanobert run: its settings (nanobert.json), run record and
+        checkpoint would then describe another model than the weights beside them."""
+        from pathlib import Path
+        from .checkpoint import SETTINGS_FILE, save_model
+        from .files import NanobertError
+        from .rundir import RUN_FILE
+        if isinstance(out_dir, (str, Path)) and str(out_dir):
+            held = [f for f in (SETTINGS_FILE, RUN_FILE) if (Path(out_dir) / f).is_file()]
+            if held:
+                raise NanobertError(f"save_pretrained({out_dir}): holds a nanobert run's "
+                                    f"{' and '.join(held)}, which would describe another "
+                                    "model than the one saved; save into a new directory")
         save_model(self, out_dir, tokenizer=tokenizer)

@@ -384,3 +384,21 @@ def test_a_head_the_family_does_not_load_is_not_saved(tmp_path):
         .save_pretrained(tmp_path / "ok")
     from nanobert.checkpoint import load_model
     assert load_model(tmp_path / "ok").head == "classify"
+
+
+def test_save_pretrained_does_not_mix_into_a_run_directory(tmp_path):
+    """Saved into a fine-tuning run's directory, a classifier sat beside the run's
+    nanobert.json of a regression model: evaluate then said 'not a fine-tuned ... model
+    (its head is classify)'. Refused; an HF directory of plain files is overwritten."""
+    import nanobert
+    from nanobert.files import NanobertError
+    model = nanobert.Bert(nanobert.preset("tiny", vocab_size=100), head="classify")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "nanobert.json").write_text('{"task": "regress", "max_length": 128}')
+    with pytest.raises(NanobertError, match=r"holds a nanobert run's nanobert.json"):
+        model.save_pretrained(run)
+    assert sorted(p.name for p in run.iterdir()) == ["nanobert.json"]
+    model.save_pretrained(tmp_path / "hf")
+    model.save_pretrained(tmp_path / "hf")          # over its own files: fine
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
