@@ -82,7 +82,7 @@ def test_sts_pairs_without_scores_are_refused_by_the_bi_encoder(tmp_path):
         q = write(tmp_path, "q.tsv", f"{cols}\na\tb\n")
         assert error_of(read_embed_data, q).startswith(f"{q}:1: no score column")
     assert D.read_text_rows(p)[0].score is None         # the plain reader still reads it
-    scored = write(tmp_path, "s.tsv", "sentence1\tsentence2\tscore\na\tb\t4\n")
+    scored = write(tmp_path, "s.tsv", "sentence1\tsentence2\tscore\na\tb\t4\nc\td\t1\n")
     assert read_embed_data(scored)[0].score == 4.0
 
 
