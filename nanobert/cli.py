@@ -193,7 +193,10 @@ def main(argv=None) -> int:
     """Run one command. Everything heavy (torch, the commands' modules) is imported in
     here: a Ctrl-C at any moment is one line, never a traceback."""
     code = _command(argv)
-    _leave_processes(code)
+    try:
+        _leave_processes(code)
+    except KeyboardInterrupt:   # a second Ctrl-C as the command ends: it has ended
+        code = code or 130
     return code
 
 

@@ -169,3 +169,16 @@ def test_an_interrupt_lost_inside_the_command_still_ends_it_as_interrupted(
     # the handlers are the caller's again
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
+
+
+def test_a_second_ctrl_c_as_the_command_ends_is_no_traceback(monkeypatch, capsys):
+    """A Ctrl-C pressed again while an interrupted command winds down (after 'nanobert:
+    interrupted') came out of main as a KeyboardInterrupt: a traceback and status 1."""
+    from nanobert import cli
+
+    def second_ctrl_c(code):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_leave_processes", second_ctrl_c)
+    assert cli.main(["info", "minilm", "--json"]) == 130
+    monkeypatch.setattr(cli, "_command", lambda argv: 2)
+    assert cli.main([]) == 2                 # a failure keeps its own status

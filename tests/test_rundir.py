@@ -598,11 +598,12 @@ def demo_killed(pattern, corpus: Path, argv: list) -> str:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     p = subprocess.Popen([sys.executable, "-c", code, *argv, "--threads", "1"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
+    seen, sent = [], False
     for line in p.stdout:
         seen.append(line)
-        if pattern and re.search(pattern, line):
-            p.send_signal(signal.SIGINT)
+        if pattern and not sent and re.search(pattern, line):
+            p.send_signal(signal.SIGINT)    # once ('interrupted at step 6: ...' matched again)
+            sent = True
     p.wait(timeout=120)
     p.stdout.close()
     assert p.returncode == (130 if pattern else 0), "".join(seen)
