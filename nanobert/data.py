@@ -162,30 +162,31 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
         known = next((c for c in PAIR_COLUMNS if column_named(names, c) == text), text)
         pair = column_named(names, PAIR_COLUMNS.get(known))
     if not text_column:
-        _one_candidate(names, TEXT_COLUMNS, (text, pair), "text", path, line)
+        _one_candidate(names, TEXT_COLUMNS, (text, pair), "text", path, line, "--text-column")
     if label_column:
         label = need(label_column, "label")
     else:
         label = first_column(names, LABEL_COLUMNS)
         if require_label:   # (an input file's labels are not read)
-            _one_candidate(names, LABEL_COLUMNS, (label,), "label", path, line)
+            _one_candidate(names, LABEL_COLUMNS, (label,), "label", path, line, "--label-column")
     if label is None and require_label:
         raise data_error(path, line, f"no label column (expected 'label'; columns: {shown}); "
                          "name it with --label-column")
     return Columns(text, pair, label)
 
 
-def _one_candidate(names, candidates, chosen, what: str, path, line):
+def _one_candidate(names, candidates, chosen, what: str, path, line, flag=None):
     """Refuse a header with two columns that could each be the one chosen (`text` and
     `sentence`; `label` and `class`): which one was meant would be a guess. `chosen`: the
-    columns taken (a text column and its pair column are both taken)."""
+    columns taken, this role's first (a text column and its pair column are both taken);
+    `flag`: the one that names the column (None: there is none)."""
     known = {c.casefold() for c in candidates}
     others = [n for n in names if isinstance(n, str) and n.casefold() in known
               and n not in chosen]
     if others:
-        flag = "--text-column" if what == "text" else "--label-column"
+        how = f"pick one with {flag}" if flag else "rename the one not meant"
         raise data_error(path, line, f"two {what} columns, {chosen[0]!r} and {others[0]!r}: "
-                         f"which one holds the {what}s would be a guess; pick one with {flag}")
+                         f"which one holds the {what}s would be a guess; {how}")
 
 
 def _text_column(names) -> Optional[str]:
@@ -821,8 +822,7 @@ def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
     out = []
     for n, row in rows:
         label = _label_str(row[il], path, n, cols["require_label"]) if il is not None else None
-        b = row[ib] if ib is not None else None
-        out.append(Example(row[ia], b, label, n))
+        out.append(Example(row[ia], row[ib] if ib is not None else None, label, n))
     return out
 
 
@@ -1486,15 +1486,8 @@ def _no_second_candidate(names, taken: list, columns: dict, path):
     second column that could hold it too and is taken by no role ('score' and 'label';
     'query' and 'text'): which one was meant would be a guess."""
     for (role, candidates, flag), chosen in zip(TEXT_ROLES, taken):
-        if chosen is None or columns.get(role) is not None:
-            continue
-        known = {c.casefold() for c in candidates}
-        other = next((n for n in names if isinstance(n, str) and n.casefold() in known
-                      and n not in taken), None)
-        if other is not None:
-            how = f"pick one with {flag}" if flag else "rename the one not meant"
-            raise data_error(path, 1, f"two {role} columns, {chosen!r} and {other!r}: which "
-                             f"one holds the {role} would be a guess; {how}")
+        if chosen is not None and columns.get(role) is None:
+            _one_candidate(names, candidates, (chosen, *taken), role, path, 1, flag)
 UNSCORED_PAIRS = ("; {0!r}/{1!r} pairs (STS, NLI) are related by their scores, not all matches "
                   "(an STS-B test file?); (query, positive) pairs are read from columns named "
                   "so (anchor/positive, query/document, question/answer) or named with "

@@ -32,6 +32,7 @@ from .batching import forward_tokens, restore_order, sorted_batches
 from .checkpoint import POOLINGS
 from .config import at_least, checked, max_length_range
 from .files import NanobertError, atomic_path, check_output_file
+from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
 from .tokenizer import check_texts
@@ -46,8 +47,8 @@ RERANK_K = 100   # search with a reranker: the nearest entries the cross-encoder
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
     """hidden (B, T, H), mask (B, T) 1 on real tokens -> (B, H)."""
     m = mask.unsqueeze(-1).to(hidden.dtype)                      # (B, T, 1)
-    if pooling == "cls":   # each row's first real token (column 0 unless left-padded)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), mask.int().argmax(1)]
+    if pooling == "cls":
+        return first_real_tokens(hidden, mask)
     if pooling == "max":
         return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
     total = (hidden * m).sum(1)                                   # (B, H)

@@ -370,6 +370,14 @@ class Linear(nn.Linear):
 # Batch layouts: how the tokens of a batch sit in memory, and how to attend over them
 
 
+def first_real_tokens(x, mask):  # x (B, T, H), mask (B, T) 1 on real tokens -> (B, H)
+    """Each row's first real token: column 0, unless the batch is left-padded (then the pad
+    at column 0 would stand in for the sequence, as it does in `transformers`, and the
+    unpadded layout, which has no such pad, would disagree)."""
+    first = mask.int().argmax(1)                                  # (B,), 0 if all masked
+    return x[torch.arange(x.shape[0], device=x.device), first]
+
+
 class Layout:
     """Padded layout: activations are (B, T, H); `mask` (B, T) is 1 on real tokens.
     `backend` is "eager" or "sdpa"."""
@@ -415,11 +423,7 @@ class Layout:
         return x
 
     def first_tokens(self, x):  # the [CLS] vector of each sequence: (B, H)
-        # its first real token: column 0, unless the batch is left-padded (then the pad at
-        # column 0 would stand in for the sequence, as it does in `transformers`, and the
-        # unpadded layout, which has no such pad, would disagree)
-        first = self.mask.int().argmax(1)                         # (B,), 0 if all masked
-        return x[torch.arange(self.B, device=x.device), first]
+        return first_real_tokens(x, self.mask)
 
     def mean_tokens(self, x):  # the mean over each sequence's real tokens: (B, H)
         m = self.mask.unsqueeze(-1).to(x.dtype)
