@@ -285,9 +285,14 @@ ACTIVATIONS = {
     "tanh": torch.tanh,
 }
 
-# Activations oneDNN can apply inside a Linear's output pass: name -> (post-op, algorithm)
-FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
-                     "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+# Activations oneDNN applies inside a Linear's output pass: name -> (post-op, algorithm).
+# Its GELU post-ops are fast only with AVX-512: on an AVX2-only CPU (Zen 3) the fused exact
+# GELU cost an 800 x 384 x 1536 product 3-5 ms, where torch's own GELU after it costs
+# 1.3-2 ms, bit for bit the same (3-4% of a whole minilm forward, docs/speed.md).
+FUSED_ACTIVATIONS = {"relu": ("relu", "")}
+if "AVX512" in torch.backends.cpu.get_cpu_capability():
+    FUSED_ACTIVATIONS.update({"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
+                              "gelu_pytorch_tanh": ("gelu", "tanh")})
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
