@@ -458,9 +458,10 @@ def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
     w = state.get(fam.hf_name("classifier.weight", head))
     if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != config.num_labels:
         shown = overrides["num_labels"] if given[0] == "num_labels" else "..."
-        raise OtherLabels(f"load({given[0]}={shown}): asks for {config.num_labels} labels, but the "
-                         f"checkpoint's {head} head has {w.shape[0]} outputs; load it with "
-                         "head=None to train a new head on the encoder")
+        raise OtherLabels(f"load({given[0]}={shown}): asks for {config.num_labels} "
+                          f"label{'s' if config.num_labels != 1 else ''}, but the "
+                          f"checkpoint's {head} head has {w.shape[0]} outputs; load it with "
+                          "head=None to train a new head on the encoder")
 
 
 def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:

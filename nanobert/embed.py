@@ -31,7 +31,7 @@ import torch
 from .batching import forward_tokens, restore_order, sorted_batches
 from .checkpoint import POOLINGS
 from .config import at_least, checked, max_length_range
-from .files import NanobertError, atomic_path, check_output_file
+from .files import NanobertError, atomic_path, check_output_file, note
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
@@ -110,23 +110,39 @@ def declared_pooling(model_dir) -> Optional[str]:
     path = pool_dir / "config.json" if pool_dir is not None else None
     if path is None or not path.is_file():
         return None
-    conf = _st_json(path, dict, "a JSON object of pooling_mode_* settings")
-    on = [k for k, v in conf.items() if k.startswith("pooling_mode_") and v]
-    odd = next((k for k in on if k not in ST_POOLINGS), None)
+    conf = _st_json(path, dict, "a JSON object of pooling settings")
+    modes = _pooling_modes(conf, path)
+    odd = next((m for m in modes if m not in ST_POOLINGS), None)
     if odd is not None:
-        raise NanobertError(f"{path}: {odd} is not supported (nanobert pools by "
-                            f"{', '.join(ST_POOLINGS.values())}); its embeddings would differ "
-                            "from the checkpoint's")
-    if len(on) > 1:   # sentence-transformers joins the vectors of each, end to end
-        raise NanobertError(f"{path}: {' and '.join(on)} are both on (one vector of each, "
-                            "joined); nanobert pools one way: turn all but one off")
-    return ST_POOLINGS[on[0]] if on else None
+        raise NanobertError(f"{path}: pooling {odd!r} is not supported (nanobert pools by "
+                            f"{', '.join(dict.fromkeys(ST_POOLINGS.values()))}); its embeddings "
+                            "would differ from the checkpoint's")
+    if len(modes) > 1:   # sentence-transformers joins the vectors of each, end to end
+        raise NanobertError(f"{path}: poolings {' and '.join(modes)} are both on (one vector "
+                            "of each, joined); nanobert pools one way: keep one")
+    return ST_POOLINGS[modes[0]] if modes else None
+
+
+def _pooling_modes(conf: dict, path: Path) -> list:
+    """The pooling modes a Pooling config turns on: sentence-transformers 6 writes
+    "pooling_mode": a name or a list of names; earlier versions one pooling_mode_* flag
+    each (the names as ST_POOLINGS spells them)."""
+    if "pooling_mode" in conf:
+        v = conf["pooling_mode"]
+        modes = [v] if isinstance(v, str) else v
+        if not (isinstance(modes, list) and modes and all(isinstance(m, str) for m in modes)):
+            raise NanobertError(f"{path}: pooling_mode must be a name or a list of names, "
+                                f"got {str(v)[:80]}")
+        return list(dict.fromkeys(modes))
+    return [k for k, v in conf.items() if k.startswith("pooling_mode_") and v]
 
 
 # sentence-transformers' modules nanobert runs, and its pooling settings: name -> ours
 ST_MODULES = ("Transformer", "Pooling", "Normalize")
 ST_POOLINGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
-               "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len"}
+               "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+               # sentence-transformers 6: "pooling_mode": one of these names, or a list
+               "cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}
 
 
 def declared_max_length(model_dir) -> Optional[int]:
@@ -341,8 +357,8 @@ class Encoder:
         if source is not None:
             source = Path(source).resolve()
             parts.append(str(source))
-            for f in sorted(source.glob("*")):
-                if f.is_file() and (f.suffix in (".safetensors", ".bin") or f.name == "config.json"):
+            for f in sorted(source.glob("*")):   # weights, config and tokenizer files
+                if f.is_file() and f.suffix in (".safetensors", ".bin", ".json", ".txt", ".model"):
                     st = f.stat()
                     parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
         else:  # an in-memory model: hash its weights
@@ -369,8 +385,9 @@ class Encoder:
         queries = [query] if single else check_texts(query, "query")
         if rerank is not None:
             rerank = check_reranker(rerank)
-            first = self.search(query, corpus, max(k, check_count(rerank_k, "rerank_k")),
-                                corpus_embeddings)
+            if check_count(rerank_k, "rerank_k") < k:   # (it was raised without a word)
+                note(f"rerank_k {rerank_k} is under k {k}: the {k} nearest entries are reranked")
+            first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
             return rerank.rerank_hits(query, first, k)
         if isinstance(corpus, (str, Path)):
             texts, corpus_embeddings = corpus_embeddings_cached(self, corpus)

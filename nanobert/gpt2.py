@@ -124,7 +124,23 @@ def load_gpt2(name_or_dir, device="cpu"):
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise NanobertError(f"{name_or_dir}: cannot load a causal language model ({msg[:200]})")
+    _check_tokenizer(lm, tok, name_or_dir)
     return lm.to(device).eval(), tok
+
+
+def _check_tokenizer(lm, tok, name) -> None:
+    """Refuse a tokenizer that cannot feed the model: a folder without tokenizer files
+    loaded as an empty tokenizer that turned every text into no tokens, so every verdict
+    scored 0 and tied (a table of 50% with exit status 0)."""
+    ids = tok("The film was great, I liked it.", add_special_tokens=False)["input_ids"]
+    vocab = lm.get_input_embeddings().num_embeddings
+    if not ids:
+        raise NanobertError(f"{name}: its tokenizer turns text into no tokens (are the "
+                            "tokenizer files, vocab.json and merges.txt or tokenizer.json, "
+                            "missing?)")
+    if max(ids) >= vocab:
+        raise NanobertError(f"{name}: its tokenizer gives ids up to {max(ids)}, the model has "
+                            f"{vocab} embeddings (a tokenizer of another model?)")
 
 
 # ----------------------------------------------------------------------------------
@@ -300,10 +316,11 @@ def _note_sample(cfg: CompareConfig, labels: list, used: int) -> None:
         note(f"--n {cfg.n}: {used} examples used, all that {cfg.data} has")
 
 
-def _bert_side(cfg: CompareConfig, bert, texts, labels) -> list:
+def _bert_side(cfg: CompareConfig, bert, texts, labels, max_length: int) -> list:
     """The classifier's predictions, in the data's label names."""
     model_names = list((bert[0].config.id2label or {}).values())
-    pred = _align_names(bert_predict(*bert, texts), model_names, set(labels))
+    pred = _align_names(bert_predict(*bert, texts, max_length=max_length), model_names,
+                        set(labels))
     if not set(pred) <= set(labels):
         raise NanobertError(f"{cfg.bert}: the model predicts labels {sorted(set(pred))} that "
                             f"are not labels of {cfg.data} ({sorted(set(labels))})")
@@ -320,16 +337,19 @@ def compare(config, *args, bert=None, gpt2_model=None, **fields) -> dict:
     cfg = config
     texts, gold, labels = _sample(cfg)
     pol = polarity(labels, cfg.positive_label)
+    window = 128   # a model passed in; one loaded here reads with its run's window
     if bert is None:
-        from . import load
-        bert = load(cfg.bert)
+        from .finetune import load_finetuned
+        model, tok, settings = load_finetuned(cfg.bert)
+        bert, window = (model, tok), settings["max_length"]
+    window = min(window, bert[0].config.usable_positions)
     if getattr(bert[0], "head", None) != "classify":   # fail before loading GPT-2
         raise NanobertError(f"{cfg.bert}: not a classification model (head {bert[0].head!r}); "
                             "fine-tune one with `nanobert finetune`")
     lm, gtok = gpt2_model if gpt2_model is not None else load_gpt2(cfg.gpt2)
     _note_sample(cfg, labels, len(gold))   # (once both models load: not before an error)
     t0 = time.time()
-    bert_pred = _bert_side(cfg, bert, texts, labels)
+    bert_pred = _bert_side(cfg, bert, texts, labels, window)
     t_bert, t0 = time.time() - t0, time.time()
     gpt_idx, nll = zero_shot_predict(texts, lambda xs: sequence_nll(lm, gtok, xs, cfg.batch_size),
                                      cfg.words, cfg.template)

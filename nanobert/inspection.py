@@ -219,6 +219,10 @@ def attention_cmd(args):
     check_output_file(args.out, "--out", IMAGE_SUFFIXES)
     model, tokenizer = load(args.model)
     check_has_tokens(tokenizer, args.text, args.pair)
+    try:   # a pair needs one token more than one text: [CLS] a [SEP] b [SEP]
+        tokenizer.check_max_length(args.max_length, pair=args.pair is not None)
+    except ValueError as e:
+        raise NanobertError(f"--max-length: {e}")
     tokens, probs = attention_maps(model, tokenizer, args.text, args.pair, args.max_length)
     L, nh = probs.shape[:2]
     name = Path(str(args.model)).name or str(args.model)

@@ -94,6 +94,17 @@ def test_search_rerank_must_be_a_reranker_or_its_directory(minilm, dirs, reranke
     assert by_dir == enc.search("cat", DOCS, k=2, rerank=reranker)
 
 
+def test_search_says_when_rerank_k_is_raised_to_k(minilm, reranker, capsys):
+    """rerank_k under k reranked k entries without a word."""
+    enc = Encoder(minilm)
+    capsys.readouterr()
+    assert len(enc.search("cat", DOCS, k=3, rerank=reranker, rerank_k=1)) == 3
+    assert capsys.readouterr().err == ("nanobert: note: rerank_k 1 is under k 3: the 3 nearest "
+                                       "entries are reranked\n")
+    enc.search("cat", DOCS, k=2, rerank=reranker, rerank_k=2)
+    assert capsys.readouterr().err == ""
+
+
 def test_encode_refuses_dicts_sets_and_surrogates_and_encoder_names_its_tokenizer(minilm):
     enc = Encoder(minilm)
     for bad, words in [({"first": 1}, "texts must be a list of strings, got a dict"),

@@ -95,15 +95,41 @@ def test_declared_pooling(tmp_path, minilm_dir):
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
         {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
     assert declared_pooling(tmp_path) == "cls"
+    for mode, ours in (("cls", "cls"), (["max"], "max"), ("mean_sqrt_len_tokens", "mean_sqrt_len")):
+        (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"embedding_dimension": 384, "pooling_mode": mode, "include_prompt": True}))
+        assert declared_pooling(tmp_path) == ours, mode
     (tmp_path / "1_Pooling" / "config.json").write_text("{oops")
     with pytest.raises(NanobertError, match="1_Pooling"):
         declared_pooling(tmp_path)
 
 
+@pytest.mark.parametrize("mode", ["cls", "max"])
+def test_sentence_transformers_6_checkpoints_pool_as_declared(tiny_dir, tmp_path, mode):
+    """sentence-transformers 6 saves the pooling as "pooling_mode": "cls"; nanobert read
+    only the pooling_mode_* flags of earlier versions and mean-pooled such a checkpoint,
+    0.3-0.4 off its own vectors, silently."""
+    from sentence_transformers import SentenceTransformer, models
+    st = SentenceTransformer(modules=[models.Transformer(str(tiny_dir)),
+                                      models.Pooling(models.Transformer(str(tiny_dir))
+                                                     .get_embedding_dimension(), pooling_mode=mode),
+                                      models.Normalize()], device="cpu")
+    st.save(str(tmp_path / "st"))
+    texts = ["the cat sat on the mat.", "a market fell"]
+    np.testing.assert_allclose(np.asarray(Encoder(tmp_path / "st").encode(texts)),
+                               st.encode(texts), atol=1e-5)
+
+
 @pytest.mark.parametrize("modes, says", [
-    ({"pooling_mode_weightedmean_tokens": True}, "pooling_mode_weightedmean_tokens is not supported"),
-    ({"pooling_mode_lasttoken": True}, "pooling_mode_lasttoken is not supported"),
+    ({"pooling_mode_weightedmean_tokens": True}, "'pooling_mode_weightedmean_tokens' is not supported"),
+    ({"pooling_mode_lasttoken": True}, "'pooling_mode_lasttoken' is not supported"),
     ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}, "are both on"),
+    # sentence-transformers 6 writes one key, a name or a list of names
+    ({"pooling_mode": "weightedmean"}, "'weightedmean' is not supported"),
+    ({"pooling_mode": "lasttoken"}, "'lasttoken' is not supported"),
+    ({"pooling_mode": ["cls", "mean"]}, "poolings cls and mean are both on"),
+    ({"pooling_mode": 3}, "pooling_mode must be a name or a list of names, got 3"),
+    ({"pooling_mode": []}, "pooling_mode must be a name or a list of names"),
 ])
 def test_a_pooling_nanobert_does_not_do_is_refused(tmp_path, modes, says):
     """Modes other than cls/mean/max/mean_sqrt_len, or two at once (joined vectors),
@@ -171,6 +197,21 @@ def test_search_and_cache(encoder, tmp_path, monkeypatch):
         corpus_embeddings_cached(encoder, ro / "c.txt")
         ro.chmod(0o755)
         assert list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))
+
+
+def test_cache_key_follows_the_tokenizer_files(tiny_dir, tmp_path):
+    """search reused its cached corpus embeddings after the model's tokenizer_config.json
+    changed (do_lower_case true -> false): stale scores, silently. Any of the model
+    directory's weight, config or tokenizer files changing makes a new key."""
+    model = tmp_path / "m"
+    shutil.copytree(tiny_dir, model)
+    keys = {Encoder(model).identity()}
+    for name in ("tokenizer_config.json", "vocab.txt"):
+        f = model / name
+        f.write_text(f.read_text() + "\n")
+        keys.add(Encoder(model).identity())
+    assert len(keys) == 3
+    assert Encoder(model).identity() in keys   # and unchanged files keep the key
 
 
 def test_cache_falls_back_to_home(encoder, tmp_path, monkeypatch):

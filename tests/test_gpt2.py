@@ -3,6 +3,7 @@ command end to end with a tiny random GPT-2 and a tiny BERT classifier (no downl
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -125,6 +126,31 @@ def test_load_gpt2_errors(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     with pytest.raises(NanobertError, match="cannot load"):
         load_gpt2(tmp_path / "empty")
+
+
+def test_a_gpt2_without_tokenizer_files_is_refused(tiny_gpt2, tmp_path):
+    """Without tokenizer files transformers built an empty tokenizer: every text became
+    no tokens, every verdict scored 0, and compare-gpt2 printed a table of ties (exit 0)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in tiny_gpt2.iterdir():
+        if f.name in ("config.json", "model.safetensors", "generation_config.json"):
+            shutil.copy(f, bare / f.name)
+    with pytest.raises(NanobertError, match="bare: its tokenizer turns text into no tokens"):
+        load_gpt2(bare)
+
+
+def test_compare_gpt2_reads_long_texts_with_the_models_window(tiny_bert, tiny_gpt2, tmp_path,
+                                                              capsys):
+    """The BERT side truncated at a fixed 128 tokens: a text longer than the model's 64
+    positions ended in a traceback (exit 1)."""
+    data = tmp_path / "long.tsv"
+    data.write_text("sentence\tlabel\n" + "the film was a delight " * 30 + "\t1\n"
+                    "i hated it\t0\n")
+    rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+               "--data", str(data), "--n", "2", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n"] == 2
 
 
 # ---- end to end ---------------------------------------------------------------------

@@ -259,6 +259,19 @@ def test_attention_refuses_text_without_tokens(tiny_dir, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["tokens"][1:-1] == ["good", "film"]
 
 
+def test_attention_on_a_pair_needs_room_for_both_texts(tiny_dir, tmp_path, capsys):
+    """--pair with --max-length 4 (enough for one text, not for [CLS] a [SEP] b [SEP])
+    ended in the tokenizer's ValueError: a traceback and exit status 1."""
+    out = tmp_path / "a.png"
+    rc = main(["attention", "--model", str(tiny_dir), "--out", str(out), "--text", "a b",
+               "--pair", "c d", "--max-length", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("nanobert: error: --max-length: ") and err.count("\n") == 1
+    assert ">= 5" in err and not out.exists()
+    assert main(["attention", "--model", str(tiny_dir), "--out", str(out), "--text", "a b",
+                 "--pair", "c d", "--max-length", "5"]) == 0 and out.exists()
+
+
 def test_tsne_says_the_perplexity_it_uses(tiny_dir, labelled_tsv, tmp_path, capsys):
     """--perplexity 100 with --n 20 was capped at (n - 1) / 3 without a word."""
     out = tmp_path / "t.png"

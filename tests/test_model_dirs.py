@@ -203,7 +203,7 @@ def sentence_transformers(d, modules=None, pooling=None, sbert=None):
      "expected a list of modules with a string type and path"),
     ("modules.json", [{"type": "sentence_transformers.models.Pooling", "path": "9_Pool"}],
      "the Pooling module's"),
-    ("1_Pooling/config.json", [1], "expected a JSON object of pooling_mode_* settings, got list"),
+    ("1_Pooling/config.json", [1], "expected a JSON object of pooling settings, got list"),
     ("sentence_bert_config.json", {"max_seq_length": -5},
      "max_seq_length must be a whole number >= 1, got -5"),
     ("sentence_bert_config.json", {"max_seq_length": 0}, "max_seq_length must be a whole number"),
