@@ -158,9 +158,25 @@ def hub_failure(name, error: BaseException, hint: str = "") -> NanobertError:
 # Loading
 
 
+def _st_transformer_folder(model_dir: Path) -> str:
+    """The subfolder a sentence-transformers modules.json names for its Transformer
+    module ("0_Transformer"), or "" (none, or the top folder)."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text("utf-8"))
+        return next((m.get("path") or "" for m in modules
+                     if str(m.get("type", "")).rsplit(".", 1)[-1] == "Transformer"), "")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return ""
+
+
 def read_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     if not path.is_file():
+        inner = _st_transformer_folder(model_dir)
+        if inner:   # sentence-transformers before 2.0 kept the model in a subfolder
+            raise NanobertError(f"{path}: missing; modules.json puts the model in {inner}/ (an "
+                                "older sentence-transformers layout nanobert does not read: "
+                                "save it again with sentence-transformers 2 or later)")
         raise NanobertError(f"{path}: missing (not a model directory)")
     try:
         d = json.loads(path.read_text("utf-8"))

@@ -122,6 +122,20 @@ def test_local_path_typos_are_no_such_directory(model_dir, capsys, tmp_path, mon
     assert info_error(capsys, file) == f"{file}: is a file, not a model directory"
 
 
+def test_an_older_sentence_transformers_layout_is_named(tmp_path, capsys):
+    """sentence-transformers before 2.0 kept the model in 0_Transformer/; the error said
+    only that config.json was missing (not a model directory)."""
+    d = tmp_path / "st"
+    (d / "0_Transformer").mkdir(parents=True)
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    err = info_error(capsys, d)
+    assert err.startswith(f"{d / 'config.json'}: missing; modules.json puts the model in 0_Transformer/")
+    (d / "modules.json").write_text("[1, 2]")   # a broken modules.json: the plain message
+    assert info_error(capsys, d) == f"{d / 'config.json'}: missing (not a model directory)"
+
+
 def test_truncated_weights_and_checkpoint_files(copy, capsys, tmp_path):
     data = (copy / "model.safetensors").read_bytes()
     (copy / "model.safetensors").write_bytes(data[: len(data) // 2])
