@@ -656,7 +656,9 @@ class Embeddings(nn.Module):
         x = self.tok(ids)
         if self.pos is not None:
             x = x + self.pos(pos)
-        if self.seg is not None:
+        if self.seg is not None and self.seg.num_embeddings == 1:
+            x = x + self.seg.weight[0]   # one segment (RoBERTa): both texts of a pair read it
+        elif self.seg is not None:
             x = x + self.seg(seg)
         x = self.drop(self.norm(x))
         return self.proj(x) if self.proj is not None else x
@@ -798,7 +800,8 @@ def check_inputs(c: BertConfig, input_ids, attention_mask, token_type_ids):
     if lo < 0 or hi >= c.vocab_size:
         raise ValueError(f"input_ids holds {lo if lo < 0 else hi}, outside the vocabulary "
                          f"(0 to {c.vocab_size - 1})")
-    if token_type_ids is not None and c.type_vocab_size > 0:   # (0: the model reads none)
+    if token_type_ids is not None and c.type_vocab_size > 1:   # (0: the model reads none; 1:
+        # every token reads the one segment, as RoBERTa's tokenizer gives both texts type 0)
         if int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= c.type_vocab_size:
             raise ValueError(f"token_type_ids must be from 0 to {c.type_vocab_size - 1}")
 

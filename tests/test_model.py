@@ -221,6 +221,17 @@ def test_bad_inputs_and_configs_are_named(tiny_config):
     assert model.bert(input_ids=ids.int()).last_hidden_state.shape == (2, 5, tiny_config.hidden_size)
     no_types = nanobert.Bert(dataclasses.replace(tiny_config, type_vocab_size=0)).eval()
     no_types(input_ids=ids, token_type_ids=ids * 0 + 1)            # DistilBERT-like: ignored
+    # one segment (RoBERTa): a pair's second text (type 1, as nanobert's tokenizer gives it)
+    # reads the one segment, as with the zeros RoBERTa's tokenizer gives; was a ValueError
+    # that ended finetune on pairs, qa and rerank with a traceback
+    torch.manual_seed(0)
+    one = nanobert.Bert(dataclasses.replace(tiny_config, type_vocab_size=1)).eval()
+    with torch.no_grad():
+        for backend in ("eager", "sdpa", "unpadded"):
+            one.config.attn_backend = backend
+            pair = one(input_ids=ids, token_type_ids=(ids > 2).long()).hidden.last_hidden_state
+            zeros = one(input_ids=ids, token_type_ids=ids * 0).hidden.last_hidden_state
+            assert torch.equal(pair, zeros), backend
     with pytest.raises(ValueError, match="hidden_size must be a whole number"):
         dataclasses.replace(tiny_config, hidden_size="x")
     with pytest.raises(TypeError, match="preset"):
