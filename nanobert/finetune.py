@@ -561,6 +561,16 @@ def feature_batches(items: list, cfg, pad_id: int) -> tuple:
 def row_batches(features, cfg, pad_id: int) -> tuple:
     """Bi-encoder / cross-encoder rows (`nanobert.biencoder.RowBatches`) cut by the
     epoch plan of every task."""
+    rows_a_batch = min(cfg.batch_size, len(features))
+    if features.scores is None and len(features.cols) == 2 and rows_a_batch < 2:
+        # (anchor, positive) rows, no hard negative: MNRL's negatives are the batch's others
+        why = (f"--batch-size {cfg.batch_size}" if cfg.batch_size < 2
+               else f"{cfg.train} has one training row")
+        raise NanobertError(f"{why}: the mnrl loss ranks each anchor's positive against the "
+                            "other rows' positives in its batch; with one row a batch there "
+                            "are none and the loss is 0 at every step: train on 2 rows a batch "
+                            "or more, or give each row a hard negative (a third column)")
+
     def plan(lengths, epoch):
         return epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)
     return features.batches(plan)

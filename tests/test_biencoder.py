@@ -14,6 +14,7 @@ import nanobert
 from nanobert import biencoder as E
 from nanobert.data import Beir, TextRow
 from nanobert.files import NanobertError
+from test_finetune import tiny_dir  # noqa: F401  (a small random BERT)
 
 
 @pytest.fixture(autouse=True)
@@ -247,6 +248,33 @@ def test_training_data_whose_scores_never_vary_is_refused(tmp_path):
     assert len(E.read_rerank_data(f)) == 2
     f.write_text("anchor\tpositive\nq\td\nr\te\n")      # (anchor, positive): no scores
     assert len(E.read_embed_data(f)) == 2
+
+
+def test_mnrl_with_one_row_a_batch_is_refused(tiny_dir, tmp_path, capsys):
+    """--batch-size 1 (or a single training row) on (anchor, positive) pairs: MNRL's
+    negatives are the batch's other rows, so the loss was 0 at every step and the run
+    reported success. A hard negative per row gives each row its own negative."""
+    from nanobert.cli import main
+    model = tiny_dir
+    pairs = tmp_path / "p.tsv"
+    pairs.write_text("anchor\tpositive\nthe cat\ta cat\nthe dog\ta dog\nthe bird\ta bird\n")
+    one = tmp_path / "one.tsv"
+    one.write_text("anchor\tpositive\nthe cat\ta cat\n")
+    for train, flags, why in ((pairs, ["--batch-size", "1"], "--batch-size 1: "),
+                              (one, [], f"{one} has one training row: ")):
+        out = tmp_path / "out"
+        rc = main(["finetune", "--task", "embed", "--model", str(model), "--train", str(train),
+                   "--dev", str(pairs), "--out", str(out), "--epochs", "1", "--max-length", "32",
+                   *flags])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(f"nanobert: error: {why}the mnrl loss"), err
+        assert not out.exists()
+    triplets = tmp_path / "t.tsv"
+    triplets.write_text("anchor\tpositive\tnegative\nthe cat\ta cat\ta dog\n"
+                        "the dog\ta dog\ta bird\n")
+    assert main(["finetune", "--task", "embed", "--model", str(model), "--train", str(triplets),
+                 "--dev", str(pairs), "--out", str(tmp_path / "ok"), "--epochs", "1",
+                 "--max-length", "32", "--batch-size", "1"]) == 0
 
 
 def test_regression_records_pairs_and_a_single_text_model_is_no_cross_encoder(tmp_path, capsys):
