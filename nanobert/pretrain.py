@@ -328,7 +328,8 @@ def evaluate_mlm(model, val_batches) -> dict:
             pair_sum += pair_loss(out.pair_logits, pair_labels, reduction="sum").item()
             pairs += len(pair_labels)
     loss = loss_sum / max(n, 1)
-    m = {"loss": loss, "mlm_accuracy": correct / max(n, 1), "perplexity": math.exp(min(loss, 50))}
+    m = {"loss": loss, "mlm_accuracy": correct / max(n, 1),
+         "perplexity": math.exp(min(loss, 700))}   # (exp(710) overflows a float)
     if pairs:
         m["pair_accuracy"] = pair_right / pairs
         m["pair_loss"] = pair_sum / pairs

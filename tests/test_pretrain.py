@@ -648,3 +648,25 @@ def test_roberta_positions_start_after_the_tokenizers_padding_id(tmp_path):
         c = _model_config(PretrainConfig(corpus=["c"], model_config=str(tmp_path / "roberta.json"),
                                          seq_len=32), tok)
         assert (c.family, c.pad_token_id, c.position_offset) == ("roberta", tok.pad_id, tok.pad_id + 1)
+
+
+def test_perplexity_is_exp_of_the_loss_even_when_training_diverged(tiny_config):
+    """The perplexity was capped at exp(50): losses of 75, 111 and 124 all printed
+    5184705528587072045056 (docs: perplexity = exp(loss))."""
+    import math
+
+    import torch
+
+    import nanobert
+    from nanobert.pretrain import evaluate_mlm
+    torch.manual_seed(0)
+    model = nanobert.Bert(tiny_config, "mlm").eval()
+    with torch.no_grad():   # a diverged model: a loss far above 50
+        model.mlm.bias.copy_(torch.randn(tiny_config.vocab_size) * 100)
+    ids = torch.randint(5, tiny_config.vocab_size, (2, 6))
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    m = evaluate_mlm(model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                              "labels": labels}])
+    assert 50 < m["loss"] < 700
+    assert m["perplexity"] == pytest.approx(math.exp(m["loss"]), rel=1e-9)
