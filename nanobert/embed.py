@@ -385,7 +385,8 @@ class Encoder:
         queries = [query] if single else check_texts(query, "query")
         if rerank is not None:
             rerank = check_reranker(rerank)
-            if check_count(rerank_k, "rerank_k") < k:   # (it was raised without a word)
+            rerank_k = check_count(rerank_k, "rerank_k")
+            if rerank_k < k:   # (it was raised without a word)
                 note(f"rerank_k {rerank_k} is under k {k}: the {k} nearest entries are reranked")
             first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
             return rerank.rerank_hits(query, first, k)

@@ -9,11 +9,12 @@ int8 weights per output channel, activations quantized per call).
 
 The graph takes input_ids, attention_mask and token_type_ids, each (batch, sequence)
 int64 with both axes dynamic (families without segments, DistilBERT and ModernBERT, and
-RoBERTa's one segment, which every token reads, take no token_type_ids), and returns the head's outputs under transformers' names
-(OUTPUTS; a bare encoder whose checkpoint has no trained pooler, such as DistilBERT's
-or ModernBERT's, gives no pooler_output). It is traced from the padded layout
-(`attn_backend="sdpa"`): the unpadded layout gathers a data-dependent number of tokens and loops over length groups in
-Python, which a static graph cannot hold. On real (non-padding) positions the outputs
+RoBERTa's one segment, which every token reads, take no token_type_ids), and returns the
+head's outputs under transformers' names (OUTPUTS; a bare encoder whose checkpoint has
+no trained pooler, such as DistilBERT's or ModernBERT's, gives no pooler_output). It is
+traced from the padded layout (`attn_backend="sdpa"`): the unpadded layout gathers a
+data-dependent number of tokens and loops over length groups in Python, which a static
+graph cannot hold. On real (non-padding) positions the outputs
 equal nanobert's to 1e-4; what a graph writes on padding positions is unspecified.
 """
 from __future__ import annotations

@@ -656,10 +656,8 @@ class Embeddings(nn.Module):
         x = self.tok(ids)
         if self.pos is not None:
             x = x + self.pos(pos)
-        if self.seg is not None and self.seg.num_embeddings == 1:
-            x = x + self.seg.weight[0]   # one segment (RoBERTa): both texts of a pair read it
-        elif self.seg is not None:
-            x = x + self.seg(seg)
+        if self.seg is not None:   # one segment (RoBERTa): both texts of a pair read it
+            x = x + (self.seg.weight[0] if self.seg.num_embeddings == 1 else self.seg(seg))
         x = self.drop(self.norm(x))
         return self.proj(x) if self.proj is not None else x
 
