@@ -180,7 +180,7 @@ def test_fast_linear_equals_plain_linear_for_any_row_count():
         # up to Linear.SMALL_ROWS rows on MKL's (K, N) copy, more on oneDNN's blocked one
         for shape in [(1, 24), (33, 24), (65, 24), (3, 11, 24), (129, 24), (5, 61, 24)]:
             x = torch.randn(shape)
-            for act in (None, "gelu", "gelu_new", "relu"):  # fused into oneDNN's pass or not
+            for act in (None, *ACTIVATIONS):  # fused into oneDNN's pass, or applied in place
                 with torch.no_grad():
                     fast = lin(x, act)
                     ref = F.linear(x, lin.weight, lin.bias)
@@ -192,6 +192,17 @@ def test_fast_linear_equals_plain_linear_for_any_row_count():
         for rows in (3, 300):
             x = torch.randn(rows, 24)
             assert torch.allclose(lin(x), F.linear(x, lin.weight), atol=1e-5), rows
+
+
+def test_in_place_activations_equal_the_plain_ones_bit_for_bit():
+    from nanobert.model import ACTIVATIONS, ACTIVATIONS_IN_PLACE
+    assert set(ACTIVATIONS_IN_PLACE) == set(ACTIVATIONS)
+    x = torch.randn(300, 40) * 4
+    for name, act in ACTIVATIONS_IN_PLACE.items():
+        y = x.clone()
+        out = act(y)
+        assert out.data_ptr() == y.data_ptr(), name          # written over its input
+        assert torch.equal(out, ACTIVATIONS[name](x)), name
 
 
 def test_bad_inputs_and_configs_are_named(tiny_config):
