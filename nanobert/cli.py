@@ -220,7 +220,10 @@ def _command(argv) -> int:
         with _while_loading():
             from .threads import set_threads
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-            args = build_parser().parse_args(argv)
+            from .config import given_dests
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            args._given = given_dests(parser, argv)
             set_threads(args.threads)
         with signals_replaced(_interrupt, _ours_to_handle):
             code = args.func(args) or 0

@@ -226,6 +226,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"nanobert: error: {message}\n")
 
 
+def given_dests(parser: argparse.ArgumentParser, argv) -> set:
+    """The dests of the flags `argv` gives, at any value (a parse compares values with
+    defaults; a flag given at its default value is given all the same). `argv` has
+    already parsed without error: it is parsed again with every default suppressed."""
+    parsers, saved = [parser], []
+    while parsers:
+        p = parsers.pop()
+        for action in p._actions:
+            saved.append((action, action.default))
+            action.default = argparse.SUPPRESS
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += list(action.choices.values())
+    try:
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for action, default in saved:
+            action.default = default
+
+
 # ----------------------------------------------------------------------------------
 # Fields
 
@@ -320,10 +339,34 @@ class Config:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Config":
         """The config of parsed flags (validated on construction); flags the command
-        does not offer keep their defaults."""
+        does not offer keep their defaults. Where the parse recorded which flags were
+        given (`args._given`, by nanobert.cli), each config keeps the names of its fields
+        given (`given_fields`), and `check_given` runs on them."""
         flat = {path[-1]: getattr(args, _dest(flag)) for path, _, flag in cls.flags()
                 if hasattr(args, _dest(flag))}
-        return cls.create(**flat)
+        cfg = cls.create(**flat)
+        given = getattr(args, "_given", None)
+        if given is not None:
+            paths = [path for path, _, flag in cls.flags() if _dest(flag) in given]
+            object.__setattr__(cfg, "_given_fields", {p[0] for p in paths if len(p) == 1})
+            for name in cls.nested:
+                object.__setattr__(getattr(cfg, name), "_given_fields",
+                                   {p[1] for p in paths if len(p) == 2 and p[0] == name})
+            cfg.check_given()
+        return cfg
+
+    def given_fields(self) -> set:
+        """The fields given: the flags on the command line when this config came from
+        one (`from_args`), else the fields that differ from their defaults."""
+        given = getattr(self, "_given_fields", None)
+        if given is not None:
+            return set(given)
+        return {f.name for f in dataclasses.fields(self)
+                if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default}
+
+    def check_given(self):
+        """Checks of which fields were given, run again once the command line's flags
+        are known (a flag given at its default value); none here."""
 
 
 def _dest(flag: str) -> str:

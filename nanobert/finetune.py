@@ -787,7 +787,8 @@ class ColumnsConfig(Config):
 
     def given(self) -> dict:
         """The columns named explicitly, as reader keywords."""
-        return {k: v for k, v in vars(self).items() if v}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name)}
 
 
 def _finetune_trainer() -> TrainConfig:
@@ -868,15 +869,16 @@ class FinetuneConfig(Config):
         if self.teachers and self.task not in TEACHER_TASKS:
             raise NanobertError(f"--teacher: a {self.task} run cannot learn from teachers "
                                 f"(only {' and '.join(TEACHER_TASKS)})")
-        for name in ("teacher_weight", "temperature"):   # would change nothing: refused
-            if not self.teachers and name in _changed(self):
-                raise NanobertError(f"--{name.replace('_', '-')}: only with --teacher")
-        self._check_task_flags()
+        self.check_given()
 
-    def _check_task_flags(self):
-        """A flag of other tasks (--doc-stride on a classifier, --loss on a reranker)
-        changes nothing in this run: refused, not silently dropped."""
-        changed = _changed(self) | _changed(self.retrieval)
+    def check_given(self):
+        """A flag that changes nothing in this run (--doc-stride on a classifier, --loss
+        on a reranker, --temperature without a teacher) is refused, not silently dropped,
+        at any value."""
+        changed = self.given_fields() | self.retrieval.given_fields()
+        for name in ("teacher_weight", "temperature"):
+            if not self.teachers and name in changed:
+                raise NanobertError(f"--{name.replace('_', '-')}: only with --teacher")
         for name, tasks in TASK_FLAGS.items():
             if self.task not in tasks and name in changed:
                 raise NanobertError(f"--{name.replace('_', '-')}: only for --task "
@@ -927,16 +929,10 @@ def finetune(config, *args, **fields) -> dict:
         return _finetune(cfg, task)
 
 
-def _changed(config) -> set:
-    """The fields of a config that differ from their defaults (the flags given)."""
-    return {f.name for f in dataclasses.fields(config)
-            if f.default is not dataclasses.MISSING and getattr(config, f.name) != f.default}
-
-
 def _check_beir_flags(cfg: FinetuneConfig):
     """The BEIR flags (--holdout, --split, --hard-negatives, ...) are read only when the
     training data is a BEIR folder: with a table of rows they would change nothing."""
-    given = [n for n in BEIR_FLAGS if n in _changed(cfg.retrieval)]
+    given = [n for n in BEIR_FLAGS if n in cfg.retrieval.given_fields()]
     if given and cfg.task in ("embed", "rerank") and not D.is_beir_dir(cfg.train):
         raise NanobertError(f"--{given[0].replace('_', '-')}: only for a BEIR folder "
                             f"(corpus.jsonl, queries.jsonl, qrels/), and {cfg.train} is not one")

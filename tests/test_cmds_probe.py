@@ -131,6 +131,33 @@ def test_finetune_refuses_a_flag_of_another_task(tmp_path, capsys, task, flag, v
     assert err == f"nanobert: error: {flag}: only for {only}; a {task} run does not use it\n"
 
 
+@pytest.mark.parametrize("task, flag, only", [
+    ("classify", "--doc-stride", "--task qa"),
+    ("classify", "--scale", "--task embed"),
+    ("embed", "--rerank-k", "--task rerank"),
+    ("embed", "--retriever", "--task rerank"),
+    ("qa", "--holdout", "--task embed and rerank"),
+    ("ner", "--n-best", "--task qa"),
+])
+def test_finetune_refuses_a_flag_of_another_task_at_its_default_value(tmp_path, capsys, task,
+                                                                     flag, only):
+    """Given at its default value, the flag was taken for not given (the check compared
+    values with defaults), and dropped."""
+    from nanobert.config import _get
+    from nanobert.finetune import FinetuneConfig
+    path = next(path for path, _, f in FinetuneConfig.flags() if f == flag)
+    default = _get(FinetuneConfig.create(task=task, model="m", train="t", dev="d"), path)
+    err = finetune_error(tmp_path, capsys, task, "sentence\tlabel\ngood\t1\nbad\t0\n",
+                         flag, str(default))
+    assert err == f"nanobert: error: {flag}: only for {only}; a {task} run does not use it\n"
+
+
+def test_finetune_refuses_teacher_settings_without_a_teacher_at_any_value(tmp_path, capsys):
+    err = finetune_error(tmp_path, capsys, "classify", "sentence\tlabel\ngood\t1\n",
+                         "--temperature", "2.0")
+    assert err == "nanobert: error: --temperature: only with --teacher\n"
+
+
 def finetune_error(tmp_path, capsys, task, table, flag, value) -> str:
     """What `finetune --task TASK FLAG VALUE` on a training file `table` says: it must
     refuse (status 2) before making its output directory."""
