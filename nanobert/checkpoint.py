@@ -16,6 +16,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -187,6 +188,22 @@ def read_config(model_dir: Path) -> dict:
     if not isinstance(d, dict):
         raise NanobertError(f"{path}: expected a JSON object")
     return d
+
+
+def block_counts(name_or_dir) -> Optional[tuple]:
+    """(layers, sets of block weights) of a model, read from its config.json through its
+    family's mapping (DistilBERT says n_layers; ALBERT shares one set between its layers),
+    without loading the model; None when that is unreadable (loading it says why)."""
+    try:
+        model_dir = resolve(name_or_dir)
+        hf = read_config(model_dir)
+        kw = family_of(hf, model_dir / "config.json").from_hf(hf)
+    except (NanobertError, KeyError, TypeError, ValueError):
+        return None
+    n, groups = kw.get("num_hidden_layers"), kw.get("num_layer_groups")
+    if not isinstance(n, int) or isinstance(n, bool):
+        return None
+    return n, groups if isinstance(groups, int) and not isinstance(groups, bool) else n
 
 
 # how a sentence encoder pools its token vectors (nanobert.embed)

@@ -227,19 +227,12 @@ def earlier_demo(out: Path):
 
 
 def half_the_blocks(model: str) -> int:
-    """The demo's default --freeze-layers: half of the model's blocks, read through its
-    family's config mapping (DistilBERT says n_layers); none for models that share
-    block weights between layers (ALBERT), or when the config is unreadable (loading the
-    model then says why)."""
-    from .checkpoint import family_of, read_config, resolve
-    model_dir = resolve(model)
-    hf = read_config(model_dir)
-    try:
-        kw = family_of(hf, model_dir / "config.json").from_hf(hf)
-    except (KeyError, TypeError, ValueError):
-        return 0
-    n, groups = kw.get("num_hidden_layers"), kw.get("num_layer_groups")
-    return n // 2 if isinstance(n, int) and groups in (None, n) else 0
+    """The demo's default --freeze-layers: half of the model's blocks; none for models
+    that share block weights between layers (ALBERT), or when the config is unreadable
+    (loading the model then says why)."""
+    from .checkpoint import block_counts
+    layers, weight_sets = block_counts(model) or (0, 0)
+    return layers // 2 if weight_sets == layers else 0
 
 
 def write_tweet_split(args, rows: list, out: Path) -> int:

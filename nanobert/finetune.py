@@ -47,7 +47,7 @@ from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, positive
-from .checkpoint import OtherLabels, init_new_weights, read_settings
+from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
 from .files import NanobertError, check_output_dir, note
 from .qa import attached_end  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
@@ -919,6 +919,10 @@ def finetune(config, *args, **fields) -> dict:
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
     _check_beir_flags(cfg)
+    if cfg.freeze_layers:   # (before the data is read; an unreadable model is loading's to name)
+        counts = block_counts(cfg.model)
+        if counts:
+            check_freeze_layers(cfg.freeze_layers, *counts)
     cfg = cfg.replace(retrieval=cfg.retrieval.replace(pooling=sentence_pooling(task, cfg)))
     models = [cfg.model] + cfg.teachers
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
@@ -1003,15 +1007,19 @@ def freeze_layers(model, n: int):
     (6-layer minilm, n=3: a training step costs about 2/3)."""
     if not n:
         return
-    c = model.config
-    if len(model.bert.blocks) != c.num_hidden_layers:
-        raise NanobertError("--freeze-layers: this model shares block weights between "
-                            "layers (ALBERT), so its first blocks cannot be fixed alone")
-    if n >= c.num_hidden_layers:
-        raise NanobertError(f"--freeze-layers {n}: the model has {c.num_hidden_layers} "
-                            f"blocks; leave at least one to train")
+    check_freeze_layers(n, model.config.num_hidden_layers, len(model.bert.blocks))
     for module in (model.bert.emb, *model.bert.blocks[:n]):
         module.requires_grad_(False)
+
+
+def check_freeze_layers(n: int, layers: int, weight_sets: int) -> None:
+    """--freeze-layers n of a model of `layers` blocks with `weight_sets` sets of weights."""
+    if n and weight_sets != layers:
+        raise NanobertError("--freeze-layers: this model shares block weights between "
+                            "layers (ALBERT), so its first blocks cannot be fixed alone")
+    if n >= layers:
+        raise NanobertError(f"--freeze-layers {n}: the model has {layers} "
+                            f"blocks; leave at least one to train")
 
 
 def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int, settings: dict):

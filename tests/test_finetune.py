@@ -398,12 +398,14 @@ def test_freeze_layers_fixes_the_bottom_and_trains_the_top(tiny_dir, tmp_path):
     for k in frozen:
         torch.testing.assert_close(after[k], before[k], rtol=0, atol=0, msg=k)
     assert all(not torch.equal(after[k], before[k]) for k in trained)
-    # a run that would leave nothing to train, and a negative count, are refused
+    # a run that would leave nothing to train, and a negative count, are refused; the
+    # count before the data is read (a training file that is not there is not reached)
     for n, why in ((2, "leave at least one"), (-1, "--freeze-layers")):
         with pytest.raises(NanobertError, match=why):
-            finetune("classify", str(tiny_dir), str(train), str(train),
+            finetune("classify", str(tiny_dir), str(tmp_path / "absent.tsv"), str(train),
                               str(tmp_path / f"m{n}"), epochs=1, max_length=16,
                               freeze_layers=n, progress=False)
+        assert not (tmp_path / f"m{n}").exists()
 
 
 def test_a_classifier_of_other_labels_gets_a_new_head_on_its_encoder(tiny_dir, tmp_path, capsys):
