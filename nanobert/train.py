@@ -48,7 +48,7 @@ import torch.nn as nn
 
 from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
                      positive, seed_range)
-from .files import NanobertError, atomic_path, signals_replaced
+from .files import NanobertError, atomic_path, note, signals_replaced
 
 
 @dataclass
@@ -341,6 +341,8 @@ class Trainer:
         self.best: Optional[dict] = None     # metrics of the best evaluation so far
         self.last_eval: Optional[dict] = None
         self.evals_since_best = 0            # for early stopping
+        self.first_loss = None               # (step, loss) of the first train record
+        self.loss_warned = False
         self.stopped_early = False
         # between an optimizer step and the end of its after-step work (log, evaluation,
         # best model, checkpoint): what that work starts from (`_step_done`), so that an
@@ -588,10 +590,24 @@ class Trainer:
                "examples_per_s": w["examples"] / dt, "tokens_per_s": w["tokens"] / dt,
                "elapsed": round(time.time() - self.t_start, 3)}
         self._record(rec)
+        self._watch_loss(rec["step"], rec["loss"])
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{rec['loss']:.4f}", ex_s=f"{rec['examples_per_s']:.1f}",
                                  refresh=False)
         self._reset_window()
+
+    def _watch_loss(self, step: int, loss: float):
+        """A loss that explodes but stays finite (a learning rate far too high: minilm on
+        SST-2 at lr 1 went from 2.4 to 77) stops nothing and trains nothing; it is said
+        once, when a train record's loss is 3 times the first one's and 1 above it."""
+        if self.first_loss is None:
+            self.first_loss = (step, loss)
+            return
+        step0, loss0 = self.first_loss
+        if not self.loss_warned and self.is_main and loss > 3 * loss0 and loss > loss0 + 1:
+            self.loss_warned = True
+            note(f"the training loss rose from {loss0:.3g} (step {step0}) to {loss:.3g} (step "
+                 f"{step}): the learning rate (--lr {self.cfg.lr:g}) may be too high")
 
     def _improved(self, metrics: dict) -> bool:
         """Better than the best so far; a NaN metric never is (no NaN model is kept)."""

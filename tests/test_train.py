@@ -321,6 +321,26 @@ def test_divergence_stops_training_and_keeps_the_good_model(tmp_path):
     assert state["step"] == 4
 
 
+def test_a_loss_that_explodes_but_stays_finite_is_said_once(tmp_path, capsys):
+    """Too high a learning rate: the loss went from 2.4 to 77 and the run said nothing
+    (it stops only on a non-finite loss)."""
+    def run(scale_after):
+        calls = []
+
+        def loss_fn(model, batch):
+            calls.append(1)
+            return model(**batch).loss * (scale_after if len(calls) > 2 else 1.0)
+        cfg = TrainConfig(out_dir=str(tmp_path / str(scale_after)), epochs=3, lr=1e-3,
+                          log_every=1, progress=False)
+        Trainer(tiny_model(), cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                loss_fn=loss_fn).fit()
+        return capsys.readouterr().err
+    err = run(10.0)
+    assert err.count("\n") == 1 and err.startswith("nanobert: note: the training loss rose from ")
+    assert "(step 1) to " in err and err.endswith("the learning rate (--lr 0.001) may be too high\n")
+    assert run(1.0) == ""   # an ordinary run says nothing
+
+
 def test_a_nan_metric_is_never_the_best(tmp_path):
     scores = iter([float("nan"), 0.6, float("nan")])
     saved = []
