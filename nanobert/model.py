@@ -566,7 +566,7 @@ class UnpaddedLayout(Layout):
         writing into one output (N + spare, nh, hd). What does not change from layer to
         layer (the runs, their key lengths, their masks) is worked out once per batch
         (`_plan`): a batch of 78 SST-2 sentences has 33-40 runs, and the tensor work
-        around each call had cost a third as much as the attention kernels themselves."""
+        around each call had cost nearly as much as the attention kernels themselves."""
         out = q.new_empty(q.shape)                                        # (N + spare, nh, hd)
         out[self.N:] = 0
         for start, g, L, P, mask in self._plan(q.shape[0], window, q.dtype):
