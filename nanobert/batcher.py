@@ -38,6 +38,11 @@ from typing import Callable, Hashable, Optional
 # with max_seconds, the most tokens of a model's first batch (its speed not yet measured):
 # about 0.4 s of minilm on one CPU thread
 FIRST_BATCH_TOKENS = 2048
+# a batch of fewer tokens measures its fixed costs more than its model's speed (one-line
+# requests ran at a quarter of the tokens/s of 3,000-token batches, and a burst of long
+# requests after them was refused as 40 s of work that took 12): it sets a model's rate
+# only while none is known
+RATE_MIN_TOKENS = 256
 
 
 @dataclass
@@ -220,8 +225,15 @@ class Batcher:
         if seconds > 0:
             with self._lock:
                 old = self._rate.get(model)
+                if old is not None and tokens < RATE_MIN_TOKENS:
+                    return
                 new = tokens / seconds
                 self._rate[model] = new if old is None else 0.7 * old + 0.3 * new
+
+    def seed_rate(self, model: Hashable, tokens_per_second: float):
+        """A model's speed measured before its first batch (the server's warm-up)."""
+        with self._lock:
+            self._rate.setdefault(model, tokens_per_second)
 
     def _give_up(self, job: Job):
         """On the event loop, max_wait seconds after `job` was queued: a job no batch has

@@ -281,6 +281,7 @@ class Server:
         self.bodies = BodyBytes(body_budget(config.payload_limit), self.metrics.body_bytes)
         self.cut_off = 0                    # requests answered 503 at the drain deadline
         self.created = int(time.time())     # /v1/models: when the models were loaded
+        self.rates: dict = {}               # model name -> tokens/s of one forward (warm-up)
 
     def start(self):
         if self.config.threads:
@@ -294,6 +295,8 @@ class Server:
         self.batcher = Batcher(self.config.max_batch_tokens, self.metrics,
                                run_on_cores if on_cpu else None, self.config.max_queue_wait,
                                self.config.max_batch_time)
+        for name, rate in self.rates.items():
+            self.batcher.seed_rate(name, rate * (torch.get_num_threads() if on_cpu else 1))
         self.tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS,
                                              thread_name_prefix="nanobert-tokenize")
 
@@ -315,6 +318,7 @@ class Server:
             if tokens > by_size.get(size, (0, None))[0]:
                 by_size[size] = (tokens, m)
         shapes = sum(len(m.model.bert.warm_shapes(tokens)) for tokens, m in by_size.values())
+        self.rates = {m.name: forward_rate(m.model, m.max_length) for m in self.models.values()}
         heap_trimmer(0.0)()
         if shapes:
             print(f"warm-up: {shapes} batch shape{'s' * (shapes != 1)} in "
@@ -388,6 +392,26 @@ class Server:
 
 # ----------------------------------------------------------------------------------
 # Routes
+
+
+RATE_PROBE_TOKENS = 1024
+
+
+def forward_rate(model, max_length: int) -> float:
+    """Tokens per second of one forward pass of `model` (on its device, with this
+    thread's torch threads) over RATE_PROBE_TOKENS tokens, in sequences as long as it
+    reads, up to 128: where the batcher's bound on queue wait starts."""
+    L = max(1, min(128, max_length))
+    vocab, device = model.config.vocab_size, next(model.parameters()).device
+    ids = torch.randint(min(1000, vocab - 1), vocab, (max(1, RATE_PROBE_TOKENS // L), L),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.inference_mode():
+        for _ in range(2):   # (the second pass is timed: the first fills the caches)
+            start = time.perf_counter()
+            model.bert(ids, torch.ones_like(ids))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+    return ids.numel() / max(time.perf_counter() - start, 1e-9)
 
 
 def check_truncation(m: Served, name: str, counts, texts, pairs=None, sent=None):

@@ -275,6 +275,33 @@ def test_queue_wait_is_bounded():
     assert b.expected_wait("m") == 0      # nothing counted as queued any more
 
 
+def test_small_batches_do_not_set_a_known_rate():
+    """One-line requests measure a batch's fixed costs, not the model's speed: after 30
+    of them, a burst of long requests was refused as 40 s of work that took 12. A rate
+    known (from the server's warm-up, or a batch of RATE_MIN_TOKENS or more) stays until
+    a batch that size measures another."""
+    import time
+    from nanobert.batcher import RATE_MIN_TOKENS
+    b = Batcher(max_tokens=100000, max_wait=30, max_seconds=1)
+    b.seed_rate("m", 1000.0)
+    b.seed_rate("m", 5.0)             # (a seed never replaces a rate)
+
+    def timed(seconds):
+        def run(items):
+            time.sleep(seconds)
+            return list(items)
+        return run
+
+    async def go():
+        for i in range(4):            # 5 tokens in 20 ms: 250 tokens/s
+            await b.submit("m", [i], [5], timed(0.02))
+        assert b.budget("m") == 1000
+        await b.submit("m", ["long"], [RATE_MIN_TOKENS * 2], timed(RATE_MIN_TOKENS * 2 / 4000))
+    asyncio.run(go())
+    b.stop(5)
+    assert 1000 < b.budget("m") < 0.7 * 1000 + 0.3 * 4000 + 1   # measured, towards 4,000/s
+
+
 def test_a_request_not_started_within_max_wait_is_answered_then_not_after_the_batch():
     """The bound on queue wait holds during a long batch: the request queued behind it is
     answered QueueFull at max_wait, not when the batch under way ends (it was checked only
