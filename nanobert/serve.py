@@ -185,8 +185,22 @@ def read_texts(body: dict, name: str, limit: int, pairs: bool = False,
         return [a for a, _ in items], [b for _, b in items], single
     like_first = _is_pair if pairs and _is_pair(items[0]) else (lambda t: isinstance(t, str))
     bad = next(i for i, t in enumerate(items) if not like_first(t))
+    t = items[bad]
+    if pairs and isinstance(t, list) and len(t) == 2 and (bad == 0 or _is_pair(items[0])):
+        j = next(j for j, x in enumerate(t) if not isinstance(x, str))   # a pair's element
+        raise unprocessable(f"{name}[{bad}][{j}]", f"must be text (a string), not {_kind(t[j])}")
     raise unprocessable(f"{name}[{bad}]", "must be a string" + (", and all inputs either "
                         "texts or [text, pair] lists" if pairs else ""))
+
+
+def _kind(x) -> str:
+    """What a JSON value is, in a message."""
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "true or false"
+    return ("a list" if isinstance(x, list) else "an object" if isinstance(x, dict)
+            else "a number")
 
 
 # what a 422 for token ids adds, on the routes whose clients may send them: OpenAI's

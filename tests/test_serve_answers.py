@@ -246,6 +246,10 @@ def test_qa_with_both_inputs_and_question_is_refused(running):
     ("/classify", {"inputs": [[1, 2]]}, "inputs[0]", "a list of numbers"),
     ("/rerank", {"query": "q", "documents": ["a", 3]}, "documents[1]", "a number"),
     ("/tokenize", {"inputs": [4], "model": "minilm"}, "inputs[0]", "a number"),
+    # a pair's element: named as such (it was 'inputs[0] must be a string, and all ...')
+    ("/classify", {"inputs": [["a", 5]]}, "inputs[0][1]", "a number"),
+    ("/classify", {"inputs": [["a", "b"], [None, "c"]]}, "inputs[1][0]", "null"),
+    ("/tokenize", {"inputs": [["a", True]], "model": "minilm"}, "inputs[0][1]", "true or false"),
 ])
 def test_numbers_are_not_text_and_only_embeddings_speak_of_token_ids(running, path, body,
                                                                      param, kind):
