@@ -15,7 +15,8 @@ model. A run that fails before it has written a model or a checkpoint (bad data,
 flag, an early Ctrl-C), or that a full disk stopped before its first checkpoint, takes
 back what it created: nothing is left half-written. A new run into a directory that
 holds a model or a checkpoint stops unless `--overwrite` (which first deletes what runs
-wrote there, `RUN_OUTPUTS` and the files a record lists as "written", and nothing else)
+wrote there, `RUN_OUTPUTS` and the files a record lists as "written", and nothing else;
+held back until the run writes something, and put back if it fails before that)
 or `--resume` (which continues the checkpoint only when the fingerprint matches, and
 otherwise says what differs). Directories without the file (hub downloads, models from
 other tools) are finished models. A command that trains through another one (the demo
@@ -86,7 +87,8 @@ def fingerprint(task: str, data_files, flags: dict) -> dict:
     counts by that content, not by the path's spelling."""
     hashed = {Path(f).resolve() for f in data_files}
     shaping = {k: LOCAL_INPUT if _names_hashed(v, hashed) else _plain(v)
-               for k, v in sorted(flags.items()) if k not in NOT_SHAPING}
+               for k, v in sorted(flags.items())
+               if k not in NOT_SHAPING and not k.startswith("_")}   # (_given: the parse's own)
     return {"task": task, "data": [file_digest(f) for f in data_files], "flags": shaping}
 
 
@@ -228,7 +230,7 @@ def holds_a_run(out_dir: Path) -> bool:
 def _holds_runs(out_dir: Path) -> bool:
     """Runs one level down (the masking ablation: a run per split, each with its record)."""
     return out_dir.is_dir() and any((p / RUN_FILE).is_file() for p in out_dir.iterdir()
-                                    if p.is_dir())
+                                    if p.is_dir() and not TEMPORARY.fullmatch(p.name))
 
 
 # ----------------------------------------------------------------------------------
@@ -251,11 +253,13 @@ def clean_temporaries(out_dir: Path):
             p.unlink(missing_ok=True)
 
 
-def clear(out_dir: Path, keep=(), only=None, written=None):
+def clear(out_dir: Path, keep=(), only=None, written=None, held=None):
     """Empty a run directory (but the content-keyed cache and the names in `keep`; with
     `only`, just the names it matches), and remove the files `written` names (relative
     path -> digest) that still hold what the run wrote. Entries are first renamed into
-    one hidden folder, so a kill half-way leaves nothing that looks like a model."""
+    one hidden folder, so a kill half-way leaves nothing that looks like a model. With
+    `held` (a list), that folder is kept and appended to it, the written files moved in
+    too (under WRITTEN_HELD), for `put_back`."""
     trash = out_dir / f".old-run.{os.getpid()}"
     trash.mkdir(exist_ok=True)
     for p in sorted(out_dir.iterdir()):
@@ -263,8 +267,45 @@ def clear(out_dir: Path, keep=(), only=None, written=None):
             continue
         if only is None or only.fullmatch(p.name):
             os.replace(p, trash / p.name)
-    shutil.rmtree(trash, ignore_errors=True)
-    _remove_written(out_dir, _still_written(out_dir, written))
+    still = _still_written(out_dir, written)
+    if held is None:
+        shutil.rmtree(trash, ignore_errors=True)
+        _remove_written(out_dir, still)
+        return
+    for rel in still:
+        (trash / WRITTEN_HELD / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(out_dir / rel, trash / WRITTEN_HELD / rel)
+    _remove_written(out_dir, still)   # (the folders they leave empty)
+    held.append(trash)
+
+
+WRITTEN_HELD = ".written"   # in a held folder: the written files, at their relative paths
+
+
+def put_back(out_dir: Path, held: list):
+    """What `clear` held back goes back where it was (over anything of the same name), and
+    the held folders go: an --overwrite run that failed before it wrote a model or a
+    checkpoint (bad data, a bad model) leaves the directory as it found it."""
+    for trash in held:
+        for p in sorted(trash.iterdir()) if trash.is_dir() else []:
+            if p.name == WRITTEN_HELD:
+                continue
+            _replace(p, out_dir / p.name)
+        written = trash / WRITTEN_HELD
+        for p in sorted(written.rglob("*")) if written.is_dir() else []:
+            if p.is_file() or p.is_symlink():
+                (out_dir / p.relative_to(written)).parent.mkdir(parents=True, exist_ok=True)
+                _replace(p, out_dir / p.relative_to(written))
+        shutil.rmtree(trash, ignore_errors=True)
+    held.clear()
+
+
+def _replace(src: Path, dst: Path):
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    elif dst.exists() or dst.is_symlink():
+        dst.unlink()
+    os.replace(src, dst)
 
 
 def _remove_written(out_dir: Path, written: dict):
@@ -488,21 +529,25 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
     before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
     out_dir.mkdir(parents=True, exist_ok=True)
     key = out_dir.resolve()
+    held: list = []   # what --overwrite moved aside, until the run has written something
     with _lock(out_dir):
         _HELD[key] = command
         try:
             clean_temporaries(out_dir)
-            record = _start(out_dir, command, fp, resume, overwrite, written)
+            record = _start(out_dir, command, fp, resume, overwrite, written, held)
             yield out_dir
         except BaseException as e:
             # kept for --resume: a model or checkpoint it wrote, or runs it holds
             if not (_holds_runs(out_dir) or holds_a_run(out_dir) and not _unsaved(out_dir, e)):
-                _take_back(out_dir, before)
+                _take_back(out_dir, before if before is None else before | {t.name for t in held})
+                put_back(out_dir, held)
             elif (full := _full_disk(out_dir, e)) is not None:
                 raise full from e
             raise
         finally:
             _HELD.pop(key, None)
+            for trash in held:
+                shutil.rmtree(trash, ignore_errors=True)
         now = read_run(out_dir) or {}    # with the files it recorded while it ran
         write_text(out_dir / RUN_FILE, json.dumps(
             dict(record, status="finished", written=_still_written(out_dir, now.get("written"))),
@@ -510,12 +555,12 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
 
 
 def _start(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
-           written) -> dict:
+           written, held: list) -> dict:
     """Claim the directory and write the "running" record; returns it."""
     old = read_run(out_dir) or {}
     mine = dict(old.get("written") or {}) if isinstance(old.get("written"), dict) else {}
     mine.update(written or {})
-    foreign = _claim(out_dir, command, fp, resume, overwrite, mine)
+    foreign = _claim(out_dir, command, fp, resume, overwrite, mine, held)
     threads = _threads()
     if resume and isinstance(old.get("threads"), int) and threads not in (None, old["threads"]):
         note(f"--resume: the run started with --threads {old['threads']} and continues with "
@@ -607,7 +652,7 @@ def _take_back(out_dir: Path, before):
 
 
 def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
-           written=None) -> list:
+           written=None, held=None) -> list:
     """Decide whether this run may use the directory, clearing it when told to. A new
     run stops at a model or a checkpoint (a run that died before writing either left
     nothing to lose); --resume stops at any other run's record. --overwrite deletes
@@ -618,9 +663,10 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
     rec, holds = read_run(out_dir), holds_a_run(out_dir) or _holds_runs(out_dir)
     if overwrite:
         if rec is not None:      # a run's directory: what runs wrote, but what was there before
-            clear(out_dir, keep=foreign_entries(out_dir, rec), only=RUN_OUTPUTS, written=written)
+            clear(out_dir, keep=foreign_entries(out_dir, rec), only=RUN_OUTPUTS, written=written,
+                  held=held)
         elif holds:              # another program's model: its files, never the rest
-            clear(out_dir, only=MODEL_ARTIFACTS, written=written)
+            clear(out_dir, only=MODEL_ARTIFACTS, written=written, held=held)
         return foreign_entries(out_dir, rec)
     foreign = foreign_entries(out_dir, rec)
     if resume:

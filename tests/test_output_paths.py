@@ -201,8 +201,12 @@ def test_overwrite_keeps_the_files_no_run_wrote(tmp_path):
     (hub / "1_Pooling").mkdir(parents=True)
     for name in ("config.json", "pytorch_model.bin", "vocab.txt", "modules.json", "README.md"):
         (hub / name).write_text("x")
-    with run(hub, "finetune", fp, overwrite=True):
-        assert sorted(p.name for p in hub.iterdir()) == [".nanobert-lock", "README.md", RUN_FILE]
+    with run(hub, "finetune", fp, overwrite=True):   # (the model held back until the run ends)
+        assert sorted(p.name for p in hub.iterdir() if not p.name.startswith(".old-run.")) == [
+            ".nanobert-lock", "README.md", RUN_FILE]
+        (hub / "config.json").write_text("{}")
+    assert sorted(p.name for p in hub.iterdir()) == [".nanobert-lock", "README.md", "config.json",
+                                                     RUN_FILE]
     assert read_run(hub)["foreign"] == ["README.md"]
 
 

@@ -93,6 +93,37 @@ def test_another_runs_directory_needs_overwrite_or_resume(tmp_path, data):
         assert (out / "cache" / "tokens.npz").read_text() == "kept"
 
 
+def test_an_overwrite_that_fails_before_a_model_leaves_the_old_run_as_it_was(tmp_path, data):
+    """--overwrite with a bad training file deleted the model there, and left the
+    directory marked as an unfinished run that evaluate and predict refuse."""
+    out = tmp_path / "out"
+    with run(out, "finetune", fp(data), written={}):
+        (out / "config.json").write_text('{"old": 1}')
+        (out / "checkpoint").mkdir()
+        (out / "checkpoint" / "state.json").write_text("{}")
+        (out / "data").mkdir()
+        (out / "data" / "split.csv").write_text("old split")
+    record = (out / RUN_FILE).read_text()
+    written = {"data/split.csv": nanobert.rundir.text_digest("old split")}
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for failure in (NanobertError("train.tsv:3: expected 2 fields"), KeyboardInterrupt()):
+        with pytest.raises(type(failure)):
+            with run(out, "finetune", fp(data, lr=5e-3), overwrite=True, written=written):
+                assert not (out / "config.json").exists()   # cleared: the run's to write
+                assert not (out / "data" / "split.csv").exists()
+                (out / "metrics.jsonl").write_text("{}")
+                raise failure
+        after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        assert after == before and (out / RUN_FILE).read_text() == record
+        require_finished(out)
+    # a run that wrote a model replaced the old one, and what it held back is gone
+    with run(out, "finetune", fp(data, lr=5e-3), overwrite=True, written=written):
+        (out / "config.json").write_text('{"new": 1}')
+    assert (out / "config.json").read_text() == '{"new": 1}'
+    assert not (out / "data" / "split.csv").exists()
+    assert not [p for p in os.listdir(out) if p.startswith(".old-run")]
+
+
 def test_overwrite_never_clears_the_runs_own_inputs(tmp_path, data):
     """--overwrite was refused whenever --out held an input ('which clearing it would
     delete'), though it keeps the files no run wrote: only an input that it deletes (a
