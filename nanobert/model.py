@@ -644,14 +644,10 @@ def _key_mask(L: int, P: int, window: int, dtype, device):
     if P == L and not window:
         return None
     with torch.inference_mode(False):   # (cached: made inside inference mode, usable outside)
-        return _additive_key_mask(L, P, window, dtype, device)
-
-
-def _additive_key_mask(L, P, window, dtype, device):
-    keep = torch.arange(P, device=device)[None] < L                      # (1, P)
-    if window:
-        keep = keep & F.pad(_band(L, window, device), (0, P - L))        # (L, P)
-    return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, -math.inf)
+        keep = torch.arange(P, device=device)[None] < L                      # (1, P)
+        if window:
+            keep = keep & F.pad(_band(L, window, device), (0, P - L))        # (L, P)
+        return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, -math.inf)
 
 
 def _rotate(x, cos, sin):
