@@ -67,7 +67,10 @@ class QueueFull(Exception):
     `reason` "queue_wait" (refused at once: the work already queued for its model would
     take longer) or "queued_too_long" (it waited that long and never started)."""
 
+    REASONS = ("queue_wait", "queued_too_long")
+
     def __init__(self, message: str, reason: str, retry_after: int = 1):
+        assert reason in self.REASONS, reason
         super().__init__(message)
         self.reason, self.retry_after = reason, retry_after
 

@@ -449,7 +449,9 @@ def read_pairs_or_beir(path, cols=None, require=True):
     from .data import read_beir, read_text_rows
     if Path(path).is_dir():  # a BEIR folder, or one that says what it lacks
         return read_beir(path)
-    return read_text_rows(path, columns=_columns(cols), pairs_need_score=True)
+    return read_text_rows(path, columns=_columns(cols), pairs_need_score=True,
+                          min_texts=(2, "a bi-encoder needs pairs (anchor, positive[, negative]) "
+                                     "or scored pairs; found single texts"))
 
 
 def read_embed_data(path, cols=None, require=True):
@@ -460,9 +462,6 @@ def read_embed_data(path, cols=None, require=True):
     data = read_pairs_or_beir(path, cols, require)
     if isinstance(data, list):
         first = data[0]
-        if len(first.texts) < 2:
-            raise data_error(path, first.line, "a bi-encoder needs pairs (anchor, positive[, "
-                             "negative]) or scored pairs; found single texts")
         if first.score is not None and len(first.texts) != 2:
             raise data_error(path, first.line, "scored rows must be pairs (text_a, text_b, "
                              "score), not triplets")
@@ -480,7 +479,9 @@ def read_rerank_data(path, cols=None, require=True):
     from .data import data_error, read_beir, read_text_rows
     if Path(path).is_dir():
         return read_beir(path)
-    rows = read_text_rows(path, require_score=True, columns=_columns(cols))
+    rows = read_text_rows(path, require_score=True, columns=_columns(cols),
+                          min_texts=(2, "a reranker needs (query, document, label) rows; "
+                                     "found single texts"))
     if len(rows[0].texts) != 2:
         raise data_error(path, rows[0].line, "a reranker needs (query, document, label) rows; "
                          f"found {len(rows[0].texts)} text column(s)")
@@ -514,7 +515,7 @@ def beir_split(beir, settings: dict, training: bool):
     return beir.select(split)
 
 
-def scores_vary_check(rows, model, path):
+def scores_vary_check(rows, model, path, source=None):
     """Evaluation data scored by correlation needs two scores or more that differ (else
     the run failed at its first evaluation, naming no file)."""
     if not isinstance(rows, list):  # a BEIR folder: judged by relevance, not scores

@@ -1015,11 +1015,12 @@ def _as_float(s: str) -> Optional[float]:
     return v if v == v and abs(v) != float("inf") else None
 
 
-def check_labels(examples, label2id: dict, path):
-    """Labels must be ones the model knows (raises on the first unknown one)."""
+def check_labels(examples, label2id: dict, path, source: str = "the model knows"):
+    """Labels must be ones the model knows (raises on the first unknown one, listing
+    the known ones after `source`: the model, or the training file they came from)."""
     for e in examples:
         if e.label is not None and e.label not in label2id:
-            raise data_error(path, e.line, f"unknown label {e.label!r} (the model knows "
+            raise data_error(path, e.line, f"unknown label {e.label!r} ({source} "
                              f"{', '.join(sorted(label2id))})")
 
 
@@ -1419,14 +1420,16 @@ def _pick(names, candidates, given=None):
 
 
 def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional[dict] = None,
-                   pairs_need_score: bool = False) -> list:
+                   pairs_need_score: bool = False, min_texts: tuple = (1, "")) -> list:
     """`TextRow`s of an STS / pairs / triplets / reranking file. The columns present
     decide the texts (anchor, positive, negative) and the score; `columns` may name them
     ({"text": ..., "pair": ..., "negative": ..., "score": ...}), by name or 0-based index.
     require_score=True makes a missing score column an error, False ignores it, None
     takes it when present; with `pairs_need_score` (where unscored pairs are taken for
     (query, positive) pairs), STS/NLI pair columns without a score are refused too
-    (`_scored_pairs`)."""
+    (`_scored_pairs`). `min_texts` is (the fewest text columns, the error if fewer):
+    checked before any row is read, so a file of another shape is named as such, not by
+    its first row's value under a column taken for the score."""
     path, columns = Path(path), columns or {}
     if is_sts_original(path, tuple(columns.values())):
         return _read_sts_original(path, require_score is not False)
@@ -1449,6 +1452,8 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
                          f"columns: {shown}){hint}")
     roles = [r for r in roles if r is not None]
     _single_columns(names, roles + [score], path, 1)
+    if len(roles) < min_texts[0]:
+        raise data_error(path, records[0][0] if records else 1, min_texts[1])
     out = []
     for n, rec in records:
         absent = next((c for c in roles + [score] if c is not None and c not in rec), None)

@@ -401,16 +401,16 @@ def qa_evaluate(model, tok, examples, settings, batch_size=64, progress=False) -
                          {e.id: [a for a, _ in e.answers] for e in examples})
 
 
-def classify_check(examples, model, path):
-    D.check_labels(examples, label2id(model), path)
+def classify_check(examples, model, path, source="the model knows"):
+    D.check_labels(examples, label2id(model), path, source)
 
 
-def ner_check(sentences, model, path):
+def ner_check(sentences, model, path, source="the model knows"):
     known = set(model.config.id2label.values())
     for s in sentences:
         for i, t in enumerate(s.tags):
             if t not in known:
-                raise D.data_error(path, s.line_of(i), f"unknown tag {t!r} (the model knows "
+                raise D.data_error(path, s.line_of(i), f"unknown tag {t!r} ({source} "
                                    f"{', '.join(sorted(known))})")
 
 
@@ -724,10 +724,12 @@ def _examples(data, settings: dict, training: bool) -> str:
     return f"{len(data)} {split} examples"
 
 
-def check_known_labels(task, examples, model, path):
+def check_known_labels(task, examples, model, path, source: str = "the model knows"):
+    """Labels (tags, scores) of `examples` the model can be scored on; `source` words
+    where the known labels came from in the error."""
     check = get_task(task).check
     if check is not None:
-        check(examples, model, path)
+        check(examples, model, path, source)
 
 
 def pairs_setting(task: Task, train) -> dict:
@@ -950,7 +952,7 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     settings.update(pairs_setting(task, train))
     check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
     model, tok = _model_for(task, cfg, whole_train, settings["max_length"])
-    check_known_labels(task.name, dev, model, cfg.dev)
+    check_known_labels(task.name, dev, model, cfg.dev, f"the training file {cfg.train} has")
     items = task.features(tok, train, settings, label2id(model))
     batches, steps_per_epoch = task.batcher(items, cfg, tok.pad_id or 0)
     _report(task, train, dev, items, model, cfg, steps_per_epoch, settings)

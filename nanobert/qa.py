@@ -40,6 +40,12 @@ def check_room(tk, questions: list, contexts: list, max_length: int, doc_stride:
     context tokenized here. `train`: while fine-tuning, where --max-length and
     --doc-stride set the windows; else the model's windows (nanobert.json) are given."""
     special = tk.num_special_tokens_to_add(True)
+    if doc_stride >= max_length - special:   # no question leaves room past the stride
+        flags = "--doc-stride" if train else "doc stride"
+        raise NanobertError(f"{flags} {doc_stride} is not smaller than the "
+                            f"{max_length - special} tokens a window of {max_length} has for "
+                            "the question and context" + ("; use a smaller --doc-stride or a "
+                                                          "larger --max-length" if train else ""))
     for q, c, e in zip(questions, contexts, tk.encode_batch(questions, add_special_tokens=False)):
         room = max_length - special - len(e.ids)
         if room <= doc_stride and len(tk.encode(q, c).ids) > max_length:

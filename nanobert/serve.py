@@ -262,6 +262,8 @@ class Metrics:
                                "concurrent_requests, queue_wait (its model's queue takes "
                                "longer than --max-queue-wait), queued_too_long (it waited "
                                "that long without starting)", ["reason"], registry=r)
+        for reason in ("concurrent_requests",) + QueueFull.REASONS:   # each shown from 0
+            self.refused.labels(reason)
         self.truncated = Counter("nanobert_truncated_inputs", "Inputs cut to the model's "
                                  "max length (each is also marked truncated in its answer)",
                                  registry=r)

@@ -250,6 +250,19 @@ def test_training_data_whose_scores_never_vary_is_refused(tmp_path):
     assert len(E.read_embed_data(f)) == 2
 
 
+@pytest.mark.parametrize("label", ["positive", "1"])
+def test_single_texts_are_refused_as_such_by_pair_models(tmp_path, label):
+    """A classification file (text, label) given to a bi-encoder or a reranker is named as
+    single texts, whatever its labels: with word labels it was "score 'positive' is not
+    a finite number", the label column read as a score before the shape was checked."""
+    f = tmp_path / "single.csv"
+    f.write_text(f"text,label\ngood movie,{label}\nbad movie,{label}x\n")
+    with pytest.raises(NanobertError, match=f"{f}:2: a bi-encoder needs pairs .* found single texts"):
+        E.read_embed_data(f)
+    with pytest.raises(NanobertError, match=f"{f}:2: a reranker needs .* found single texts"):
+        E.read_rerank_data(f)
+
+
 def test_mnrl_with_one_row_a_batch_is_refused(tiny_dir, tmp_path, capsys):
     """--batch-size 1 (or a single training row) on (anchor, positive) pairs: MNRL's
     negatives are the batch's other rows, so the loss was 0 at every step and the run

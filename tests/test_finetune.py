@@ -761,6 +761,21 @@ def test_labels_come_from_the_whole_training_file_not_the_sample(tiny_dir, tmp_p
     assert sorted(model.config.id2label.values()) == ["bad", "good", "meh"]
 
 
+def test_a_dev_label_missing_from_the_training_file_names_that_file(tiny_dir, tmp_path, capsys):
+    """The labels a fine-tuned head knows come from its training file, so a dev label
+    outside it is reported against that file (it said "the model knows", and the model
+    given was an encoder with no labels), before any training or output directory."""
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(8, 0))
+    dev = write_tsv(tmp_path / "dev.tsv", sentiment_rows(2, 1) + [("so so", "meh")])
+    out = tmp_path / "out"
+    rc = cli.main(["finetune", "--task", "classify", "--model", str(tiny_dir), "--train",
+                   str(train), "--dev", str(dev), "--out", str(out), "--epochs", "1",
+                   "--max-length", "16", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{dev}:4: unknown label 'meh' (the training file {train} has bad, good)" in err
+    assert not out.exists()
+
+
 def head_dir(tiny_dir, out, head, settings, id2label=None):
     """tiny_dir's encoder under a new random `head`, saved with its nanobert.json
     (`settings`; None: without one)."""

@@ -1175,6 +1175,10 @@ def test_a_queue_longer_than_max_queue_wait_is_429(models):
         limits = s.http.get("/info").json()["limits"]
         assert limits["max_queue_wait"] == 0.5 and limits["max_batch_time"] == 0.25
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 128}   # seconds
+        # every reason is a series from the start (a rate() over it needs its 0)
+        text = s.http.get("/metrics").text
+        for reason in ("concurrent_requests", "queue_wait", "queued_too_long"):
+            assert f'nanobert_refused_total{{reason="{reason}"}} 0.0' in text
         with cf.ThreadPoolExecutor(1) as pool:
             first = pool.submit(s.post, "/embed", slow)
             while s.metric("nanobert_batch_size_count") < 1:     # a rate is measured
