@@ -1104,8 +1104,17 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
 
 
 def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int):
+    """The Trainer's dev evaluation. A model that scores every dev pair alike (collapsed
+    at a high learning rate) has no correlation: noted and counted as NaN, so it is
+    never kept as the best and the run goes on (it stopped, blaming the dev file)."""
+    from .retrieval import UndefinedCorrelation
+
     def evaluate(model):
-        return task.evaluate(model, tok, dev, settings, max(batch_size, 64), False)
+        try:
+            return task.evaluate(model, tok, dev, settings, max(batch_size, 64), False)
+        except UndefinedCorrelation as e:
+            note(f"{e}: counted as NaN")
+            return dict.fromkeys(e.METRICS, float("nan"))
     return evaluate
 
 

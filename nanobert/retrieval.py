@@ -145,6 +145,12 @@ def evaluate_sts(encode: Callable, rows: list) -> dict:
 SAME_PREDICTION = 1e-6   # a relative spread within float32 rounding noise: one value
 
 
+class UndefinedCorrelation(NanobertError):
+    """The model scored every row alike: an error for `nanobert evaluate`; a dev
+    evaluation while training counts it as NaN (never the best) and trains on."""
+    METRICS = ("pearson", "spearman")
+
+
 def row_correlations(rows: list, pred, what: str) -> dict:
     """Pearson/Spearman of the model's `pred` for scored rows against their gold scores.
     Predictions that are all one value (identical pairs, a collapsed model) leave the
@@ -154,8 +160,8 @@ def row_correlations(rows: list, pred, what: str) -> dict:
     if len(pred) > 1 and np.ptp(pred) <= SAME_PREDICTION * max(1.0, float(np.abs(pred).max())):
         where = rows[0].path or "the evaluation data"
         kind = "pair" if len(rows[0].texts) == 2 else "text"
-        raise NanobertError(f"{where}: the model gives every {kind} the same {what} "
-                            f"({float(pred[0]):.4f}); correlation is undefined")
+        raise UndefinedCorrelation(f"{where}: the model gives every {kind} the same {what} "
+                                   f"({float(pred[0]):.4f}); correlation is undefined")
     return correlations([r.score for r in rows], pred)
 
 

@@ -471,9 +471,18 @@ class Trainer:
         finally:
             if self.bar is not None:
                 self.bar.close()
+        self._check_kept()
         result = dict(self.best or self.last_eval or {})
         result.setdefault("step", self.step)
         return result
+
+    def _check_kept(self):
+        """A run whose every evaluation gave a NaN metric (a model collapsed from its first
+        evaluation on) kept no model: said, not reported as a model saved."""
+        if self.best is None and self.last_eval and self.save_fn is not None and self.is_main:
+            raise NanobertError(f"no evaluation gave a {self.cfg.metric} (NaN at every one, the "
+                                f"last at step {self.step}), so no model was kept; the last "
+                                f"checkpoint is in {self.ckpt_dir}; try a lower --lr")
 
     def _start(self):
         """Resume from the checkpoint, or start afresh: seed, empty metrics log."""

@@ -1,5 +1,6 @@
 """The shared training loop: schedule, parameter groups, accumulation, exact resume."""
 import json
+import math
 
 import pytest
 import torch
@@ -350,6 +351,38 @@ def test_a_nan_metric_is_never_the_best(tmp_path):
                    evaluate=lambda m: {"accuracy": next(scores)},
                    save=lambda m, d: saved.append(d)).fit()
     assert best["accuracy"] == 0.6 and len(saved) == 1
+
+
+def test_a_run_whose_every_metric_is_nan_says_no_model_was_kept(tmp_path):
+    """It printed "model saved in" over a directory with no model."""
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=2, metric="spearman", progress=False)
+    saved = []
+    trainer = Trainer(tiny_model(), cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                      evaluate=lambda m: {"spearman": float("nan")},
+                      save=lambda m, d: saved.append(d))
+    with pytest.raises(NanobertError, match=r"^no evaluation gave a spearman \(NaN at every "
+                                            r"one, the last at step 4\), so no model was kept"):
+        trainer.fit()
+    assert saved == [] and (tmp_path / "checkpoint" / "state.json").is_file()
+
+
+def test_a_dev_set_scored_alike_counts_as_nan_and_training_goes_on(tmp_path, capsys):
+    """A regression model that collapsed to one score (a high learning rate) stopped the
+    run with exit 2, blaming the dev file; `nanobert evaluate` still refuses it."""
+    from types import SimpleNamespace
+    from nanobert.finetune import _dev_evaluation
+    from nanobert.data import TextRow
+    from nanobert.retrieval import UndefinedCorrelation, row_correlations
+    dev = [TextRow(("a", "b"), 1.0, 2, tmp_path / "dev.tsv"), TextRow(("c", "d"), 3.0, 3)]
+    task = SimpleNamespace(evaluate=lambda model, tok, rows, *a: row_correlations(rows, [2.0, 2.0],
+                                                                                  "score"))
+    with pytest.raises(UndefinedCorrelation):
+        task.evaluate(None, None, dev)
+    got = _dev_evaluation(task, None, dev, {}, 8)(None)
+    assert set(got) == {"pearson", "spearman"} and all(math.isnan(v) for v in got.values())
+    assert capsys.readouterr().err == (f"nanobert: note: {tmp_path / 'dev.tsv'}: the model gives "
+                                       "every pair the same score (2.0000); correlation is "
+                                       "undefined: counted as NaN\n")
 
 
 def test_config_rejects_bad_values_with_the_flag_name():
