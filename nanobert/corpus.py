@@ -259,14 +259,17 @@ def pack(corpus: TokenizedCorpus, budget: int) -> np.ndarray:
     return np.asarray(spans, np.int64).reshape(-1, 2)
 
 
-def make_pairs(corpus: TokenizedCorpus, chunks: np.ndarray, kind: str, rng) -> np.ndarray:
+def make_pairs(corpus: TokenizedCorpus, chunks: np.ndarray, kind: str, rng,
+               split: Optional[tuple] = None) -> np.ndarray:
     """One (a0, a1, b0, b1, label) row per chunk of 2+ tokens (spans of `corpus.ids`).
     The chunk is cut at a sentence boundary (or mid-sentence when it holds one sentence).
     NSP: label 1 = B is text of another document (same length), 0 = B follows A.
-    SOP: label 1 = A and B swapped, 0 = in order."""
+    SOP: label 1 = A and B swapped, 0 = in order. `split`: (the corpus's name, advice)
+    for the error when NSP has fewer than two documents."""
+    split = split or ("the training corpus", "separate documents with blank lines")
     if kind == NSP and corpus.n_docs < 2:
-        raise NanobertError("next-sentence prediction needs at least two documents in the "
-                            "training corpus (separate documents with blank lines)")
+        raise NanobertError(f"next-sentence prediction needs at least two documents in "
+                            f"{split[0]}, which has {corpus.n_docs}: {split[1]}")
     doc_of_token = np.searchsorted(corpus.sents[corpus.docs[1:]], chunks[:, 0], side="right")
     out = []
     for (c0, c1), d in zip(chunks.tolist(), doc_of_token.tolist()):
@@ -296,10 +299,11 @@ class PretrainData:
     builds the (len(idx), seq_len) batch of the given row indices, padded to seq_len."""
 
     def __init__(self, corpus: TokenizedCorpus, tok, seq_len: int, pairs: Optional[str] = None,
-                 seed: int = 0):
+                 seed: int = 0, split: Optional[tuple] = None):
         if seq_len < 8:
             raise NanobertError(f"--seq-len {seq_len} is too short (at least 8)")
         self.corpus, self.tok, self.seq_len, self.pairs, self.seed = corpus, tok, seq_len, pairs, seed
+        self.split = split   # (make_pairs' errors)
         self.chunks = pack(corpus, seq_len - (3 if pairs else 2))
         self._pairs_epoch, self._pairs = None, None
         if pairs:
@@ -311,7 +315,8 @@ class PretrainData:
     def pair_rows(self, epoch: int) -> np.ndarray:
         if self._pairs_epoch != epoch:
             rng = np.random.default_rng([self.seed, epoch, 7])
-            self._pairs, self._pairs_epoch = make_pairs(self.corpus, self.chunks, self.pairs, rng), epoch
+            self._pairs, self._pairs_epoch = make_pairs(self.corpus, self.chunks, self.pairs, rng,
+                                                       self.split), epoch
         return self._pairs
 
     def order(self, epoch: int) -> np.ndarray:

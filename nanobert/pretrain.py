@@ -500,7 +500,9 @@ def _validation_batches(run: _Run, masker: Masker) -> list:
         seqs = run.stream.validation(cfg.max_eval_rows)
         rows = [run.stream.rows_to_batch(seqs[i:i + 64]) for i in range(0, len(seqs), 64)]
     else:
-        val = PretrainData(run.val_corpus, run.tok, cfg.seq_len, cfg.pairs, seed=12345)
+        val = PretrainData(run.val_corpus, run.tok, cfg.seq_len, cfg.pairs, seed=12345,
+                           split=("the validation split", f"raise --val-fraction (now "
+                                  f"{cfg.val_fraction:g}), or make it 0 for no validation"))
         n = min(len(val), cfg.max_eval_rows)
         rows = [val.rows(0, range(i, min(n, i + 64))) for i in range(0, n, 64)]
     batches = []

@@ -670,3 +670,21 @@ def test_perplexity_is_exp_of_the_loss_even_when_training_diverged(tiny_config):
                               "labels": labels}])
     assert 50 < m["loss"] < 700
     assert m["perplexity"] == pytest.approx(math.exp(m["loss"]), rel=1e-9)
+
+
+def test_nsp_with_one_held_out_document_names_the_validation_split(tmp_path, capsys):
+    """Twelve documents leave one for validation at --val-fraction 0.1: the error said
+    "two documents in the training corpus", which had eleven."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"document {i} says one thing. then another thing.\n\n"
+                              for i in range(12)))
+    args = ["pretrain", "--corpus", str(corpus), "--out", str(tmp_path / "o"), "--steps", "1",
+            "--batch-size", "2", "--seq-len", "32", "--vocab-size", "120", "--preset", "tiny",
+            "--objective", "mlm+nsp", "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("nanobert: error: next-sentence prediction needs at least two documents "
+                        "in the validation split, which has 1: raise --val-fraction (now 0.1), "
+                        "or make it 0 for no validation\n"), err
+    assert not (tmp_path / "o").exists()
+    assert main(args[:-1] + ["--val-fraction", "0.2", "--no-progress"]) == 0
