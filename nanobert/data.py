@@ -163,6 +163,8 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
         pair = column_named(names, PAIR_COLUMNS.get(known))
     if not text_column:
         _one_candidate(names, TEXT_COLUMNS, (text, pair), "text", path, line, "--text-column")
+    if not text_column and not pair_column and pair is None:
+        _no_stray_pair(names, text, path, line)
     if label_column:
         label = need(label_column, "label")
     else:
@@ -173,6 +175,18 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
         raise data_error(path, line, f"no label column (expected 'label'; columns: {shown}); "
                          "name it with --label-column")
     return Columns(text, pair, label)
+
+
+def _no_stray_pair(names, text: str, path, line):
+    """Refuse a header whose text column has no pair column of its own name but which
+    holds another text's pair column (`text` with `text_b`, `sentence` with `sentence2`):
+    the second texts were dropped without a word, and a single-text model trained."""
+    stray = next((n for n in names if n != text and isinstance(n, str) and n.casefold() in
+                  {c.casefold() for c in PAIR_COLUMNS.values()}), None)
+    if stray is not None:
+        raise data_error(path, line, f"column {stray!r} looks like the second text of pairs, "
+                         f"but {text!r} is not its first text column; name the pair with "
+                         f"--text-pair-column {stray} (or --text-column {text} for single texts)")
 
 
 def _one_candidate(names, candidates, chosen, what: str, path, line, flag=None):

@@ -306,6 +306,15 @@ def test_blank_lines_skipped_in_plain_text_are_noted_for_every_reader(tmp_path, 
     ("labels.tsv", "sentence\tlabel\tclass\ngood\t1\tpos\n", 1,
      "two label columns, 'label' and 'class': which one holds the labels would be a guess; "
      "pick one with --label-column"),
+    # another text's pair column: the second texts were dropped and a single-text model
+    # trained, without a word
+    ("tb.tsv", "text\ttext_b\tlabel\ngood\tbad\t1\n", 1,
+     "column 'text_b' looks like the second text of pairs, but 'text' is not its first text "
+     "column; name the pair with --text-pair-column text_b (or --text-column text for single "
+     "texts)"),
+    ("s2.jsonl", '{"sentence": "a", "sentence2": "b", "label": 1}\n', 1,
+     "column 'sentence2' looks like the second text of pairs, but 'sentence'"),
+    ("tp.csv", "Text_A,TEXT_PAIR,label\ngood,bad,1\n", 1, "column 'TEXT_PAIR' looks like"),
 ])
 def test_two_candidate_columns_are_refused_unless_one_is_named(tmp_path, name, content, line,
                                                                 msg):
@@ -325,6 +334,10 @@ def test_a_named_column_settles_which_one(tmp_path):
     assert read_classification(q)[0].text_b == "Me."
     # an input file's labels are not read: two label columns are no question there
     assert D.read_inputs(p, {"text_column": "text"})[0].text_a == "good"
+    # a stray pair column, named either way
+    t = write(tmp_path, "tb.tsv", "text\ttext_b\tlabel\ngood\tbad\t1\n")
+    assert read_classification(t, pair_column="text_b")[0].text_b == "bad"
+    assert read_classification(t, text_column="text")[0].text_b is None
 
 
 @pytest.mark.parametrize("name, content, line", [
