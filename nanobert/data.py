@@ -174,6 +174,8 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
     if label is None and require_label:
         raise data_error(path, line, f"no label column (expected 'label'; columns: {shown}); "
                          "name it with --label-column")
+    _distinct_roles([(text, "--text-column"), (pair, "--text-pair-column"),
+                     (label if require_label else None, "--label-column")], path, line)
     return Columns(text, pair, label)
 
 
@@ -763,6 +765,18 @@ def _not_a_text(field: str, value) -> str:
         msg += (" (pandas' to_json writes columns so by default; write the file with "
                 "orient='records', lines=True)")
     return msg
+
+
+def _distinct_roles(roles, path, line):
+    """Each role's column is its own: `roles` is [(column or None, the flag or words that
+    name the role)]; two roles on one column (--text-column 3 --label-column 3) trained
+    on sentences as labels, or on a text paired with itself."""
+    seen = {}
+    for column, flag in roles:
+        if column is not None and column in seen:
+            raise data_error(path, line, f"{seen[column]} and {flag} both take column "
+                             f"{column!r}; each needs a column of its own")
+        seen.setdefault(column, flag)
 
 
 def _single_columns(header: list, used, path, line):
@@ -1445,7 +1459,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     checked before any row is read, so a file of another shape is named as such, not by
     its first row's value under a column taken for the score."""
     path, columns = Path(path), columns or {}
-    if is_sts_original(path, tuple(columns.values())):
+    if not columns and is_sts_original(path):   # (columns given: read as they say)
         return _read_sts_original(path, require_score is not False)
     names, records = read_records(path, tuple(columns.values()))
     shown = ", ".join(map(repr, names)) or "none"
@@ -1456,6 +1470,8 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         roles[1] = _pair_of(names, roles[0])   # QNLI's question/sentence, QQP's question1/2
     score = None if require_score is False else _pick(names, SCORE_COLUMNS, columns.get("score"))
     _no_second_candidate(names, roles + [score], columns, path)
+    _distinct_roles([(c, flag or f"the {role} column") for c, (role, _, flag) in
+                     zip(roles + [score], TEXT_ROLES)], path, 1)
     if roles[0] is None:
         raise data_error(path, 1, f"no text column (expected one of {', '.join(ANCHOR_COLUMNS[:5])}"
                          f"...; columns: {shown})")
@@ -1463,7 +1479,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     if score is None and (require_score or unscored):
         hint = UNSCORED_PAIRS.format(*roles) if unscored else ""
         raise data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
-                         f"columns: {shown}){hint}")
+                         f"columns: {shown}){hint or '; name it with --label-column'}")
     roles = [r for r in roles if r is not None]
     _single_columns(names, roles + [score], path, 1)
     if len(roles) < min_texts[0]:

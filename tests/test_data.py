@@ -338,6 +338,14 @@ def test_a_named_column_settles_which_one(tmp_path):
     t = write(tmp_path, "tb.tsv", "text\ttext_b\tlabel\ngood\tbad\t1\n")
     assert read_classification(t, pair_column="text_b")[0].text_b == "bad"
     assert read_classification(t, text_column="text")[0].text_b is None
+    # one column in two roles (GLUE CoLA's sentences taken for labels too)
+    cola = write(tmp_path, "cola.tsv", "gj04\t1\t\tOur friends wont buy this.\n")
+    for kw, flags in (({"text_column": "3", "label_column": "3"}, "--text-column and --label-column"),
+                      ({"text_column": "3", "pair_column": "3", "label_column": "1"},
+                       "--text-column and --text-pair-column")):
+        with pytest.raises(NanobertError, match=f"^{cola}:1: {flags} both take column '3'"):
+            read_classification(cola, **kw)
+    assert read_classification(cola, text_column="3", label_column="1")[0].label == "1"
 
 
 @pytest.mark.parametrize("name, content, line", [

@@ -100,6 +100,30 @@ def test_two_candidate_columns_for_one_role_are_refused(tmp_path, header, role, 
     assert rows[0].texts[0] == "1"
 
 
+def test_one_column_in_two_roles_is_refused_and_sts_rows_follow_the_flags(tmp_path):
+    """--text-column 5 --text-pair-column 5 paired each text with itself; on a file of
+    the STS Benchmark layout the column flags were not read at all."""
+    sts = _write(tmp_path / "sts-x.csv", "main\tx\t2012\t1\t4.5\tA cat.\tA dog.\n"
+                                         "main\tx\t2012\t2\t1.0\tA man.\tThe sky.\n")
+    with pytest.raises(NanobertError, match=r"sts-x.csv:1: --text-column and --text-pair-column "
+                                            r"both take column '5'; each needs a column of its own"):
+        D.read_text_rows(sts, columns={"text": "5", "pair": "5"})
+    with pytest.raises(NanobertError, match=r"sts-x.csv:1: --text-column and --label-column both "
+                                            r"take column '4'"):
+        D.read_text_rows(sts, columns={"text": "4", "pair": "6", "score": "4"})
+    with pytest.raises(NanobertError, match=r"sts-x.csv:1: no score column .* name it with "
+                                            r"--label-column$"):
+        D.read_text_rows(sts, require_score=True, columns={"text": "6", "pair": "5"})
+    rows = D.read_text_rows(sts, columns={"text": "6", "pair": "5", "score": "4"})
+    assert [(r.texts, r.score) for r in rows] == [(("A dog.", "A cat."), 4.5),
+                                                  (("The sky.", "A man."), 1.0)]
+    assert D.read_text_rows(sts)[0].texts == ("A cat.", "A dog.")     # no flags: the layout
+    t = _write(tmp_path / "t.tsv", "query\tdocument\tscore\nq\td\t1\n")
+    with pytest.raises(NanobertError, match=r"t.tsv:1: --text-pair-column and the negative "
+                                            r"column both take column 'document'"):
+        D.read_text_rows(t, columns={"pair": "document", "negative": "document"})
+
+
 def _beir(tmp_path, qrels="query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n"):
     root = tmp_path / "beir"
     (root / "qrels").mkdir(parents=True)
