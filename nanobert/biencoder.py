@@ -677,6 +677,28 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
     return beir_rows(data, train_q, negatives, labelled=labelled)
 
 
+def relevance_grade(label: float) -> int:
+    """A (query, document) row's label as a relevance grade: a 0-1 label is relevant or
+    not; larger labels are grades (0, 1, 2, 3...)."""
+    return int(label > 0) if label <= 1 else int(label)
+
+
+def rerank_check(rows, model, path, source=None):
+    """Reranking evaluation rows must rank something: a query with documents of two
+    grades or more. Each STS pair its own query (one document) scored nDCG, MRR and
+    recall 1.0 at every evaluation, whatever the model."""
+    if not isinstance(rows, list):   # a BEIR folder: the retriever's candidates are ranked
+        return
+    grades = {}
+    for r in rows:
+        grades.setdefault(r.texts[0], set()).add(relevance_grade(r.score))
+    if not any(len(g) > 1 for g in grades.values()):
+        raise NanobertError(f"{path}: no query has documents of two relevance grades ({len(grades)} "
+                            f"queries, {len(rows)} rows): every ranking would score 1.0; "
+                            "reranking is evaluated on queries with several documents, some "
+                            "more relevant than others")
+
+
 def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -> dict:
     """(query, document, label) rows: the documents of each query ranked by the model,
     nDCG@10 / MRR@10 against the labels. A BEIR folder: the retriever's top
@@ -693,7 +715,7 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
         for i, (r, s) in enumerate(zip(data, pred)):
             q = qids.setdefault(r.texts[0], f"q{len(qids)}")
             run.setdefault(q, {})[f"d{i}"] = s
-            qrels.setdefault(q, {})[f"d{i}"] = int(r.score > 0) if r.score <= 1 else int(r.score)
+            qrels.setdefault(q, {})[f"d{i}"] = relevance_grade(r.score)
         return R.retrieval_metrics(qrels, run)
     from .embed import Encoder
     retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm", batch_size=batch_size)

@@ -664,7 +664,7 @@ TASKS = {t.name: t for t in [
          help="a bi-encoder (sentence embeddings): MNRL on pairs/triplets/BEIR qrels, CoSENT "
               "on scored pairs (Spearman of the cosine; nDCG@10, MRR@10, Recall@100)"),
     Task("rerank", "regression", "ndcg_at_10", 256, read=B.read_rerank_data, labels=None,
-         features=B.rerank_features, check=None, evaluate=B.rerank_evaluate,
+         features=B.rerank_features, check=B.rerank_check, evaluate=B.rerank_evaluate,
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
          show=B.score_show, saved_settings=B.RERANK_SETTINGS, batcher=row_batches,
          loss=lambda cfg: B.rerank_loss_fn(), is_pair=B.is_pair,

@@ -263,6 +263,23 @@ def test_single_texts_are_refused_as_such_by_pair_models(tmp_path, label):
         E.read_rerank_data(f)
 
 
+def test_reranking_dev_rows_must_rank_something(tmp_path):
+    """STS pairs as reranking data: each pair its own query with one document, so every
+    evaluation scored nDCG 1.0 and the first was kept as the best."""
+    from nanobert.finetune import get_task
+    check = get_task("rerank").check
+    f = tmp_path / "d.tsv"
+    f.write_text("query\tdocument\tlabel\nq1\ta\t1\nq2\tb\t0\nq3\tc\t1\nq3\td\t1\n")
+    with pytest.raises(NanobertError, match=f"^{f}: no query has documents of two relevance "
+                                            r"grades \(3 queries, 4 rows\): every ranking would "
+                                            "score 1.0"):
+        check(E.read_rerank_data(f), None, f)
+    f.write_text("query\tdocument\tlabel\nq1\ta\t1\nq2\tb\t0\nq2\tc\t0.5\n")
+    check(E.read_rerank_data(f), None, f)          # q2 has a relevant and an irrelevant one
+    f.write_text("query\tdocument\tlabel\nq1\ta\t2\nq1\tb\t3\n")
+    check(E.read_rerank_data(f), None, f)          # grades 2 and 3
+
+
 def test_mnrl_with_one_row_a_batch_is_refused(tiny_dir, tmp_path, capsys):
     """--batch-size 1 (or a single training row) on (anchor, positive) pairs: MNRL's
     negatives are the batch's other rows, so the loss was 0 at every step and the run
