@@ -29,7 +29,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Optional
 
-from .files import NanobertError, data_error, input_path, note, path_kind, read_lines
+from .files import NanobertError, data_error, input_path, note, path_kind, read_lines, some_of
 
 csv.field_size_limit(1 << 26)
 
@@ -1049,7 +1049,7 @@ def check_labels(examples, label2id: dict, path, source: str = "the model knows"
     for e in examples:
         if e.label is not None and e.label not in label2id:
             raise data_error(path, e.line, f"unknown label {e.label!r} ({source} "
-                             f"{', '.join(sorted(label2id))})")
+                             f"{some_of(label2id)})")
 
 
 # ----------------------------------------------------------------------------------

@@ -28,6 +28,14 @@ def data_error(path, line, msg) -> NanobertError:
     return NanobertError(f"{where}: {msg}")
 
 
+def some_of(names, shown: int = 12) -> str:
+    """`names` (sorted, as text) for an error line: the first `shown`, then how many in
+    all (a training file of 1,000 classes made a 10,000-character line)."""
+    names = sorted(str(n) for n in names)
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
     texts cut): one line on stderr."""

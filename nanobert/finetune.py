@@ -48,7 +48,7 @@ from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, positive
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
-from .files import NanobertError, check_output_dir, note
+from .files import NanobertError, check_output_dir, note, some_of
 from .qa import attached_end  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -411,7 +411,7 @@ def ner_check(sentences, model, path, source="the model knows"):
         for i, t in enumerate(s.tags):
             if t not in known:
                 raise D.data_error(path, s.line_of(i), f"unknown tag {t!r} ({source} "
-                                   f"{', '.join(sorted(known))})")
+                                   f"{some_of(known)})")
 
 
 def classify_predict(model, tok, examples, settings, batch_size=64) -> list:

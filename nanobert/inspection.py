@@ -26,7 +26,7 @@ import torch
 
 from .config import (Config, add_flags, at_least, checked, max_length_range, param,
                      positive, seed_range)
-from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file, note
+from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file, note, some_of
 from .finetune import ColumnsConfig
 
 # ----------------------------------------------------------------------------------
@@ -453,7 +453,7 @@ def _label_names(spec, model, labels=None) -> dict:
         unknown = sorted(set(names) - {str(x) for x in labels}) if labels is not None else []
         if unknown:
             raise NanobertError(f"--label-names: label {unknown[0]!r} is not in the data "
-                                f"(labels: {', '.join(sorted({str(x) for x in labels}))})")
+                                f"(labels: {some_of({str(x) for x in labels})})")
         if labels is not None:   # a label left unnamed keeps its own: '0=1' with labels 0, 1
             _check_distinct({str(x): names.get(str(x), str(x))
                              for x in sorted(set(labels), key=str)}, spec)

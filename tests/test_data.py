@@ -382,3 +382,15 @@ def test_an_empty_question_or_context_is_refused(tmp_path):
     p = write(tmp_path, "q.csv", "question,context\nWho?,\n")
     with pytest.raises(NanobertError, match=r"q\.csv:2: question '2': its context is empty"):
         read_squad(p, require_answers=False)
+
+
+def test_an_unknown_label_lists_a_dozen_of_the_known_ones(tmp_path):
+    """A training file of 1,000 classes made the error one line of 10,000 characters."""
+    p = write(tmp_path, "dev.tsv", "sentence\tlabel\na\tc0007\nb\tnew\n")
+    many = {f"c{i:04d}": i for i in range(1000)}
+    with pytest.raises(NanobertError) as e:
+        D.check_labels(read_classification(p), many, p)
+    assert str(e.value) == (f"{p}:3: unknown label 'new' (the model knows " +
+                            ", ".join(f"c{i:04d}" for i in range(12)) + ", ... (1000 in all))")
+    with pytest.raises(NanobertError, match=r"\(the model knows a, b\)$"):
+        D.check_labels(read_classification(p), {"a": 0, "b": 1}, p)
