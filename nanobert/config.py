@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
@@ -217,6 +218,31 @@ def reject_undecodable_text(parser: argparse.ArgumentParser, texts=()):
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with its errors on one line: `nanobert: error: --flag: got X, expected ...`
     and exit status 2, like every other error the user can fix."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self._dash_values_joined(args), namespace)
+
+    def _dash_values_joined(self, args: list) -> list:
+        """`--flag -value` as `--flag=-value`, where the flag takes one value and the
+        value is no flag: argparse takes a value that starts with a dash for a flag unless
+        it is a plain negative number, so `--mask-split -10/100/10` said "expected one
+        argument" instead of what is wrong with the value."""
+        flags, out, i = self._option_string_actions, [], 0
+        while i < len(args):
+            a = args[i]
+            if a == "--":
+                return out + args[i:]
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if (a in flags and flags[a].nargs is None and nxt is not None and nxt[:1] == "-"
+                    and nxt[:2] != "--" and len(nxt) > 1
+                    and not any(f.startswith(nxt) for f in flags)):
+                out.append(f"{a}={nxt}")
+                i += 2
+            else:
+                out.append(a)
+                i += 1
+        return out
 
     def error(self, message):
         prefix = "argument "

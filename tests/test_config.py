@@ -70,6 +70,12 @@ def test_task_choices_come_from_the_task_table():
      "--mask-prob: got 1.0, expected a finite number > 0 and < 1"),
     (["pretrain", "--corpus", "c", "--out", "o", "--mask-split", "90/20/0"],
      "--mask-split: got '90/20/0', expected three percentages"),
+    # a value that starts with a dash and is no plain number: argparse took it for a flag
+    # ("expected one argument")
+    (["pretrain", "--corpus", "c", "--out", "o", "--mask-split", "-10/100/10"],
+     "--mask-split: got '-10/100/10', expected three percentages"),
+    (FT + ["--lr", "-1e-5x"], "--lr: got '-1e-5x', expected a finite number > 0"),
+    (FT + ["--lr", "--epochs", "2"], "--lr: expected one argument"),
     (["fill-mask", "--model", "m", "-k", "-3", "a [MASK]"],
      "--top-k: got -3, expected an integer >= 1"),
     (["tsne", "--model", "m", "--data", "d", "--out", "o.png", "--perplexity", "0"],
