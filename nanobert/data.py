@@ -672,7 +672,7 @@ def integral_label(s: str) -> str:
     a code with leading zeros included, as it is."""
     if len(s) <= 64 and NUMBER.fullmatch(s) and not CODE.fullmatch(s):
         d = Decimal(s)
-        if d == d.to_integral_value():
+        if d == d.to_integral_value() and d.adjusted() < 64:   # (not "1e400": 401 digits)
             return str(int(d))
     return s
 
@@ -970,8 +970,9 @@ def label_set(examples, path=None) -> list:
     if missing and len(missing) < len(labels) and all(
             numbers[x] is not None for x in labels - missing):
         odd = next(e for e in examples if e.label in missing)
-        raise data_error(where, odd.line, f"label {odd.label!r} is not a number like the other "
-                         "labels (a missing value?)")
+        why = ("is too large a number (beyond float range)" if NUMBER.fullmatch(odd.label)
+               else "is not a number like the other labels (a missing value?)")
+        raise data_error(where, odd.line, f"label {odd.label!r} {why}")
     _one_kind(examples, labels, numbers, missing, where)
     if labels and all(v is not None for v in numbers.values()):
         frac = next((e for e in examples if e.label is not None

@@ -71,6 +71,11 @@ def test_non_finite_labels_are_missing_values_not_classes(tmp_path):
     t = write(tmp_path, "d.tsv", "sentence\tlabel\na\t1\nb\t0\nc\tnan\n")
     assert error_of(D.label_set, D.read_classification(t), t) == \
         f"{t}:4: label 'nan' is not a number like the other labels (a missing value?)"
+    # a number past float range: it was written out as 401 digits and called no number
+    big = write(tmp_path, "b.tsv", "sentence\tlabel\na\t1\nb\t0\nc\t1e400\n")
+    assert error_of(D.label_set, D.read_classification(big), big) == \
+        f"{big}:4: label '1e400' is too large a number (beyond float range)"
+    assert D.integral_label("1e3") == "1000" and D.integral_label("1e400") == "1e400"
     words = write(tmp_path, "w.tsv", "sentence\tlabel\na\tnan\nb\tpos\n")   # a name, not a number
     assert D.label_set(D.read_classification(words), words) == ["nan", "pos"]
 
