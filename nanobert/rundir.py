@@ -532,6 +532,7 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
     held: list = []   # what --overwrite moved aside, until the run has written something
     with _lock(out_dir):
         _HELD[key] = command
+        record = None
         try:
             clean_temporaries(out_dir)
             record = _start(out_dir, command, fp, resume, overwrite, written, held)
@@ -541,6 +542,8 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
             if not (_holds_runs(out_dir) or holds_a_run(out_dir) and not _unsaved(out_dir, e)):
                 _take_back(out_dir, before if before is None else before | {t.name for t in held})
                 put_back(out_dir, held)
+            elif record is None and before is not None and LOCK_FILE not in before:
+                (out_dir / LOCK_FILE).unlink(missing_ok=True)   # refused: no trace of it
             elif (full := _full_disk(out_dir, e)) is not None:
                 raise full from e
             raise

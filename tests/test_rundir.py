@@ -88,6 +88,12 @@ def test_another_runs_directory_needs_overwrite_or_resume(tmp_path, data):
     assert str(e.value) == (f"--out {out} already holds a model; continue it with --resume, "
                             "start over with --overwrite, or choose another directory")
     assert (out / "config.json").exists()           # nothing touched
+    (out / ".nanobert-lock").unlink()                # (a model copied here has none)
+    before = sorted(os.listdir(out))
+    with pytest.raises(NanobertError, match="already holds a model"):
+        with run(out, "finetune", fp(data, lr=5e-3)):
+            pass
+    assert sorted(os.listdir(out)) == before         # a refused run leaves no lock file
     with run(out, "finetune", fp(data, lr=5e-3), overwrite=True):
         assert not (out / "config.json").exists()   # cleared before the run starts
         assert (out / "cache" / "tokens.npz").read_text() == "kept"
