@@ -137,6 +137,25 @@ SIDE_FILES = ("nanobert.json", "modules.json", "sentence_bert_config.json",
 ST_MODULE = re.compile(r"\d+_[A-Za-z]+")
 
 
+# what an export writes: the graphs, save_model's files (config, weights, any family's
+# tokenizer files) and SIDE_FILES / sentence-transformers module folders
+EXPORT_FILES = {"model.onnx", "model_quantized.onnx", "config.json", "model.safetensors",
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "vocab.txt", "vocab.json", "merges.txt", "added_tokens.json", *SIDE_FILES}
+
+
+def _exported(p: Path) -> bool:
+    return (p.name in EXPORT_FILES and p.is_file()) or (ST_MODULE.fullmatch(p.name) is not None
+                                                        and p.is_dir())
+
+
+def is_export(out_dir: Path) -> bool:
+    """An earlier export: model.onnx, no run's record, and nothing an export does not
+    write (a notes file or a data folder beside a model.onnx was deleted with it)."""
+    return ((out_dir / "model.onnx").is_file() and not (out_dir / RUN_FILE).exists()
+            and all(_exported(p) for p in out_dir.iterdir()))
+
+
 def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
     """OUT is a new or empty directory, or an earlier export (replaced as a whole); never
     the model itself, another model or run, or a folder of other files. `flag` is how
@@ -153,11 +172,12 @@ def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
     if given is not None and given.exists() and given.resolve() == out_dir.resolve():
         raise NanobertError(f"{flag} {out_dir}: is the model being exported; writing it would "
                             f"destroy it (choose another {flag})")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (
-            (out_dir / "model.onnx").is_file() and not (out_dir / RUN_FILE).exists()):
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not is_export(out_dir):
         what = "a model" if (out_dir / "config.json").exists() else "other files"
+        other = next((p.name for p in sorted(out_dir.iterdir()) if not _exported(p)), None)
+        why = f" ({other} is not an export's)" if other and (out_dir / "model.onnx").exists() else ""
         raise NanobertError(f"{flag} {out_dir} already holds {what} and is not an earlier "
-                            "export; choose a new or empty directory")
+                            f"export{why}; choose a new or empty directory")
     # an earlier export is replaced whole (no stale model_quantized.onnx), but never one
     # that holds the model being exported
     check_not_input(out_dir, [model_name], flag)

@@ -175,3 +175,14 @@ def test_python_export_refuses_what_the_cli_refuses(tmp_path, one_thread):
     assert not (tmp_path / "m.onnx").exists()
     assert export_onnx(model, tmp_path / "new").is_file()      # and an earlier export is
     assert export_onnx(model, tmp_path / "new").is_file()      # replaced
+    # ... but not a folder that merely holds a model.onnx, nor an export with a user's
+    # files added: replacing it whole deleted them
+    (tmp_path / "new" / "notes.txt").write_text("mine")
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    (proj / "model.onnx").write_text("x")
+    for out, extra in ((tmp_path / "new", "notes.txt"), (proj, "data")):
+        with pytest.raises(NanobertError, match=f"not an earlier export \\({extra} is not an "
+                                                "export's\\)"):
+            export_onnx(model, out)
+    assert (tmp_path / "new" / "notes.txt").read_text() == "mine" and (proj / "data").is_dir()
