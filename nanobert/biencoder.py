@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import retrieval as R
 from .config import Config, at_least, fraction, param, positive
-from .files import NanobertError
+from .files import NanobertError, note
 
 POOLINGS = ("mean", "cls")
 
@@ -689,14 +689,26 @@ def rerank_check(rows, model, path, source=None):
     recall 1.0 at every evaluation, whatever the model."""
     if not isinstance(rows, list):   # a BEIR folder: the retriever's candidates are ranked
         return
-    grades = {}
-    for r in rows:
-        grades.setdefault(r.texts[0], set()).add(relevance_grade(r.score))
-    if not any(len(g) > 1 for g in grades.values()):
-        raise NanobertError(f"{path}: no query has documents of two relevance grades ({len(grades)} "
+    queries, ranked = len({r.texts[0] for r in rows}), _ranked_queries(rows)
+    if not ranked:
+        raise NanobertError(f"{path}: no query has documents of two relevance grades ({queries} "
                             f"queries, {len(rows)} rows): every ranking would score 1.0; "
                             "reranking is evaluated on queries with several documents, some "
                             "more relevant than others")
+    if len(ranked) < queries:
+        note(f"{path}: {queries - len(ranked)} of {queries} queries have documents of one "
+             "relevance grade only (nothing to rank): the metrics are over the other "
+             f"{len(ranked)}")
+
+
+def _ranked_queries(rows) -> set:
+    """The queries of (query, document, label) rows whose documents the labels put in
+    an order: two relevance grades or more. Any ranking scores the others alike (one
+    document: nDCG 1 or 0), so they only dilute the model's metrics."""
+    grades = {}
+    for r in rows:
+        grades.setdefault(r.texts[0], set()).add(relevance_grade(r.score))
+    return {q for q, g in grades.items() if len(g) > 1}
 
 
 def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -> dict:
@@ -709,6 +721,8 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     if isinstance(data, list):
         if data[0].score is None or len(data[0].texts) != 2:
             raise NanobertError("reranker evaluation needs (query, document, label) rows")
+        ranked = _ranked_queries(data)
+        data = [r for r in data if r.texts[0] in ranked]
         pred = scores([tuple(r.texts) for r in data])
         qids = {}
         run, qrels = {}, {}

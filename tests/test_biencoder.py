@@ -263,7 +263,7 @@ def test_single_texts_are_refused_as_such_by_pair_models(tmp_path, label):
         E.read_rerank_data(f)
 
 
-def test_reranking_dev_rows_must_rank_something(tmp_path):
+def test_reranking_dev_rows_must_rank_something(tmp_path, capsys, monkeypatch):
     """STS pairs as reranking data: each pair its own query with one document, so every
     evaluation scored nDCG 1.0 and the first was kept as the best."""
     from nanobert.finetune import get_task
@@ -276,6 +276,18 @@ def test_reranking_dev_rows_must_rank_something(tmp_path):
         check(E.read_rerank_data(f), None, f)
     f.write_text("query\tdocument\tlabel\nq1\ta\t1\nq2\tb\t0\nq2\tc\t0.5\n")
     check(E.read_rerank_data(f), None, f)          # q2 has a relevant and an irrelevant one
+    assert capsys.readouterr().err == (f"nanobert: note: {f}: 1 of 2 queries have documents of "
+                                       "one relevance grade only (nothing to rank): the metrics "
+                                       "are over the other 1\n")
+    # ... and only q2 is scored: q1's one document is first whatever the model gives it
+    seen = []
+
+    def scores(model, tok, pairs, *a):
+        seen.extend(pairs)
+        return [0.1 * i for i in range(len(pairs))]     # c above b: q2 in the right order
+    monkeypatch.setattr(E.R, "pair_scores", scores)
+    got = E.rerank_evaluate(None, None, E.read_rerank_data(f), {"max_length": 16})
+    assert seen == [("q2", "b"), ("q2", "c")] and got["ndcg_at_10"] == pytest.approx(1.0)
     f.write_text("query\tdocument\tlabel\nq1\ta\t2\nq1\tb\t3\n")
     check(E.read_rerank_data(f), None, f)          # grades 2 and 3
 
