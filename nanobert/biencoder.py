@@ -749,12 +749,22 @@ def evaluate_flags(p):
     add_flags(p, RetrievalConfig, skip=skip, **dict.fromkeys(EVALUATE_FLAGS))
 
 
-def evaluate_overrides(args) -> dict:
-    """The BEIR flags given; refused for other data, which they would not change."""
+RERANK_ONLY = ("retriever", "rerank_k")   # (of EVALUATE_FLAGS: a reranker's first stage)
+
+
+def evaluate_overrides(args, task: str) -> dict:
+    """The BEIR flags given; refused for other data, or (a reranker's first stage) for
+    a model of another `task`, which they would not change."""
     from .data import is_beir_dir
     given = {k: getattr(args, k) for k in EVALUATE_FLAGS if getattr(args, k, None) is not None}
     if given and not is_beir_dir(args.data):
         flag = "--" + next(iter(given)).replace("_", "-")
         raise NanobertError(f"{flag}: only for a BEIR folder (corpus.jsonl, queries.jsonl, "
                             f"qrels/), and {args.data} is not one")
+    odd = next((k for k in RERANK_ONLY if k in given and task != "rerank"), None)
+    if odd is not None:
+        article = "an" if task[0] in "aeiou" else "a"
+        raise NanobertError(f"--{odd.replace('_', '-')}: only for a reranker (it sets the "
+                            f"candidates a reranker orders), and {args.model} is {article} "
+                            f"{task} model")
     return given

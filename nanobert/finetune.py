@@ -1334,7 +1334,7 @@ def evaluate_cmd(args):
     Pearson/Spearman; an embedding model on STS (Spearman of the cosine) or BEIR
     (nDCG@10...)."""
     model, tok, settings = load_finetuned(args.model, args.dtype, encoder=True)
-    settings.update(B.evaluate_overrides(args))
+    settings.update(B.evaluate_overrides(args, settings["task"]))
     task = TASKS[settings["task"]]
     check_column_flags(task.name, ColumnsConfig.from_args(args).given(), "evaluation")
     examples = _evaluation_data(task, args, model, settings)

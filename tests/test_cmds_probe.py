@@ -258,3 +258,18 @@ def test_a_model_with_one_label_name_twice_is_refused(classifier, tmp_path, caps
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\ngood film\tgood\n")
     assert main(["evaluate", "--model", str(model), "--data", str(tmp_path / "dev.tsv")]) == 2
     assert capsys.readouterr().err == says
+
+
+@pytest.mark.parametrize("flag, value", [("--rerank-k", "5"), ("--retriever", "minilm")])
+def test_evaluate_refuses_a_rerankers_flags_for_other_models(tmp_path, capsys, flag, value):
+    """An embedding model evaluated on BEIR with --rerank-k or --retriever gave its plain
+    retrieval metrics, the flag dropped without a word."""
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "one"}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "first"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert main(["evaluate", "--model", "minilm", "--data", str(beir), flag, value]) == 2
+    assert capsys.readouterr().err == (f"nanobert: error: {flag}: only for a reranker (it sets "
+                                       "the candidates a reranker orders), and minilm is an "
+                                       "embed model\n")
