@@ -513,7 +513,9 @@ def looks_like_conll(path, sample: int = 50) -> bool:
     ending in an IOB tag, tagged as an entity tagger's data is (some `O`, or every type
     in capitals: `B-PER`). A sentence's last word can look like a tag ('an E-mail', 'a
     U-turn', 'vitamin B-12'): lines of plain text were read as a token and its columns,
-    and their other words dropped."""
+    and their other words dropped. A file that starts so, with most of its first lines
+    so, is CoNLL with faults (a line without its tag), for the CoNLL reader to name by
+    line: read as plain text, its tags were tagged as words."""
     seen, tags = 0, []
     for _, text in read_lines(path):
         cols = conll_columns(text)
@@ -521,13 +523,15 @@ def looks_like_conll(path, sample: int = 50) -> bool:
             continue
         if seen == 0 and cols[0] == "-DOCSTART-":
             return True
-        if len(cols) < 2 or not is_iob_tag(cols[-1]):
-            return False
-        tags.append(cols[-1])
         seen += 1
+        if len(cols) >= 2 and is_iob_tag(cols[-1]):
+            tags.append(cols[-1])
+        elif seen == 1:
+            return False
         if seen >= sample:
             break
-    return seen > 0 and ("O" in tags or all(TAGGER_TYPE.fullmatch(t[2:]) for t in tags))
+    return (2 * len(tags) > seen
+            and ("O" in tags or all(TAGGER_TYPE.fullmatch(t[2:]) for t in tags)))
 
 
 TAGGER_TYPE = re.compile(r"[A-Z][A-Z0-9_]*")   # an entity type as datasets write them

@@ -270,6 +270,13 @@ def test_looks_like_conll_tells_columns_from_text(tmp_path):
     assert D.looks_like_conll(write(tmp_path, "b.txt", "\nEU B-ORG\nrejects O\n\nPeter I-PER\n"))
     assert not D.looks_like_conll(write(tmp_path, "c.txt", "EU rejects German call\nPeter O\n"))
     assert not D.looks_like_conll(write(tmp_path, "d.txt", "EU B-ORG\nrejects\n"))
+    # CoNLL with a faulty line is CoNLL, for its reader to refuse by line: read as plain
+    # text, its POS and tag columns were tagged as words
+    ragged = write(tmp_path, "r.txt", "EU NNP B-ORG\nrejects\n\nPeter NNP B-PER\n")
+    assert D.looks_like_conll(ragged)
+    with pytest.raises(NanobertError, match=f"^{ragged}:2: expected a token and a tag"):
+        D.read_conll(ragged)
+    assert not D.looks_like_conll(write(tmp_path, "s.txt", "rejects\nEU NNP B-ORG\nPeter B-PER\n"))
     # sentences whose last word looks like a tag are text (their other words were
     # dropped as columns); tags as datasets write them are columns
     assert not D.looks_like_conll(write(tmp_path, "e.txt", "Alice sent an E-mail\nA U-turn\n"))
