@@ -572,14 +572,20 @@ SQUAD_START = re.compile(r'\s*\{\s*("version"\s*:\s*"[^"]*"\s*,\s*)?"data"\s*:\s
 
 
 def task_of_file(path) -> Optional[str]:
-    """'ner' for CoNLL columns, 'qa' for SQuAD-style JSON; None for anything else (a table
-    or JSON Lines can hold any task's data) or a file that cannot be read."""
+    """'ner' for CoNLL columns, 'qa' for SQuAD-style JSON, 'table' for a TSV/CSV whose
+    header names a column some reader knows (any task's but those two); None for
+    anything else or a file that cannot be read."""
     try:
         fmt = detect_format(path, plain_text=True)
         if fmt == "conll" and looks_like_conll(path):
             return "ner"
         if fmt in ("json", "jsonl") and SQUAD_START.match(_first_content(path)[1]):
             return "qa"
+        if fmt in ("tsv", "csv"):
+            header = _first_content(path)[1].split("\t" if fmt == "tsv" else ",")
+            if any(column_named([_unquoted(h.strip()) for h in header], c)
+                   for c in KNOWN_COLUMNS):
+                return "table"
     except (NanobertError, OSError):
         pass
     return None

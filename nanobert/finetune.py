@@ -1042,10 +1042,10 @@ def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
     file: the labels come from all of it, so a dev label that the --max-train-examples
     sample happens to lack is still known."""
     cols, seed = cfg.columns.given(), cfg.trainer.seed
-    whole = task.read(cfg.train, cols, True)
+    whole = read_for(task, None, lambda: task.read(cfg.train, cols, True), cfg.train)
     train = select_examples(whole, cfg.max_train_examples, seed)
-    dev = select_examples(task.read(cfg.dev, cols, True), cfg.max_dev_examples, seed)
-    return train, dev, whole
+    dev = read_for(task, None, lambda: task.read(cfg.dev, cols, True), cfg.dev)
+    return train, select_examples(dev, cfg.max_dev_examples, seed), whole
 
 
 POOLED_HEADS = ("classify", "regression")   # heads on one vector per text (pair)
@@ -1385,19 +1385,25 @@ def predict_args(p):
 
 def read_for(task: Task, model_name, read: Callable, path):
     """read(), with a hint appended to its error when the file holds another task's data
-    (CoNLL columns for a classifier, SQuAD JSON for an embedding model...)."""
+    (CoNLL columns for a classifier, SQuAD JSON for an embedding model, a table of texts
+    for a tagger...). `model_name`: the model it is read for; None while fine-tuning."""
     try:
         return read()
     except NanobertError as e:
         other = D.task_of_file(path)
-        if other is None or other == task.name or OTHER_DATA[other][1] in str(e):
+        if (other is None or other == task.name or OTHER_DATA[other][1] in str(e)
+                or other == "table" and task.name not in ("ner", "qa")):
             raise
-        raise NanobertError(f"{e} ({path} holds {OTHER_DATA[other][0]}, but {model_name} is "
-                            f"a{'n' * (task.name[0] in 'aeiou')} {task.name} model)") from None
+        article = "an" if task.name[0] in "aeiou" else "a"
+        who = (f"{model_name} is {article} {task.name} model" if model_name is not None
+               else f"--task {task.name} reads {OTHER_DATA[task.name][0]}"
+               if task.name in OTHER_DATA else f"this is {article} {task.name} run")
+        raise NanobertError(f"{e} ({path} holds {OTHER_DATA[other][0]}, but {who})") from None
 
 
 OTHER_DATA = {"ner": ("NER data (CoNLL columns)", "CoNLL"),   # what, and a word that says it
-              "qa": ("QA data (SQuAD JSON)", "SQuAD")}
+              "qa": ("QA data (SQuAD JSON)", "SQuAD"),
+              "table": ("a table of texts (a header of named columns)", "column")}
 
 
 def _predict_inputs(task: Task, args, settings) -> list:

@@ -273,3 +273,23 @@ def test_evaluate_refuses_a_rerankers_flags_for_other_models(tmp_path, capsys, f
     assert capsys.readouterr().err == (f"nanobert: error: {flag}: only for a reranker (it sets "
                                        "the candidates a reranker orders), and minilm is an "
                                        "embed model\n")
+
+
+def test_finetune_on_another_tasks_file_says_what_the_file_holds(tmp_path, capsys):
+    """A table of texts for --task ner said only "tag 'label' is not IOB"; CoNLL columns
+    for a classifier, only that there was no header."""
+    table = tmp_path / "cls.tsv"
+    table.write_text("sentence\tlabel\nEU rejects\tx\nPeter\ty\n")
+    conll = tmp_path / "tags.txt"
+    conll.write_text("EU B-ORG\nrejects O\n\nPeter B-PER\n")
+    for task, data, hint in (
+            ("ner", table, f"({table} holds a table of texts (a header of named columns), but "
+                           "--task ner reads NER data (CoNLL columns))"),
+            ("classify", conll, f"({conll} holds NER data (CoNLL columns), but this is a "
+                                "classify run)")):
+        out = tmp_path / f"out-{task}"
+        assert main(["finetune", "--task", task, "--model", "minilm", "--train", str(data),
+                     "--dev", str(data), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"nanobert: error: {data}:1: ") and err.endswith(hint + "\n"), err
+        assert not out.exists()
