@@ -89,7 +89,8 @@ def fingerprint(task: str, data_files, flags: dict) -> dict:
     shaping = {k: LOCAL_INPUT if _names_hashed(v, hashed) else _plain(v)
                for k, v in sorted(flags.items())
                if k not in NOT_SHAPING and not k.startswith("_")}   # (_given: the parse's own)
-    return {"task": task, "data": [file_digest(f) for f in data_files], "flags": shaping}
+    return {"task": task, "data": [file_digest(f) for f in data_files], "flags": shaping,
+            "names": [str(f) for f in data_files]}   # (named in differences, not compared)
 
 
 def _names_hashed(value, hashed: set) -> bool:
@@ -113,6 +114,7 @@ def _comparable(old: dict, new: dict) -> tuple:
     for k in [k for k in set(fa) | set(fb) if LOCAL_INPUT in (fa.get(k), fb.get(k))]:
         fa.pop(k, None)
         fb.pop(k, None)
+    old, new = ({k: v for k, v in fp.items() if k != "names"} for fp in (old, new))
     return dict(old, flags=fa), dict(new, flags=fb)
 
 
@@ -140,14 +142,15 @@ def _plain(v):
 
 def differences(old: dict, new: dict, limit: int = 3) -> list:
     """Human-readable differences between two fingerprints, at most `limit`."""
-    out = []
+    out, names = [], new.get("names") or []
     old, new = _comparable(old, new)
     if old.get("task") != new.get("task"):
         out.append(f"task {old.get('task')} there, {new.get('task')} now")
     a, b = old.get("data", []), new.get("data", [])
     if len(a) != len(b):
         out.append(f"{len(a)} data file(s) there, {len(b)} now")
-    out += [f"data file {i + 1} has other content" + _sizes(x, y)
+    out += [(f"{names[i]} has other content" if i < len(names) else
+             f"data file {i + 1} has other content") + _sizes(x, y)
             for i, (x, y) in enumerate(zip(a, b)) if x != y]
     fa, fb = old.get("flags", {}), new.get("flags", {})
     named = {"task"} if old.get("task") != new.get("task") else set()   # said once, above
