@@ -1130,7 +1130,7 @@ def _new_head_on(model_dir, head: str, overrides: dict):
     import dataclasses
     import nanobert
     base, tok = nanobert.load(model_dir, head=None)
-    note(f"{model_dir}: its {head} head has {base.config.num_labels} labels, the training "
+    note(f"{model_dir}: its classifier has {base.config.num_labels} labels, the training "
          f"data {len(overrides['id2label'])}: a new head is trained on its encoder")
     model = nanobert.Bert(dataclasses.replace(base.config, **overrides), head)
     model.bert.load_state_dict(base.bert.state_dict())

@@ -424,7 +424,8 @@ def test_a_classifier_of_other_labels_gets_a_new_head_on_its_encoder(tiny_dir, t
     assert cli.main(["finetune", "--task", "classify", "--model", str(first), "--train",
                      str(three), "--dev", str(three), "--out", str(second), "--lr", "1e-12"]
                     + flags) == 0
-    assert "a new head is trained on its encoder" in capsys.readouterr().err
+    assert (f"nanobert: note: {first}: its classifier has 2 labels, the training data 3: a "
+            "new head is trained on its encoder") in capsys.readouterr().err
     before, _ = nanobert.load(first)
     after, _ = nanobert.load(second)
     assert sorted(after.config.id2label.values()) == ["bad", "good", "meh"]
