@@ -277,7 +277,9 @@ def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=
             else:
                 rows.append(TextRow((beir.queries[q], beir.doc_text(d))))
     if not rows:
-        raise NanobertError("no (query, relevant document) pairs in the training queries")
+        raise NanobertError(f"{beir.root or 'the BEIR folder'}: no (query, relevant document) "
+                            f"pairs among the {len(query_ids)} training queries (every judged "
+                            "document missing from corpus.jsonl, or graded 0)")
     return rows
 
 
@@ -667,7 +669,12 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
     if isinstance(data, list):
         return data
     data = beir_split(data, settings, training=True)
-    train_q, _ = query_split(data, settings.get("holdout") or 0.0)
+    holdout = settings.get("holdout") or 0.0
+    train_q, held = query_split(data, holdout)
+    if not train_q:
+        raise NanobertError(f"{data.root or 'the BEIR folder'}: --holdout {holdout:g} holds out "
+                            f"all {len(held)} judged queries: none is left to train on; use a "
+                            "smaller --holdout")
     n = settings.get("hard_negatives") or (3 if labelled else 0)
     negatives = None
     if n:

@@ -148,6 +148,17 @@ def test_beir_rows_holdout_and_labels():
     assert 0.17 < share < 0.23
     with pytest.raises(NanobertError, match="holdout"):
         E.query_split(beir, 1.0)
+    # a holdout that leaves no training query, and training queries without a judged
+    # document, name the folder (and the flag): "no (query, relevant document) pairs in
+    # the training queries" named neither
+    beir.root = "/data/beir"
+    held_all = next(h for h in (0.9, 0.95, 0.99, 0.999) if not E.query_split(beir, h)[0])
+    with pytest.raises(NanobertError, match=f"^/data/beir: --holdout {held_all:g} holds out all 2 "
+                                            "judged queries: none is left to train on"):
+        E.training_rows(None, beir, {"holdout": held_all}, labelled=False)
+    with pytest.raises(NanobertError, match=r"^/data/beir: no \(query, relevant document\) pairs "
+                                            "among the 1 training queries"):
+        E.beir_rows(Beir(beir.corpus, beir.queries, {"q1": {"d9": 1}}, root="/data/beir"), ["q1"])
 
 
 def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
