@@ -872,6 +872,26 @@ class FinetuneConfig(Config):
             raise NanobertError(f"--teacher: a {self.task} run cannot learn from teachers "
                                 f"(only {' and '.join(TEACHER_TASKS)})")
         self.check_given()
+        self.check_no_ops()
+
+    def check_no_ops(self):
+        """Settings that would cost time and change nothing: teachers whose loss has no
+        weight (each still ran every step), one teacher named twice (a doubled vote),
+        gradient caching in pieces no smaller than the batch."""
+        if self.teachers and self.teacher_weight == 0:
+            raise NanobertError("--teacher-weight 0 gives the teachers' predictions no share of "
+                                "the loss (they would still run every step): drop --teacher")
+        paths = [str(Path(t).expanduser().resolve()) if Path(t).exists() else t
+                 for t in self.teachers]
+        twice = next((t for i, t in enumerate(self.teachers) if paths[i] in paths[:i]), None)
+        if twice is not None:
+            raise NanobertError(f"--teacher: {twice} is named twice (its vote would count "
+                                "double); name each teacher once")
+        mini = self.retrieval.mini_batch_size
+        if mini is not None and mini >= self.batch_size:
+            raise NanobertError(f"--mini-batch-size {mini} is not smaller than --batch-size "
+                                f"{self.batch_size}: gradient caching would change "
+                                "nothing; give a smaller one, or leave it out")
 
     def check_given(self):
         """A flag that changes nothing in this run (--doc-stride on a classifier, --loss

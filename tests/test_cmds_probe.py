@@ -158,14 +158,14 @@ def test_finetune_refuses_teacher_settings_without_a_teacher_at_any_value(tmp_pa
     assert err == "nanobert: error: --temperature: only with --teacher\n"
 
 
-def finetune_error(tmp_path, capsys, task, table, flag, value) -> str:
+def finetune_error(tmp_path, capsys, task, table, flag, *values) -> str:
     """What `finetune --task TASK FLAG VALUE` on a training file `table` says: it must
     refuse (status 2) before making its output directory."""
     train = tmp_path / "train.tsv"
     train.write_text(table)
     out = tmp_path / "out"
     assert main(["finetune", "--task", task, "--model", str(tmp_path / "none"), "--train",
-                 str(train), "--dev", str(train), "--out", str(out), flag, value]) == 2
+                 str(train), "--dev", str(train), "--out", str(out), flag, *values]) == 2
     assert not out.exists()
     return capsys.readouterr().err
 
@@ -293,3 +293,25 @@ def test_finetune_on_another_tasks_file_says_what_the_file_holds(tmp_path, capsy
         err = capsys.readouterr().err
         assert err.startswith(f"nanobert: error: {data}:1: ") and err.endswith(hint + "\n"), err
         assert not out.exists()
+
+
+@pytest.mark.parametrize("task, extra, message", [
+    ("classify", ["--teacher", "T", "--teacher-weight", "0"],
+     "--teacher-weight 0 gives the teachers' predictions no share of the loss (they would "
+     "still run every step): drop --teacher"),
+    ("classify", ["--teacher", "T", "U", "T/"],
+     "--teacher: T/ is named twice (its vote would count double); name each teacher once"),
+    ("embed", ["--batch-size", "4", "--mini-batch-size", "4"],
+     "--mini-batch-size 4 is not smaller than --batch-size 4: gradient caching would change "
+     "nothing; give a smaller one, or leave it out"),
+])
+def test_finetune_refuses_settings_that_cost_time_and_change_nothing(tmp_path, capsys, task,
+                                                                   extra, message):
+    """Each was accepted: a teacher run every step for a loss of weight 0, a teacher's
+    vote counted twice, gradient caching in one piece."""
+    (tmp_path / "T").mkdir()
+    (tmp_path / "U").mkdir()
+    extra = [str(tmp_path / x) if x in ("T", "U", "T/") else x for x in extra]
+    err = finetune_error(tmp_path, capsys, task, "sentence\tlabel\ngood\t1\n", extra[0],
+                         *extra[1:])
+    assert err == "nanobert: error: " + message.replace("T/", str(tmp_path / "T/")) + "\n"
