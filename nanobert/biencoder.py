@@ -440,6 +440,8 @@ def read_scored(path, cols=None, require=True) -> list:
     if any(len(r.texts) > 2 for r in rows):
         raise NanobertError(f"{path}: regression takes one text or a pair per row, "
                             "not triplets")
+    if require:   # (training and evaluation data; not inputs to predict)
+        scores_vary_check(rows, None, path)
     return rows
 
 
@@ -523,7 +525,7 @@ def scores_vary_check(rows, model, path, source=None):
     if not isinstance(rows, list):  # a BEIR folder: judged by relevance, not scores
         return
     _scores_differ(rows, path, "score", "the correlations (Pearson, Spearman) need scores "
-                   "that vary")
+                   "that vary, and a regression model learns nothing from one target")
 
 
 def regress_features(tok, rows, settings, label2id=None) -> list:

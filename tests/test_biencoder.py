@@ -259,6 +259,12 @@ def test_training_data_whose_scores_never_vary_is_refused(tmp_path):
     assert len(E.read_rerank_data(f)) == 2
     f.write_text("anchor\tpositive\nq\td\nr\te\n")      # (anchor, positive): no scores
     assert len(E.read_embed_data(f)) == 2
+    # a regression training file of one score trained a constant (it was accepted)
+    f.write_text("sentence1\tsentence2\tscore\na\tb\t3\nc\td\t3\n")
+    with pytest.raises(NanobertError, match=f"{f}: every score is 3: the correlations .* and a "
+                                            "regression model learns nothing from one target"):
+        E.read_scored(f)
+    assert len(E.read_scored(f, require=False)) == 2       # (inputs to predict)
 
 
 @pytest.mark.parametrize("label", ["positive", "1"])
