@@ -522,7 +522,13 @@ def ner_inputs(path, columns=None) -> list:
     words `evaluate` reads and the entities' spans are in the words joined by spaces."""
     if D.looks_like_conll(path) or D.holds_token_lists(path, columns):
         return D.read_conll(path, require_tags=False)
-    return D.read_inputs(path, columns)
+    examples = D.read_inputs(path, columns)
+    pair = next((e for e in examples if e.text_b is not None), None)
+    if pair is not None and not (columns or {}).get("text_column"):
+        # (its second texts were dropped without a word)
+        raise D.data_error(path, pair.line, "a tagger reads one text a row, and this row is a "
+                           "pair; name the text's column with --text-column")
+    return [dataclasses.replace(e, text_b=None) for e in examples]
 
 
 def ner_input(i, x):

@@ -589,6 +589,14 @@ def test_ner_inputs_from_python_are_texts_or_word_lists(tmp_path):
     lines = tmp_path / "texts.txt"
     lines.write_text("U.S. troops\nin Rome\n")
     assert [e.text_a for e in ner_inputs(lines)] == ["U.S. troops", "in Rome"]
+    # a table of pairs: its second texts were dropped without a word
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("sentence1\tsentence2\nU.S. troops\tin Rome\n")
+    with pytest.raises(NanobertError, match=f"^{pairs}:2: a tagger reads one text a row, and "
+                                            "this row is a pair; name the text's column with "
+                                            "--text-column"):
+        ner_inputs(pairs)
+    assert ner_inputs(pairs, {"text_column": "sentence2"}) == [Example("in Rome", line=2)]
     assert ner_input(0, "Carol lives in Rome") == Example("Carol lives in Rome")
     assert ner_input(0, ["U.S.", "troops"]) == Sentence(["U.S.", "troops"])
     for bad in (("a", "b"), ["two words"], [], [""], 3):
