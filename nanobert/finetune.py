@@ -417,7 +417,7 @@ def ner_check(sentences, model, path, source="the model knows"):
 def classify_predict(model, tok, examples, settings, batch_size=64) -> list:
     probs = predict_classify(model, tok, examples, settings["max_length"], batch_size)
     conf, idx = probs.max(-1)
-    return [{"text": e.text_a if e.text_b is None else f"{e.text_a} ||| {e.text_b}",
+    return [{"text": e.text_a, **({"pair": e.text_b} if e.text_b is not None else {}),
              "label": model.config.id2label[i], "probability": c}
             for e, c, i in zip(examples, conf.tolist(), idx.tolist())]
 
@@ -458,8 +458,9 @@ def one_line(r: dict) -> dict:
     return {k: v.translate(ONE_LINE) if isinstance(v, str) else v for k, v in r.items()}
 
 
-def classify_show(r: dict) -> str:
-    return f"{r['label']}\t{r['probability']:.4f}\t{r['text']}"
+def classify_show(r: dict) -> str:   # (a pair's texts in columns of their own, as score_show)
+    return f"{r['label']}\t{r['probability']:.4f}\t{r['text']}" + (
+        f"\t{r['pair']}" if "pair" in r else "")
 
 
 def ner_show(r: dict) -> str:

@@ -450,10 +450,15 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
                      str(teacher)] + common) == 0
     capsys.readouterr()
 
-    def student(weight, out):
+    import shutil
+    twin = shutil.copytree(teacher, tmp_path / "twin")      # two teachers (one named twice
+                                                            # is refused: a doubled vote)
+
+    def student(weight, out):   # (weight None: no teachers, the gold labels alone)
+        taught = ([] if weight is None else ["--teacher", str(teacher), str(twin),
+                                             "--teacher-weight", weight, "--temperature", "1"])
         rc = cli.main(["finetune", "--task", "classify", "--train", str(noise), "--out",
-                       str(out), "--teacher", str(teacher), str(teacher), "--teacher-weight",
-                       weight, "--temperature", "1"] + common)
+                       str(out)] + taught + common)
         printed = capsys.readouterr().out
         assert rc == 0
         assert cli.main(["evaluate", "--model", str(out), "--data", str(good), "--json"]) == 0
@@ -461,7 +466,7 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
     printed, learnt = student("1", tmp_path / "s1")
     assert "learning from 2 teacher(s)" in printed and "ensemble's dev accuracy: 1.0000" in printed
     assert learnt >= 0.9
-    _, alone = student("0", tmp_path / "s0")
+    _, alone = student(None, tmp_path / "s0")
     assert alone <= 0.8
 
     # the loss: the head's alone at weight 0; nothing to learn from a copy of oneself
@@ -744,6 +749,14 @@ def test_a_model_records_whether_it_learnt_pairs_and_refuses_the_other_kind(tiny
     with pytest.raises(NanobertError, match=r"input 1: one text, but .* trained on text pairs"):
         Predictor(p).predict([("the movie", "the plot"), "the movie"])
     assert Predictor(s).predict("the movie")["label"] in ("good", "bad")
+    # a pair's texts come back apart, as a regression model's do (they were joined by
+    # " ||| ", which a text may hold)
+    got = Predictor(p).predict(("the movie ||| x", "the plot"))
+    assert (got["text"], got["pair"]) == ("the movie ||| x", "the plot")
+    assert "pair" not in Predictor(s).predict("the movie")
+    capsys.readouterr()
+    assert cli.main(["predict", "--model", str(p), "a film", "--context", "a plot"]) == 0
+    assert capsys.readouterr().out.rstrip("\n").split("\t")[2:] == ["a film", "a plot"]
 
     # a model without the record (an older run, a transformers checkpoint): not checked
     (p / "nanobert.json").write_text(json.dumps({"task": "classify", "max_length": 16}))
