@@ -175,7 +175,8 @@ def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not is_export(out_dir):
         what = "a model" if (out_dir / "config.json").exists() else "other files"
         other = next((p.name for p in sorted(out_dir.iterdir()) if not _exported(p)), None)
-        why = f" ({other} is not an export's)" if other and (out_dir / "model.onnx").exists() else ""
+        why = (f" ({other} is not an export's)" if other and (out_dir / "model.onnx").exists()
+               else "")
         raise NanobertError(f"{flag} {out_dir} already holds {what} and is not an earlier "
                             f"export{why}; choose a new or empty directory")
     # an earlier export is replaced whole (no stale model_quantized.onnx), but never one
