@@ -679,6 +679,9 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
                             "smaller --holdout")
     n = settings.get("hard_negatives") or (3 if labelled else 0)
     negatives = None
+    if n >= len(data.corpus):   # (each query has one judged document or more)
+        note(f"--hard-negatives {n}: {data.root or 'the corpus'} has {len(data.corpus)} "
+             "documents, so a query gets fewer (its unjudged ones)")
     if n:
         print(f"mining {n} hard negative(s) per query with the starting model", flush=True)
         negatives = mine_negatives(_start_encoder(settings["model"], settings["max_length"]),

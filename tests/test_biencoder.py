@@ -161,6 +161,21 @@ def test_beir_rows_holdout_and_labels():
         E.beir_rows(Beir(beir.corpus, beir.queries, {"q1": {"d9": 1}}, root="/data/beir"), ["q1"])
 
 
+def test_more_hard_negatives_than_documents_is_noted(monkeypatch, capsys):
+    """--hard-negatives 1000 on a corpus of 81 documents was accepted without a word."""
+    beir = Beir({"d1": ("", "one"), "d2": ("", "two"), "d3": ("", "three")},
+                {"q1": "first"}, {"q1": {"d1": 1}}, root="/data/beir")
+    monkeypatch.setattr(E, "_start_encoder", lambda *a: None)
+    monkeypatch.setattr(E, "mine_negatives", lambda enc, b, qs, n: {"q1": ["d2", "d3"]})
+    rows = E.training_rows(None, beir, {"hard_negatives": 5, "model": "m", "max_length": 8},
+                           labelled=True)
+    assert [r.score for r in rows] == [1.0, 0.0, 0.0]
+    assert capsys.readouterr().err == ("nanobert: note: --hard-negatives 5: /data/beir has 3 "
+                                       "documents, so a query gets fewer (its unjudged ones)\n")
+    E.training_rows(None, beir, {"hard_negatives": 2, "model": "m", "max_length": 8}, True)
+    assert capsys.readouterr().err == ""
+
+
 def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
     import sentence_transformers as st
     from nanobert.embed import encode
