@@ -1407,13 +1407,33 @@ def _is_sts_row(text: str) -> bool:
     return True
 
 
-def _read_sts_original(path: Path, require_score: bool) -> list:
-    out = []
+STS_ROLES = {"text": 5, "pair": 6, "score": 4}   # the layout's columns (0-based)
+
+
+def _sts_columns(columns: dict, path) -> tuple:
+    """(text, pair, score) column indices of the STS Benchmark layout: its own, or those
+    the column flags give (0-based: the layout has no header to name them by)."""
+    flags = {role: flag for role, _, flag in TEXT_ROLES}
+    odd = next((r for r in columns if r not in STS_ROLES), None)
+    if odd is not None:
+        raise data_error(path, 1, f"the STS Benchmark layout has (text, pair, score) rows: no "
+                         f"{odd} column")
+    bad = next((r for r, c in columns.items() if not is_column_index(c)), None)
+    if bad is not None:
+        raise data_error(path, 1, f"{flags[bad]} {columns[bad]}: the STS Benchmark layout has no "
+                         "header to name a column by; give its 0-based index")
+    idx = {**STS_ROLES, **{r: int(c) for r, c in columns.items()}}
+    _distinct_roles([(str(idx[r]), flags[r]) for r in STS_ROLES], path, 1)
+    return idx["text"], idx["pair"], idx["score"]
+
+
+def _read_sts_original(path: Path, require_score: bool, columns: Optional[dict] = None) -> list:
+    out, idx = [], _sts_columns(columns or {}, path)
     for n, text in read_lines(path):
         if not text.strip():
             continue
         try:
-            out.append(_sts_row(text, path, n, require_score))
+            out.append(_sts_row(text, path, n, require_score, idx))
         except NanobertError as e:
             if out:
                 raise
@@ -1423,13 +1443,15 @@ def _read_sts_original(path: Path, require_score: bool) -> list:
     return out
 
 
-def _sts_row(text: str, path, n, require_score: bool) -> TextRow:
+def _sts_row(text: str, path, n, require_score: bool, idx=(5, 6, 4)) -> TextRow:
     fields = text.split("\t")  # quoting off: quotes are part of the sentences
-    if len(fields) < STS_FIELDS:
-        raise data_error(path, n, f"expected at least {STS_FIELDS} tab-separated fields "
-                         f"(genre file year id score sentence1 sentence2), found {len(fields)}")
-    score = _score(fields[4], path, n) if require_score or fields[4].strip() else None
-    return TextRow((fields[5], fields[6]), score, n, path)
+    if len(fields) < max(STS_FIELDS, max(idx) + 1):
+        raise data_error(path, n, f"expected at least {max(STS_FIELDS, max(idx) + 1)} "
+                         "tab-separated fields (genre file year id score sentence1 sentence2), "
+                         f"found {len(fields)}")
+    a, b, score = (fields[i] for i in idx)
+    score = _score(score, path, n) if require_score or score.strip() else None
+    return TextRow((a, b), score, n, path)
 
 
 def read_records(path, given=()) -> tuple:
@@ -1470,8 +1492,8 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     checked before any row is read, so a file of another shape is named as such, not by
     its first row's value under a column taken for the score."""
     path, columns = Path(path), columns or {}
-    if not columns and is_sts_original(path):   # (columns given: read as they say)
-        return _read_sts_original(path, require_score is not False)
+    if is_sts_original(path, tuple(columns.values())):
+        return _read_sts_original(path, require_score is not False, columns)
     names, records = read_records(path, tuple(columns.values()))
     shown = ", ".join(map(repr, names)) or "none"
     roles = [_pick(names, ANCHOR_COLUMNS, columns.get("text")),

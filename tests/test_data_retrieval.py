@@ -102,7 +102,8 @@ def test_two_candidate_columns_for_one_role_are_refused(tmp_path, header, role, 
 
 def test_one_column_in_two_roles_is_refused_and_sts_rows_follow_the_flags(tmp_path):
     """--text-column 5 --text-pair-column 5 paired each text with itself; on a file of
-    the STS Benchmark layout the column flags were not read at all."""
+    the STS Benchmark layout the column flags were not read at all (now they replace the
+    layout's own columns, by index)."""
     sts = _write(tmp_path / "sts-x.csv", "main\tx\t2012\t1\t4.5\tA cat.\tA dog.\n"
                                          "main\tx\t2012\t2\t1.0\tA man.\tThe sky.\n")
     with pytest.raises(NanobertError, match=r"sts-x.csv:1: --text-column and --text-pair-column "
@@ -111,12 +112,16 @@ def test_one_column_in_two_roles_is_refused_and_sts_rows_follow_the_flags(tmp_pa
     with pytest.raises(NanobertError, match=r"sts-x.csv:1: --text-column and --label-column both "
                                             r"take column '4'"):
         D.read_text_rows(sts, columns={"text": "4", "pair": "6", "score": "4"})
-    with pytest.raises(NanobertError, match=r"sts-x.csv:1: no score column .* name it with "
-                                            r"--label-column$"):
-        D.read_text_rows(sts, require_score=True, columns={"text": "6", "pair": "5"})
-    rows = D.read_text_rows(sts, columns={"text": "6", "pair": "5", "score": "4"})
+    with pytest.raises(NanobertError, match=r"sts-x.csv:1: --label-column score: the STS "
+                                            "Benchmark layout has no header to name a column "
+                                            "by; give its 0-based index"):
+        D.read_text_rows(sts, columns={"score": "score"})
+    rows = D.read_text_rows(sts, columns={"text": "6", "pair": "5"})
     assert [(r.texts, r.score) for r in rows] == [(("A dog.", "A cat."), 4.5),
                                                   (("The sky.", "A man."), 1.0)]
+    assert D.read_text_rows(sts, columns={"pair": "1"})[1].texts == ("A man.", "x")
+    with pytest.raises(NanobertError, match=r"sts-x.csv:1: expected at least 10 tab-separated"):
+        D.read_text_rows(sts, columns={"score": "9"})
     assert D.read_text_rows(sts)[0].texts == ("A cat.", "A dog.")     # no flags: the layout
     t = _write(tmp_path / "t.tsv", "query\tdocument\tscore\nq\td\t1\n")
     with pytest.raises(NanobertError, match=r"t.tsv:1: --text-pair-column and the negative "
