@@ -479,8 +479,9 @@ def _cache_paths(corpus: Path, key: str) -> list[Path]:
 
 def _cached_array(path: Path, rows: int, width: int):
     """The cached (rows, width) float array at `path`, or None when there is none or it
-    does not fit: unreadable, another shape (another model's width, another corpus), or
-    holding NaN/inf (a crash mid-write, a diverged model). A misfit is rebuilt."""
+    does not fit: unreadable, another shape (another model's width, another corpus),
+    holding NaN/inf (a crash mid-write, a diverged model), or a row of zeros, which no
+    encoder gives (a file zeroed on disk scored every line 0). A misfit is rebuilt."""
     if not path.is_file():
         return None
     try:
@@ -488,7 +489,7 @@ def _cached_array(path: Path, rows: int, width: int):
     except (OSError, ValueError, EOFError):
         return None
     ok = (emb.ndim == 2 and emb.shape == (rows, width) and emb.dtype.kind == "f"
-          and bool(np.isfinite(emb).all()))
+          and bool(np.isfinite(emb).all()) and bool(np.abs(emb).max(1, initial=0).all()))
     return emb if ok else None
 
 

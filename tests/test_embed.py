@@ -176,9 +176,15 @@ def test_search_and_cache(encoder, tmp_path, monkeypatch):
     np.testing.assert_allclose(np.load(caches[0]), encoder.encode(SENTENCES), atol=1e-6)
 
     # reused when unchanged: poison the cache file and see it come back
-    np.save(caches[0], np.zeros((len(SENTENCES), 384), dtype=np.float32))
+    np.save(caches[0], np.full((len(SENTENCES), 384), 0.5, dtype=np.float32))
     _, emb = corpus_embeddings_cached(encoder, corpus)
-    assert not emb.any()
+    assert (emb == 0.5).all()
+    # ... unless it holds a row of zeros, which no encoder gives (every score was 0)
+    poisoned = np.load(caches[0])
+    poisoned[2] = 0
+    np.save(caches[0], poisoned)
+    _, emb = corpus_embeddings_cached(encoder, corpus)
+    np.testing.assert_allclose(emb, encoder.encode(SENTENCES), atol=1e-6)
     # a changed corpus or other settings get a different key
     corpus.write_text("\n".join(SENTENCES[::-1]) + "\n", encoding="utf-8")
     texts, emb = corpus_embeddings_cached(encoder, corpus)
