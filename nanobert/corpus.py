@@ -181,7 +181,8 @@ def holdout(n_docs: int, fraction: float, seed: int) -> tuple:
         return np.arange(n_docs), np.zeros(0, np.int64)
     if n_docs < 2:
         raise NanobertError("the corpus has a single document, so none can be held out for "
-                            "validation; separate documents with blank lines (or --val-fraction 0)")
+                            "validation; separate documents with blank lines (or train "
+                            "without validation: --val-fraction 0, not for ablate-masking)")
     n_val = min(n_docs - 1, max(1, round(fraction * n_docs)))
     perm = np.random.default_rng(seed).permutation(n_docs)
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .config import add_flags, at_least, param, positive
 from .data import TEXT_KINDS
-from .files import NanobertError, check_output_dir
+from .files import NanobertError, check_output_dir, note
 from .model import Bert
 from .pretrain import PretrainConfig, _check_preset
 from .train import TrainConfig
@@ -189,9 +189,11 @@ def _check_same_vocabulary(tokenizer_dir: str, teacher: str):
     given = Tokenizer.from_dir(tokenizer_dir).tk.get_vocab()
     own = Tokenizer.from_dir(resolve(teacher)).tk.get_vocab()
     if given != own:
-        raise NanobertError(f"--tokenizer {tokenizer_dir}: its vocabulary ({len(given):,} "
-                            f"tokens) is not the teacher's ({len(own):,}); the student must "
-                            "use the teacher's token ids (leave --tokenizer out)")
+        what = (f"gives its {len(given):,} tokens other ids than the teacher's"
+                if len(given) == len(own) else
+                f"({len(given):,} tokens) is not the teacher's ({len(own):,})")
+        raise NanobertError(f"--tokenizer {tokenizer_dir}: its vocabulary {what}; the student "
+                            "must use the teacher's token ids (leave --tokenizer out)")
 
 
 def distill(cfg: DistillConfig) -> dict:
@@ -220,6 +222,11 @@ def distill(cfg: DistillConfig) -> dict:
     def make_model(tok):
         torch.manual_seed(cfg.trainer.seed)
         student = Bert(config, "mlm")
+        if student.num_parameters() >= teacher.num_parameters():
+            note(f"the student ({config.num_hidden_layers} layers, {student.num_parameters():,} "
+                 f"parameters) is not smaller than the teacher ({teacher.num_parameters():,}): "
+                 "it will be no faster; pick a smaller one with --student-layers or "
+                 "--student-preset")
         if cfg.init:
             with torch.no_grad():
                 copied = init_from_teacher(student, teacher)

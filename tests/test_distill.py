@@ -130,10 +130,20 @@ def test_distill_refuses_what_would_crash_or_learn_nothing(tmp_path, capsys):
         return err
 
     assert "is not the teacher's" in refusal(["--tokenizer", str(other)])
+    # the teacher's tokens in another order: the sizes agree, and the message said they did not
+    vocab = (tmp_path / "teacher" / "vocab.txt").read_text().splitlines()
+    vocab[10], vocab[11] = vocab[11], vocab[10]
+    (tmp_path / "shuf").mkdir()
+    (tmp_path / "shuf" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    assert (f"its vocabulary gives its {len(vocab)} tokens other ids than the teacher's"
+            in refusal(["--tokenizer", str(tmp_path / "shuf")]))
     assert "exceeds the teacher's" in refusal(["--seq-len", "100"])
     assert "all 0" in refusal(["--kl-weight", "0", "--mlm-weight", "0", "--cos-weight", "0"])
     assert "--vocab-size" in refusal(["--vocab-size", "100"])        # not a distill flag
     assert not out.exists()
+    # a student no smaller than its teacher is trained, and said to be no faster
+    assert main(base + ["--student-preset", "tiny", "--val-fraction", "0"]) == 0
+    assert "is not smaller than the teacher" in capsys.readouterr().err
 
 
 def test_cosine_term_is_left_out_at_weight_0():
