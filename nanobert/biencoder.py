@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import retrieval as R
 from .config import Config, at_least, fraction, param, positive
-from .files import NanobertError, note
+from .files import NanobertError, note, with_article
 
 POOLINGS = ("mean", "cls")
 
@@ -775,8 +775,7 @@ def evaluate_overrides(args, task: str) -> dict:
                             f"qrels/), and {args.data} is not one")
     odd = next((k for k in RERANK_ONLY if k in given and task != "rerank"), None)
     if odd is not None:
-        article = "an" if task[0] in "aeiou" else "a"
         raise NanobertError(f"--{odd.replace('_', '-')}: only for a reranker (it sets the "
-                            f"candidates a reranker orders), and {args.model} is {article} "
-                            f"{task} model")
+                            f"candidates a reranker orders), and {args.model} is "
+                            f"{with_article(task)} model")
     return given

@@ -581,11 +581,9 @@ def task_of_file(path) -> Optional[str]:
             return "ner"
         if fmt in ("json", "jsonl") and SQUAD_START.match(_first_content(path)[1]):
             return "qa"
-        if fmt in ("tsv", "csv"):
-            header = _first_content(path)[1].split("\t" if fmt == "tsv" else ",")
-            if any(column_named([_unquoted(h.strip()) for h in header], c)
-                   for c in KNOWN_COLUMNS):
-                return "table"
+        if fmt in ("tsv", "csv") and _is_header(
+                _first_content(path)[1].split(_delimiter(path, fmt)), ()):
+            return "table"
     except (NanobertError, OSError):
         pass
     return None
@@ -1443,12 +1441,13 @@ def _read_sts_original(path: Path, require_score: bool, columns: Optional[dict] 
     return out
 
 
-def _sts_row(text: str, path, n, require_score: bool, idx=(5, 6, 4)) -> TextRow:
+def _sts_row(text: str, path, n, require_score: bool, idx: tuple) -> TextRow:
+    """The row of one line; `idx`: its (text, pair, score) fields (`_sts_columns`)."""
     fields = text.split("\t")  # quoting off: quotes are part of the sentences
-    if len(fields) < max(STS_FIELDS, max(idx) + 1):
-        raise data_error(path, n, f"expected at least {max(STS_FIELDS, max(idx) + 1)} "
-                         "tab-separated fields (genre file year id score sentence1 sentence2), "
-                         f"found {len(fields)}")
+    need = max(STS_FIELDS, max(idx) + 1)
+    if len(fields) < need:
+        raise data_error(path, n, f"expected at least {need} tab-separated fields (genre "
+                         f"file year id score sentence1 sentence2), found {len(fields)}")
     a, b, score = (fields[i] for i in idx)
     score = _score(score, path, n) if require_score or score.strip() else None
     return TextRow((a, b), score, n, path)

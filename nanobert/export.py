@@ -149,13 +149,6 @@ def _exported(p: Path) -> bool:
                                                         and p.is_dir())
 
 
-def is_export(out_dir: Path) -> bool:
-    """An earlier export: model.onnx, no run's record, and nothing an export does not
-    write (a notes file or a data folder beside a model.onnx was deleted with it)."""
-    return ((out_dir / "model.onnx").is_file() and not (out_dir / RUN_FILE).exists()
-            and all(_exported(p) for p in out_dir.iterdir()))
-
-
 def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
     """OUT is a new or empty directory, or an earlier export (replaced as a whole); never
     the model itself, another model or run, or a folder of other files. `flag` is how
@@ -172,11 +165,14 @@ def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
     if given is not None and given.exists() and given.resolve() == out_dir.resolve():
         raise NanobertError(f"{flag} {out_dir}: is the model being exported; writing it would "
                             f"destroy it (choose another {flag})")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not is_export(out_dir):
+    # an earlier export: model.onnx, no run's record, and nothing an export does not write
+    # (a notes file or a data folder beside a model.onnx was deleted with it)
+    entries = sorted(out_dir.iterdir()) if out_dir.is_dir() else []
+    other = next((p.name for p in entries if not _exported(p)), None)
+    onnx = (out_dir / "model.onnx").is_file()
+    if entries and (other is not None or not onnx or (out_dir / RUN_FILE).exists()):
         what = "a model" if (out_dir / "config.json").exists() else "other files"
-        other = next((p.name for p in sorted(out_dir.iterdir()) if not _exported(p)), None)
-        why = (f" ({other} is not an export's)" if other and (out_dir / "model.onnx").exists()
-               else "")
+        why = f" ({other} is not an export's)" if other and onnx else ""
         raise NanobertError(f"{flag} {out_dir} already holds {what} and is not an earlier "
                             f"export{why}; choose a new or empty directory")
     # an earlier export is replaced whole (no stale model_quantized.onnx), but never one

@@ -28,6 +28,11 @@ def data_error(path, line, msg) -> NanobertError:
     return NanobertError(f"{where}: {msg}")
 
 
+def with_article(word: str) -> str:
+    """'an embed', 'a classify': a task name in a sentence."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
 def some_of(names, shown: int = 12) -> str:
     """`names` (sorted, as text) for an error line: the first `shown`, then how many in
     all (a training file of 1,000 classes made a 10,000-character line)."""

@@ -48,7 +48,7 @@ from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, positive
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
-from .files import NanobertError, check_output_dir, note, some_of
+from .files import NanobertError, check_output_dir, note, some_of, with_article
 from .qa import attached_end  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -525,8 +525,9 @@ def ner_inputs(path, columns=None) -> list:
         return D.read_conll(path, require_tags=False)
     examples = D.read_inputs(path, columns)
     pair = next((e for e in examples if e.text_b is not None), None)
-    if pair is not None and not (columns or {}).get("text_column"):
-        # (its second texts were dropped without a word)
+    if pair is None:
+        return examples
+    if not (columns or {}).get("text_column"):   # (its second texts were dropped unsaid)
         raise D.data_error(path, pair.line, "a tagger reads one text a row, and this row is a "
                            "pair; name the text's column with --text-column")
     return [dataclasses.replace(e, text_b=None) for e in examples]
@@ -1421,10 +1422,9 @@ def read_for(task: Task, model_name, read: Callable, path):
         if (other is None or other == task.name or OTHER_DATA[other][1] in str(e)
                 or other == "table" and task.name not in ("ner", "qa")):
             raise
-        article = "an" if task.name[0] in "aeiou" else "a"
-        who = (f"{model_name} is {article} {task.name} model" if model_name is not None
+        who = (f"{model_name} is {with_article(task.name)} model" if model_name is not None
                else f"--task {task.name} reads {OTHER_DATA[task.name][0]}"
-               if task.name in OTHER_DATA else f"this is {article} {task.name} run")
+               if task.name in OTHER_DATA else f"this is {with_article(task.name)} run")
         raise NanobertError(f"{e} ({path} holds {OTHER_DATA[other][0]}, but {who})") from None
 
 

@@ -38,7 +38,7 @@ import torch
 
 from .batcher import Batcher, QueueFull, heap_trimmer
 from .config import at_least, checked
-from .files import NanobertError
+from .files import NanobertError, with_article
 from .threads import run_on_cores, torch_threads
 from .serve_models import Counts, Served, load_served, split_spec
 
@@ -365,9 +365,9 @@ class Server:
                                          f"(models: {self._list()})")
         m = self.models[name]
         if route not in m.routes:
-            article = "an" if m.task[0] in "aeiou" else "a"
-            raise unprocessable("model", f"names {name!r}, {article} {m.task} model, which does "
-                                         f"not serve {path} (it serves: {', '.join(m.paths)})")
+            raise unprocessable("model", f"names {name!r}, {with_article(m.task)} model, "
+                                         f"which does not serve {path} (it serves: "
+                                         f"{', '.join(m.paths)})")
         return m
 
     def taking(self, route: str, pairs: bool) -> list:
