@@ -12,8 +12,11 @@ def summary(model, tokenizer=None) -> dict:
     counts = {k: sum(p.numel() for p in m.parameters()) for k, m in parts.items()}
     seen = {id(p) for m in parts.values() for p in m.parameters()}
     counts["head"] = sum(p.numel() for p in model.parameters() if id(p) not in seen)
+    # a pooler this family's model for this task does not have (DistilBERT's and
+    # ModernBERT's encoders, any token or QA model) is neither saved nor counted
+    unsaved = 0 if _pooler_saved(model) else counts.pop("pooler")
     return {
-        "task": model.head or "encoder",
+        "task": model.head or "encoder", "family": c.family,
         "layers": c.num_hidden_layers, "hidden": c.hidden_size,
         "heads": c.num_attention_heads, "ffn": c.intermediate_size,
         # the longest input in tokens (RoBERTa's table of 514 holds 512 and 2 offsets)
@@ -21,10 +24,18 @@ def summary(model, tokenizer=None) -> dict:
         "attn_backend": c.attn_backend,
         "vocab_size": c.vocab_size if tokenizer is None else tokenizer.vocab_size,
         "labels": c.id2label if model.head in ("classify", "token") else None,
-        "parameters": dict(counts, total=model.num_parameters()),
+        "parameters": dict(counts, total=model.num_parameters() - unsaved),
         # made on load, not in the checkpoint (a head, a pooler): seeded, untrained
-        "new_weights": list(getattr(model, "new_weights", [])),
+        "new_weights": [n for n in getattr(model, "new_weights", [])
+                        if not (unsaved and n.startswith("bert.pooler."))],
     }
+
+
+def _pooler_saved(model) -> bool:
+    from .families import FAMILIES
+    fam = FAMILIES[model.config.family]
+    return any(fam.hf_name("bert.pooler." + n, model.head)
+               for n, _ in model.bert.pooler.named_parameters())
 
 
 def info_args(p):
@@ -41,7 +52,7 @@ def info_cmd(args):
         print(json.dumps(s))
         return 0
     print(f"model        {model.source_dir}")
-    print(f"task         {s['task']}")
+    print(f"task         {s['task']}   family: {s['family']}")
     print(f"shape        {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, "
           f"FFN {s['ffn']}, {s['activation']}")
     print(f"positions    {s['max_positions']} tokens at most   "

@@ -36,8 +36,13 @@ def test_info_positions_are_the_tokens_a_row_may_hold(tiny_config):
 
 
 def test_info_names_weights_the_checkpoint_lacks(tmp_path, tiny_config):
-    """A masked-LM file has no pooler: info says it is untrained (seeded on load)."""
+    """A masked-LM file has no pooler: loaded as a classifier, info says the pooler and
+    the classifier are untrained (seeded on load). As a masked LM it uses no pooler:
+    none is named, nor counted."""
     nanobert.Bert(tiny_config, "mlm").save_pretrained(tmp_path / "m")
     from nanobert.checkpoint import load_model
+    s = summary(load_model(tmp_path / "m", head="classify"))
+    assert s["new_weights"] == ["bert.pooler.dense.weight", "bert.pooler.dense.bias",
+                                "classifier.weight", "classifier.bias"]
     s = summary(load_model(tmp_path / "m"))
-    assert s["new_weights"] == ["bert.pooler.dense.weight", "bert.pooler.dense.bias"]
+    assert s["new_weights"] == [] and "pooler" not in s["parameters"]

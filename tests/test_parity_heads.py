@@ -226,3 +226,27 @@ def test_deberta_relative_attention_without_terms(tmp_path):
     """pos_att_type=[]: relative embeddings and no cross term; the scores keep 1/sqrt(hd)."""
     ref = _random(hf.DebertaV2Model, CONFIGS["deberta"](pos_att_type=[]))
     _load_and_save_back(tmp_path, ref, "deberta")
+
+
+BASE = {"bert": hf.BertModel, "roberta": hf.RobertaModel, "albert": hf.AlbertModel,
+        "distilbert": hf.DistilBertModel, "modernbert": hf.ModernBertModel,
+        "deberta": hf.DebertaV2Model}
+
+
+@pytest.mark.parametrize("fam,head", [(f, h) for f in sorted(CONFIGS)
+                                      for h in ("base", "token", "classify")
+                                      if (f, h) != ("modernbert", "token")])  # not a head of ours
+def test_info_counts_the_parameters_transformers_has(fam, head, tmp_path):
+    """`nanobert info`'s total is transformers' count: a pooler the family's model for
+    this task lacks (DistilBERT's, ModernBERT's encoders, every token classifier) is not
+    counted, nor named as untrained."""
+    from nanobert.info import summary
+    cls = {"base": BASE[fam],
+           "token": getattr(hf, MLM[fam].__name__.replace("MaskedLM", "TokenClassification")),
+           "classify": getattr(hf, MLM[fam].__name__.replace("MaskedLM",
+                                                              "SequenceClassification"))}[head]
+    theirs = _random(cls, CONFIGS[fam]())
+    theirs.save_pretrained(tmp_path)
+    s = summary(load_model(tmp_path))
+    assert s["parameters"]["total"] == sum(p.numel() for p in theirs.parameters())
+    assert s["family"] == {"deberta": "deberta-v2"}.get(fam, fam) and not s["new_weights"]
