@@ -282,7 +282,7 @@ def _modern_from_hf(d):
         local_attention=d.get("local_attention", 128), global_every=every,
         rope_theta=(rope.get("full_attention") or {}).get("rope_theta", d.get("global_rope_theta", 160000.0)),
         local_rope_theta=(rope.get("sliding_attention") or {}).get("rope_theta", d.get("local_rope_theta", 10000.0)),
-        pooler_act=d.get("classifier_activation", "gelu"), pooler_norm=True,
+        pooler_act=d.get("classifier_activation", "gelu"), pooler_norm=True, token_head=True,
         classifier_pooling=d.get("classifier_pooling", "cls"),
         classifier_dropout=d.get("classifier_dropout", 0.0))
     if bool(d.get("mlp_bias", False)) != kw["bias"]:
@@ -306,7 +306,7 @@ def _modern_to_hf(c):
     return _labels_out(c, d)
 
 
-_MODERN_HEAD_TASKS = ("classify", "regression")
+_MODERN_HEAD_TASKS = ("classify", "regression", "token", "qa")   # ModernBertPredictionHead
 MODERNBERT = Family(
     "modernbert", "modernbert", "ModernBert", "model.", "decoder",
     [(r"bert\.emb\.tok\.(\w+)", "model.embeddings.tok_embeddings.{}", ALL),
@@ -320,10 +320,11 @@ MODERNBERT = Family(
        (r"mlm\.dense\.(\w+)", "head.dense.{}", ALL),
        (r"mlm\.norm\.(\w+)", "head.norm.{}", ALL),
        (r"mlm\.bias", "decoder.bias", ALL),
-       (r"classifier\.(\w+)", "classifier.{}", ALL)],
+       (r"classifier\.(\w+)", "classifier.{}", ALL),
+       (r"qa\.(\w+)", "classifier.{}", ALL)],          # its QA layer is named classifier too
     ("model.layers.{}.attn.Wqkv",),
     _modern_from_hf, _modern_to_hf,
-    heads=("mlm", "classify", "regression"), reads_pooling=True,
+    heads=("mlm", "classify", "regression", "token", "qa"), reads_pooling=True,
     # one ModernBertPredictionHead serves the classifier and the MLM: classifier_activation
     mlm_act=lambda kw: kw["pooler_act"],
 )

@@ -86,6 +86,8 @@ class BertConfig:
     local_rope_theta: float = 10000.0       # RoPE base of local layers
     pooler_act: str = "tanh"                # DistilBERT's pre-classifier uses relu
     pooler_norm: bool = False               # ModernBERT's head: dense, act, LayerNorm
+    token_head: bool = False                # ModernBERT: that head runs on every token
+                                            #   before the token and QA classifiers
     classifier_pooling: str = "cls"         # "cls" or "mean" (ModernBERT option)
     relative_attention: bool = False        # DeBERTa: disentangled attention (content and
     relative_terms: str = "c2p|p2c"         #   relative position; c2p, p2c: cross terms)
@@ -109,7 +111,7 @@ class BertConfig:
     _VARIANT_KEYS = ("family", "embedding_size", "num_layer_groups", "position_embedding_type",
                      "position_offset", "pre_norm", "glu", "bias", "norm_bias", "local_attention",
                      "global_every", "rope_theta", "local_rope_theta", "pooler_act", "pooler_norm",
-                     "classifier_pooling", "relative_attention", "relative_terms",
+                     "token_head", "classifier_pooling", "relative_attention", "relative_terms",
                      "relative_buckets", "max_relative_positions", "relative_norm", "terms_scale",
                      "mlm_act")
 
@@ -247,7 +249,7 @@ VARIANTS = {
     "modernbert": dict(family="modernbert", type_vocab_size=0, position_embedding_type="rope",
                        pre_norm=True, glu=True, bias=False, norm_bias=False, local_attention=128,
                        global_every=3, rope_theta=160000.0, pooler_act="gelu", pooler_norm=True,
-                       mlm_act="gelu", layer_norm_eps=1e-5, max_position_embeddings=8192),
+                       token_head=True, mlm_act="gelu", layer_norm_eps=1e-5, max_position_embeddings=8192),
 }
 
 
@@ -1071,11 +1073,13 @@ class Bert(nn.Module):
                 else:
                     out.loss = F.cross_entropy(out.logits, labels)
         elif head == "token":
+            h = self.bert.pooler(h) if self.config.token_head else h          # ModernBERT
             logits = self.classifier(self.drop(h))                             # (..., C)
             out.logits = layout.pad(logits) if unpadded else logits            # (B, T, C)
             if labels is not None:
                 out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
         elif head == "qa":
+            h = self.drop(self.bert.pooler(h)) if self.config.token_head else h  # ModernBERT
             logits = self.qa(h)
             start, end = logits[..., 0], logits[..., 1]                        # (B, T) each
             out.start_logits, out.end_logits = start, end

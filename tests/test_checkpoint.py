@@ -372,12 +372,14 @@ def test_multi_label_classifier_refused_unless_given_new_labels(tmp_path):
 
 
 def test_a_head_the_family_does_not_load_is_not_saved(tmp_path):
-    """save_pretrained wrote ModernBertForQuestionAnswering (and other heads a family's
-    loader refuses): a directory that nanobert.load and export then refused."""
+    """save_pretrained wrote ModernBertForPreTraining (and other heads a family's
+    loader refuses, and transformers has not): a directory that nanobert.load and export
+    then refused."""
     import nanobert
     from nanobert.files import NanobertError
-    model = nanobert.Bert(nanobert.preset("modernbert-tiny", vocab_size=100), head="qa")
-    with pytest.raises(NanobertError, match="a modernbert model with a qa head is not saved"):
+    model = nanobert.Bert(nanobert.preset("modernbert-tiny", vocab_size=100), head="pretraining")
+    with pytest.raises(NanobertError,
+                       match="a modernbert model with a pretraining head is not saved"):
         model.save_pretrained(tmp_path / "m")
     assert not (tmp_path / "m").exists()
     nanobert.Bert(nanobert.preset("modernbert-tiny", vocab_size=100), head="classify") \

@@ -60,7 +60,9 @@ FAMILIES = {
                              "token": hf.DebertaV2ForTokenClassification,
                              "qa": hf.DebertaV2ForQuestionAnswering}),
     "modernbert": (modernbert, {None: hf.ModernBertModel, "mlm": hf.ModernBertForMaskedLM,
-                                "classify": hf.ModernBertForSequenceClassification}),
+                                "classify": hf.ModernBertForSequenceClassification,
+                                "token": hf.ModernBertForTokenClassification,
+                                "qa": hf.ModernBertForQuestionAnswering}),
 }
 CASES = [(fam, task) for fam, (_, heads) in FAMILIES.items() for task in heads]
 
@@ -121,7 +123,8 @@ def test_family_parity(tmp_path, fam, task, backend):
         _compare(ref_model(**batch), model(**batch), task, batch["attention_mask"])
 
 
-@pytest.mark.parametrize("fam,task", [(f, t) for f, t in CASES if t in (None, "mlm", "classify")])
+@pytest.mark.parametrize("fam,task", [(f, t) for f, t in CASES if t in (None, "mlm", "classify")]
+                         + [("modernbert", "token"), ("modernbert", "qa")])
 def test_family_round_trip(tmp_path, fam, task):
     """nanobert save_pretrained -> transformers from_pretrained -> same outputs."""
     _make(fam, task).save_pretrained(tmp_path / "hf")

@@ -234,8 +234,7 @@ BASE = {"bert": hf.BertModel, "roberta": hf.RobertaModel, "albert": hf.AlbertMod
 
 
 @pytest.mark.parametrize("fam,head", [(f, h) for f in sorted(CONFIGS)
-                                      for h in ("base", "token", "classify")
-                                      if (f, h) != ("modernbert", "token")])  # not a head of ours
+                                      for h in ("base", "token", "classify")])
 def test_info_counts_the_parameters_transformers_has(fam, head, tmp_path):
     """`nanobert info`'s total is transformers' count: a pooler the family's model for
     this task lacks (DistilBERT's, ModernBERT's encoders, every token classifier) is not
