@@ -629,7 +629,9 @@ def _shown(text: str, n: int = 60) -> str:
 
 
 def fill_mask(model, tok, text: str, k: int = 5) -> list:
-    """For each [MASK] in `text`: a list of (token, probability), best first."""
+    """For each [MASK] in `text`: a list of (token, probability), best first. Special
+    tokens ([MASK], [CLS], [PAD], ...) are never candidates; the probabilities are the
+    model's, over the whole vocabulary."""
     enc = tok(text)
     ids = enc["input_ids"]                                          # (1, T)
     where = (ids[0] == tok.mask_id).nonzero().squeeze(1)
@@ -645,7 +647,9 @@ def fill_mask(model, tok, text: str, k: int = 5) -> list:
     with torch.no_grad():
         logits = model(**enc).logits[0, where]                      # (n_masks, V)
     probs = logits.float().softmax(-1)
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    ranked = probs.clone()
+    ranked[:, tok.special_ids] = -1.0                               # never chosen
+    top = ranked.topk(min(k, probs.shape[-1] - len(tok.special_ids)), dim=-1)
     return [[(tok.id_to_token(i), p) for i, p in zip(ix.tolist(), pv.tolist())]
             for ix, pv in zip(top.indices, top.values)]
 

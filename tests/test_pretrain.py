@@ -199,6 +199,23 @@ def test_fill_mask_predicts_a_memorised_word(tmp_path, capsys):
     assert main(["fill-mask", "--model", str(out), "no mask here"]) == 2
 
 
+def test_fill_mask_never_offers_a_special_token(minilm, tiny_config):
+    """A model that puts most of its mass on [MASK] (an untrained head, or one trained
+    where the 80/10/10 split leaves [MASK] in place) answered "[MASK]" for a mask; the
+    candidates are words, with the model's own probabilities."""
+    import torch
+    import nanobert
+    from nanobert.pretrain import fill_mask
+    tok = minilm[1]
+    torch.manual_seed(0)
+    model = nanobert.Bert(tiny_config, "mlm").eval()                # vocabulary 30,522
+    with torch.no_grad():
+        model.mlm.bias[tok.special_ids] = 30.0          # the specials dominate
+    got = fill_mask(model, tok, "the [MASK] sat", k=4)[0]
+    assert len(got) == 4 and not {t for t, _ in got} & {tok.id_to_token(i) for i in tok.special_ids}
+    assert all(p < 1e-6 for _, p in got)                # the model's mass is on the specials
+
+
 def test_fill_mask_refuses_a_model_without_mlm_head(minilm_dir, capsys):
     assert main(["fill-mask", "--model", str(minilm_dir), "a [MASK] b"]) == 2
     assert "no masked-language-model head" in capsys.readouterr().err
