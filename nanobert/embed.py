@@ -31,7 +31,7 @@ import torch
 from .batching import forward_tokens, restore_order, sorted_batches
 from .checkpoint import POOLINGS
 from .config import at_least, checked, max_length_range
-from .files import NanobertError, atomic_path, check_output_file, note
+from .files import NanobertError, atomic_path, check_output_file, note, spooled_stdin
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
@@ -556,14 +556,16 @@ def _encoder(args) -> Encoder:
 def embed_args(p):
     _common(p)
     p.add_argument("--input", required=True,
-                   help="text file, one sentence per line, or a labelled .tsv/.csv/.jsonl file")
+                   help="text file, one sentence per line, or a labelled .tsv/.csv/.jsonl "
+                        "file; - reads the standard input")
     p.add_argument("--out", required=True, help="output .npy file (n, hidden) float32")
 
 
 def embed_cmd(args):
     """Sentence embeddings of a file's sentences, saved as a .npy array (n, hidden)."""
     check_output_file(args.out, "--out", (".npy",), inputs=[args.input])
-    texts = read_texts(args.input, args.text_column)
+    with spooled_stdin(args.input) as path:
+        texts = read_texts(path, args.text_column)
     enc = _encoder(args)
     emb = enc.encode(texts)
     with atomic_path(args.out) as tmp:

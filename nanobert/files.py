@@ -61,7 +61,9 @@ def read_lines(path):
         raise NanobertError(f"{path}: is a directory, expected a file")
     if kind == "other":  # a pipe (<(...), /dev/stdin) or a device
         raise NanobertError(f"{path}: not a regular file (a pipe or a device); save the data "
-                            "to a file and pass its path")
+                            "to a file and pass its path" + (
+                                ", or give --input - (the standard input) where it is taken"
+                                if str(path) == "/dev/stdin" else ""))
     if kind is None:
         raise NanobertError(f"{path}: no such file")
     with open_input(path) as f:
@@ -80,6 +82,30 @@ def read_lines(path):
                 raise data_error(path, n, "binary data (NUL byte), not a text file (UTF-16 "
                                  "without a byte-order mark? save it as UTF-8)")
             yield n, text
+
+
+STDIN = "-"   # --input - : the standard input
+
+
+@contextlib.contextmanager
+def spooled_stdin(path):
+    """`path`, or for "-" the standard input saved whole to a temporary file (a file's
+    format is detected by reading it more than once; a pipe can be read once). Errors
+    name it `<stdin>`, not the temporary file."""
+    if str(path) != STDIN:
+        yield path
+        return
+    if sys.stdin is None or sys.stdin.isatty():
+        raise NanobertError("--input -: reads the standard input, but none is piped in "
+                            "(e.g. `cat texts.txt | nanobert ... --input -`)")
+    with tempfile.TemporaryDirectory(prefix="nanobert-stdin.") as d:
+        tmp = Path(d) / "stdin"
+        with open(tmp, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f)
+        try:
+            yield str(tmp)
+        except NanobertError as e:
+            raise NanobertError(str(e).replace(str(tmp), "<stdin>")) from None
 
 
 def input_path(path) -> Path:

@@ -48,7 +48,7 @@ from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, positive
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
-from .files import NanobertError, check_output_dir, note, some_of, with_article
+from .files import NanobertError, check_output_dir, note, some_of, spooled_stdin, with_article
 from .qa import attached_end  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -1404,7 +1404,8 @@ def predict_args(p):
     _model_flags(p)
     p.add_argument("texts", nargs="*", help="texts (qa: questions about --context)")
     p.add_argument("--input", help="file of inputs: classification file or one text per line; "
-                   "qa: JSON lines with question/context, or SQuAD JSON")
+                   "qa: JSON lines with question/context, or SQuAD JSON; - reads the "
+                   "standard input")
     p.add_argument("--context", help="the second text of every command-line input: for qa, "
                    "the context the questions are about; for a model trained on pairs, the "
                    "text each input is paired with")
@@ -1482,7 +1483,8 @@ def predict_cmd(args):
     _check_predict_sources(args)
     model, tok, settings = load_finetuned(args.model, args.dtype)
     task = TASKS[settings["task"]]
-    examples = _predict_inputs(task, args, settings)
+    with spooled_stdin(args.input) as args.input:
+        examples = _predict_inputs(task, args, settings)
     if not examples:
         raise NanobertError("nothing to predict")
     for r in task.predict(model, tok, examples, settings, args.batch_size):

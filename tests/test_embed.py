@@ -542,3 +542,31 @@ def test_search_reranks_with_a_two_label_pair_classifier(encoder, tiny_dir, tmp_
     assert [h["index"] for h in hits] == [i for i, _, _ in want]
     assert all(abs(h["score"] - s) < 1e-5 and 0 < h["score"] < 1
                for h, (_, s, _) in zip(hits, want))
+
+
+def test_embed_input_dash_reads_the_standard_input(tmp_path, monkeypatch, capsys):
+    """--input - : the piped lines, the same vectors as from a file; an error in them
+    names <stdin>, not a temporary file; nothing piped (a terminal) is refused."""
+    import io
+    inp = tmp_path / "s.txt"
+    inp.write_text("\n".join(SENTENCES[:3]) + "\n", encoding="utf-8")
+    assert main(["embed", "--model", "minilm", "--input", str(inp), "--out",
+                 str(tmp_path / "f.npy")]) == 0
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(inp.read_bytes())))
+    assert main(["embed", "--model", "minilm", "--input", "-", "--out",
+                 str(tmp_path / "p.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "f.npy"), np.load(tmp_path / "p.npy"))
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"fine\nbro\x00ken\n")))
+    assert main(["embed", "--model", "minilm", "--input", "-", "--out",
+                 str(tmp_path / "x.npy")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nanobert: error: <stdin>:2: binary data") and "nanobert-stdin" not in err
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr("sys.stdin", Terminal())
+    assert main(["embed", "--model", "minilm", "--input", "-", "--out",
+                 str(tmp_path / "x.npy")]) == 2
+    assert "none is piped in" in capsys.readouterr().err and not (tmp_path / "x.npy").exists()

@@ -283,6 +283,12 @@ def test_ner_overfits_and_predicts_char_spans(tiny_dir, tmp_path, capsys):
     rc = cli.main(["predict", "--model", str(out), "--input", str(data), "--json"])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert rc == 0 and len(lines) == 16
+    # the same file piped in (--input -): read the same way, CoNLL detected from its lines
+    import io
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(open(data, "rb").read())))
+        assert cli.main(["predict", "--model", str(out), "--input", "-", "--json"]) == 0
+    assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == lines
     assert all(len(r["text"].split()) == 4 and "NN" not in r["text"] for r in lines)
     assert sum(e["type"] == "PER" for r in lines for e in r["entities"]) >= 16
 
