@@ -787,3 +787,15 @@ def test_ner_json_lines_of_tokens_and_tags(tmp_path):
     text = jsonl(tmp_path, [{"text": "EU rejects", "label": 1}], "t.jsonl")
     assert error_of(D.read_conll, text).startswith(
         f"{text}:1: expected CoNLL columns, or JSON Lines with a 'tokens' list and a ner_tags list")
+
+
+def test_an_sts_benchmark_file_is_not_read_as_classes(tmp_path):
+    """The STS release layout (no header, score in the fifth field) read as a labelled
+    classification file (t-SNE, --task classify) said 'no text column' and listed the
+    first row's sentences as column names."""
+    rows = "".join(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{i % 5}.000\ta man {i}\ta woman {i}\n"
+                   for i in range(6))
+    for name in ("sts-dev.csv", "pairs.tsv"):
+        p = write(tmp_path, name, rows)
+        msg = error_of(D.read_classification, p)
+        assert msg.startswith(f"{p}:1: STS Benchmark rows") and "--task regress" in msg, msg
