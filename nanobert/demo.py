@@ -170,6 +170,11 @@ def demo_cmd(args):
     check_output_dir(out)
     if bool(args.train) != bool(args.dev):
         raise NanobertError("give both --train and --dev (or neither, for the tweet demo)")
+    sized = [f for f, dest in (("--n-train", "n_train"), ("--n-dev", "n_dev"))
+             if dest in getattr(args, "_given", ())]
+    if args.train and sized:   # they size the tweet split; own files are read whole
+        raise NanobertError(f"{' and '.join(sized)} size the tweet split; with --train and "
+                            "--dev the files are used whole (cut them to size instead)")
     # everything that can fail on the flags, before --out is touched
     if args.freeze_layers is None:
         args.freeze_layers = half_the_blocks(args.model)
@@ -284,4 +289,16 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
          "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
     print(f"\nmodel, metrics.jsonl, training_curve.png and confusion_matrix.png are in {out}/ "
           f"({time.time() - t0:.0f} s)")
-    print(f"try:  nanobert predict --model {out} \"what a great flight\"")
+    print(f"try:  {try_line(out, dev if args.train else None)}")
+
+
+def try_line(out: Path, dev) -> str:
+    """A predict command to paste: on the tweets, a tweet of our own; on the user's data,
+    the first dev text (and its pair)."""
+    import shlex
+    if not dev:
+        return f"nanobert predict --model {shlex.quote(str(out))} \"what a great flight\""
+    short = lambda t: t if len(t) <= 60 else t[:60].rsplit(" ", 1)[0]
+    pair = f" --context {shlex.quote(short(dev[0].text_b))}" if dev[0].text_b is not None else ""
+    return (f"nanobert predict --model {shlex.quote(str(out))} "
+            f"{shlex.quote(short(dev[0].text_a))}{pair}")

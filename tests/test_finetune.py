@@ -347,6 +347,14 @@ def test_demo_on_user_files(tiny_dir, tmp_path, capsys):
     shown = [line for line in text.splitlines() if "right" in line or "WRONG (gold:" in line]
     assert len(shown) == 8 + 1 and f"{res['shown_right']} of these 8 are right." in text
     assert sum("WRONG" in line for line in shown) == 8 - res["shown_right"]
+    # the command to try is on the user's data (its first dev text), not a tweet
+    first = dev.read_text().splitlines()[1].split("\t")[0]
+    assert text.splitlines()[-1] == f"try:  nanobert predict --model {out} '{first}'"
+    # --n-train / --n-dev size the tweet split: with own files they were ignored
+    rc = cli.main(["demo", "--model", str(tiny_dir), "--train", str(train), "--dev", str(dev),
+                   "--out", str(tmp_path / "d2"), "--n-dev", "100"])
+    assert rc == 2 and "--n-dev size the tweet split" in capsys.readouterr().err
+    assert not (tmp_path / "d2").exists()
 
 
 def test_epoch_batches_are_seeded_and_grouped_by_length():
