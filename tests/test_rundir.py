@@ -661,9 +661,15 @@ def test_an_interrupted_demo_resumes(fixture_dir, tweets, tmp_path, capsys):
     capsys.readouterr()
     refused(capsys, ["predict", "--model", str(out), "good"],
             f"{out}: the demo run writing this directory did not finish", "--resume")
+    import shutil
+    shutil.copytree(out, tmp_path / "again")
     demo_killed(None, tweets, demo(fixture_dir, out, "--resume"))
     assert model_bytes(out) == model_bytes(ref) and losses(out) == losses(ref)
     assert tree(out)["data/train.csv"] == tree(ref)["data/train.csv"]
+    # run again without --resume, it starts over (its own output), and says so
+    said = demo_killed(None, tweets, demo(fixture_dir, tmp_path / "again"))
+    assert "holds an interrupted demo (its checkpoint is at step 6): starting over" in said
+    assert model_bytes(tmp_path / "again") == model_bytes(ref)
 
 
 def test_a_demo_from_before_demo_records_is_its_own(tmp_path, data):
