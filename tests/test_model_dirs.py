@@ -122,16 +122,37 @@ def test_local_path_typos_are_no_such_directory(model_dir, capsys, tmp_path, mon
     assert info_error(capsys, file) == f"{file}: is a file, not a model directory"
 
 
-def test_an_older_sentence_transformers_layout_is_named(tmp_path, capsys):
-    """sentence-transformers before 2.0 kept the model in 0_Transformer/; the error said
-    only that config.json was missing (not a model directory)."""
+def test_an_older_sentence_transformers_layout_is_read(tmp_path, capsys, minilm_dir):
+    """sentence-transformers before 2.0 kept the model in 0_Transformer/ (a config.json of
+    its version only at the top); it was refused. Now the model is read from the folder
+    modules.json names and pooled as its 1_Pooling says: the vectors of the same model in
+    the current layout."""
+    from nanobert.embed import Encoder
     d = tmp_path / "st"
-    (d / "0_Transformer").mkdir(parents=True)
+    shutil.copytree(minilm_dir, d / "0_Transformer",
+                    ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "2_Normalize"))
+    (d / "config.json").write_text(json.dumps({"__version__": "0.3.9"}))
     (d / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
-    err = info_error(capsys, d)
-    assert err.startswith(f"{d / 'config.json'}: missing; modules.json puts the model in 0_Transformer/")
+    (d / "1_Pooling").mkdir()
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 384, "pooling_mode_cls_token": True,
+         "pooling_mode_mean_tokens": False}))
+    texts = ["a man is eating food.", "the cat sleeps on the warm mat all day"]
+    old = Encoder(str(d))
+    assert old.pooling == "cls"
+    assert torch.allclose(torch.as_tensor(old.encode(texts)),
+                          torch.as_tensor(Encoder(str(minilm_dir), pooling="cls").encode(texts)))
+    shutil.rmtree(d / "0_Transformer")
+    (d / "0_Transformer").mkdir()
+    assert info_error(capsys, d) == (f"{d / 'config.json'}: holds no model's settings "
+                                     f"(__version__), and {d / '0_Transformer' / 'config.json'} "
+                                     "is missing (modules.json puts the model in 0_Transformer/)")
+    (d / "config.json").unlink()
+    assert info_error(capsys, d) == (f"{d / 'config.json'}: missing, and so is "
+                                     f"{d / '0_Transformer' / 'config.json'} (modules.json puts "
+                                     "the model in 0_Transformer/)")
     (d / "modules.json").write_text("[1, 2]")   # a broken modules.json: the plain message
     assert info_error(capsys, d) == f"{d / 'config.json'}: missing (not a model directory)"
 
