@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -1117,14 +1118,27 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
     tokenizer."""
     import nanobert
     overrides = {}
-    if task.labels is not None:
-        overrides["id2label"] = dict(enumerate(task.labels(train, cfg.train)))
+    labels = task.labels(train, cfg.train) if task.labels is not None else None
+    theirs = _head_labels(cfg.model, task.head) if labels else None
+    other = False
+    if theirs and theirs != labels and sorted(theirs) == sorted(labels):
+        note(f"{cfg.model}: its classifier's labels are the training data's, in its own order "
+             f"({', '.join(theirs[:12])}{', ...' if len(theirs) > 12 else ''}): kept in that "
+             "order, so each output keeps its label")
+        labels = theirs
+    elif theirs and len(theirs) == len(labels) and set(theirs) != set(labels) \
+            and not all(GENERIC_LABEL.fullmatch(t) for t in theirs):
+        other = True   # as many labels, other names: its outputs mean other things
+    if labels is not None:
+        overrides["id2label"] = dict(enumerate(labels))
     if task.head in POOLED_HEADS and cfg.retrieval.pooling:
         overrides["classifier_pooling"] = cfg.retrieval.pooling
     try:
+        if other:
+            raise OtherLabels()
         model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
     except OtherLabels:   # a classifier of other labels: a new head on its encoder
-        model, tok = _new_head_on(cfg.model, task.head, overrides)
+        model, tok = _new_head_on(cfg.model, task.head, overrides, theirs if other else None)
     if model.config.usable_positions < max_length:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "
                             f"{model.config.usable_positions} positions")
@@ -1151,15 +1165,39 @@ def log_every(steps_per_epoch: int) -> int:
     return max(1, min(10, steps_per_epoch // 4))
 
 
-def _new_head_on(model_dir, head: str, overrides: dict):
+GENERIC_LABEL = re.compile(r"LABEL_\d+")   # transformers' names for labels never named
+
+
+def _head_labels(model_name, head) -> Optional[list]:
+    """The label names of the checkpoint's own `head` (classify, token) in id order;
+    None where it has none (or its config cannot be read: loading it then says why)."""
+    from .checkpoint import family_of, read_config, resolve
+    try:
+        model_dir = resolve(model_name)
+        hf = read_config(model_dir)
+        if family_of(hf, model_dir).architecture(head) not in (hf.get("architectures") or []):
+            return None
+        id2label = hf.get("id2label")
+        return [str(id2label[k]) for k in sorted(id2label, key=int)]
+    except (NanobertError, TypeError, ValueError, AttributeError, KeyError):
+        return None
+
+
+def _new_head_on(model_dir, head: str, overrides: dict, their_labels=None):
     """(model, tokenizer): `model_dir`'s encoder under a new `head` for the training
-    data's labels (its own head has other labels); the head's weights are new (listed in
-    new_weights, so they start from the run's seed)."""
+    data's labels (its own head has other labels: another count, or `their_labels`,
+    other names); the head's weights are new (listed in new_weights, so they start from
+    the run's seed)."""
     import dataclasses
     import nanobert
     base, tok = nanobert.load(model_dir, head=None)
-    note(f"{model_dir}: its classifier has {base.config.num_labels} labels, the training "
-         f"data {len(overrides['id2label'])}: a new head is trained on its encoder")
+    ours = list(overrides["id2label"].values())
+    if their_labels:
+        note(f"{model_dir}: its classifier's labels ({some_of(their_labels)}) are not the "
+             f"training data's ({some_of(ours)}): a new head is trained on its encoder")
+    else:
+        note(f"{model_dir}: its classifier has {base.config.num_labels} labels, the training "
+             f"data {len(ours)}: a new head is trained on its encoder")
     model = nanobert.Bert(dataclasses.replace(base.config, **overrides), head)
     model.bert.load_state_dict(base.bert.state_dict())
     model.new_weights = [n for n, _ in model.named_parameters() if not n.startswith("bert.")]

@@ -446,6 +446,48 @@ def test_a_classifier_of_other_labels_gets_a_new_head_on_its_encoder(tiny_dir, t
     assert torch.allclose(before.bert.blocks[0].up.weight, after.bert.blocks[0].up.weight, atol=1e-6)
 
 
+def test_a_classifier_keeps_its_label_order_when_fine_tuned_again(tiny_dir, tmp_path, capsys):
+    """A classifier whose labels are the data's in another order (good, bad) had its
+    outputs renamed to the data's sorted order (bad, good): every prediction swapped.
+    Its order is kept; a classifier of as many labels with other names gets a new head."""
+    import json as _json
+    rows = sentiment_rows(12, 0)
+    data = write_tsv(tmp_path / "d.tsv", rows)
+    flags = ["--epochs", "1", "--batch-size", "8", "--max-length", "16", "--no-progress"]
+    first = tmp_path / "first"
+    assert cli.main(["finetune", "--task", "classify", "--model", str(tiny_dir), "--train",
+                     str(data), "--dev", str(data), "--out", str(first)] + flags) == 0
+    # the same classifier with its labels named in the other order (rows swapped too)
+    swapped = tmp_path / "swapped"
+    model, tok = nanobert.load(first)
+    with torch.no_grad():
+        model.classifier.weight.copy_(model.classifier.weight.flip(0))
+        model.classifier.bias.copy_(model.classifier.bias.flip(0))
+    model.config.id2label = {0: "good", 1: "bad"}
+    model.save_pretrained(swapped, tokenizer=tok)
+    text = "the movie was great"
+
+    def said(d):
+        assert cli.main(["predict", "--model", str(d), "--json", text]) == 0
+        return _json.loads(capsys.readouterr().out.splitlines()[-1])
+    want = said(first)
+    assert said(swapped)["label"] == want["label"]
+    again = tmp_path / "again"
+    assert cli.main(["finetune", "--task", "classify", "--model", str(swapped), "--train",
+                     str(data), "--dev", str(data), "--out", str(again), "--lr", "1e-12",
+                     "--warmup-ratio", "0"] + flags) == 0
+    assert "kept in that order" in capsys.readouterr().err
+    got = said(again)
+    assert got["label"] == want["label"] and got["probability"] == pytest.approx(
+        want["probability"], abs=1e-3)
+    # two labels of other names: a new head, said
+    other = write_tsv(tmp_path / "o.tsv", [(t, {"good": "yes", "bad": "no"}[l]) for t, l in rows])
+    assert cli.main(["finetune", "--task", "classify", "--model", str(first), "--train",
+                     str(other), "--dev", str(other), "--out", str(tmp_path / "o")] + flags) == 0
+    assert (f"{first}: its classifier's labels (bad, good) are not the training data's (no, yes): "
+            "a new head is trained on its encoder") in capsys.readouterr().err
+
+
 def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, capsys):
     """--teacher: with all the weight on the teachers' soft predictions, a run on
     training labels that are pure noise still learns the task the teachers learnt (and
