@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .files import NanobertError, check_output_dir, usual_mode
+from .files import NanobertError, check_output_dir, note, usual_mode
 from .families import BY_MODEL_TYPE, FAMILIES, Family
 from .model import ACTIVATIONS, Bert, BertConfig
 from .rundir import require_finished
@@ -462,7 +462,7 @@ def infer_head(hf_config: dict, fam: Family, names, path="config.json"):
     for arch in archs:
         head = fam.head_of(arch)
         if head != "missing":
-            if head == "classify" and hf_config.get("problem_type") == "regression":
+            if head == "classify" and _regression(hf_config):
                 return "regression", arch
             return head, arch
     other = [a for a in archs if HEAD_CLASS.fullmatch(a)]
@@ -474,10 +474,24 @@ def infer_head(hf_config: dict, fam: Family, names, path="config.json"):
     names = set(names)
     if fam.hf_name("qa.weight", "qa") in names:
         return "qa", None
+    if not archs and fam.hf_name("classifier.weight", "token") in names:
+        note(f"{path}: names no architecture, though the weights hold a classifier (a "
+             "sequence or a token classifier: the names cannot tell): loaded as its encoder; "
+             "add \"architectures\" to config.json, or give the head (load(..., head=...))")
     if fam.hf_name("mlm.bias", "mlm") in names or fam.decoder + ".bias" in names:
         head = "pretraining" if fam.hf_name("pair.weight", "pretraining") in names else "mlm"
         return head, None
     return None, None
+
+
+def _regression(hf_config: dict) -> bool:
+    """A sequence classifier of one output with no problem_type is a regression, as
+    transformers reads it (sentence-transformers' cross-encoders, STS models)."""
+    if hf_config.get("problem_type") is not None:
+        return hf_config["problem_type"] == "regression"
+    labels = hf_config.get("id2label")
+    n = len(labels) if isinstance(labels, dict) and labels else hf_config.get("num_labels", 2)
+    return n == 1
 
 
 def _check_declared_head(model: Bert, arch, fam: Family, path) -> None:

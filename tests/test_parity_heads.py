@@ -249,3 +249,25 @@ def test_info_counts_the_parameters_transformers_has(fam, head, tmp_path):
     s = summary(load_model(tmp_path))
     assert s["parameters"]["total"] == sum(p.numel() for p in theirs.parameters())
     assert s["family"] == {"deberta": "deberta-v2"}.get(fam, fam) and not s["new_weights"]
+
+
+def test_one_output_without_problem_type_is_a_regression(tmp_path, capsys):
+    """transformers reads a sequence classifier of one output and no problem_type as a
+    regression (sentence-transformers' cross-encoders, STS models); nanobert read it as
+    a softmax over one class: probability 1.0 whatever the input. A classifier the
+    config names no architecture for is loaded as its encoder, with a note."""
+    import json
+    theirs = _random(hf.BertForSequenceClassification, CONFIGS["bert"](num_labels=1))
+    theirs.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text()).get("problem_type") is None
+    ours = load_model(tmp_path).eval()
+    assert ours.head == "regression"
+    b = _batch("bert")
+    with torch.no_grad():
+        assert (ours(**b).logits - theirs(**b).logits).abs().max() < TOL
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert load_model(tmp_path).head is None
+    assert "names no architecture, though the weights hold a classifier" in capsys.readouterr().err
