@@ -154,9 +154,14 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
     return items
 
 
-def encode_qa(tok, examples, max_length, doc_stride, train=False) -> tuple:
-    from .qa import make_windows
+def encode_qa(tok, examples, max_length, doc_stride, train=False, quiet=False) -> tuple:
+    from .qa import make_windows, question_limit
     windows = make_windows(tok, examples, max_length, doc_stride, train=train)
+    cut = len({w.example for w in windows if w.question_cut})
+    if cut and not quiet:
+        note(f"{cut} question{'s were' if cut > 1 else ' was'} cut to "
+             f"{question_limit(tok.tk, max_length, doc_stride)} tokens, half of what a window "
+             f"of {max_length} (doc stride {doc_stride}) leaves them")
     items = [{"input_ids": w.ids, "token_type_ids": w.type_ids} for w in windows]
     if train:
         for it, w in zip(items, windows):

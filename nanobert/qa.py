@@ -29,6 +29,7 @@ class Window:
     offsets: list           # (char start, char end) in the context, None outside it
     start: int = 0          # answer token positions (0 = [CLS]: no answer here)
     end: int = 0
+    question_cut: bool = False   # its question was cut to `question_limit` tokens
 
 
 def check_room(tk, questions: list, contexts: list, max_length: int, doc_stride: int,
@@ -59,10 +60,40 @@ def check_room(tk, questions: list, contexts: list, max_length: int, doc_stride:
                                 f"--doc-stride (question: {q[:60]!r})")
 
 
+def question_limit(tk, max_length: int, doc_stride: int) -> int:
+    """The most tokens a question keeps: half of what a window holds past the specials
+    and the doc stride. The context then has more than the stride in every window, and
+    each window moves on by at least that half: a question that left one token past the
+    stride moved the windows on one token at a time (a 400 kB context, tens of GB)."""
+    return max(1, (max_length - tk.num_special_tokens_to_add(True) - doc_stride) // 2)
+
+
+def cut_questions(tk, questions: list, limit: int) -> list:
+    """(question, cut) of each: a question of more than `limit` tokens is cut after its
+    `limit`-th token (BERT's max_query_length, in characters so the windows are cut
+    from text)."""
+    out = []
+    for q, e in zip(questions, tk.encode_batch(questions, add_special_tokens=False)):
+        if len(e.ids) <= limit:
+            out.append((q, False))
+            continue
+        k = limit
+        short = q[:e.offsets[k - 1][1]].rstrip()
+        # a word cut inside may come back as more pieces: cut a token earlier
+        while k > 1 and len(tk.encode(short, add_special_tokens=False).ids) > limit:
+            k -= 1
+            short = q[:e.offsets[k - 1][1]].rstrip()
+        out.append((short, True))
+    return out
+
+
 def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: bool = False):
     """All windows of all examples (list of `Window`). `train`: windows to fine-tune on
-    (the answers are labelled, and an error names the flags that set the windows)."""
-    questions = [e.question.strip() for e in examples]
+    (the answers are labelled, and an error names the flags that set the windows). A
+    question longer than `question_limit` is cut to it (the window's `question_cut`)."""
+    cut = cut_questions(tokenizer.tk, [e.question.strip() for e in examples],
+                        question_limit(tokenizer.tk, max_length, doc_stride))
+    questions = [q for q, _ in cut]
     contexts = [e.context for e in examples]
     check_room(tokenizer.tk, questions, contexts, max_length, doc_stride, train)
     try:
@@ -76,7 +107,7 @@ def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: b
     for i, (ex, enc) in enumerate(zip(examples, encs)):
         pieces = [enc] + list(enc.overflowing)
         for w, offsets in zip(pieces, context_offsets(ex.context, pieces)):
-            win = Window(i, list(w.ids), list(w.type_ids), offsets)
+            win = Window(i, list(w.ids), list(w.type_ids), offsets, question_cut=cut[i][1])
             if train and ex.answers:
                 text, char_start = ex.answers[0]
                 win.start, win.end = answer_tokens(offsets, char_start, char_start + len(text))

@@ -631,21 +631,33 @@ def read_questions(body: dict, limit: int) -> tuple:
     return out, ids
 
 
+def _question_field(body: dict, i: int) -> str:
+    return "question" if body.get("inputs") is None else f"inputs[{i}].question"
+
+
 async def qa(server: Server, body: dict) -> dict:
     m = server.pick(body, "qa")
     pairs, ids = read_questions(body, server.config.max_client_batch)
+    truncate = read_bool(body, "truncate", True)
     try:
         work = await server.tokenized(m.qa_windows, pairs)
     except NanobertError:
         i = await server.tokenized(m.first_unwindowed, pairs)
-        raise unprocessable("question" if body.get("inputs") is None else f"inputs[{i}].question",
+        raise unprocessable(_question_field(body, i),
                             f"is too long for the model's windows of {m.max_length} tokens "
                             f"(doc stride {m.settings['doc_stride']}): shorten it")
+    cut = work.questions_cut
+    if not truncate and any(cut):
+        from .qa import question_limit
+        raise unprocessable(_question_field(body, cut.index(True)),
+                            f"has more than the {question_limit(m.tokenizer.tk, m.max_length, m.settings['doc_stride'])}"
+                            f" tokens the model's windows of {m.max_length} give a question "
+                            "(truncate is false)")
     lengths = work.lengths
     spans = await server.run(m, "qa_spans", work.items, lengths)
     answers = await server.on_tokenizer(m.qa_answers, work, spans)
-    results = [dict({} if qid is None else {"id": qid}, **a, windows=n)
-               for a, n, qid in zip(answers, work.windows_per_question, ids)]
+    results = [dict({} if qid is None else {"id": qid}, **a, windows=n, truncated=c)
+               for a, n, qid, c in zip(answers, work.windows_per_question, ids, cut)]
     tokens = sum(lengths)
     return {"model": m.name, "results": results,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -742,7 +754,7 @@ ROUTES = [
     Route("POST", "/ner", ner, "entities with type, text, character offsets, score",
           ("model", "inputs", "truncate")),
     Route("POST", "/qa", qa, "answer span of a question in a context of any length",
-          ("model", "inputs", "question", "context")),
+          ("model", "inputs", "question", "context", "truncate")),
     Route("POST", "/rerank", rerank, "documents ordered by relevance to a query",
           ("model", "query", "documents", "top_n", "return_documents", "truncate")),
     Route("POST", "/tokenize", tokenize, "tokens with ids and character offsets",

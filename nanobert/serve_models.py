@@ -69,6 +69,13 @@ class QAWork:
             out[w.example] += 1
         return out
 
+    @property
+    def questions_cut(self) -> list:   # which questions were cut to the model's limit
+        out = [False] * len(self.examples)
+        for w in self.windows:
+            out[w.example] = out[w.example] or w.question_cut
+        return out
+
 
 @dataclass
 class Served:
@@ -210,7 +217,7 @@ class Served:
         from .finetune import encode_qa
         examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(pairs)]
         items, windows = encode_qa(self.counter, examples, self.settings["max_length"],
-                                   self.settings["doc_stride"])
+                                   self.settings["doc_stride"], quiet=True)
         return QAWork(examples, items, windows)
 
     def first_unwindowed(self, pairs) -> int:

@@ -404,7 +404,14 @@ def test_qa_over_windows_equals_predict(server, models):
     assert context[got["start"]:got["end"]] == got["answer"]
     two = server.post("/qa", {"inputs": [{"question": "who?", "context": context},
                                          {"question": "where?", "context": "in paris"}]})
-    assert len(two.json()["results"]) == 2
+    assert len(two.json()["results"]) == 2 and got["truncated"] is False
+    # a question too long for the windows is cut, as predict cuts it: the same answer,
+    # and few windows (one that left a token past the stride moved on a token at a time)
+    long_q = "who lives in paris and " * 6 + "where?"
+    offline = predict_qa(model, tok, [QAExample("0", long_q, context)], settings)[0]
+    got = server.post("/qa", {"question": long_q, "context": context}).json()["results"][0]
+    assert got["truncated"] is True and got["windows"] <= 2 * r["results"][0]["windows"]
+    assert (got["answer"], got["start"]) == (offline["answer"], offline["start"])
 
 
 def test_qa_windows_spread_over_many_batches_give_the_same_answer(models):
@@ -642,16 +649,15 @@ def test_concurrent_requests_share_batches(server):
     ("/rerank", {"documents": ["a"]}, 422, "'query' is required"),
     ("/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, "'top_n'"),
     ("/qa", {"inputs": [{"question": "q"}]}, 422, "'inputs[0].context'"),
-    ("/qa", {"question": "word " * 80, "context": "c"}, 422, "'question'"),
+    # a question over (32 - 3 - 8) // 2 tokens is cut (truncated: true), or refused
+    ("/qa", {"question": "word " * 80, "context": "c", "truncate": False}, 422,
+     "'question' has more than the 10 tokens the model's windows of 32 give a question "
+     "(truncate is false)"),
     ("/qa", {"inputs": [{"question": "q", "context": "c"}, {"question": "word " * 80,
-                                                            "context": "c"}]}, 422,
-     "'inputs[1].question' is too long for the model's windows of 32 tokens"),
-    # a question that leaves a window no more room than the doc stride (8): the tokenizers
-    # library panicked (a BaseException): a plain-text 500 and a Rust backtrace in the log
-    ("/qa", {"question": "who " * 22, "context": "word " * 40}, 422, "'question' is too long"),
-    ("/qa", {"inputs": [{"question": "q", "context": "c"}, {"question": "who " * 22,
-                                                            "context": "word " * 40}]}, 422,
-     "'inputs[1].question' is too long"),
+                                                            "context": "c"}],
+             "truncate": False}, 422, "'inputs[1].question' has more than the 10 tokens"),
+    ("/qa", {"question": "who " * 22, "context": "word " * 40, "truncate": "no"}, 422,
+     "'truncate'"),
     ("/tokenize", {"inputs": ["a", "word " * 300], "truncate": False}, 422,
      "'inputs[1]' has 302 tokens, over the model's limit of 256 (truncate is false)"),
     ("/embed", b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
