@@ -50,7 +50,7 @@ from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, positive
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
 from .files import NanobertError, check_output_dir, note, some_of, spooled_stdin, with_article
-from .qa import attached_end  # (the rule of where a span ends: QA answers too)
+from .qa import attached_end, trimmed  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
 
@@ -289,8 +289,10 @@ def entities(text, enc, word_preds: dict, id2label: dict) -> list:
     (a word spans its first to last sub-word, and the characters right after it that
     belong to its last one (`attached_end`); an I-X after O starts an entity)."""
     spans = {}
-    for (a, b), w in zip(enc.offsets, enc.word_ids):
-        if w is not None:
+    for o, w in zip(enc.offsets, enc.word_ids):
+        o = trimmed(text, o) if w is not None else None    # no token's whitespace
+        if o is not None:
+            a, b = o
             spans[w] = (min(a, spans.get(w, (a, b))[0]), max(b, spans.get(w, (a, b))[1]))
     words = sorted(spans, key=lambda w: spans[w])
     for w, after in zip(words, words[1:] + [None]):

@@ -120,9 +120,10 @@ def context_offsets(context: str, pieces) -> list:
     end moved past the characters right after it that attach to it (`attached_end`):
     an uncased tokenizer maps the accent of a decomposed "Andre\u0301" to no token, and
     an answer cut at the token's end dropped it. Never past the start of the context's
-    next token, in any window (so a token ends where it ends in every window)."""
-    offsets = [[o if s == 1 else None for o, s in zip(w.offsets, w.sequence_ids)]
-               for w in pieces]
+    next token, in any window (so a token ends where it ends in every window). A token's
+    whitespace is not its (`trimmed`): a token of only whitespace is no answer's edge."""
+    offsets = [[trimmed(context, o) if s == 1 else None
+                for o, s in zip(w.offsets, w.sequence_ids)] for w in pieces]
     starts = sorted({o[0] for win in offsets for o in win if o is not None})
     for win in offsets:
         for k, o in enumerate(win):
@@ -139,6 +140,19 @@ def context_offsets(context: str, pieces) -> list:
 ATTACHED_RANGES = (("\u200c", "\u200d"),            # zero-width non-joiner, joiner
                    ("\U0001f3fb", "\U0001f3ff"),    # emoji skin-tone modifiers
                    ("\U000e0020", "\U000e007f"))    # emoji tag characters
+
+
+def trimmed(text: str, offsets):
+    """A token's (start, end) without the whitespace it carries, or None for a token of
+    whitespace only. Byte-level BPE ("Ġ") and SentencePiece ("▁") tokens hold the space
+    before a word, and their offsets cover it: an entity or answer read " Paris", and a
+    token of spaces alone made an entity " ". WordPiece offsets hold none."""
+    a, b = offsets
+    while a < b and text[a].isspace():
+        a += 1
+    while b > a and text[b - 1].isspace():
+        b -= 1
+    return (a, b) if a < b else None
 
 
 def attached_end(text: str, end: int, limit: int) -> int:

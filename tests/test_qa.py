@@ -304,3 +304,42 @@ def test_a_question_too_long_for_the_models_windows_is_cut(reader_dir, capsys):
     rc = cli.main(["predict", "--model", str(reader_dir), "--context", "the plot " * 10, question])
     err = capsys.readouterr().err
     assert rc == 0 and "1 question was cut to 7 tokens" in err and "--max-length" not in err
+
+
+def _byte_level_bpe():
+    from tokenizers import Tokenizer as Tk, decoders, models, pre_tokenizers, trainers
+    tk = Tk(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(["Yesterday Zoë visited Paris with Anna", "Paris is big"] * 20,
+                           trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tk
+
+
+def test_spans_of_byte_level_and_sentencepiece_tokens_hold_no_whitespace():
+    """'ĠParis' (byte-level BPE) and '▁Paris' (SentencePiece) offsets cover the space
+    before the word: entities read " Paris", a lone 'Ġ' between two spaces made an
+    entity " ", and QA answers began with a space."""
+    from nanobert.finetune import entities
+    from nanobert.qa import context_offsets
+    tk = _byte_level_bpe()
+    text = " Yesterday  Zoë   visited\tParis"
+    enc = tk.encode(text)
+    words = sorted({w for w in enc.word_ids if w is not None})
+    id2label = {0: "O", 1: "B-PER", 2: "B-LOC"}
+    wanted = {"Zoë": 1, "Paris": 2}
+    preds = {}
+    for w in words:
+        a = min(o[0] for o, x in zip(enc.offsets, enc.word_ids) if x == w)
+        b = max(o[1] for o, x in zip(enc.offsets, enc.word_ids) if x == w)
+        preds[w] = (wanted.get(text[a:b].strip(), 2 if not text[a:b].strip() else 0), 0.9)
+    got = entities(text, enc, preds, id2label)
+    assert [(e["type"], e["text"]) for e in got] == [("PER", "Zoë"), ("LOC", "Paris")]
+    assert all(text[e["start"]:e["end"]] == e["text"] for e in got)
+    # the QA side: every token's offsets in the context hold no whitespace
+    offsets = context_offsets(text, [type("W", (), {"offsets": enc.offsets,
+                                                    "sequence_ids": [1] * len(enc.ids)})])[0]
+    assert all(o is None or (text[o[0]:o[1]] == text[o[0]:o[1]].strip() and o[0] < o[1])
+               for o in offsets)
+    assert any(o is None for o in offsets)          # the tokens of spaces alone
