@@ -86,17 +86,27 @@ def _looks_local(name: str) -> bool:
     return str(parent) != "." and parent.is_dir()
 
 
+# what a model directory reads, fetched from the hub: config, weights (safetensors; the
+# torch files only where there are none, as both are often there), every tokenizer
+# file nanobert reads, and the sentence-transformers layout's own files
+HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
+             "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+             "added_tokens.json", "special_tokens_map.json", "modules.json",
+             "sentence_bert_config.json", "1_Pooling/config.json"]
+HUB_TORCH_WEIGHTS = ["pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"]
+
+
 def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
         raise NanobertError(f"{repo_id}: not a local directory, and huggingface_hub is not "
                             "installed to fetch it from the hub (pip install huggingface_hub)")
-    patterns = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
-                "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
-                "modules.json", "1_Pooling/config.json"]
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        if not any(path.glob("*.safetensors")):   # an older repository: its torch weights
+            path = Path(snapshot_download(repo_id, allow_patterns=HUB_TORCH_WEIGHTS))
+        return path
     except Exception as e:  # offline, unknown repo, gated...
         import difflib
         near = difflib.get_close_matches(repo_id, [p.name for p in Path(".").iterdir()

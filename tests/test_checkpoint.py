@@ -321,8 +321,21 @@ def test_a_hub_name_is_downloaded_when_online(tmp_path, monkeypatch, tiny_config
     assert resolve("someone/model") == tmp_path / "snapshot"
     assert load_model("someone/model").config.hidden_size == tiny_config.hidden_size
     repo, kw = calls[0]
-    assert repo == "someone/model"
-    assert {"config.json", "*.safetensors", "vocab.txt"} <= set(kw["allow_patterns"])
+    assert repo == "someone/model"                         # safetensors: no torch files
+    assert not any("pytorch_model.bin" in kw["allow_patterns"] for _, kw in calls)
+    assert {"config.json", "*.safetensors", "vocab.txt", "sentence_bert_config.json",
+            "merges.txt"} <= set(kw["allow_patterns"])
+    # a repository of pytorch_model.bin only: fetched in a second call (it was never
+    # fetched, and the model "had no weights")
+    torch_only = tmp_path / "torch_only"
+    shutil.copytree(tmp_path / "snapshot", torch_only)
+    from safetensors.torch import load_file
+    state = load_file(torch_only / "model.safetensors")
+    (torch_only / "model.safetensors").unlink()
+    torch.save(state, torch_only / "pytorch_model.bin")
+    calls = fake_hub(monkeypatch, torch_only)
+    assert load_model("someone/model").config.hidden_size == tiny_config.hidden_size
+    assert "pytorch_model.bin" in calls[1][1]["allow_patterns"]
 
 
 def test_info_command(capsys):
