@@ -105,6 +105,22 @@ def _pooling_dir(model_dir: Path) -> Optional[Path]:
     return found
 
 
+def declared_normalize(model_dir) -> bool:
+    """Does the checkpoint's sentence-transformers layout end in a Normalize module?
+    A layout without one gives vectors of their own length (dot-product models), as
+    sentence-transformers does; a directory without the layout is normalised (nanobert's
+    default: cosine = dot product)."""
+    if model_dir is None:
+        return True
+    from .checkpoint import st_top_folder
+    modules = st_top_folder(Path(model_dir)) / "modules.json"
+    if not modules.is_file():
+        return True
+    _pooling_dir(Path(model_dir))          # a modules.json it cannot read is refused there
+    entries = _st_json(modules, list, "a list of modules")
+    return any(m["type"].rsplit(".", 1)[-1] == "Normalize" for m in entries)
+
+
 def declared_pooling(model_dir) -> Optional[str]:
     """The pooling a sentence-transformers checkpoint declares, or None."""
     if model_dir is None:
@@ -297,12 +313,12 @@ class Encoder:
     """
 
     def __init__(self, model="minilm", tokenizer=None, pooling: Optional[str] = None,
-                 normalize: bool = True, batch_size: int = 64, max_length: Optional[int] = None,
-                 name: str = "", dtype: str = "float32"):
+                 normalize: Optional[bool] = None, batch_size: int = 64,
+                 max_length: Optional[int] = None, name: str = "", dtype: str = "float32"):
         from .quantize import dtype_name
         dtype = dtype_name(dtype)
         self.pooling = check_pooling(pooling) if pooling is not None else None
-        self.normalize = check_flag(normalize, "normalize")
+        self.normalize = check_flag(normalize, "normalize") if normalize is not None else None
         self.batch_size = check_count(batch_size, "batch_size")
         self.max_length = self._max_length(max_length)
         if isinstance(model, tuple) and len(model) == 2 and tokenizer is None:
@@ -321,6 +337,8 @@ class Encoder:
             model = _loaded_model(model, tokenizer, dtype)
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling = self.pooling or default_pooling(model)
+        if self.normalize is None:   # as the checkpoint's layout says (Normalize or not)
+            self.normalize = declared_normalize(getattr(model, "source_dir", None))
         self.name = name or str(getattr(model, "source_dir", None) or "model")
 
     @staticmethod
@@ -539,7 +557,12 @@ def _common(p):
     p.add_argument("--model", default="minilm", help="model directory, 'minilm', or a hub name")
     p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="token pooling (default: what the checkpoint declares, else mean)")
-    p.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the vectors")
+    norm = p.add_mutually_exclusive_group()
+    norm.add_argument("--normalize", dest="normalize", action="store_const", const=True,
+                      help="L2-normalise the vectors (the default, but for a "
+                           "sentence-transformers layout without a Normalize module)")
+    norm.add_argument("--no-normalize", dest="normalize", action="store_const", const=False,
+                      help="do not L2-normalise the vectors")
     p.add_argument("--batch-size", type=checked(int, at_least(1), "--batch-size"), default=64,
                    help="texts per forward pass")
     p.add_argument("--max-length", type=checked(int, max_length_range(), "--max-length"), default=None,
@@ -552,7 +575,7 @@ def _common(p):
 
 
 def _encoder(args) -> Encoder:
-    return Encoder(args.model, pooling=args.pooling, normalize=not args.no_normalize,
+    return Encoder(args.model, pooling=args.pooling, normalize=args.normalize,
                    batch_size=args.batch_size, max_length=args.max_length, dtype=args.dtype)
 
 

@@ -570,3 +570,30 @@ def test_embed_input_dash_reads_the_standard_input(tmp_path, monkeypatch, capsys
     assert main(["embed", "--model", "minilm", "--input", "-", "--out",
                  str(tmp_path / "x.npy")]) == 2
     assert "none is piped in" in capsys.readouterr().err and not (tmp_path / "x.npy").exists()
+
+
+def test_a_layout_without_normalize_keeps_the_vectors_length(tmp_path, minilm_dir, capsys):
+    """A sentence-transformers layout of Transformer + Pooling only (a dot-product model)
+    gives vectors of their own length in sentence-transformers; nanobert normalised them.
+    It follows the layout; --normalize / --no-normalize override it."""
+    import json
+    import shutil
+    d = tmp_path / "dot"
+    shutil.copytree(minilm_dir, d)
+    modules = json.loads((d / "modules.json").read_text())
+    (d / "modules.json").write_text(json.dumps([m for m in modules
+                                                if not m["type"].endswith("Normalize")]))
+    inp = tmp_path / "s.txt"
+    inp.write_text("\n".join(SENTENCES[:3]) + "\n")
+    outs = {}
+    for name, model, flags in (("dot", d, []), ("norm", d, ["--normalize"]),
+                               ("minilm", minilm_dir, []), ("raw", minilm_dir, ["--no-normalize"])):
+        assert main(["embed", "--model", str(model), "--input", str(inp), "--out",
+                     str(tmp_path / f"{name}.npy")] + flags) == 0
+        outs[name] = np.load(tmp_path / f"{name}.npy")
+    norms = np.linalg.norm(outs["dot"], axis=1)
+    assert (np.abs(norms - 1) > 0.1).all()                      # their own length
+    assert np.allclose(outs["dot"], outs["raw"], atol=1e-6)
+    assert np.allclose(outs["norm"], outs["minilm"], atol=1e-6)
+    assert np.allclose(np.linalg.norm(outs["minilm"], axis=1), 1, atol=1e-5)
+    assert "not normalised" in capsys.readouterr().out
