@@ -47,7 +47,7 @@ OUTPUTS = {
 }
 # families whose graphs are checked against nanobert (tests/test_export.py). DeBERTa's
 # relative-position index is traced with the example's length and fails on others.
-FAMILIES = ("bert", "roberta", "albert", "distilbert", "modernbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "distilbert", "modernbert")
 OPSET = 17
 
 

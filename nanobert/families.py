@@ -12,6 +12,7 @@ never reads for some configs (`unused`).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -140,13 +141,14 @@ BERT = Family(
 
 def _roberta_from_hf(d):
     kw = _labels(d, _common_config(d))
-    kw.update(family="roberta", position_offset=d.get("pad_token_id", 1) + 1)
+    # (XLM-RoBERTa and CamemBERT: RoBERTa's layout under their own model_type)
+    kw.update(family=d.get("model_type", "roberta"), position_offset=d.get("pad_token_id", 1) + 1)
     return kw
 
 
 def _roberta_to_hf(c):
     d = {k: v for k, v in c.to_hf_dict().items() if not k.startswith("nanobert_")}
-    d.update(model_type="roberta", bos_token_id=0, eos_token_id=2)
+    d.update(model_type=c.family, bos_token_id=0, eos_token_id=2)
     return d
 
 
@@ -397,5 +399,12 @@ DEBERTA = Family(
         "deberta.encoder.LayerNorm.weight", "deberta.encoder.LayerNorm.bias"),
 )
 
-FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT, DEBERTA)}
+# RoBERTa's layout, names and heads under another model_type and class prefix (the
+# multilingual XLM-R of multilingual-e5 and bge-m3; CamemBERT)
+XLM_ROBERTA = dataclasses.replace(ROBERTA, name="xlm-roberta", model_type="xlm-roberta",
+                                  arch_prefix="XLMRoberta")
+CAMEMBERT = dataclasses.replace(ROBERTA, name="camembert", model_type="camembert",
+                                arch_prefix="Camembert")
+FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT, DEBERTA,
+                                XLM_ROBERTA, CAMEMBERT)}
 BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}

@@ -268,7 +268,7 @@ def _model_config(cfg: PretrainConfig, tok):
             note(f"--seq-len {cfg.seq_len}: the {cfg.preset} preset gets {cfg.seq_len} "
                  "positions (512 by default)")
     c = dataclasses.replace(c, pad_token_id=tok.pad_id, attn_backend=cfg.attn_backend)
-    if c.family == "roberta" and tok.pad_id is not None:
+    if c.position_offset and tok.pad_id is not None:   # RoBERTa, XLM-R, CamemBERT
         # transformers' RoBERTa counts positions from pad_token_id + 1: the tokenizer's
         # padding id, written to config.json, decides where they start
         c = dataclasses.replace(c, position_offset=tok.pad_id + 1)

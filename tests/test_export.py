@@ -16,12 +16,15 @@ from conftest import random_batch
 ort = pytest.importorskip("onnxruntime")
 TOL = 1e-4
 VARIANT = {"bert": "tiny", "roberta": "roberta-tiny", "albert": "albert-tiny",
-           "distilbert": "distilbert-tiny", "modernbert": "modernbert-tiny"}
+           "distilbert": "distilbert-tiny", "modernbert": "modernbert-tiny",
+           "xlm-roberta": "roberta-tiny", "camembert": "roberta-tiny"}   # (RoBERTa's layout)
 
 
 def small_model(family, head):
     torch.manual_seed(0)
     extra = dict(local_attention=4) if family == "modernbert" else {}  # windows < length
+    if VARIANT[family] == "roberta-tiny":
+        extra["family"] = family
     cfg = nanobert.preset(VARIANT[family], vocab_size=99, hidden_size=32, num_attention_heads=4,
                           intermediate_size=37, max_position_embeddings=80, **extra)
     return nanobert.Bert(cfg, head).eval()

@@ -20,6 +20,16 @@ def roberta():
                             type_vocab_size=1, num_labels=3)
 
 
+def xlm_roberta():
+    return hf.XLMRobertaConfig(**dict(SMALL, pad_token_id=1, max_position_embeddings=70),
+                               type_vocab_size=1, num_labels=3)
+
+
+def camembert():
+    return hf.CamembertConfig(**dict(SMALL, pad_token_id=1, max_position_embeddings=70),
+                              type_vocab_size=1, num_labels=3)
+
+
 def albert():
     return hf.AlbertConfig(**SMALL, embedding_size=16, num_hidden_groups=1, num_labels=3)
 
@@ -47,6 +57,13 @@ FAMILIES = {
                           "classify": hf.RobertaForSequenceClassification,
                           "token": hf.RobertaForTokenClassification,
                           "qa": hf.RobertaForQuestionAnswering}),
+    # RoBERTa's layout under other names: multilingual-e5 and bge-m3 are XLM-R
+    "xlm-roberta": (xlm_roberta, {None: hf.XLMRobertaModel, "mlm": hf.XLMRobertaForMaskedLM,
+                                  "classify": hf.XLMRobertaForSequenceClassification,
+                                  "token": hf.XLMRobertaForTokenClassification,
+                                  "qa": hf.XLMRobertaForQuestionAnswering}),
+    "camembert": (camembert, {None: hf.CamembertModel, "mlm": hf.CamembertForMaskedLM,
+                              "classify": hf.CamembertForSequenceClassification}),
     "albert": (albert, {None: hf.AlbertModel, "mlm": hf.AlbertForMaskedLM,
                         "pretraining": hf.AlbertForPreTraining,
                         "classify": hf.AlbertForSequenceClassification,
@@ -82,7 +99,7 @@ def _make(fam, task, seed=0):
 
 def _batch(fam):
     b = random_batch(B=4, T=20, vocab=99, seed=2, min_len=5)
-    if fam in ("roberta",):   # one segment type; padding id 1
+    if fam in ("roberta", "xlm-roberta", "camembert"):   # one segment type; padding id 1
         b["token_type_ids"].zero_()
         b["input_ids"][b["attention_mask"] == 0] = 1
     if fam in ("distilbert", "modernbert", "deberta-v2"):
