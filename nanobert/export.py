@@ -118,13 +118,16 @@ def onnx_bytes(model, opset: int = OPSET) -> bytes:
 
 
 def quantize_onnx(src: Path, dst: Path) -> None:
-    """ONNX Runtime's dynamic int8: int8 weights per channel, activations per call."""
+    """ONNX Runtime's dynamic int8: int8 weights per channel, activations per call. The
+    weights get 7 bits (`reduce_range`): on CPUs without VNNI (AVX2) the products of
+    8-bit weights and activations saturate (ALBERT's hidden states were 6.9% off)."""
     import logging
     from onnxruntime.quantization import QuantType, quantize_dynamic
     root = logging.getLogger()
     level, root.level = root.level, logging.ERROR  # its advice to pre-process the graph
     try:
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True)
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
+                         reduce_range=True)
     finally:
         root.setLevel(level)
 
