@@ -365,7 +365,7 @@ class Server:
                                          f"(models: {self._list()})")
         m = self.models[name]
         if route not in m.routes:
-            raise unprocessable("model", f"names {name!r}, {with_article(m.task)} model, "
+            raise unprocessable("model", f"names {name!r}, {with_article(m.kind)} model, "
                                          f"which does not serve {path} (it serves: "
                                          f"{', '.join(m.paths)})")
         return m
@@ -377,7 +377,7 @@ class Server:
                 if route in m.routes and m.takes_pairs in (pairs, None)]
 
     def _list(self) -> str:
-        return ", ".join(f"{n} ({m.task})" for n, m in self.models.items())
+        return ", ".join(f"{n} ({m.kind})" for n, m in self.models.items())
 
     async def tokenized(self, fn, *args):
         """Run a tokenizing function on a tokenize thread, timed."""
@@ -716,7 +716,7 @@ def openai_model(server: Server, model: str):
 
 def _model_card(server: Server, m: Served) -> dict:
     return {"id": m.name, "object": "model", "created": server.created,
-            "owned_by": "nanobert", "task": m.task, "routes": m.paths}
+            "owned_by": "nanobert", "task": m.kind, "routes": m.paths}
 
 
 def health(server: Server):
@@ -1564,7 +1564,7 @@ def banner(server: Server) -> str:
     c = server.config
     lines = [f"nanobert serve: http://{c.host}:{c.port}", "models:"]
     for m in server.models.values():
-        lines.append(f"  {m.name:<16} {m.task:<9} {m.summary()}")
+        lines.append(f"  {m.name:<16} {m.kind:<9} {m.summary()}")
     lines.append("routes:")
     for r in served_routes(server):
         lines.append(f"  {r.method:<5}{r.path:<16} {r.help}")

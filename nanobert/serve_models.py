@@ -138,6 +138,12 @@ class Served:
         return pairs if isinstance(pairs, bool) else None
 
     @property
+    def kind(self) -> str:
+        """The task as the user named it: a cross-encoder trained with `--task rerank`
+        is served as a regression head (one score), and shown as a reranker."""
+        return "rerank" if self.settings.get("task") == "rerank" else self.task
+
+    @property
     def one_output(self) -> bool:
         """A head of one output (regression, or a classifier of one label): the shape of
         a cross-encoder reranker (ms-marco's, saved without nanobert.json)."""
@@ -287,7 +293,7 @@ class Served:
         return relevance(logits.reshape(1, -1))[0]
 
     def describe(self) -> dict:
-        d = {"name": self.name, "task": self.task, "routes": self.paths,
+        d = {"name": self.name, "task": self.kind, "routes": self.paths,
              "path": str(self.path), "max_length": self.max_length,
              "hidden_size": self.hidden_size, "family": self.model.config.family,
              "dtype": getattr(self.model, "dtype_name", "float32")}

@@ -153,7 +153,8 @@ def test_startup_prints_models_and_routes(server):
     info = server.http.get("/info").json()
     tasks = {m["name"]: m["task"] for m in info["models"]}
     assert tasks == {"minilm": "embed", "sst": "classify", "tags": "ner", "reader": "qa",
-                     "cross": "regression"}
+                     "cross": "rerank"}         # (--task rerank: shown as it was trained)
+    assert re.search(r"^  cross +rerank +one score", out, re.M)
     assert info["limits"]["max_client_batch"] == 8 and info["limits"]["max_batch_tokens"] == 16384
     assert "POST /v1/embeddings" in info["routes"]
     routes = {m["name"]: m["routes"] for m in info["models"]}
