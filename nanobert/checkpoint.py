@@ -800,6 +800,9 @@ def _check_mlm_act(model: Bert) -> None:
                             f"{theirs!r} to save it")
 
 
+IDENTITY = "torch.nn.modules.linear.Identity"
+
+
 def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = None):
     """Write config.json + model.safetensors (+ tokenizer files) into `out_dir`. Each file
     is written to a temporary name and renamed into place; other files there are kept."""
@@ -833,6 +836,9 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
         hf["architectures"] = [fam.architecture(model.head)]
         if model.head in MLM_HEADS and not decoder_is_tied(model):
             hf["tie_word_embeddings"] = False
+        if model.head == "regression":   # sentence-transformers' CrossEncoder: the raw
+            hf["sentence_transformers"] = {"activation_fn": IDENTITY}   # score, no sigmoid
+            hf["sbert_ce_default_activation_function"] = IDENTITY       # (its older key)
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
         usual_mode(tmp)          # (safetensors writes 0o600)
         for f in sorted(tmp.rglob("*"), key=lambda f: f.name == "config.json"):

@@ -66,6 +66,8 @@ def test_a_reranker_tells_cross_encoder_its_window(tiny_dir, tmp_path, capsys):
     assert ce.max_seq_length == 24
     theirs = ce.predict(pairs, activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(theirs, ours, atol=1e-5)
+    # its own activation is the identity too (config.json says so): it applied a sigmoid
+    np.testing.assert_allclose(ce.predict(pairs), ours, atol=1e-5)
     shown = run(capsys, "predict", "--model", out, "--json", "--context", LONG_DOC,
                 "which dog runs?")
     assert json.loads(shown[-1])["score"] == pytest.approx(ours[0], abs=1e-5)
