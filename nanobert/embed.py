@@ -164,13 +164,30 @@ ST_POOLINGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mea
                "cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}
 
 
+def _sbert_config(model_dir):
+    """(path, settings) of a sentence-transformers checkpoint's sentence_bert_config.json
+    (its Transformer module's), or (None, {})."""
+    path = Path(model_dir) / "sentence_bert_config.json" if model_dir else None
+    if path is None or not path.is_file():
+        return None, {}
+    return path, _st_json(path, dict, "a JSON object")
+
+
+def declared_lowercase(model_dir) -> bool:
+    """do_lower_case of a sentence-transformers checkpoint: its Transformer module
+    lower-cases every text before the tokenizer sees it."""
+    path, conf = _sbert_config(model_dir)
+    v = conf.get("do_lower_case", False)
+    if not isinstance(v, bool):
+        raise NanobertError(f"{path}: do_lower_case must be true or false, got {v!r}")
+    return v
+
+
 def declared_max_length(model_dir) -> Optional[int]:
     """max_seq_length of a sentence-transformers checkpoint (sentence_bert_config.json):
     a whole number >= 1 when given."""
-    path = Path(model_dir) / "sentence_bert_config.json" if model_dir else None
-    if path is None or not path.is_file():
-        return None
-    v = _st_json(path, dict, "a JSON object").get("max_seq_length")
+    path, conf = _sbert_config(model_dir)
+    v = conf.get("max_seq_length")
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 \
@@ -236,6 +253,8 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     max_length = check_count(max_length, "max_length", none_ok=True) \
         or declared_max_length(getattr(model, "source_dir", None)) or tokenizer.model_max_length
     max_length = min(max_length, base.config.usable_positions)
+    if declared_lowercase(getattr(model, "source_dir", None)):   # as sentence-transformers
+        texts = [t.lower() for t in texts]
 
     def vector(out, mask):
         v = pool(out.last_hidden_state.float(), mask, pooling)      # (B, H)

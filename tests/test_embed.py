@@ -597,3 +597,28 @@ def test_a_layout_without_normalize_keeps_the_vectors_length(tmp_path, minilm_di
     assert np.allclose(outs["norm"], outs["minilm"], atol=1e-6)
     assert np.allclose(np.linalg.norm(outs["minilm"], axis=1), 1, atol=1e-5)
     assert "not normalised" in capsys.readouterr().out
+
+
+def test_a_layout_that_lower_cases_is_read_lower_cased(tmp_path, minilm_dir):
+    """sentence_bert_config.json's do_lower_case: sentence-transformers lower-cases each
+    text before its tokenizer; nanobert ignored it (a cased tokenizer then read other
+    tokens). Shown with minilm's tokenizer made cased."""
+    import json
+    import shutil
+    from nanobert.embed import Encoder
+    d = tmp_path / "cased"
+    shutil.copytree(minilm_dir, d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["normalizer"]["lowercase"] = False                 # a cased tokenizer
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(dict(tc, do_lower_case=False)))
+    texts = ["Paris In SPRING", "A Man Is Eating Food."]
+    lowered = Encoder(str(d)).encode([t.lower() for t in texts])
+    assert not np.allclose(Encoder(str(d)).encode(texts), lowered, atol=1e-4)
+    conf = json.loads((d / "sentence_bert_config.json").read_text())
+    (d / "sentence_bert_config.json").write_text(json.dumps(dict(conf, do_lower_case=True)))
+    assert np.allclose(Encoder(str(d)).encode(texts), lowered, atol=1e-6)
+    (d / "sentence_bert_config.json").write_text(json.dumps(dict(conf, do_lower_case="yes")))
+    with pytest.raises(Exception, match="do_lower_case must be true or false"):
+        Encoder(str(d)).encode(texts)
