@@ -572,9 +572,12 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     except KeyError as e:
         raise NanobertError(f"{path}: missing key(s) {e.args[0]}")
     except (TypeError, ValueError, ArithmeticError) as e:
-        # (a value given to load() is named as such, not blamed on the file)
+        # a value given to load() is named as such, not blamed on the file; the file's
+        # own fault is not blamed on the values given
         given = ", ".join(f"{k}={v!r}" for k, v in config_overrides.items())
-        raise NanobertError(f"{path}{f' with {given}' if given else ''}: {e}")
+        if given and not _fails_alone(hf, fam):
+            raise NanobertError(f"{path} with {given}: {e}")
+        raise NanobertError(f"{path}: {e}")
     state = _normalise_names(read_weights(model_dir), fam)
     arch = None
     if head == "auto":
@@ -592,6 +595,15 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     _check_declared_head(model, arch, fam, path)
     model.source_dir = model_dir
     return model
+
+
+def _fails_alone(hf: dict, fam: Family) -> bool:
+    """Does config.json fail to make a BertConfig by itself (no values given to load)?"""
+    try:
+        BertConfig(**hf_config_kwargs(hf, fam))
+        return False
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        return True
 
 
 def hf_config_kwargs(hf: dict, fam: Family) -> dict:

@@ -244,6 +244,16 @@ def test_load_names_the_override_that_is_wrong(tmp_path, tok):
         nanobert.load(path, hidden_act="nope")
     with pytest.raises(NanobertError, match="with attn_backend=None: unknown attn_backend"):
         nanobert.load(path, attn_backend=None)
+    # the file's own fault is not blamed on a value given with it
+    import transformers
+    albert = tmp_path / "albert"
+    transformers.AlbertModel(transformers.AlbertConfig(
+        vocab_size=99, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=37, inner_group_num=2)).save_pretrained(albert)
+    with pytest.raises(NanobertError) as e:
+        nanobert.load(albert, attn_backend="eager")
+    assert str(e.value) == (f"{albert / 'config.json'}: inner_group_num other than 1 is not "
+                            "supported")
 
 
 def test_ids_of_any_integer_type_and_dropout_overrides_checked(tiny_config):
