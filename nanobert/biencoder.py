@@ -742,7 +742,7 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
             q = qids.setdefault(r.texts[0], f"q{len(qids)}")
             run.setdefault(q, {})[f"d{i}"] = s
             qrels.setdefault(q, {})[f"d{i}"] = relevance_grade(r.score)
-        return R.retrieval_metrics(qrels, run)
+        return {"n_queries": len(qrels), **R.retrieval_metrics(qrels, run)}
     from .embed import Encoder
     retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm", batch_size=batch_size)
     data = beir_split(data, settings, training=False)

@@ -122,11 +122,16 @@ def evaluate_beir(encode: Callable, beir, k: int = 100, rerank: Optional[Callabl
     doc_ids = list(beir.corpus)
     doc_vecs = encode([beir.doc_text(d) for d in doc_ids])
     query_vecs = encode([beir.queries[q] for q in qids])
-    run = dense_run(query_vecs, qids, doc_vecs, doc_ids, k)
+    # the reranker gets `rerank_k` candidates, more than the metrics' `k` if asked (a
+    # --rerank-k over 100 reranked 100); what it leaves out is dropped, as BEIR does, so
+    # under 100 recall_at_100 counts the reranked ones (said by "rerank_k")
+    run = dense_run(query_vecs, qids, doc_vecs, doc_ids,
+                    max(k, rerank_k) if rerank is not None else k)
     if rerank is not None:
         run = rerank_run(run, rerank, beir.queries, beir.doc_text, rerank_k)
     qrels = {q: beir.qrels[q] for q in qids}
     return {"split": beir.split, "n_queries": len(qids), "n_docs": len(doc_ids),
+            **({"rerank_k": rerank_k} if rerank is not None else {}),
             **retrieval_metrics(qrels, run)}
 
 

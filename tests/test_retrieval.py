@@ -76,6 +76,22 @@ def test_evaluate_beir_with_a_toy_encoder():
     assert R.evaluate_beir(encode, beir, query_ids=["q2"])["n_queries"] == 1
 
 
+def test_a_rerank_k_over_the_metrics_cutoff_reranks_that_many():
+    """--rerank-k over 100 reranked the dense top 100 (k): the candidates are
+    max(k, rerank_k). A reranker that finds the one relevant document wherever the
+    retriever put it: with k=1 and rerank_k=3 it is found."""
+    def encode(texts):   # every document alike to the query: the dense order is by id
+        return np.ones((len(texts), 3), dtype=np.float32)
+    beir = Beir({"d1": ("", "x"), "d2": ("", "y"), "d3": ("", "gold")}, {"q": "?"},
+                {"q": {"d3": 1}}, "test")
+    def relevant(pairs):
+        return [1.0 if d == "gold" else 0.0 for _, d in pairs]
+    few = R.evaluate_beir(encode, beir, k=1, rerank=relevant, rerank_k=1)
+    many = R.evaluate_beir(encode, beir, k=1, rerank=relevant, rerank_k=3)
+    assert many["mrr_at_10"] == 1.0 and many["rerank_k"] == 3
+    assert few["mrr_at_10"] < 1.0
+
+
 def test_evaluate_sts_correlations():
     rows = [TextRow(("a", "a"), 5.0), TextRow(("a", "b"), 0.0), TextRow(("a", "ab"), 3.0)]
 
