@@ -47,7 +47,8 @@ OUTPUTS = {
 }
 # families whose graphs are checked against nanobert (tests/test_export.py). DeBERTa's
 # relative-position index is traced with the example's length and fails on others.
-FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "distilbert", "modernbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "albert", "distilbert",
+            "modernbert")
 OPSET = 17
 
 

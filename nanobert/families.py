@@ -214,6 +214,45 @@ ALBERT = Family(
     _albert_from_hf, _albert_to_hf,
 )
 
+# ---- ELECTRA: BERT's blocks, ALBERT's factorized embeddings (not shared), RoBERTa's
+# classification head with a GELU; the generator's MLM head -------------------------------
+
+
+def _electra_from_hf(d):
+    kw = _labels(d, _common_config(d))
+    E = d.get("embedding_size", kw["hidden_size"])
+    kw.update(family="electra", pooler_act="gelu", mlm_act="gelu",
+              embedding_size=E if E != kw["hidden_size"] else None)   # (projected when E < H)
+    return kw
+
+
+def _electra_to_hf(c):
+    d = {k: v for k, v in c.to_hf_dict().items() if not k.startswith("nanobert_")}
+    d.update(model_type="electra", embedding_size=c.embedding_size or c.hidden_size,
+             summary_type="first", summary_use_proj=True, summary_activation="gelu",
+             summary_last_dropout=0.1)
+    return d
+
+
+ELECTRA = Family(
+    "electra", "electra", "Electra", "electra.", "generator_lm_head",
+    _encoder_rules("electra.encoder.layer.{}", BERT_BLOCK, "electra.embeddings.", [
+        (r"bert\.emb\.proj\.(\w+)", "electra.embeddings_project.{}", ALL),
+        # the classification head: dense + GELU on [CLS] (our pooler), then out_proj
+        (r"bert\.pooler\.dense\.(\w+)", "classifier.dense.{}", ("classify", "regression")),
+        (r"classifier\.(\w+)", "classifier.out_proj.{}", ("classify", "regression")),
+        (r"mlm\.dense\.(\w+)", "generator_predictions.dense.{}", ALL),
+        (r"mlm\.norm\.(\w+)", "generator_predictions.LayerNorm.{}", ALL),
+        (r"mlm\.bias", "generator_lm_head.bias", ALL),
+        (r"classifier\.(\w+)", "classifier.{}", ALL),
+        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+    ]),
+    tuple(f"electra.encoder.layer.{{}}.attention.self.{x}" for x in ("query", "key", "value")),
+    _electra_from_hf, _electra_to_hf,
+    heads=("mlm", "classify", "regression", "token", "qa"),
+    mlm_act=lambda kw: "gelu",   # ElectraGeneratorPredictions applies GELU, whatever hidden_act
+)
+
 # ---- DistilBERT: no segments, no pooler; a ReLU pre-classifier --------------------------
 
 _DISTIL = dict(vocab_size="vocab_size", hidden_size="dim", num_hidden_layers="n_layers",
@@ -406,5 +445,5 @@ XLM_ROBERTA = dataclasses.replace(ROBERTA, name="xlm-roberta", model_type="xlm-r
 CAMEMBERT = dataclasses.replace(ROBERTA, name="camembert", model_type="camembert",
                                 arch_prefix="Camembert")
 FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT, DEBERTA,
-                                XLM_ROBERTA, CAMEMBERT)}
+                                XLM_ROBERTA, CAMEMBERT, ELECTRA)}
 BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}

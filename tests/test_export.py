@@ -17,7 +17,8 @@ ort = pytest.importorskip("onnxruntime")
 TOL = 1e-4
 VARIANT = {"bert": "tiny", "roberta": "roberta-tiny", "albert": "albert-tiny",
            "distilbert": "distilbert-tiny", "modernbert": "modernbert-tiny",
-           "xlm-roberta": "roberta-tiny", "camembert": "roberta-tiny"}   # (RoBERTa's layout)
+           "xlm-roberta": "roberta-tiny", "camembert": "roberta-tiny",   # (RoBERTa's layout)
+           "electra": "tiny"}
 
 
 def small_model(family, head):
@@ -25,6 +26,8 @@ def small_model(family, head):
     extra = dict(local_attention=4) if family == "modernbert" else {}  # windows < length
     if VARIANT[family] == "roberta-tiny":
         extra["family"] = family
+    if family == "electra":        # BERT's blocks, factorized embeddings, GELU heads
+        extra.update(family="electra", embedding_size=16, pooler_act="gelu", mlm_act="gelu")
     cfg = nanobert.preset(VARIANT[family], vocab_size=99, hidden_size=32, num_attention_heads=4,
                           intermediate_size=37, max_position_embeddings=80, **extra)
     return nanobert.Bert(cfg, head).eval()

@@ -30,6 +30,10 @@ def camembert():
                               type_vocab_size=1, num_labels=3)
 
 
+def electra():
+    return hf.ElectraConfig(**SMALL, embedding_size=16, num_labels=3)
+
+
 def albert():
     return hf.AlbertConfig(**SMALL, embedding_size=16, num_hidden_groups=1, num_labels=3)
 
@@ -64,6 +68,11 @@ FAMILIES = {
                                   "qa": hf.XLMRobertaForQuestionAnswering}),
     "camembert": (camembert, {None: hf.CamembertModel, "mlm": hf.CamembertForMaskedLM,
                               "classify": hf.CamembertForSequenceClassification}),
+    # BERT's blocks under factorized embeddings; a GELU classification head
+    "electra": (electra, {None: hf.ElectraModel, "mlm": hf.ElectraForMaskedLM,
+                          "classify": hf.ElectraForSequenceClassification,
+                          "token": hf.ElectraForTokenClassification,
+                          "qa": hf.ElectraForQuestionAnswering}),
     "albert": (albert, {None: hf.AlbertModel, "mlm": hf.AlbertForMaskedLM,
                         "pretraining": hf.AlbertForPreTraining,
                         "classify": hf.AlbertForSequenceClassification,
