@@ -87,6 +87,17 @@ def _encoder_rules(layer: str, names: dict, emb: str, extra=()):
     return rules + list(extra)
 
 
+def _mlm_rules(dense: str, norm: str, bias: str) -> list:
+    """The MLM head's transform (dense, LayerNorm) and bias under a family's HF names."""
+    return [(r"mlm\.dense\.(\w+)", dense + ".{}", ALL), (r"mlm\.norm\.(\w+)", norm + ".{}", ALL),
+            (r"mlm\.bias", bias, ALL)]
+
+
+# the token classifier and the QA layer, named alike in most families (after any rule
+# that names a sequence classifier otherwise)
+OUTPUT_RULES = [(r"classifier\.(\w+)", "classifier.{}", ALL), (r"qa\.(\w+)", "qa_outputs.{}", ALL)]
+
+
 def _common_config(d: dict, **renames) -> dict:
     """BERT-named keys (or their renamed equivalents) that BertConfig takes directly."""
     out = {}
@@ -115,12 +126,10 @@ BERT_BLOCK = {"attn.proj": "attention.output.dense", "norm1": "attention.output.
               "up": "intermediate.dense", "down": "output.dense", "norm2": "output.LayerNorm"}
 _BERT_HEADS = [
     (r"bert\.pooler\.dense\.(\w+)", "bert.pooler.dense.{}", POOLED),
-    (r"mlm\.dense\.(\w+)", "cls.predictions.transform.dense.{}", ALL),
-    (r"mlm\.norm\.(\w+)", "cls.predictions.transform.LayerNorm.{}", ALL),
-    (r"mlm\.bias", "cls.predictions.bias", ALL),
+    *_mlm_rules("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                "cls.predictions.bias"),
     (r"pair\.(\w+)", "cls.seq_relationship.{}", ALL),
-    (r"classifier\.(\w+)", "classifier.{}", ALL),
-    (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+    *OUTPUT_RULES,
 ]
 
 
@@ -159,11 +168,8 @@ ROBERTA = Family(
         (r"bert\.pooler\.dense\.(\w+)", "classifier.dense.{}", ("classify", "regression")),
         (r"classifier\.(\w+)", "classifier.out_proj.{}", ("classify", "regression")),
         (r"bert\.pooler\.dense\.(\w+)", "roberta.pooler.dense.{}", (None,)),
-        (r"mlm\.dense\.(\w+)", "lm_head.dense.{}", ALL),
-        (r"mlm\.norm\.(\w+)", "lm_head.layer_norm.{}", ALL),
-        (r"mlm\.bias", "lm_head.bias", ALL),
-        (r"classifier\.(\w+)", "classifier.{}", ALL),
-        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+        *_mlm_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+        *OUTPUT_RULES,
     ]),
     tuple(f"roberta.encoder.layer.{{}}.attention.self.{x}" for x in ("query", "key", "value")),
     _roberta_from_hf, _roberta_to_hf,
@@ -203,12 +209,9 @@ ALBERT = Family(
                                    "norm2": "full_layer_layer_norm"}, "albert.embeddings.", [
         (r"bert\.emb\.proj\.(\w+)", "albert.encoder.embedding_hidden_mapping_in.{}", ALL),
         (r"bert\.pooler\.dense\.(\w+)", "albert.pooler.{}", POOLED),
-        (r"mlm\.dense\.(\w+)", "predictions.dense.{}", ALL),
-        (r"mlm\.norm\.(\w+)", "predictions.LayerNorm.{}", ALL),
-        (r"mlm\.bias", "predictions.bias", ALL),
+        *_mlm_rules("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
         (r"pair\.(\w+)", "sop_classifier.classifier.{}", ALL),
-        (r"classifier\.(\w+)", "classifier.{}", ALL),
-        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+        *OUTPUT_RULES,
     ]),
     tuple(f"{_ALBERT_LAYER}.attention.{x}" for x in ("query", "key", "value")),
     _albert_from_hf, _albert_to_hf,
@@ -241,11 +244,9 @@ ELECTRA = Family(
         # the classification head: dense + GELU on [CLS] (our pooler), then out_proj
         (r"bert\.pooler\.dense\.(\w+)", "classifier.dense.{}", ("classify", "regression")),
         (r"classifier\.(\w+)", "classifier.out_proj.{}", ("classify", "regression")),
-        (r"mlm\.dense\.(\w+)", "generator_predictions.dense.{}", ALL),
-        (r"mlm\.norm\.(\w+)", "generator_predictions.LayerNorm.{}", ALL),
-        (r"mlm\.bias", "generator_lm_head.bias", ALL),
-        (r"classifier\.(\w+)", "classifier.{}", ALL),
-        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+        *_mlm_rules("generator_predictions.dense", "generator_predictions.LayerNorm",
+                    "generator_lm_head.bias"),
+        *OUTPUT_RULES,
     ]),
     tuple(f"electra.encoder.layer.{{}}.attention.self.{x}" for x in ("query", "key", "value")),
     _electra_from_hf, _electra_to_hf,
@@ -286,11 +287,8 @@ DISTILBERT = Family(
                    {"attn.proj": "attention.out_lin", "norm1": "sa_layer_norm", "up": "ffn.lin1",
                     "down": "ffn.lin2", "norm2": "output_layer_norm"}, "distilbert.embeddings.", [
         (r"bert\.pooler\.dense\.(\w+)", "pre_classifier.{}", ("classify", "regression")),
-        (r"mlm\.dense\.(\w+)", "vocab_transform.{}", ALL),
-        (r"mlm\.norm\.(\w+)", "vocab_layer_norm.{}", ALL),
-        (r"mlm\.bias", "vocab_projector.bias", ALL),
-        (r"classifier\.(\w+)", "classifier.{}", ALL),
-        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+        *_mlm_rules("vocab_transform", "vocab_layer_norm", "vocab_projector.bias"),
+        *OUTPUT_RULES,
     ]),
     tuple(f"distilbert.transformer.layer.{{}}.attention.{x}" for x in ("q_lin", "k_lin", "v_lin")),
     _distil_from_hf, _distil_to_hf,
@@ -358,9 +356,7 @@ MODERNBERT = Family(
     + [(r"bert\.final_norm\.(\w+)", "model.final_norm.{}", ALL),
        (r"bert\.pooler\.dense\.(\w+)", "head.dense.{}", _MODERN_HEAD_TASKS),
        (r"bert\.pooler\.norm\.(\w+)", "head.norm.{}", _MODERN_HEAD_TASKS),
-       (r"mlm\.dense\.(\w+)", "head.dense.{}", ALL),
-       (r"mlm\.norm\.(\w+)", "head.norm.{}", ALL),
-       (r"mlm\.bias", "decoder.bias", ALL),
+       *_mlm_rules("head.dense", "head.norm", "decoder.bias"),
        (r"classifier\.(\w+)", "classifier.{}", ALL),
        (r"qa\.(\w+)", "classifier.{}", ALL)],          # its QA layer is named classifier too
     ("model.layers.{}.attn.Wqkv",),
@@ -423,11 +419,9 @@ DEBERTA = Family(
         (r"bert\.rel\.(\w+)", "deberta.encoder.rel_embeddings.{}", ALL),
         (r"bert\.rel_norm\.(\w+)", "deberta.encoder.LayerNorm.{}", ALL),
         (r"bert\.pooler\.dense\.(\w+)", "pooler.dense.{}", ("classify", "regression")),
-        (r"mlm\.dense\.(\w+)", "cls.predictions.transform.dense.{}", ALL),
-        (r"mlm\.norm\.(\w+)", "cls.predictions.transform.LayerNorm.{}", ALL),
-        (r"mlm\.bias", "cls.predictions.bias", ALL),
-        (r"classifier\.(\w+)", "classifier.{}", ALL),
-        (r"qa\.(\w+)", "qa_outputs.{}", ALL),
+        *_mlm_rules("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                "cls.predictions.bias"),
+        *OUTPUT_RULES,
     ]),
     tuple(f"deberta.encoder.layer.{{}}.attention.self.{x}_proj" for x in ("query", "key", "value")),
     _deberta_from_hf, _deberta_to_hf,
