@@ -873,8 +873,9 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
         out = _read_jsonl_examples(path, cols)
     elif fmt in ("tsv", "csv") and not (text_column or label_column) and is_sts_original(path):
         raise data_error(path, 1, "STS Benchmark rows (a similarity score and two sentences "
-                         "a line), not texts with class labels; finetune --task regress, "
-                         "bi-encoders and rerankers read them")
+                         "a line), not texts with class labels: finetune/evaluate --task "
+                         "regress, embed and rerank read them; name a column to read its "
+                         "sentences here (--text-column 5)")
     elif fmt in ("tsv", "csv", "msrp"):
         out = _read_table_examples(path, fmt, cols)
     else:

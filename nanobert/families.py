@@ -254,6 +254,45 @@ ELECTRA = Family(
     mlm_act=lambda kw: "gelu",   # ElectraGeneratorPredictions applies GELU, whatever hidden_act
 )
 
+# ---- MPNet: BERT's post-LN blocks, RoBERTa's positions and heads, no segments, and a
+# learnt relative-position bias per head (T5 buckets) -----------------------------------
+
+
+def _mpnet_from_hf(d):
+    kw = _labels(d, _common_config(d))
+    kw.update(family="mpnet", type_vocab_size=0, position_offset=d.get("pad_token_id", 1) + 1,
+              position_buckets=d.get("relative_attention_num_buckets", 32), mlm_act="gelu")
+    return kw
+
+
+def _mpnet_to_hf(c):
+    d = {k: v for k, v in c.to_hf_dict().items()
+         if not k.startswith("nanobert_") and k != "type_vocab_size"}
+    d.update(model_type="mpnet", relative_attention_num_buckets=c.position_buckets,
+             bos_token_id=0, eos_token_id=2)
+    return d
+
+
+MPNET = Family(
+    "mpnet", "mpnet", "MPNet", "mpnet.", "lm_head.decoder",
+    _encoder_rules("mpnet.encoder.layer.{}", {
+        "attn.proj": "attention.attn.o", "norm1": "attention.LayerNorm",
+        "up": "intermediate.dense", "down": "output.dense", "norm2": "output.LayerNorm"},
+        "mpnet.embeddings.", [
+        (r"bert\.pos_bias\.(\w+)", "mpnet.encoder.relative_attention_bias.{}", ALL),
+        # the classification head: dense + tanh on <s> (our pooler), then out_proj
+        (r"bert\.pooler\.dense\.(\w+)", "classifier.dense.{}", ("classify", "regression")),
+        (r"classifier\.(\w+)", "classifier.out_proj.{}", ("classify", "regression")),
+        (r"bert\.pooler\.dense\.(\w+)", "mpnet.pooler.dense.{}", (None,)),
+        *_mlm_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+        *OUTPUT_RULES,
+    ]),
+    tuple(f"mpnet.encoder.layer.{{}}.attention.attn.{x}" for x in "qkv"),
+    _mpnet_from_hf, _mpnet_to_hf,
+    heads=("mlm", "classify", "regression", "token", "qa"),
+    mlm_act=lambda kw: "gelu",   # MPNetLMHead applies GELU, whatever hidden_act says
+)
+
 # ---- DistilBERT: no segments, no pooler; a ReLU pre-classifier --------------------------
 
 _DISTIL = dict(vocab_size="vocab_size", hidden_size="dim", num_hidden_layers="n_layers",
@@ -439,5 +478,5 @@ XLM_ROBERTA = dataclasses.replace(ROBERTA, name="xlm-roberta", model_type="xlm-r
 CAMEMBERT = dataclasses.replace(ROBERTA, name="camembert", model_type="camembert",
                                 arch_prefix="Camembert")
 FAMILIES = {f.name: f for f in (BERT, ROBERTA, ALBERT, DISTILBERT, MODERNBERT, DEBERTA,
-                                XLM_ROBERTA, CAMEMBERT, ELECTRA)}
+                                XLM_ROBERTA, CAMEMBERT, ELECTRA, MPNET)}
 BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}

@@ -96,6 +96,8 @@ class BertConfig:
     relative_norm: bool = True              # DeBERTa: LayerNorm on the relative embeddings
     terms_scale: bool = False               # DeBERTa: scores scaled by 1/sqrt(hd (1 + terms)),
                                             #   relative attention on or off
+    position_buckets: int = 0               # MPNet: a learnt bias per head on each query-key
+    position_max_distance: int = 128        #   offset, T5-bucketed (0: none), shared by layers
     mlm_act: Optional[str] = None           # the MLM head's activation (None: hidden_act's;
                                             #   RoBERTa's is gelu, ModernBERT's its pooler_act)
 
@@ -113,7 +115,7 @@ class BertConfig:
                      "global_every", "rope_theta", "local_rope_theta", "pooler_act", "pooler_norm",
                      "token_head", "classifier_pooling", "relative_attention", "relative_terms",
                      "relative_buckets", "max_relative_positions", "relative_norm", "terms_scale",
-                     "mlm_act")
+                     "position_buckets", "position_max_distance", "mlm_act")
 
     def __post_init__(self):
         for key in self._REQUIRED:   # (a string here failed later, in the % below)
@@ -158,9 +160,10 @@ class BertConfig:
 
     @property
     def unpadded(self) -> bool:
-        """Does the model run on real tokens only? DeBERTa's relative bias is a dense
-        (T, T) term, so it stays on the padded layout whatever the backend says."""
-        return self.attn_backend == "unpadded" and not self.relative_attention
+        """Does the model run on real tokens only? DeBERTa's and MPNet's relative biases
+        are dense (T, T) terms, so they stay on the padded layout whatever the backend says."""
+        return (self.attn_backend == "unpadded" and not self.relative_attention
+                and not self.position_buckets)
 
     def is_local(self, layer: int) -> bool:
         """Does this layer attend within a sliding window? (ModernBERT alternation)"""
@@ -667,6 +670,20 @@ def _attention_probs(q, k, keep, scale=None):
     return scores.softmax(-1)
 
 
+def _position_buckets(T, buckets, max_distance, device):
+    """(T, T): the bucket of key j's offset from query i (MPNet, as T5): one half of the
+    buckets per direction; offsets under a quarter of the buckets exactly, the rest
+    log-spaced up to `max_distance`, beyond it the last bucket."""
+    offset = torch.arange(T, device=device)[:, None] - torch.arange(T, device=device)[None, :]
+    half = buckets // 2
+    out = (offset < 0).long() * half                 # keys after the query: the upper half
+    n = offset.abs()
+    exact = half // 2
+    far = exact + (torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                   * (half - exact)).long()
+    return out + torch.where(n < exact, n, far.clamp(max=half - 1))
+
+
 def _relative_index(T, buckets, max_distance, device):
     """(T, T): which relative-position embedding query i uses for key j (DeBERTa).
     Distances up to buckets/2 are exact, farther ones share log-spaced buckets."""
@@ -744,7 +761,9 @@ class SelfAttention(nn.Module):
             cos, sin = (t.unsqueeze(-2) for t in layout.rotary(self.rope_theta, self.hd))
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         bias = None
-        if rel is not None:
+        if isinstance(rel, torch.Tensor):    # MPNet: (1, nh, T, T), the same in every layer
+            bias = rel
+        elif rel is not None:                # DeBERTa: from this layer's queries and keys
             bias = self.relative_bias(q, k, *rel)
         p = self.dropout_p if self.training else 0.0
         out, probs = layout.attend(q, k, v, p, want_probs, self.window, bias, self.scale)
@@ -877,6 +896,8 @@ class BertModel(nn.Module):
             span = c.relative_buckets if c.relative_buckets > 0 else c.max_relative_positions
             self.rel = nn.Embedding(2 * span, c.hidden_size)
             self.rel_norm = LayerNorm(c) if c.relative_norm else nn.Identity()
+        if c.position_buckets:    # MPNet: a bias per head for each bucket of offsets
+            self.pos_bias = nn.Embedding(c.position_buckets, c.num_attention_heads)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None,
                 output_attentions=False, keep_unpadded=False) -> EncoderOutput:
@@ -909,6 +930,10 @@ class BertModel(nn.Module):
             rel = (self.rel_norm(self.rel.weight),
                    _relative_index(T, c.relative_buckets, c.max_relative_positions, x.device),
                    c.relative_terms.split("|"))
+        if self.config.position_buckets:
+            c = self.config
+            buckets = _position_buckets(T, c.position_buckets, c.position_max_distance, x.device)
+            rel = self.pos_bias(buckets).permute(2, 0, 1).unsqueeze(0)     # (1, nh, T, T)
         for layer in range(self.config.num_hidden_layers):
             block = self.blocks[self.config.layer_weights(layer)]
             x, probs = block(x, layout, output_attentions, rel)

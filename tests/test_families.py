@@ -34,6 +34,11 @@ def electra():
     return hf.ElectraConfig(**SMALL, embedding_size=16, num_labels=3)
 
 
+def mpnet():
+    return hf.MPNetConfig(**dict(SMALL, pad_token_id=1, max_position_embeddings=70),
+                          num_labels=3)
+
+
 def albert():
     return hf.AlbertConfig(**SMALL, embedding_size=16, num_hidden_groups=1, num_labels=3)
 
@@ -73,6 +78,11 @@ FAMILIES = {
                           "classify": hf.ElectraForSequenceClassification,
                           "token": hf.ElectraForTokenClassification,
                           "qa": hf.ElectraForQuestionAnswering}),
+    # post-LN blocks with a learnt relative-position bias (all-mpnet-base-v2)
+    "mpnet": (mpnet, {None: hf.MPNetModel, "mlm": hf.MPNetForMaskedLM,
+                      "classify": hf.MPNetForSequenceClassification,
+                      "token": hf.MPNetForTokenClassification,
+                      "qa": hf.MPNetForQuestionAnswering}),
     "albert": (albert, {None: hf.AlbertModel, "mlm": hf.AlbertForMaskedLM,
                         "pretraining": hf.AlbertForPreTraining,
                         "classify": hf.AlbertForSequenceClassification,
@@ -108,10 +118,10 @@ def _make(fam, task, seed=0):
 
 def _batch(fam):
     b = random_batch(B=4, T=20, vocab=99, seed=2, min_len=5)
-    if fam in ("roberta", "xlm-roberta", "camembert"):   # one segment type; padding id 1
+    if fam in ("roberta", "xlm-roberta", "camembert", "mpnet"):   # padding id 1
         b["token_type_ids"].zero_()
         b["input_ids"][b["attention_mask"] == 0] = 1
-    if fam in ("distilbert", "modernbert", "deberta-v2"):
+    if fam in ("distilbert", "modernbert", "deberta-v2", "mpnet"):
         del b["token_type_ids"]
     return b
 
