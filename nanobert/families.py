@@ -258,9 +258,13 @@ ELECTRA = Family(
 # learnt relative-position bias per head (T5 buckets) -----------------------------------
 
 
+MPNET_PAD = 1   # the padding id transformers' MPNet assumes (its embeddings' padding_idx)
+
+
 def _mpnet_from_hf(d):
     kw = _labels(d, _common_config(d))
-    kw.update(family="mpnet", type_vocab_size=0, position_offset=d.get("pad_token_id", 1) + 1,
+    # transformers' MPNetEmbeddings count positions after id 1 whatever pad_token_id says
+    kw.update(family="mpnet", type_vocab_size=0, position_offset=MPNET_PAD + 1,
               position_buckets=d.get("relative_attention_num_buckets", 32), mlm_act="gelu")
     return kw
 

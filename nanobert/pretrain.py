@@ -115,7 +115,8 @@ class PretrainConfig(Config):
         f"{', '.join(v + '-' for v in VARIANTS if v != 'bert')} (e.g. albert-base)")
     model_config: Optional[str] = param(None, "a config.json to use instead of --preset: a "
                                         "Hugging Face config of any family nanobert reads "
-                                        "(its model_type: bert, roberta, albert, distilbert, "
+                                        "(its model_type: bert, roberta, xlm-roberta, "
+                                        "camembert, albert, distilbert, electra, mpnet, "
                                         "modernbert, deberta-v2)", flag="--config")
     tokenizer: Optional[str] = param(None, "a tokenizer: its directory, or its tokenizer.json "
                                      "or vocab.txt (default: train one)")
@@ -268,7 +269,12 @@ def _model_config(cfg: PretrainConfig, tok):
             note(f"--seq-len {cfg.seq_len}: the {cfg.preset} preset gets {cfg.seq_len} "
                  "positions (512 by default)")
     c = dataclasses.replace(c, pad_token_id=tok.pad_id, attn_backend=cfg.attn_backend)
-    if c.position_offset and tok.pad_id is not None:   # RoBERTa, XLM-R, CamemBERT
+    from .families import FAMILIES, MPNET_PAD
+    if c.family == "mpnet" and tok.pad_id != MPNET_PAD:
+        raise NanobertError(f"--config: transformers' MPNet reads id {MPNET_PAD} as padding "
+                            f"(and counts positions after it), but the tokenizer pads with "
+                            f"{tok.pad_id}: give a tokenizer whose padding id is {MPNET_PAD}")
+    if FAMILIES[c.family].prefix == "roberta." and tok.pad_id is not None:   # and XLM-R ...
         # transformers' RoBERTa counts positions from pad_token_id + 1: the tokenizer's
         # padding id, written to config.json, decides where they start
         c = dataclasses.replace(c, position_offset=tok.pad_id + 1)

@@ -103,17 +103,21 @@ FAMILIES = {
 CASES = [(fam, task) for fam, (_, heads) in FAMILIES.items() for task in heads]
 
 
+def _make_from(cls, config, seed=0):
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
 def _make(fam, task, seed=0):
     make_config, heads = FAMILIES[fam]
     config = make_config()
     if task in ("qa", "pretraining"):  # two outputs: start/end, or SOP's two classes
         config.num_labels = 2
-    torch.manual_seed(seed)
-    model = heads[task](config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
+    return _make_from(heads[task], config, seed)
 
 
 def _batch(fam):
@@ -266,3 +270,16 @@ def test_modernbert_head_bias_without_encoder_biases_is_refused(tmp_path):
     hf.ModernBertForSequenceClassification(config).save_pretrained(tmp_path)
     with pytest.raises(NanobertError, match="classifier_bias"):
         load_model(tmp_path)
+
+
+def test_mpnet_counts_positions_after_id_1_whatever_pad_token_id_says(tmp_path):
+    """transformers' MPNetEmbeddings take id 1 as padding, and positions from 2, with
+    any pad_token_id in config.json (a config saying 0 gave other hidden states)."""
+    config = hf.MPNetConfig(**dict(SMALL, pad_token_id=0, max_position_embeddings=70))
+    theirs = _make_from(hf.MPNetModel, config)
+    theirs.save_pretrained(tmp_path)
+    ours = load_model(tmp_path).eval()
+    ids = torch.randint(2, 99, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = ours(ids).hidden.last_hidden_state
+        assert (theirs(input_ids=ids).last_hidden_state - got).abs().max() < TOL
