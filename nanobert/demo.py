@@ -302,7 +302,7 @@ def try_line(out: Path, dev) -> str:
     import shlex
     if not dev:
         return f"nanobert predict --model {shlex.quote(str(out))} \"what a great flight\""
-    short = lambda t: t if len(t) <= 60 else t[:60].rsplit(" ", 1)[0]
-    pair = f" --context {shlex.quote(short(dev[0].text_b))}" if dev[0].text_b is not None else ""
-    return (f"nanobert predict --model {shlex.quote(str(out))} "
-            f"{shlex.quote(short(dev[0].text_a))}{pair}")
+    pair = f" --context {shlex.quote(dev[0].text_b)}" if dev[0].text_b is not None else ""
+    # (`--` : a text that starts with a dash is a text, not a flag)
+    return (f"nanobert predict --model {shlex.quote(str(out))}{pair} -- "
+            f"{shlex.quote(dev[0].text_a)}")

@@ -41,9 +41,14 @@ def some_of(names, shown: int = 12) -> str:
     return ", ".join(names[:shown]) + more
 
 
+_SHOWN_AS = {}   # a temporary path -> how notes name it (`spooled_stdin`: "<stdin>")
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
     texts cut): one line on stderr."""
+    for path, name in _SHOWN_AS.items():
+        msg = msg.replace(path, name)
     print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
 
 
@@ -91,7 +96,7 @@ STDIN = "-"   # --input - : the standard input
 def spooled_stdin(path):
     """`path`, or for "-" the standard input saved whole to a temporary file (a file's
     format is detected by reading it more than once; a pipe can be read once). Errors
-    name it `<stdin>`, not the temporary file."""
+    and notes name it `<stdin>`, not the temporary file."""
     if str(path) != STDIN:
         yield path
         return
@@ -102,10 +107,13 @@ def spooled_stdin(path):
         tmp = Path(d) / "stdin"
         with open(tmp, "wb") as f:
             shutil.copyfileobj(sys.stdin.buffer, f)
+        _SHOWN_AS[str(tmp)] = "<stdin>"
         try:
             yield str(tmp)
         except NanobertError as e:
             raise NanobertError(str(e).replace(str(tmp), "<stdin>")) from None
+        finally:
+            _SHOWN_AS.pop(str(tmp), None)
 
 
 def input_path(path) -> Path:

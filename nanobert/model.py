@@ -1026,9 +1026,6 @@ class Bert(nn.Module):
             config = replace(config, num_labels=1, problem_type="regression", id2label=None)
         if head == "qa":  # two outputs, start and end; HF sizes the layer by num_labels
             config = replace(config, num_labels=2, id2label=None)
-        if head == "classify" and config.num_labels == 1 and config.problem_type is None:
-            # said outright: one output and no problem_type reads as a regression
-            config = replace(config, problem_type="single_label_classification")
         self.config, self.head = config, head
         c = config
         self.bert = BertModel(c)

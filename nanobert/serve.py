@@ -470,6 +470,8 @@ async def embed_inputs(server: Server, body: dict, field_name: str, normalize: b
         await server.on_tokenizer(check_truncation, m, field_name, counts, clipped, None,
                                   list(map(len, texts)))
     rows = await server.run(m, "embed", clipped, counts.lengths)
+    if normalize is None:   # as the model's layout says (a Normalize module), as `embed`
+        normalize = m.engine.normalize
     return m, vector_rows(rows, normalize, dimensions), counts, single
 
 
@@ -483,7 +485,7 @@ async def openai_embeddings(server: Server, body: dict) -> dict:
     empty = next((i for i, t in enumerate(texts) if not t), None)
     if empty is not None:                      # OpenAI refuses them too
         raise unprocessable("input" if single else f"input[{empty}]", "must not be empty")
-    m, vecs, counts, _ = await embed_inputs(server, body, "input", True, "/v1/embeddings")
+    m, vecs, counts, _ = await embed_inputs(server, body, "input", None, "/v1/embeddings")
     as_value = ((lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode("ascii"))
                 if fmt == "base64" else (lambda v: v.tolist()))
     data = [{"object": "embedding", "index": i, "embedding": as_value(v), "truncated": cut}
@@ -492,7 +494,7 @@ async def openai_embeddings(server: Server, body: dict) -> dict:
 
 
 async def embed(server: Server, body: dict) -> dict:
-    normalize = read_bool(body, "normalize", True)
+    normalize = read_bool(body, "normalize", None)
     m, vecs, counts, _ = await embed_inputs(server, body, "inputs", normalize, "/embed")
     return {"model": m.name, "embeddings": vecs.tolist(), "truncated": counts.truncated,
             "usage": counts.usage()}

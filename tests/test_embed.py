@@ -557,6 +557,11 @@ def test_embed_input_dash_reads_the_standard_input(tmp_path, monkeypatch, capsys
                  str(tmp_path / "p.npy")]) == 0
     assert np.array_equal(np.load(tmp_path / "f.npy"), np.load(tmp_path / "p.npy"))
     capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"one\n\ntwo\n")))
+    assert main(["embed", "--model", "minilm", "--input", "-", "--out",
+                 str(tmp_path / "b.npy")]) == 0
+    err = capsys.readouterr().err                 # the blank line's note names <stdin>
+    assert "<stdin>" in err and "nanobert-stdin" not in err
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"fine\nbro\x00ken\n")))
     assert main(["embed", "--model", "minilm", "--input", "-", "--out",
                  str(tmp_path / "x.npy")]) == 2

@@ -349,7 +349,10 @@ def test_demo_on_user_files(tiny_dir, tmp_path, capsys):
     assert sum("WRONG" in line for line in shown) == 8 - res["shown_right"]
     # the command to try is on the user's data (its first dev text), not a tweet
     first = dev.read_text().splitlines()[1].split("\t")[0]
-    assert text.splitlines()[-1] == f"try:  nanobert predict --model {out} '{first}'"
+    assert text.splitlines()[-1] == f"try:  nanobert predict --model {out} -- '{first}'"
+    line = text.splitlines()[-1].removeprefix("try:  nanobert ")
+    import shlex
+    assert cli.main(shlex.split(line)) == 0                  # the line runs as printed
     # --n-train / --n-dev size the tweet split: with own files they were ignored
     rc = cli.main(["demo", "--model", str(tiny_dir), "--train", str(train), "--dev", str(dev),
                    "--out", str(tmp_path / "d2"), "--n-dev", "100"])

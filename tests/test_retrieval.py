@@ -154,7 +154,8 @@ DOCS_TO_RANK = ["alice lives in paris", "the movie was boring", "bob met carol",
     ("classify", {0: "not_equivalent", 1: "equivalent"},                # MRPC-like, two labels
      {"task": "classify", "max_length": 32, "pairs": True}),
     ("classify", {0: "no", 1: "yes"}, None),                             # two labels, no record
-    ("classify", {0: "relevant"}, {"task": "classify", "max_length": 24, "pairs": True}),
+    # a classifier of one output is a regression, as transformers reads it (no problem_type)
+    ("classify", {0: "relevant"}, {"task": "regress", "max_length": 24, "pairs": True}),
     ("regression", None, {"task": "rerank", "max_length": 16}),          # a cross-encoder
 ])
 def test_reranker_scores_what_the_servers_rerank_scores(tiny_dir, tmp_path, one_thread, head,

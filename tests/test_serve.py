@@ -1198,3 +1198,27 @@ def test_a_queue_longer_than_max_queue_wait_is_429(models):
         assert s.post("/embed", {"inputs": "x"}).status_code == 200      # drained: taken
     finally:
         s.close()
+
+
+def test_a_layout_without_normalize_is_served_as_embed_gives_it(tmp_path):
+    """/embed and /v1/embeddings normalised every model's vectors; `nanobert embed`
+    keeps a sentence-transformers layout's own (no Normalize module: their length).
+    The server answers as embed does; "normalize" in the request still decides."""
+    import shutil
+    from nanobert.checkpoint import resolve
+    d = tmp_path / "dot"
+    shutil.copytree(resolve("minilm"), d)
+    modules = json.loads((d / "modules.json").read_text())
+    (d / "modules.json").write_text(json.dumps([m for m in modules
+                                                if not m["type"].endswith("Normalize")]))
+    offline = nanobert.Encoder(str(d)).encode(["a man is eating food."])
+    s = Running([f"dot={d}"])
+    try:
+        got = s.post("/embed", {"inputs": ["a man is eating food."]}).json()["embeddings"]
+        assert np.allclose(got, offline, atol=1e-5) and np.linalg.norm(got[0]) > 1.5
+        v1 = s.post("/v1/embeddings", {"input": "a man is eating food."}).json()
+        assert np.allclose(v1["data"][0]["embedding"], offline[0], atol=1e-5)
+        unit = s.post("/embed", {"inputs": ["a man is eating food."], "normalize": True}).json()
+        assert abs(np.linalg.norm(unit["embeddings"][0]) - 1) < 1e-5
+    finally:
+        s.close()
