@@ -1005,7 +1005,16 @@ def label_set(examples, path=None) -> list:
         return sorted(labels)
     _one_spelling(examples, values.get, where,
                   "are the same number written two ways; write each class one way")
-    return sorted(labels, key=values.get)
+    return label_order(labels)
+
+
+def label_order(names) -> list:
+    """Class names in a training set's order: numerically when all are integers, else
+    alphabetically (so with two, the second is the 'positive' one: 1, positive)."""
+    try:
+        return sorted(names, key=int)
+    except ValueError:
+        return sorted(names)
 
 
 def _one_kind(examples, labels: set, numbers: dict, missing: set, where):

@@ -18,8 +18,8 @@ import numpy as np
 from .files import NanobertError
 
 
-def classification_metrics(gold, pred, num_labels=None) -> dict:
-    """gold, pred: sequences of label ids. F1 is the positive class's (id 1) for two labels
+def classification_metrics(gold, pred, num_labels=None, positive: int = 1) -> dict:
+    """gold, pred: sequences of label ids. F1 is the positive class's (id `positive`) for two labels
     (as GLUE reports MRPC/QQP), the macro average otherwise; `f1_macro` is always there.
     The macro average is scikit-learn's: over the classes that occur in gold or pred (a
     class of the model that a test file never mentions is not a zero in the average)."""
@@ -31,7 +31,7 @@ def classification_metrics(gold, pred, num_labels=None) -> dict:
         # with a source line, that its confusion matrix has one row; MCC is then 0
         warnings.simplefilter("ignore", UserWarning)
         macro = f1_score(gold, pred, average="macro", zero_division=0)
-        f1 = f1_score(gold, pred, pos_label=1, average="binary", zero_division=0) \
+        f1 = f1_score(gold, pred, pos_label=positive, average="binary", zero_division=0) \
             if n == 2 else macro
         mcc = matthews_corrcoef(gold, pred)
     return {"accuracy": float(accuracy_score(gold, pred)), "f1": float(f1),

@@ -483,6 +483,13 @@ def test_a_classifier_keeps_its_label_order_when_fine_tuned_again(tiny_dir, tmp_
     got = said(again)
     assert got["label"] == want["label"] and got["probability"] == pytest.approx(
         want["probability"], abs=1e-3)
+    # its f1 is still the 'good' label's (the second in the data's order), not id 1's
+    scores = []
+    for d in (first, again):
+        assert cli.main(["evaluate", "--model", str(d), "--data", str(data), "--json"]) == 0
+        scores.append(_json.loads(capsys.readouterr().out.splitlines()[-1]))
+    assert scores[0]["f1"] == pytest.approx(scores[1]["f1"], abs=1e-9)
+    assert scores[0]["accuracy"] == pytest.approx(scores[1]["accuracy"], abs=1e-9)
     # two labels of other names: a new head, said
     other = write_tsv(tmp_path / "o.tsv", [(t, {"good": "yes", "bad": "no"}[l]) for t, l in rows])
     assert cli.main(["finetune", "--task", "classify", "--model", str(first), "--train",
