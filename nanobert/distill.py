@@ -260,15 +260,21 @@ class Ensemble(torch.nn.Module):
     """Fine-tuned models seen as one: logits = log of the mean of their probabilities
     (at temperature T), so evaluation code that takes a model takes the ensemble."""
 
-    def __init__(self, models: list):
+    def __init__(self, models: list, orders: Optional[list] = None):
         super().__init__()
         self.models = torch.nn.ModuleList(models)
         self.config, self.head = models[0].config, models[0].head
+        # per model: which of its outputs is each of the ensemble's labels (a teacher
+        # whose labels are the run's in another order); None: its own order
+        self.orders = orders or [None] * len(models)
 
     def probabilities(self, T: float = 1.0, **inputs) -> torch.Tensor:
         """(B, C) per text or (B, T, C) per token."""
-        return torch.stack([F.softmax(m(**inputs).logits.float() / T, dim=-1)
-                            for m in self.models]).mean(0)
+        probs = []
+        for m, order in zip(self.models, self.orders):
+            p = F.softmax(m(**inputs).logits.float() / T, dim=-1)
+            probs.append(p if order is None else p[..., order])
+        return torch.stack(probs).mean(0)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         p = self.probabilities(1.0, input_ids=input_ids, attention_mask=attention_mask,
@@ -284,16 +290,19 @@ def load_teachers(dirs: list, task: str, model, tok, load_finetuned,
     (`pairs`: text pairs or single texts, where both record it), else a clear error
     naming it."""
     labels, vocab = model.config.id2label, tok.tk.get_vocab()
-    teachers = []
+    ours = [labels[i] for i in sorted(labels)]
+    teachers, orders = [], []
     for d in dirs:
         teacher, t_tok, settings = load_finetuned(d)
         if settings["task"] != task:
             raise NanobertError(f"--teacher {d}: a fine-tuned {settings['task']} model, "
                                 f"not a {task} one")
-        if teacher.config.id2label != labels:
-            raise NanobertError(
-                f"--teacher {d}: its labels {sorted(teacher.config.id2label.values())} are "
-                f"not the training data's {sorted(labels.values())} (in the same order)")
+        theirs = [teacher.config.id2label[i] for i in sorted(teacher.config.id2label)]
+        if sorted(theirs) != sorted(ours):
+            raise NanobertError(f"--teacher {d}: its labels {theirs} are not the training "
+                                f"data's {ours}")
+        # the same labels in another order: its outputs are read by name
+        orders.append(None if theirs == ours else [theirs.index(x) for x in ours])
         learnt = settings.get("pairs")
         if isinstance(pairs, bool) and isinstance(learnt, bool) and learnt != pairs:
             raise NanobertError(f"--teacher {d}: trained on {TEXT_KINDS[learnt]}, but the "
@@ -302,7 +311,7 @@ def load_teachers(dirs: list, task: str, model, tok, load_finetuned,
             raise NanobertError(f"--teacher {d}: its vocabulary differs from --model's; "
                                 "the teachers must tokenize as the model does")
         teachers.append(teacher)   # (on the GPU where there is one, as the run will be)
-    return Ensemble(teachers).eval().requires_grad_(False)
+    return Ensemble(teachers, orders).eval().requires_grad_(False)
 
 
 def teacher_loss_fn(teachers: Ensemble, weight: float, T: float):

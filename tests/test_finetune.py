@@ -544,6 +544,25 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
         assert torch.allclose(teacher_loss_fn(Ensemble([model]), 0.0, 2.0)(model, batch), own)
         assert teacher_loss_fn(Ensemble([model]), 1.0, 2.0)(model, batch).abs() < 1e-6
 
+    # a teacher whose labels are the run's in another order (a checkpoint's order, kept
+    # when it was fine-tuned again) is read by name: it was refused, showing two
+    # identical sorted lists
+    import copy
+    import dataclasses
+    from nanobert.distill import load_teachers
+    swapped = copy.deepcopy(model)
+    with torch.no_grad():
+        swapped.classifier.weight.copy_(model.classifier.weight.flip(0))
+        swapped.classifier.bias.copy_(model.classifier.bias.flip(0))
+    names = model.config.id2label
+    swapped.config = dataclasses.replace(model.config, id2label={0: names[1], 1: names[0]})
+    ens = load_teachers(["swapped"], "classify", model, tok,
+                        lambda d: (swapped, tok, {"task": "classify"}))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.no_grad():
+        assert torch.allclose(ens.probabilities(**inputs),
+                              Ensemble([model]).probabilities(**inputs), atol=1e-6)
+
     # refused in one line, exit status 2, naming the teacher
     ner = ner_files(tmp_path)
     ner_model = tmp_path / "ner"
@@ -565,7 +584,8 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
     cases = [(["--train", str(good), "--teacher", str(ner_model)], "a fine-tuned ner model"),
              (["--train", str(good), "--teacher", str(teacher), "--model", str(other_vocab)],
               "its vocabulary differs from --model's"),
-             (["--train", str(three), "--teacher", str(teacher)], "its labels ['bad', 'good']"),
+             (["--train", str(three), "--teacher", str(teacher)], "its labels ['bad', 'good'] are "
+              "not the training data's ['bad', 'good', 'meh']"),
              (["--train", str(good), "--teacher", str(teacher), "--teacher-weight", "1.5"],
               "--teacher-weight: got 1.5"),
              (["--train", str(good), "--temperature", "3"], "--temperature: only with --teacher"),
