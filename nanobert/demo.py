@@ -173,7 +173,8 @@ def demo_cmd(args):
     sized = [f for f, dest in (("--n-train", "n_train"), ("--n-dev", "n_dev"))
              if dest in getattr(args, "_given", ())]
     if args.train and sized:   # they size the tweet split; own files are read whole
-        raise NanobertError(f"{' and '.join(sized)} size the tweet split; with --train and "
+        raise NanobertError(f"{' and '.join(sized)} size{'s' if len(sized) == 1 else ''} the "
+                            "tweet split; with --train and "
                             "--dev the files are used whole (cut them to size instead)")
     # everything that can fail on the flags, before --out is touched
     if args.freeze_layers is None:
@@ -286,7 +287,7 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
         text = text if len(text) <= 90 else text[:89] + "…"
         print(f"  {labels[pred[i]]:<9} {float(probs[i, pred[i]]):.2f}  {verdict:<22}  {text}")
     if picks:
-        print(f"{right} of these {len(picks)} are right.")
+        print(f"{right} of these {len(picks)} {'is' if right == 1 else 'are'} right.")
     write_text(out / "demo_results.json", json.dumps(
         {"dev_accuracy": best["accuracy"], "dev_f1_macro": best["f1_macro"], "dev_mcc": best["mcc"],
          "n_dev": len(dev), "shown": len(picks), "shown_right": right,

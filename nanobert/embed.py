@@ -616,7 +616,7 @@ def embed_cmd(args):
     with atomic_path(args.out) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, emb)
-    print(f"{emb.shape[0]} sentences -> {args.out} ({emb.shape[0]} x {emb.shape[1]}, "
+    print(f"{emb.shape[0]} sentence{'s' if emb.shape[0] != 1 else ''} -> {args.out} ({emb.shape[0]} x {emb.shape[1]}, "
           f"{enc.pooling} pooling, {'normalised' if enc.normalize else 'not normalised'})")
     return 0
 

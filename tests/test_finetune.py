@@ -345,7 +345,8 @@ def test_demo_on_user_files(tiny_dir, tmp_path, capsys):
     assert res["n_dev"] == 8 and res["shown"] == 8          # --show 10, but only 8 held out
     # every dev example is printed once, with its gold label when the prediction is wrong
     shown = [line for line in text.splitlines() if "right" in line or "WRONG (gold:" in line]
-    assert len(shown) == 8 + 1 and f"{res['shown_right']} of these 8 are right." in text
+    verb = "is" if res["shown_right"] == 1 else "are"
+    assert len(shown) == 8 + 1 and f"{res['shown_right']} of these 8 {verb} right." in text
     assert sum("WRONG" in line for line in shown) == 8 - res["shown_right"]
     # the command to try is on the user's data (its first dev text), not a tweet
     first = dev.read_text().splitlines()[1].split("\t")[0]
@@ -356,7 +357,7 @@ def test_demo_on_user_files(tiny_dir, tmp_path, capsys):
     # --n-train / --n-dev size the tweet split: with own files they were ignored
     rc = cli.main(["demo", "--model", str(tiny_dir), "--train", str(train), "--dev", str(dev),
                    "--out", str(tmp_path / "d2"), "--n-dev", "100"])
-    assert rc == 2 and "--n-dev size the tweet split" in capsys.readouterr().err
+    assert rc == 2 and "--n-dev sizes the tweet split" in capsys.readouterr().err
     assert not (tmp_path / "d2").exists()
 
 
