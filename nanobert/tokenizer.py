@@ -219,6 +219,21 @@ def _bert_normalizer(tk: HFTokenizer) -> Optional[dict]:
     return {k: getattr(n, k) for k in ("lowercase", "strip_accents", "handle_chinese_chars")}
 
 
+def _lowercases(tk: HFTokenizer) -> bool:
+    """Does the tokenizer's normaliser lower-case (a Lowercase step, or a BertNormalizer
+    that lower-cases), whatever a config file says of it?"""
+    if tk.normalizer is None:
+        return False
+    def walk(n: dict) -> bool:
+        return (n.get("type") == "Lowercase" or (n.get("type") == "BertNormalizer"
+                                                 and bool(n.get("lowercase")))
+                or any(walk(c) for c in n.get("normalizers") or []))
+    try:
+        return walk(json.loads(tk.normalizer.__getstate__()))
+    except (ValueError, TypeError, AttributeError):
+        return False
+
+
 def _bert_pipeline(tk: HFTokenizer, lowercase: bool, where="the vocabulary",
                    strip_accents: Optional[bool] = None,
                    handle_chinese_chars: bool = True) -> HFTokenizer:
@@ -314,7 +329,7 @@ class Tokenizer:
         self._lock = threading.Lock()
         self.model_max_length = model_max_length
         bert = _bert_normalizer(tk)  # what the tokenizer does wins over what it was told
-        self.lowercase = bool(bert["lowercase"]) if bert else lowercase
+        self.lowercase = bool(bert["lowercase"]) if bert else lowercase and _lowercases(tk)
         self.quiet = False     # True: no truncation notes (a server counts and answers them)
         vocab = tk.get_vocab()
         self.specials = specials or BERT_TOKENS             # role -> token string

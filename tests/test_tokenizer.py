@@ -340,3 +340,25 @@ def test_vocab_txt_tokenizer_registers_its_configured_tokens(minilm_dir, tmp_pat
     with pytest.raises(NanobertError, match="added token '<far>' has id 30600, but the "
                                             "vocabulary gives it 30523"):
         Tokenizer.from_dir(d)
+
+
+def test_a_tokenizer_that_keeps_case_is_not_said_to_lower_case(tmp_path):
+    """A SentencePiece or byte-level BPE tokenizer.json (XLM-R, CamemBERT, RoBERTa) was
+    'lower-cased' in `info` and saved do_lower_case: true; what its normaliser does
+    decides, a Lowercase step included."""
+    import json
+    from tokenizers import Tokenizer as Tk, models as M, normalizers as N, pre_tokenizers as P
+    from nanobert.tokenizer import Tokenizer
+    for normalizer, lower in ((None, False), (N.NFKC(), False),
+                              (N.Sequence([N.NFKC(), N.Lowercase()]), True)):
+        tk = Tk(M.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+        tk.pre_tokenizer = P.Whitespace()
+        if normalizer is not None:
+            tk.normalizer = normalizer
+        d = tmp_path / f"t{int(lower)}{normalizer is None}"
+        d.mkdir()
+        tk.save(str(d / "tokenizer.json"))
+        tok = Tokenizer.from_dir(d)
+        assert tok.lowercase is lower
+        tok.save(d / "out")
+        assert json.loads((d / "out" / "tokenizer_config.json").read_text())["do_lower_case"] is lower
