@@ -33,19 +33,20 @@ class Window:
 
 
 def check_room(tk, max_length: int, doc_stride: int, train: bool = False):
-    """NanobertError for a doc stride over half of what a window holds past its special
-    tokens. With the question cut to `question_limit`, every window then has more room
-    for the context than the stride, and moves on by a quarter of the window or more:
+    """NanobertError for a doc stride over three quarters of what a window holds past its
+    special tokens. With the question cut to `question_limit`, every window then has more
+    room for the context than the stride, and moves on by an eighth of the window or more:
     a stride near the window's room moved them on a token at a time (20 questions, 1,836
     windows), and one past it made the tokenizers library panic (a BaseException, with
     a Rust backtrace on stderr). `train`: while fine-tuning, where --max-length and
     --doc-stride set the windows; else the model's windows (nanobert.json) are given."""
     room = max_length - tk.num_special_tokens_to_add(True)
-    if doc_stride > room // 2:
+    most = room * 3 // 4
+    if doc_stride > most:
         flags = "--doc-stride" if train else "doc stride"
-        raise NanobertError(f"{flags} {doc_stride} is more than half the {room} tokens a window "
-                            f"of {max_length} has for the question and context (at most "
-                            f"{room // 2}: each window must move on by a good part of itself)"
+        raise NanobertError(f"{flags} {doc_stride} is more than three quarters of the {room} "
+                            f"tokens a window of {max_length} has for the question and context "
+                            f"(at most {most}: each window must move on by a part of itself)"
                             + ("; use a smaller --doc-stride or a larger --max-length"
                                if train else ""))
 

@@ -73,27 +73,27 @@ def test_a_stride_over_half_the_window_is_a_clear_error(minilm, capfd):
     """A doc stride near the window's room moved the windows on a token at a time (20
     questions, 1,836 windows), and one past it made the tokenizers library panic (a
     BaseException with a Rust backtrace, which `except Exception` misses). A stride of
-    at most half the window's room (16 - 3 special tokens: 6) is taken; more is refused
+    at most three quarters of the window's room (16 - 3 special tokens: 9) is taken; more is refused
     before any text is read, in our words, naming the flags only where there are some."""
     from nanobert.files import NanobertError
     _, tok = minilm
     ex = long_example(tok)                  # "where is it": 3 tokens, + 3 special
     short = QAExample("s", ex.question, "w1 w2 golden", [])
-    windows = make_windows(tok, [ex], max_length=16, doc_stride=6)
-    assert windows and len(short.context) and len(make_windows(tok, [short], 16, 6)) == 1
+    windows = make_windows(tok, [ex], max_length=16, doc_stride=9)
+    assert windows and len(short.context) and len(make_windows(tok, [short], 16, 9)) == 1
     per_window = [w.offsets for w in windows]
     firsts = [next(o[0] for o in offs if o is not None) for offs in per_window]
     assert all(b - a >= 1 for a, b in zip(firsts, firsts[1:]))     # they move on
-    for stride in (7, 12, 13, 400):
+    for stride in (10, 12, 13, 400):
         for examples in ([ex], [short]):
-            with pytest.raises(NanobertError, match=f"^--doc-stride {stride} is more than half "
-                                                    "the 13 tokens a window of 16 has .* use a "
+            with pytest.raises(NanobertError, match=f"^--doc-stride {stride} is more than three "
+                                                    "quarters of the 13 tokens a window of 16 .* use a "
                                                     "smaller --doc-stride"):
                 make_windows(tok, examples, max_length=16, doc_stride=stride, train=True)
         # windows to predict with are the model's (nanobert.json): no flags to name
-        with pytest.raises(NanobertError, match=f"^doc stride {stride} is more than half the "
-                                                "13 tokens a window of 16 has for the question "
-                                                r"and context \(at most 6: [^;]*\)$"):
+        with pytest.raises(NanobertError, match=f"^doc stride {stride} is more than three "
+                                                "quarters of the 13 tokens a window of 16 has for "
+                                                r"the question and context \(at most 9: [^;]*\)$"):
             make_windows(tok, [short], max_length=16, doc_stride=stride)
     assert "panicked" not in capfd.readouterr().err
 
