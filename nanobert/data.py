@@ -572,8 +572,9 @@ SQUAD_START = re.compile(r'\s*\{\s*("version"\s*:\s*"[^"]*"\s*,\s*)?"data"\s*:\s
 
 
 def task_of_file(path) -> Optional[str]:
-    """'ner' for CoNLL columns, 'qa' for SQuAD-style JSON, 'table' for a TSV/CSV whose
-    header names a column some reader knows (any task's but those two); None for
+    """'ner' for CoNLL columns, 'qa' for SQuAD-style JSON or a table with a context
+    column, 'table' for a TSV/CSV whose header names a column some reader knows (any
+    other task's); None for
     anything else or a file that cannot be read."""
     try:
         fmt = detect_format(path, plain_text=True)
@@ -581,8 +582,11 @@ def task_of_file(path) -> Optional[str]:
             return "ner"
         if fmt in ("json", "jsonl") and SQUAD_START.match(_first_content(path)[1]):
             return "qa"
-        if fmt in ("tsv", "csv") and _is_header(
-                _first_content(path)[1].split(_delimiter(path, fmt)), ()):
+        fields = _first_content(path)[1].split(_delimiter(path, fmt)) \
+            if fmt in ("tsv", "csv") else []
+        if fields and column_named([_unquoted(f.strip()) for f in fields], "context"):
+            return "qa"        # a question/context table: QA data, as SQuAD JSON is
+        if fields and _is_header(fields, ()):
             return "table"
     except (NanobertError, OSError):
         pass

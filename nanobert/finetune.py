@@ -1478,7 +1478,7 @@ def read_for(task: Task, model_name, read: Callable, path):
 
 
 OTHER_DATA = {"ner": ("NER data (CoNLL columns)", "CoNLL"),   # what, and a word that says it
-              "qa": ("QA data (SQuAD JSON)", "SQuAD"),
+              "qa": ("QA data (SQuAD JSON or a question/context table)", "SQuAD"),
               "table": ("a table of texts (a header of named columns)", "column")}
 
 

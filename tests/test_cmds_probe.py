@@ -293,6 +293,17 @@ def test_finetune_on_another_tasks_file_says_what_the_file_holds(tmp_path, capsy
         err = capsys.readouterr().err
         assert err.startswith(f"nanobert: error: {data}:1: ") and err.endswith(hint + "\n"), err
         assert not out.exists()
+    # a question/context table is QA data: a faulty one given to a QA run is not said to
+    # be "a table of texts" (the hint misled), and one given to a classifier says QA
+    qa_table = tmp_path / "qa.tsv"
+    qa_table.write_text("question\tcontext\tanswer\nwho?\tbob is here\tbob\nwhere?\n")
+    for task, says in (("qa", None), ("classify", "holds QA data (SQuAD JSON or a "
+                                                  "question/context table), but this is a "
+                                                  "classify run")):
+        assert main(["finetune", "--task", task, "--model", "minilm", "--train",
+                     str(qa_table), "--dev", str(qa_table), "--out", str(tmp_path / "q")]) == 2
+        err = capsys.readouterr().err
+        assert "table of texts" not in err and (says is None or says in err), err
 
 
 @pytest.mark.parametrize("task, extra, message", [

@@ -178,7 +178,7 @@ def test_classify_overfits_evaluates_predicts_and_loads_in_transformers(tiny_dir
     squad.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [
         {"context": "abc def", "qas": [{"id": "1", "question": "what?",
                                          "answers": [{"text": "abc", "answer_start": 0}]}]}]}]}))
-    for data, what in ((conll, "NER data (CoNLL columns)"), (squad, "QA data (SQuAD JSON)")):
+    for data, what in ((conll, "NER data (CoNLL columns)"), (squad, "QA data (SQuAD JSON or a question/context table)")):
         rc = cli.main(["evaluate", "--model", str(out), "--data", str(data)])
         err = capsys.readouterr().err
         assert rc == 2 and f"({data} holds {what}, but {out} is a classify model)" in err, err
