@@ -203,8 +203,8 @@ def st_top_folder(p: Path) -> Path:
 
 def read_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
+    inner = _st_transformer_folder(model_dir)
     if not path.is_file():
-        inner = _st_transformer_folder(model_dir)
         if inner:   # sentence-transformers before 2.0 kept the model in a subfolder
             raise NanobertError(f"{path}: missing, and so is {model_dir / inner / 'config.json'} "
                                 f"(modules.json puts the model in {inner}/)")
@@ -217,7 +217,6 @@ def read_config(model_dir: Path) -> dict:
         raise NanobertError(f"{path}: not valid UTF-8")
     if not isinstance(d, dict):
         raise NanobertError(f"{path}: expected a JSON object")
-    inner = _st_transformer_folder(model_dir)
     if inner and "model_type" not in d and "architectures" not in d:   # ST's version file
         raise NanobertError(f"{path}: holds no model's settings ({', '.join(map(str, d))[:60]}),"
                             f" and {model_dir / inner / 'config.json'} is missing (modules.json "

@@ -1138,17 +1138,18 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
         labels = theirs
     elif theirs and len(theirs) == len(labels) and set(theirs) != set(labels) \
             and not all(GENERIC_LABEL.fullmatch(t) for t in theirs):
-        other = True   # as many labels, other names: its outputs mean other things
+        other = True   # its outputs mean other things
     if labels is not None:
         overrides["id2label"] = dict(enumerate(labels))
     if task.head in POOLED_HEADS and cfg.retrieval.pooling:
         overrides["classifier_pooling"] = cfg.retrieval.pooling
-    try:
-        if other:
-            raise OtherLabels()
-        model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
-    except OtherLabels:   # a classifier of other labels: a new head on its encoder
-        model, tok = _new_head_on(cfg.model, task.head, overrides, theirs if other else None)
+    if other:              # as many labels, other names: a new head on its encoder
+        model, tok = _new_head_on(cfg.model, task.head, overrides, theirs)
+    else:
+        try:
+            model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
+        except OtherLabels:   # a classifier of another label count: a new head too
+            model, tok = _new_head_on(cfg.model, task.head, overrides)
     if model.config.usable_positions < max_length:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "
                             f"{model.config.usable_positions} positions")

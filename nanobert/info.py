@@ -7,17 +7,17 @@ import json
 def summary(model, tokenizer=None) -> dict:
     """Config, parameter counts by part, vocabulary size, as a dict."""
     c = model.config
-    parts = {"embeddings": model.bert.emb, "pooler": model.bert.pooler}
-    counts = {k: sum(p.numel() for p in m.parameters()) for k, m in parts.items()}
-    seen = {id(p) for m in parts.values() for p in m.parameters()}
-    # the rest of the encoder: its blocks, and what they share (DeBERTa's relative
-    # position embeddings, ModernBERT's final LayerNorm)
-    counts = {"embeddings": counts["embeddings"],
-              "encoder blocks": sum(p.numel() for p in model.bert.parameters()
-                                    if id(p) not in seen),
-              "pooler": counts["pooler"]}
-    seen = {id(p) for p in model.bert.parameters()}
-    counts["head"] = sum(p.numel() for p in model.parameters() if id(p) not in seen)
+    bert = model.bert
+
+    def count(params, outside=()) -> int:
+        skip = {id(p) for m in outside for p in m.parameters()}
+        return sum(p.numel() for p in params if id(p) not in skip)
+    counts = {"embeddings": count(bert.emb.parameters()),
+              # the rest of the encoder: its blocks, and what they share (DeBERTa's
+              # relative position embeddings, ModernBERT's final LayerNorm)
+              "encoder blocks": count(bert.parameters(), (bert.emb, bert.pooler)),
+              "pooler": count(bert.pooler.parameters()),
+              "head": count(model.parameters(), (bert,))}
     # a pooler this family's model for this task does not have (DistilBERT's and
     # ModernBERT's encoders, any token or QA model) is neither saved nor counted
     unsaved = 0 if _pooler_saved(model) else counts.pop("pooler")

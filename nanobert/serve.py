@@ -643,18 +643,15 @@ async def qa(server: Server, body: dict) -> dict:
     truncate = read_bool(body, "truncate", True)
     try:
         work = await server.tokenized(m.qa_windows, pairs)
-    except NanobertError:
-        i = await server.tokenized(m.first_unwindowed, pairs)
-        raise unprocessable(_question_field(body, i),
-                            f"is too long for the model's windows of {m.max_length} tokens "
-                            f"(doc stride {m.settings['doc_stride']}): shorten it")
+    except NanobertError as e:   # (questions are cut to fit: only the model's windows fail)
+        raise unprocessable("model", f"{m.name}: {e}")
     cut = work.questions_cut
     if not truncate and any(cut):
         from .qa import question_limit
+        limit = question_limit(m.tokenizer.tk, m.max_length, m.settings["doc_stride"])
         raise unprocessable(_question_field(body, cut.index(True)),
-                            f"has more than the {question_limit(m.tokenizer.tk, m.max_length, m.settings['doc_stride'])}"
-                            f" tokens the model's windows of {m.max_length} give a question "
-                            "(truncate is false)")
+                            f"has more than the {limit} tokens the model's windows of "
+                            f"{m.max_length} give a question (truncate is false)")
     lengths = work.lengths
     spans = await server.run(m, "qa_spans", work.items, lengths)
     answers = await server.on_tokenizer(m.qa_answers, work, spans)

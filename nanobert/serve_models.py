@@ -226,16 +226,6 @@ class Served:
                                    self.settings["doc_stride"], quiet=True)
         return QAWork(examples, items, windows)
 
-    def first_unwindowed(self, pairs) -> int:
-        """The index of the first (question, context) whose windows cannot be cut (its
-        question leaves no room for the context)."""
-        for i, pair in enumerate(pairs):
-            try:
-                self.qa_windows([pair])
-            except NanobertError:
-                return i
-        return 0
-
     # ---- the inference thread --------------------------------------------------------
     def runner(self, kind: str):
         """`run(items) -> outputs` of one batch, through the offline functions."""

@@ -61,44 +61,30 @@ def deberta():
                               type_vocab_size=0, num_labels=3, layer_norm_eps=1e-7)
 
 
+ALL_HEADS = (None, "mlm", "classify", "token", "qa")
+SUFFIX = {None: "Model", "mlm": "ForMaskedLM", "pretraining": "ForPreTraining",
+          "classify": "ForSequenceClassification", "token": "ForTokenClassification",
+          "qa": "ForQuestionAnswering"}
+
+
+def classes(prefix: str, heads=ALL_HEADS) -> dict:
+    """head -> the transformers class of that head ("Roberta" -> RobertaModel, ...)."""
+    return {h: getattr(hf, prefix + SUFFIX[h]) for h in heads}
+
+
 FAMILIES = {
-    "roberta": (roberta, {None: hf.RobertaModel, "mlm": hf.RobertaForMaskedLM,
-                          "classify": hf.RobertaForSequenceClassification,
-                          "token": hf.RobertaForTokenClassification,
-                          "qa": hf.RobertaForQuestionAnswering}),
+    "roberta": (roberta, classes("Roberta")),
     # RoBERTa's layout under other names: multilingual-e5 and bge-m3 are XLM-R
-    "xlm-roberta": (xlm_roberta, {None: hf.XLMRobertaModel, "mlm": hf.XLMRobertaForMaskedLM,
-                                  "classify": hf.XLMRobertaForSequenceClassification,
-                                  "token": hf.XLMRobertaForTokenClassification,
-                                  "qa": hf.XLMRobertaForQuestionAnswering}),
-    "camembert": (camembert, {None: hf.CamembertModel, "mlm": hf.CamembertForMaskedLM,
-                              "classify": hf.CamembertForSequenceClassification}),
+    "xlm-roberta": (xlm_roberta, classes("XLMRoberta")),
+    "camembert": (camembert, classes("Camembert", (None, "mlm", "classify"))),
     # BERT's blocks under factorized embeddings; a GELU classification head
-    "electra": (electra, {None: hf.ElectraModel, "mlm": hf.ElectraForMaskedLM,
-                          "classify": hf.ElectraForSequenceClassification,
-                          "token": hf.ElectraForTokenClassification,
-                          "qa": hf.ElectraForQuestionAnswering}),
+    "electra": (electra, classes("Electra")),
     # post-LN blocks with a learnt relative-position bias (all-mpnet-base-v2)
-    "mpnet": (mpnet, {None: hf.MPNetModel, "mlm": hf.MPNetForMaskedLM,
-                      "classify": hf.MPNetForSequenceClassification,
-                      "token": hf.MPNetForTokenClassification,
-                      "qa": hf.MPNetForQuestionAnswering}),
-    "albert": (albert, {None: hf.AlbertModel, "mlm": hf.AlbertForMaskedLM,
-                        "pretraining": hf.AlbertForPreTraining,
-                        "classify": hf.AlbertForSequenceClassification,
-                        "token": hf.AlbertForTokenClassification}),
-    "distilbert": (distilbert, {None: hf.DistilBertModel, "mlm": hf.DistilBertForMaskedLM,
-                                "classify": hf.DistilBertForSequenceClassification,
-                                "token": hf.DistilBertForTokenClassification,
-                                "qa": hf.DistilBertForQuestionAnswering}),
-    "deberta-v2": (deberta, {None: hf.DebertaV2Model, "mlm": hf.DebertaV2ForMaskedLM,
-                             "classify": hf.DebertaV2ForSequenceClassification,
-                             "token": hf.DebertaV2ForTokenClassification,
-                             "qa": hf.DebertaV2ForQuestionAnswering}),
-    "modernbert": (modernbert, {None: hf.ModernBertModel, "mlm": hf.ModernBertForMaskedLM,
-                                "classify": hf.ModernBertForSequenceClassification,
-                                "token": hf.ModernBertForTokenClassification,
-                                "qa": hf.ModernBertForQuestionAnswering}),
+    "mpnet": (mpnet, classes("MPNet")),
+    "albert": (albert, classes("Albert", (None, "mlm", "pretraining", "classify", "token"))),
+    "distilbert": (distilbert, classes("DistilBert")),
+    "deberta-v2": (deberta, classes("DebertaV2")),
+    "modernbert": (modernbert, classes("ModernBert")),
 }
 CASES = [(fam, task) for fam, (_, heads) in FAMILIES.items() for task in heads]
 
