@@ -239,8 +239,7 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
 
 def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None,
            normalize: bool = True, batch_size: int = 64,
-           max_length: Optional[int] = None, progress: bool = False,
-           lowercase: Optional[bool] = None) -> np.ndarray:
+           max_length: Optional[int] = None, progress: bool = False) -> np.ndarray:
     """Embed `texts` -> float32 array (n, H). `model` is a `Bert` (any head; only the
     encoder runs) or a `BertModel`. pooling=None takes the checkpoint's declared pooling
     (1_Pooling/config.json), else mean. Batches are cut from length-sorted texts so they
@@ -254,9 +253,7 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     max_length = check_count(max_length, "max_length", none_ok=True) \
         or declared_max_length(getattr(model, "source_dir", None)) or tokenizer.model_max_length
     max_length = min(max_length, base.config.usable_positions)
-    if lowercase is None:   # (an Encoder reads it once, not at every call)
-        lowercase = declared_lowercase(getattr(model, "source_dir", None))
-    if lowercase:           # as sentence-transformers does
+    if declared_lowercase(getattr(model, "source_dir", None)):   # as sentence-transformers
         texts = [t.lower() for t in texts]
 
     def vector(out, mask):
@@ -359,10 +356,8 @@ class Encoder:
             model = _loaded_model(model, tokenizer, dtype)
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling = self.pooling or default_pooling(model)
-        source = getattr(model, "source_dir", None)
         if self.normalize is None:   # as the checkpoint's layout says (Normalize or not)
-            self.normalize = declared_normalize(source)
-        self.lowercase = declared_lowercase(source)
+            self.normalize = declared_normalize(getattr(model, "source_dir", None))
         self.name = name or str(getattr(model, "source_dir", None) or "model")
 
     @staticmethod
@@ -390,7 +385,7 @@ class Encoder:
         out = encode(self.model, self.tokenizer, [texts] if single else texts, self.pooling,
                      self.normalize if normalize is None else normalize,
                      self.batch_size if batch_size is None else batch_size,
-                     self.max_length, show_progress, self.lowercase)
+                     self.max_length, show_progress)
         return out[0] if single else out
 
     def identity(self) -> str:
