@@ -145,12 +145,19 @@ def test_resume_after_interrupt_matches_uninterrupted_run(corpus_dir, tmp_path, 
         [r["loss"] for r in records(full, "eval")], abs=1e-6)
 
 
+def subprocess_env(tmp_path: Path) -> dict:
+    """One thread per process, this checkout importable, and scratch folders (torchrun's
+    torchelastic_*) under tmp_path rather than left behind in /tmp."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path / "tmp"))
+
+
 def test_resume_after_kill(corpus_dir, tmp_path):
     """The process is killed (SIGKILL) mid-run; --resume continues from the last checkpoint."""
     flags = ["--corpus", str(corpus_dir), "--steps", "30", "--batch-size", "8", "--seq-len", "32",
              "--vocab-size", "120", "--eval-every", "5", "--save-every", "5", "--no-progress",
              "--attn-backend", "eager", "--device", "cpu", "--cache-dir", str(tmp_path / "cache")]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = subprocess_env(tmp_path)
     full, cut = tmp_path / "full", tmp_path / "cut"
     subprocess.run([sys.executable, "-m", "nanobert.cli", "pretrain", *flags, "--out", str(full)],
                    check=True, env=env, capture_output=True)
@@ -254,7 +261,7 @@ def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
     flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "4", "--batch-size", "8",
              "--seq-len", "32", "--vocab-size", "120", "--eval-every", "2", "--dropout", "0",
              "--no-progress", "--attn-backend", "eager", "--cache-dir", str(tmp_path / "cache")]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = subprocess_env(tmp_path)
     subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--out", str(tmp_path / "one")],
                    check=True, env=env, capture_output=True)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -274,7 +281,7 @@ def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):
     flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "2", "--batch-size", "8",
              "--seq-len", "32", "--vocab-size", "120", "--no-progress", "--attn-backend", "eager",
              "--out", str(tmp_path / "run")]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = subprocess_env(tmp_path)
     subprocess.run([sys.executable, "-m", "nanobert.cli", *flags], check=True, env=env,
                    capture_output=True)
     before = sorted(p.name for p in (tmp_path / "run").iterdir())
