@@ -249,11 +249,74 @@ def word_predictions(model, items, batch_size=64, pad_id=0, progress=False):
     return out
 
 
+def ner_windows(tok, sentences, max_length) -> tuple:
+    """Features of pre-split sentences for tagging: a sentence over max_length tokens is
+    read in windows that overlap by half their room (the tokenizer's own overflow with
+    a stride, as QA's contexts), so no word is left untagged. Returns (items, owners):
+    per window its features, with `first` on each word's first sub-word of the whole
+    sentence (not a continuation that opens a window), and `reach`: per token how far
+    it is from a cut edge of its window (the most context wins when windows overlap);
+    owners[i] = the sentence index of item i."""
+    room = max_length - tok.tk.num_special_tokens_to_add(False)
+    overlap = room // 2
+    with tok.truncating(max_length, stride=overlap) as tk:
+        encs = tk.encode_batch([s.words for s in sentences], is_pretokenized=True)
+    long = sum(1 for e in encs if e.overflowing)
+    if long:
+        from .tokenizer import note_once
+        note_once(tok, f"{long} sentence{'s' if long > 1 else ''} over {max_length} tokens "
+                       f"{'were' if long > 1 else 'was'} tagged in windows overlapping by "
+                       f"{overlap} tokens")
+    items, owners = [], []
+    for n, enc in enumerate(encs):
+        windows = [enc, *enc.overflowing]
+        # window k holds the sentence's tokens from k * (room - overlap) on
+        starts = [k * (room - overlap) for k in range(len(windows))]
+        total = starts[-1] + sum(1 for s in windows[-1].special_tokens_mask if not s)
+        words = [None] * total                        # the word of each sentence token
+        for w, a in zip(windows, starts):
+            content = [x for x, s in zip(w.word_ids, w.special_tokens_mask) if not s]
+            words[a:a + len(content)] = content
+        for w, a in zip(windows, starts):
+            item = word_features(w)
+            g, first, reach = a, [], []
+            for x, special in zip(w.word_ids, w.special_tokens_mask):
+                if special:
+                    first.append(False)
+                    reach.append(0)
+                    continue
+                first.append(x is not None and (g == 0 or words[g - 1] != x))
+                left = g - a if a > 0 else total          # no cut at the sentence's ends
+                right = a + room - 1 - g if a + room < total else total
+                reach.append(min(left, right))
+                g += 1
+            item["first"], item["reach"] = first, reach
+            items.append(item)
+            owners.append(n)
+    return items, owners
+
+
+def sentence_word_predictions(model, tok, sentences, max_length, batch_size=64,
+                              progress=False) -> list:
+    """Per sentence: {word index: (tag id, probability)} from each word's first sub-word,
+    read in the window that gives it the most context (`ner_windows`)."""
+    items, owners = ner_windows(tok, sentences, max_length)
+    logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=token_logits)
+    out = [{} for _ in sentences]
+    best = [{} for _ in sentences]                    # word -> reach of its prediction
+    for it, n, lg in zip(items, owners, logits):
+        conf, tag = torch.softmax(lg, -1).max(-1)     # (T,)
+        for t, (w, f, r) in enumerate(zip(it["word_ids"], it["first"], it["reach"])):
+            if f and r > best[n].get(w, -1):
+                best[n][w] = r
+                out[n][w] = (int(tag[t]), float(conf[t]))
+    return out
+
+
 def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress=False) -> list:
-    """IOB2 tags for the words of each sentence (words cut off by max_length get 'O')."""
+    """IOB2 tags for the words of each sentence (long sentences in windows)."""
     id2label = model.config.id2label
-    items = encode_ner(tok, sentences, max_length)
-    preds = word_predictions(model, items, batch_size, tok.pad_id or 0, progress)
+    preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size, progress)
     return [[id2label[p[w][0]] if w in p else "O" for w in range(len(s.words))]
             for s, p in zip(sentences, preds)]
 
@@ -272,8 +335,7 @@ def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> l
     Python): the words are exactly the ones given, tokenized as training and `evaluate`
     tokenize them, so the word tags are the ones `evaluate` scores. Character spans are
     in the words joined by single spaces (the "text" of the result)."""
-    items = encode_ner(tok, sentences, max_length)
-    preds = word_predictions(model, items, batch_size, tok.pad_id or 0)
+    preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size)
     out = []
     for s, p in zip(sentences, preds):
         spans, pos = {}, 0

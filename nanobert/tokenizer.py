@@ -730,12 +730,17 @@ def report_truncation(tok: Tokenizer, encodings, inputs, max_length: int, what: 
                       is_pretokenized: bool = False, flag: str = "--max-length") -> int:
     """Print `truncation_note` on stderr (when something was cut); returns how many
     inputs were cut. Every command that truncates calls it, so no cut is silent."""
-    import sys
-    if tok.quiet:
-        return sum(1 for e in encodings if e.overflowing)
-    note = truncation_note(tok, encodings, inputs, max_length, what, is_pretokenized, flag)
-    said = tok.__dict__.setdefault("_notes", set())
-    if note and note not in said:  # the dev set, evaluated every epoch: said once
-        said.add(note)
-        print(f"nanobert: note: {note}", file=sys.stderr, flush=True)
+    if not tok.quiet:
+        note_once(tok, truncation_note(tok, encodings, inputs, max_length, what,
+                                       is_pretokenized, flag))
     return sum(1 for e in encodings if e.overflowing)
+
+
+def note_once(tok: Tokenizer, text: Optional[str]) -> None:
+    """A note on stderr, once per tokenizer: the dev set, evaluated every epoch, says it
+    once."""
+    import sys
+    said = tok.__dict__.setdefault("_notes", set())
+    if text and text not in said and not tok.quiet:
+        said.add(text)
+        print(f"nanobert: note: {text}", file=sys.stderr, flush=True)

@@ -644,7 +644,7 @@ def test_ner_predict_on_conll_words_gives_the_tags_evaluate_scores(minilm, tmp_p
                      "today O\n\nU.S. B-LOC\nand O\nJohn B-PER\n" + "x O\n" * 30 + "John B-PER\n")
     inputs = ner_inputs(conll)
     assert [type(x).__name__ for x in inputs] == ["Sentence", "Sentence"]
-    settings = {"max_length": 24}   # the second sentence's last "John" is cut: O
+    settings = {"max_length": 24}   # the second sentence is read in two windows
     out = ner_predict(model, tok, inputs, settings)
     assert out[0]["text"] == "John visited the U.S. today"
     assert [(e["type"], e["text"]) for e in out[0]["entities"]] == [("PER", "John"),
@@ -663,8 +663,9 @@ def test_ner_predict_on_conll_words_gives_the_tags_evaluate_scores(minilm, tmp_p
             for k in inside[1:]:
                 tags[k] = "I-" + e["type"]
         back.append(tags)
-    assert back == words_tags and back[1][-1] == "O"
+    assert back == words_tags and back[1][-1] == "B-PER"   # (the second window's)
     gold = [["B-PER", "O", "O", "B-LOC", "O"], ["B-LOC", "O", "B-PER"] + ["O"] * 30 + ["B-PER"]]
+    assert ner_metrics(gold, back)["f1"] == 1.0
     assert ner_metrics(gold, back) == ner_metrics(gold, words_tags)
     # a raw text still goes through the tokenizer's words, with its own character spans
     raw = ner_predict(model, tok, [Example("  John\u00a0went  home")], settings)[0]
@@ -923,3 +924,71 @@ def test_plain_predict_output_keeps_one_record_a_line(tiny_dir, tmp_path, capsys
     (line,) = capsys.readouterr().out.splitlines()
     question, answer, score, prob = line.split("\t")
     assert question == "where does\\nalice\\tlive" and "\t" not in answer
+
+
+def test_long_sentences_are_tagged_in_windows_word_by_word(minilm, capsys):
+    """A sentence over max_length tokens is tagged in overlapping windows, not cut (its
+    last words were O): each word gets its own first sub-word's tag, also where a window
+    opens on a continuation ("##") of a word begun in the window before."""
+    from nanobert.data import Sentence
+    from nanobert.finetune import predict_ner_words
+    _, tok = minilm
+    vocab = tok.tk.get_vocab()
+    # first sub-words tag B-LOC (1), continuations I-PER (2): a word read on a
+    # continuation would come out I-PER
+    tags = {i: 2 if t.startswith("##") else 1 for t, i in vocab.items() if t.isalpha()
+            or t.startswith("##")}
+    model = FakeTagger({0: "O", 1: "B-LOC", 2: "I-PER"}, tags)
+    words = ("Wolfeschlegelsteinhausen visited extraordinarily unpronounceable "
+             "municipalities yesterday").split() * 12
+    n_tokens = len(tok.tk.encode(words, is_pretokenized=True).ids)
+    assert n_tokens > 4 * 24
+    s = Sentence(words, ["O"] * len(words), 1)
+    for max_length in (16, 17, 24, 512):
+        assert predict_ner_words(model, tok, [s], max_length) == [["B-LOC"] * len(words)]
+    assert "1 sentence over 16 tokens was tagged in windows overlapping by 7 tokens" \
+        in capsys.readouterr().err
+
+
+class EdgeShy(torch.nn.Module):
+    """A tagger that tags a token B-LOC only in the middle half of its window's room,
+    O near the window's edges: what a word gets says where it was read."""
+    head = "token"
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("C", (), {"id2label": {0: "O", 1: "B-LOC"}})()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        B, T = input_ids.shape
+        logits = torch.zeros(B, T, 2)
+        for b in range(B):
+            n = int(attention_mask[b].sum()) - 2          # the window's sentence tokens
+            for t in range(T):
+                logits[b, t, int(n // 4 <= t - 1 < n - n // 4)] = 5.0
+        return type("O", (), {"logits": logits})()
+
+
+def test_overlapping_windows_read_each_word_where_it_has_the_most_context(minilm):
+    """Where windows overlap, a word's tag is read in the window where it is farthest
+    from a cut edge: away from the sentence's ends, every word is read in the middle
+    half of some window (the windows overlap by half their room)."""
+    from nanobert.data import Sentence
+    from nanobert.finetune import predict_ner_words
+    _, tok = minilm
+    words = [f"w{i % 10}" if i % 3 else "x" for i in range(90)]
+    s = Sentence(words, ["O"] * len(words), 1)
+    firsts = []                         # the sentence token of each word's first sub-word
+    enc = tok.tk.encode(words, is_pretokenized=True, add_special_tokens=False)
+    for g, w in enumerate(enc.word_ids):
+        if g == 0 or enc.word_ids[g - 1] != w:
+            firsts.append(g)
+    total, room = len(enc.ids), 30
+    tags = predict_ner_words(EdgeShy(), tok, [s], room + 2)[0]
+    middle = [w for w, g in enumerate(firsts) if room // 4 <= g < total - room // 4]
+    assert len(middle) > 40 and all(tags[w] == "B-LOC" for w in middle), tags
+    # cut, each word was read in one window only: many were read near an edge
+    from nanobert.finetune import encode_ner, word_predictions
+    one = word_predictions(EdgeShy(), encode_ner(tok, [s], room + 2), batch_size=4)[0]
+    assert sum(one.get(w, (0,))[0] == 0 for w in middle) > 10
