@@ -206,7 +206,9 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
                     progress: bool = False) -> np.ndarray:
     """Run the encoder of `model` over `texts` (and `pairs`) in length-sorted batches and
     return `vector(encoder_output, attention_mask)` (B, H) per batch as one float32 array
-    (n, H), rows in the order of `texts`. The one inference loop of embed and inspect."""
+    (n, H), rows in the order of `texts`. The one inference loop of embed and inspect.
+    A `vector` marked `first_only = True` reads only each row's first token (the model
+    then skips the rest of its last block: BertModel.forward's first_only)."""
     base = getattr(model, "bert", model)       # the bare BertModel under any head
     texts = list(texts)
     if not texts:
@@ -224,7 +226,8 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
 
     def forward(idx):
         batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
-        return vector(base(**batch), batch["attention_mask"]).float().cpu()
+        out = base(**batch, first_only=getattr(vector, "first_only", False))
+        return vector(out, batch["attention_mask"]).float().cpu()
     try:
         outs = map_on_cores(forward, batches, cpu=device.type == "cpu")
         if progress:
@@ -257,8 +260,12 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
         texts = [t.lower() for t in texts]
 
     def vector(out, mask):
-        v = pool(out.last_hidden_state.float(), mask, pooling)      # (B, H)
+        if pooling == "cls":          # (first_only: the output holds the first tokens)
+            v = out.last_hidden_state[:, 0].float()                   # (B, H)
+        else:
+            v = pool(out.last_hidden_state.float(), mask, pooling)    # (B, H)
         return torch.nn.functional.normalize(v, dim=-1) if normalize else v
+    vector.first_only = pooling == "cls"
 
     return encoder_vectors(model, tokenizer, texts, vector, batch_size=batch_size,
                            max_length=max_length, progress=progress)

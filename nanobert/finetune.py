@@ -214,10 +214,14 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
     groups = sorted_batches([len(it["input_ids"]) for it in items], batch_size,
                             max_tokens=forward_tokens(dev))
 
+    # a sequence head's logits are all that is read: the last block runs on first tokens
+    from .model import Bert
+    first = {"first_only": True} if take is sequence_logits and isinstance(model, Bert) else {}
+
     def forward(idx):
         batch = collate([{k: items[i][k] for k in ("input_ids", "token_type_ids")} for i in idx],
                         pad_id)
-        o = model(**{k: v.to(dev) for k, v in batch.items()})
+        o = model(**{k: v.to(dev) for k, v in batch.items()}, **first)
         return [take(o, row, len(items[i]["input_ids"])) for row, i in enumerate(idx)]
     results = map_on_cores(forward, groups, cpu=dev.type == "cpu")
     if progress:

@@ -263,3 +263,63 @@ def test_backends_agree_on_left_padded_input(pooling):
     for backend in ("sdpa", "unpadded"):
         for a, b in zip(got[backend], got["eager"]):
             torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+def first_only_cases():
+    """(name, model) per family and head whose pooled output may skip work; the last
+    layer of the ModernBERT one is local (window of 6 around the first token)."""
+    torch.manual_seed(0)
+    small = dict(vocab_size=1000, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0, num_labels=3)
+    for variant, head, kw in [("bert", "classify", {}), ("bert", "regression", {"num_labels": 1}),
+                              ("roberta", "classify", {}), ("albert", "classify", {}),
+                              ("distilbert", "classify", {}),
+                              ("modernbert", "classify", {"local_attention": 6, "global_every": 4}),
+                              ("modernbert", "classify", {"classifier_pooling": "mean"}),
+                              ("deberta", "classify", {})]:
+        name = f"{variant}-{head}-{kw.get('classifier_pooling', 'cls')}"
+        yield name, Bert(preset(f"{variant}-tiny" if variant != "bert" else "tiny",
+                                **{**small, **kw}), head).eval()
+
+
+@pytest.mark.parametrize("case", list(first_only_cases()), ids=lambda c: c[0])
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_first_only_gives_the_full_forward_numbers(case, padding):
+    """first_only (what predict, evaluate and the server ask for a sequence head): the
+    last block runs past attention on each row's first token only, with the same
+    logits, pooled vector and first-token state as the whole forward pass."""
+    _, model = case
+    batch = random_batch(B=6, T=14, seed=5)
+    if padding == "left":
+        mask = batch["attention_mask"].bool()
+        left = mask.flip(1)
+        for k in ("input_ids", "token_type_ids"):
+            t = torch.zeros_like(batch[k])
+            t[left] = batch[k][mask]
+            batch[k] = t
+        batch["attention_mask"] = left.long()
+    for backend in BACKENDS:
+        model.config.attn_backend = backend
+        with torch.inference_mode():
+            full, first = model(**batch), model(**batch, first_only=True)
+            hidden = model.bert(**batch).last_hidden_state                 # (B, T, H)
+        cols = batch["attention_mask"].int().argmax(1)
+        expect = hidden[torch.arange(6), cols].unsqueeze(1)               # (B, 1, H)
+        torch.testing.assert_close(first.logits, full.logits, atol=TOL, rtol=0)
+        torch.testing.assert_close(first.hidden.pooler_output, full.hidden.pooler_output,
+                                   atol=TOL, rtol=0)
+        torch.testing.assert_close(first.hidden.last_hidden_state, expect, atol=TOL, rtol=0)
+
+
+def test_first_only_skips_the_last_blocks_rows():
+    """The shortcut is taken: the last block's FFN sees one row per sequence."""
+    model = make_model("classify").eval()
+    model.config.attn_backend = "unpadded"
+    seen = []
+    hook = model.bert.blocks[-1].up.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    batch = random_batch(B=6, T=14, seed=5)
+    with torch.inference_mode():
+        model(**batch, first_only=True)
+        model(**batch)
+    hook.remove()
+    assert seen[0] == 6 and seen[1] >= int(batch["attention_mask"].sum())

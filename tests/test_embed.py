@@ -627,3 +627,17 @@ def test_a_layout_that_lower_cases_is_read_lower_cased(tmp_path, minilm_dir):
     (d / "sentence_bert_config.json").write_text(json.dumps(dict(conf, do_lower_case="yes")))
     with pytest.raises(Exception, match="do_lower_case must be true or false"):
         Encoder(str(d)).encode(texts)
+
+
+def test_cls_pooling_reads_the_first_tokens_of_the_whole_forward(minilm):
+    """CLS pooling runs the encoder with first_only (its last block past attention on
+    the first tokens alone): the vectors equal the whole forward pass's [CLS] states."""
+    from nanobert.embed import encode
+    model, tok = minilm
+    texts = ["a short one", "a somewhat longer sentence about the river bank and its trees",
+             "x", "the market opens at nine and closes when the last stall is packed up"]
+    got = encode(model, tok, texts, pooling="cls", normalize=False)
+    batch = tok.pad(tok.encode_batch(texts))
+    with torch.inference_mode():
+        expect = model.bert(**batch).last_hidden_state[:, 0]
+    np.testing.assert_allclose(got, expect.numpy(), atol=1e-5, rtol=0)
