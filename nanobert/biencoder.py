@@ -470,9 +470,10 @@ def read_embed_data(path, cols=None, require=True):
             raise data_error(path, first.line, "scored rows must be pairs (text_a, text_b, "
                              "score), not triplets")
         if first.score is not None:
-            _scores_differ(data, path, "score", "the loss compares pairs by their scores, and "
-                           "is 0 when none differ (rows without scores are (anchor, positive) "
-                           "pairs)")
+            _scores_differ(data, path, "score", "training compares pairs by their scores (a "
+                           "loss of 0 when none differ), and evaluation's correlation with "
+                           "scores that never vary is undefined (rows without scores are "
+                           "(anchor, positive) pairs)")
     return data
 
 

@@ -76,6 +76,11 @@ PAIR_COLUMNS = {  # first text column -> its pair column
     "#1 string": "#2 string", "sentence_a": "sentence_b",
 }
 LABEL_COLUMNS = ["label", "labels", "gold_label", "Quality", "is_duplicate", "class"]
+# second texts of other layouts (BoolQ's question/passage, answer-selection tables): read
+# as pairs only when named with --text-pair-column, never dropped without a word
+SECOND_TEXTS = ["passage", "answer", "document"]
+# what SNLI and MultiNLI write where annotators found no consensus: a row with no label
+NO_GOLD_LABEL = "-"
 
 
 @dataclass
@@ -183,12 +188,15 @@ def _no_stray_pair(names, text: str, path, line):
     """Refuse a header whose text column has no pair column of its own name but which
     holds another text's pair column (`text` with `text_b`, `sentence` with `sentence2`):
     the second texts were dropped without a word, and a single-text model trained."""
+    seconds = {c.casefold() for c in [*PAIR_COLUMNS.values(), *SECOND_TEXTS]}
     stray = next((n for n in names if n != text and isinstance(n, str) and n.casefold() in
-                  {c.casefold() for c in PAIR_COLUMNS.values()}), None)
+                  seconds), None)
     if stray is not None:
-        raise data_error(path, line, f"column {stray!r} looks like the second text of pairs, "
-                         f"but {text!r} is not its first text column; name the pair with "
-                         f"--text-pair-column {stray} (or --text-column {text} for single texts)")
+        why = ("" if stray.casefold() in {c.casefold() for c in SECOND_TEXTS}
+               else f", but {text!r} is not its first text column")
+        raise data_error(path, line, f"column {stray!r} looks like the second text of pairs"
+                         f"{why}; name the pair with --text-pair-column {stray} (or "
+                         f"--text-column {text} for single texts)")
 
 
 def _one_candidate(names, candidates, chosen, what: str, path, line, flag=None):
@@ -835,12 +843,16 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
         header = [str(i) for i in range(len(first))]
         table = itertools.chain([(hline, first)], table)
     sep = {"\t": "tab", ",": "comma", ";": "semicolon"}[delim]
+    named = len(header) > 1 and header[0] != "0"      # (a header of indices is no row)
 
     def rows():
         for n, fields in table:
             if len(header) > 1 and not any(x.strip() for x in fields):
                 continue   # a lone empty field ("") where rows have several: no row
             fields = _trimmed(fields, len(header))
+            if named and _same_names(fields, header):
+                raise data_error(path, n, f"repeats the header of line {hline} (files joined "
+                                 "with cat? keep one header, or every one is read as a row)")
             if len(fields) != len(header):
                 more = (f" (a {sep} inside a text? such a field must be quoted)"
                         if len(fields) > len(header) else "")
@@ -848,6 +860,13 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
                                  f"found {len(fields)}{more}")
             yield n, fields
     return hline, header, rows()
+
+
+def _same_names(fields: list, header: list) -> bool:
+    """A row that spells the header again (any capitals, a byte-order mark at a join)."""
+    def key(x):
+        return _unquoted(x.strip().lstrip("\ufeff")).casefold()
+    return len(fields) == len(header) and [key(f) for f in fields] == [key(h) for h in header]
 
 
 def _read_table_examples(path: Path, fmt: str, cols: dict) -> list:
@@ -887,11 +906,32 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
                                                                    "header")
         raise data_error(path, line, f"not a classification file ({what}; expected TSV/CSV "
                          "with a header, or JSON Lines)")
+    if require_label:
+        out = _without_no_gold(out, path)
     if not out:
         raise data_error(path, None, "no examples (only a header?)")
     if require_label:
         _note_empty_texts(out, path)
     return out
+
+
+def _without_no_gold(examples: list, path) -> list:
+    """The examples less those labelled '-' (SNLI's and MultiNLI's no-consensus mark,
+    which tools drop), with a note: as a class of its own it would be learnt."""
+    kept = [e for e in examples if e.label != NO_GOLD_LABEL]
+    if len(kept) < len(examples):
+        first = next(e for e in examples if e.label == NO_GOLD_LABEL)
+        note(f"{path}:{first.line}: {len(examples) - len(kept)} row(s) labelled "
+             f"{NO_GOLD_LABEL!r} (no gold label, as SNLI marks them) were skipped")
+    if examples and not kept:
+        raise data_error(path, first.line, f"every row is labelled {NO_GOLD_LABEL!r} (no gold "
+                         "label)")
+    unlabelled = [e for e in kept if e.label == "-1"]
+    if unlabelled and {e.label for e in kept} - {"-1"} <= {str(i) for i in range(len(kept))}:
+        note(f"{path}:{unlabelled[0].line}: {len(unlabelled)} row(s) labelled -1, kept as a "
+             "class (Hugging Face datasets mark rows without a label so: remove them if these "
+             "are such rows)")
+    return kept
 
 
 def read_inputs(path, columns: Optional[dict] = None) -> list:
@@ -1257,7 +1297,9 @@ def _jsonl_question(obj: dict, path, n, require_answers) -> QAExample:
                          "a 'data' list)")
     qid = str(obj.get("id", n))
     _no_empty_question(obj["question"], obj["context"], f"{path}:{n}: question {qid!r}")
-    answers = _answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}")
+    # (questions to answer: their gold answers are not read, nor refused when wrong)
+    answers = (_answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}")
+               if require_answers else [])
     if require_answers and not answers:
         raise data_error(path, n, f"question {qid!r} has no answers")
     return QAExample(qid, obj["question"], obj["context"], answers)
@@ -1290,7 +1332,8 @@ def _squad_article(article, where, path, require_answers) -> list:
             if not isinstance(qid, (str, int)) or isinstance(qid, bool):
                 raise NanobertError(f"{path}: {at}.qas[{q}]: the question id must be a string")
             _no_empty_question(question, context, f"{path}: question {str(qid)!r}")
-            answers = _answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}")
+            answers = (_answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}")
+                       if require_answers else [])
             if require_answers and not answers:
                 v2 = (" (SQuAD v2.0 'is_impossible': nanobert reads SQuAD v1.1, where every "
                       "question has an answer)" if qa.get("is_impossible") else "")

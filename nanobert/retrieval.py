@@ -14,7 +14,10 @@ computes them, so published figures can be compared:
     ties       equal scores are ordered by document id, descending (trec_eval's rule)
     "relevant" means a judgement > 0; every judged query counts, a query with no
                results scores 0; a document whose id equals the query's is dropped
-               from that query's results (BEIR's ignore_identical_ids)
+               from that query's results (BEIR's ignore_identical_ids), unless the
+               qrels judge it relevant to that query: then queries and documents are
+               numbered apart (1, 2, 3 each), and dropping it would score a right answer
+               as a miss (kept, with a note)
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .files import NanobertError
+from .files import NanobertError, note
 from .metrics import correlations
 from .threads import map_on_cores
 from .tokenizer import check_text, check_texts
@@ -73,7 +76,8 @@ def retrieval_metrics(qrels: dict, run: dict) -> dict:
         raise NanobertError("no judged queries to evaluate")
     totals = dict.fromkeys(_METRICS, 0.0)
     for q, judged in qrels.items():
-        ranked = ranking({d: s for d, s in run.get(q, {}).items() if d != q})
+        ranked = ranking({d: s for d, s in run.get(q, {}).items()
+                          if d != q or judged.get(d, 0) > 0})
         for name, (fn, k) in _METRICS.items():
             totals[name] += fn(ranked, judged, k)
     return {name: v / len(qrels) for name, v in totals.items()}
@@ -130,6 +134,11 @@ def evaluate_beir(encode: Callable, beir, k: int = 100, rerank: Optional[Callabl
     if rerank is not None:
         run = rerank_run(run, rerank, beir.queries, beir.doc_text, rerank_k)
     qrels = {q: beir.qrels[q] for q in qids}
+    same = [q for q in qids if qrels[q].get(q, 0) > 0]
+    if same:
+        note(f"the qrels judge {len(same)} document(s) relevant to the query of the same id "
+             f"(query {same[0]!r}): the ids are numbered apart, so such documents are kept "
+             "in the rankings (BEIR's ignore_identical_ids drops them)")
     return {"split": beir.split, "n_queries": len(qids), "n_docs": len(doc_ids),
             **({"rerank_k": rerank_k} if rerank is not None else {}),
             **retrieval_metrics(qrels, run)}

@@ -260,3 +260,82 @@ def test_a_bad_first_sts_row_is_named_with_its_fault(tmp_path, name, first, msg)
     q = write(tmp_path, "h.tsv", "genre\tfile\tyear\tid\tscore\tsentence1\tsentence2\n"
               + STS_ROW.format("4.0"))
     assert [r.score for r in D.read_text_rows(q, require_score=True)] == [4.0]
+
+
+# ---- a data-format probe (2026-11-29) ----------------------------------------------------
+
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
+def test_a_header_repeated_mid_file_is_refused_naming_its_line(tmp_path, bom):
+    """Two files joined with cat: the second header was read as an example, and with word
+    labels its column name became a class ('label')."""
+    one = "text,label\ngood film,pos\nbad film,neg\n"
+    p = write(tmp_path, "joined.csv", one + bom + one)
+    msg = error_of(D.read_classification, p)
+    assert msg.startswith(f"{p}:4: repeats the header of line 1")
+    # a text that merely starts like a column name is a row
+    ok = write(tmp_path, "ok.csv", one + "text,pos\n")
+    assert [e.text_a for e in D.read_classification(ok)][-1] == "text"
+
+
+@pytest.mark.parametrize("second", ["passage", "answer", "document"])
+def test_a_second_text_column_of_other_layouts_is_not_dropped(tmp_path, second):
+    """BoolQ's question/passage (and question/answer tables) trained on the questions
+    alone, the passages dropped without a word; now refused with the flag to name them,
+    and read as pairs when named."""
+    rows = [{"question": "is it wet", second: "rain fell all day", "label": True},
+            {"question": "is it dry", second: "no rain for weeks", "label": False}]
+    p = write(tmp_path, "boolq.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    msg = error_of(D.read_classification, p)
+    assert f"column {second!r} looks like the second text of pairs; name the pair with " \
+           f"--text-pair-column {second}" in msg
+    ex = D.read_classification(p, pair_column=second)
+    assert [(e.text_a, e.text_b) for e in ex] == [("is it wet", "rain fell all day"),
+                                                 ("is it dry", "no rain for weeks")]
+    assert D.read_classification(p, text_column="question")[0].text_b is None
+
+
+def test_snli_rows_without_a_gold_label_are_skipped_with_a_note(tmp_path, capsys):
+    """SNLI's '-' (no annotator consensus) became a fourth class."""
+    rows = [("a", "b", "entailment"), ("c", "d", "-"), ("e", "f", "neutral"),
+            ("g", "h", "-"), ("i", "j", "contradiction")]
+    p = write(tmp_path, "snli.tsv", "sentence1\tsentence2\tgold_label\n"
+              + "".join("\t".join(r) + "\n" for r in rows))
+    ex = D.read_classification(p)
+    assert [e.label for e in ex] == ["entailment", "neutral", "contradiction"]
+    assert f"{p}:3: 2 row(s) labelled '-' (no gold label, as SNLI marks them) were skipped" \
+        in capsys.readouterr().err
+    only = write(tmp_path, "none.tsv", "sentence1\tsentence2\tgold_label\na\tb\t-\n")
+    assert "every row is labelled '-'" in error_of(D.read_classification, only)
+    # Hugging Face's -1 is kept (a class in some data), with a note
+    hf = write(tmp_path, "hf.tsv", "sentence\tlabel\na\t0\nb\t-1\nc\t1\nd\t2\n")
+    assert [e.label for e in D.read_classification(hf)] == ["0", "-1", "1", "2"]
+    assert "1 row(s) labelled -1, kept as a class" in capsys.readouterr().err
+
+
+def test_qa_inputs_to_predict_do_not_read_their_gold_answers(tmp_path):
+    """predict refused a whole SQuAD file for one answer_start it never uses."""
+    squad = {"data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"id": "q1", "question": "Where is Paris?",
+         "answers": [{"text": "France", "answer_start": 3}]}]}]}]}
+    p = write(tmp_path, "wrong.json", json.dumps(squad))
+    assert "answer 'France' is not at answer_start 3" in error_of(D.read_squad, p)
+    ex = D.read_squad(p, require_answers=False)
+    assert [(e.id, e.answers) for e in ex] == [("q1", [])]
+
+
+def test_a_document_judged_relevant_to_the_query_of_its_own_id_is_kept(capsys):
+    """Queries and documents numbered apart (1, 2, 3 each): the qrels' own (1, 1) answer
+    was dropped as BEIR's identical-id rule drops a query found in the corpus, and a
+    perfect ranking scored 0.667."""
+    def encode(texts):
+        return np.array([[t.count(ch) for ch in "abc"] for t in texts], dtype=np.float32) + 1e-3
+    beir = D.Beir({"1": ("", "aaa"), "2": ("", "bbb"), "3": ("", "ccc")},
+                  {"1": "aa", "2": "cc", "3": "bb"}, {"1": {"1": 1}, "2": {"3": 1}, "3": {"2": 1}},
+                  "test")
+    m = R.evaluate_beir(encode, beir)
+    assert m["ndcg_at_10"] == pytest.approx(1.0)
+    assert "judge 1 document(s) relevant to the query of the same id (query '1')" \
+        in capsys.readouterr().err
+    # an unjudged document of the query's id is still dropped (a query found in the corpus)
+    run = {"q": {"q": 0.9, "d": 0.5}}
+    assert R.retrieval_metrics({"q": {"d": 1}}, run)["mrr_at_10"] == 1.0
