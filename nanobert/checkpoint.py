@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .files import NanobertError, check_output_dir, note, usual_mode
+from .files import NanobertError, check_output_dir, note, temp_prefix, usual_mode
 from .families import BY_MODEL_TYPE, FAMILIES, Family
 from .model import ACTIVATIONS, Bert, BertConfig
 from .rundir import require_finished
@@ -831,7 +831,7 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
                             f"saved: {fam.architecture(model.head)} is not one nanobert loads "
                             f"(the {model.config.family} heads: {', '.join(fam.heads)})")
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".save.", dir=out_dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix=temp_prefix("save"), dir=out_dir) as tmp:
         tmp = Path(tmp)
         state = hf_state_dict(model)
         tied = fam.decoder + ".weight"

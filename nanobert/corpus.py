@@ -18,6 +18,7 @@ cache and a known epoch length (the stream cycles) for constant memory.
 from __future__ import annotations
 
 import hashlib
+import zipfile
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,8 +154,19 @@ class TokenizedCorpus:
 
     @classmethod
     def load(cls, path) -> "TokenizedCorpus":
-        with np.load(path) as z:
-            return cls(z["ids"], z["sents"], z["docs"])
+        """The corpus `save` wrote; a ValueError for a file that is not one whole."""
+        try:
+            with np.load(path) as z:      # (never pickle: allow_pickle is off)
+                ids, sents, docs = (np.asarray(z[k]) for k in ("ids", "sents", "docs"))
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise ValueError(f"{type(e).__name__}: {e}") from None
+        whole = (ids.ndim == sents.ndim == docs.ndim == 1 and len(sents) and len(docs)
+                 and sents[0] == 0 and sents[-1] == len(ids) and docs[0] == 0
+                 and docs[-1] == len(sents) - 1 and (np.diff(sents) >= 0).all()
+                 and (np.diff(docs) >= 0).all())
+        if not whole:
+            raise ValueError("its arrays do not fit together")
+        return cls(ids.astype(np.int32), sents.astype(np.int64), docs.astype(np.int64))
 
 
 def tokenize_documents(docs: Sequence, tok, chunk: int = 2048) -> TokenizedCorpus:
@@ -197,6 +209,16 @@ def note_short_vocabulary(tok, asked: int):
              "gives more")
 
 
+def _from_cache(load, path):
+    """`load(path)` of a cache entry, or None (with a note) when it cannot be read: a
+    cache is rebuilt, never trusted when damaged (a partial copy, a full disk)."""
+    try:
+        return load(path)
+    except (ValueError, NanobertError, OSError) as e:
+        note(f"cache {path} cannot be read ({str(e).splitlines()[0][:200]}): rebuilt")
+        return None
+
+
 def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: float = 0.1,
                 seed: int = 0, cache_dir=None, log=print):
     """Read, (train a tokenizer,) tokenize and split a corpus.
@@ -213,8 +235,8 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
     if tokenizer is None:
         tok_dir = cache_dir / f"tokenizer-{key}-v{vocab_size}-f{val_fraction}-s{seed}" if cache_dir else None
         if tok_dir is not None and (tok_dir / "tokenizer.json").is_file():
-            tokenizer = Tokenizer.from_dir(tok_dir)
-        else:
+            tokenizer = _from_cache(Tokenizer.from_dir, tok_dir)
+        if tokenizer is None:
             log(f"training a WordPiece vocabulary of {vocab_size} on {len(train_idx)} documents")
             tokenizer = Tokenizer.train((line for i in train_idx for line in docs[i]), vocab_size)
             note_short_vocabulary(tokenizer, vocab_size)
@@ -223,8 +245,13 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
                     tokenizer.save(tmp)
     tok_key = hashlib.sha256(tokenizer.tk.to_str().encode()).hexdigest()[:16]
     cache = cache_dir / f"tokens-{key}-{tok_key}.npz" if cache_dir else None
-    if cache is not None and cache.is_file():
-        corpus = TokenizedCorpus.load(cache)
+    corpus = _from_cache(TokenizedCorpus.load, cache) if cache is not None and cache.is_file() \
+        else None
+    if corpus is not None and corpus.n_docs != len(docs):
+        note(f"cache {cache} holds {corpus.n_docs} documents, not the corpus's {len(docs)}: "
+             "rebuilt")
+        corpus = None
+    if corpus is not None:
         log(f"tokenized corpus from cache {cache}")
     else:
         corpus = tokenize_documents(docs, tokenizer)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 
 class NanobertError(Exception):
@@ -207,22 +209,64 @@ def _utf16_lines(path, f):
         yield n, line
 
 
+# The hidden temporaries of nanobert's writes: .NAME.nanobert-tmp-PID-xxxxxxxx while a
+# write is under way, .NAME.nanobert-old-PID for the previous folder while a new one is
+# swapped in. The writer's process id tells a dead writer's leftovers (a SIGKILL) from a
+# live one's, and the mark keeps the user's own dotfiles (.env.template) out of it.
+LEFTOVER = re.compile(r"\.(?P<name>.+)\.nanobert-(?P<kind>tmp|old)-(?P<pid>\d+)(?:-[a-z0-9_]+)?")
+
+
+def temp_prefix(name: str) -> str:
+    return f".{name}.nanobert-tmp-{os.getpid()}-"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this id runs (another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_leftovers(folder: Path, name: Optional[str] = None) -> None:
+    """Remove what writes killed in `folder` left (those of `name` only, when given): a
+    temporary goes; a previous version swapped out goes back where the write was killed
+    between its two renames, else goes. Leftovers of a live process are its own."""
+    pattern = f".{glob.escape(name)}.nanobert-*" if name else ".*.nanobert-*"
+    for p in sorted(folder.glob(pattern)) if folder.is_dir() else []:
+        m = LEFTOVER.fullmatch(p.name)
+        if not m or (name is not None and m["name"] != name) or process_alive(int(m["pid"])):
+            continue
+        original = folder / m["name"]
+        if m["kind"] == "old" and not original.exists() and not original.is_symlink():
+            os.replace(p, original)
+        elif p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_path(target):
     """Yield a temporary path next to `target`; on success rename it onto `target`.
     Works for files and for directories. The files get the mode open() gives a new file
     (`usual_mode`), whatever wrote them. On a failure nothing is left: neither the
-    temporary nor the folders made for `target`."""
+    temporary nor the folders made for `target`; what an earlier write of `target` that
+    was killed (SIGKILL) left is cleared first (`clear_leftovers`)."""
     target = Path(target)
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     tmp, done = None, False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)) / "t"
+        clear_leftovers(target.parent, target.name)
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(target.name), dir=target.parent)) / "t"
         yield tmp
         usual_mode(tmp)
         if target.is_dir() and tmp.is_dir():
-            old = target.with_name(f".{target.name}.old{os.getpid()}")
+            old = target.with_name(f".{target.name}.nanobert-old-{os.getpid()}")
             os.replace(target, old)
             os.replace(tmp, target)
             shutil.rmtree(old, ignore_errors=True)

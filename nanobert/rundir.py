@@ -37,8 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from .files import (NanobertError, check_not_input, check_output_dir, note, write_failure,
-                    write_text)
+from .files import (LEFTOVER, NanobertError, check_not_input, check_output_dir, clear_leftovers,
+                    note, process_alive, write_failure, write_text)
 
 RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
@@ -50,8 +50,10 @@ KEEP_ON_OVERWRITE = ("cache", "data", LOCK_FILE)
 # flags that change where or how visibly a run goes, not what it computes
 NOT_SHAPING = {"out", "out_dir", "resume", "overwrite", "progress", "no_progress", "device",
                "func", "command", "cache_dir", "log_every", "json", "save_every"}
-# temporaries of files.atomic_path (.NAME.xxxxxxxx, .NAME.oldPID) and of save_model (.save.*)
-TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:[a-z0-9_]{8}|old\d+)|\.save\..+|\.old-run\..+")
+# temporaries of files.atomic_path and save_model (files.LEFTOVER), and what an
+# --overwrite run holds aside until it has written something (.old-run.PID)
+HELD_ASIDE = re.compile(r"\.old-run\.(?P<pid>\d+)")
+TEMPORARY = re.compile(LEFTOVER.pattern + "|" + HELD_ASIDE.pattern.replace("?P<pid>", ""))
 
 
 # ----------------------------------------------------------------------------------
@@ -213,9 +215,13 @@ def require_finished(model_dir):
     cmd = rec.get("command") or "the training command"
     step = checkpoint_step(Path(model_dir))
     where = f" (checkpoint at step {step})" if step is not None else ""
+    held = [] if step is not None or holds_a_run(Path(model_dir)) else \
+        [p for p in _held_aside(Path(model_dir)) if any(p.iterdir())]
+    aside = (f" (the model it was to replace is set aside in {held[0].name}: any other run "
+             "command into the directory puts it back)") if held else ""
     raise NanobertError(f"{model_dir}: the {cmd} run writing this directory did not finish"
                         f"{where}; continue it with the same command and --resume, or start "
-                        "over with --overwrite")
+                        f"over with --overwrite{aside}")
 
 
 def checkpoint_step(out_dir: Path):
@@ -241,19 +247,33 @@ def _holds_runs(out_dir: Path) -> bool:
 
 
 def clean_temporaries(out_dir: Path):
-    """Remove what interrupted atomic writes left behind. A directory swap killed between
-    its two renames left the previous version as .NAME.oldPID: it is put back."""
-    for p in sorted(out_dir.iterdir()) if out_dir.is_dir() else []:
-        m = TEMPORARY.fullmatch(p.name)
-        if not m:
+    """Remove what killed writes left behind (files.clear_leftovers: a half-swapped
+    checkpoint goes back)."""
+    clear_leftovers(out_dir)
+
+
+def _held_aside(out_dir: Path) -> list:
+    """The folders of what --overwrite runs killed outright (SIGKILL) had set aside."""
+    return [p for p in sorted(out_dir.glob(".old-run.*")) if HELD_ASIDE.fullmatch(p.name)
+            and p.is_dir() and not process_alive(int(HELD_ASIDE.fullmatch(p.name)["pid"]))]
+
+
+def _settle_held(out_dir: Path, resume: bool, fp: dict):
+    """What an --overwrite run killed outright set aside (the older model): once that
+    run wrote a model or a checkpoint, it goes; before, it waits for the next run
+    command. A --resume of the killed run continues it (and the older model goes); any
+    other puts the older model back first, over what the killed run had begun, and is
+    then judged as it would have been on that directory."""
+    for held in _held_aside(out_dir):
+        rec = read_run(out_dir)
+        if (holds_a_run(out_dir) or _holds_runs(out_dir) or not any(held.iterdir())
+                or resume and rec is not None and _same_run(rec.get("fingerprint"), fp)):
+            shutil.rmtree(held, ignore_errors=True)
             continue
-        original = out_dir / m.group("name") if m.group("name") else None
-        if original is not None and ".old" in p.name and p.is_dir() and not original.exists():
-            os.replace(p, original)
-        elif p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+        clear(out_dir, keep=[*foreign_entries(out_dir, rec), held.name], only=RUN_OUTPUTS)
+        put_back(out_dir, [held])
+        note(f"{out_dir}: put back what an --overwrite run killed before it wrote anything "
+             "had set aside: the directory holds what it held before that run")
 
 
 def clear(out_dir: Path, keep=(), only=None, written=None, held=None):
@@ -526,6 +546,8 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
     if out_dir.resolve() in _HOSTED:
         yield out_dir
         return
+    if resume and overwrite:   # (before anything is touched)
+        raise NanobertError("--resume and --overwrite contradict each other: choose one")
     check_output_dir(out_dir, "--out")
     if overwrite and not resume:
         _check_inputs_kept(out_dir, reads, written)
@@ -538,6 +560,9 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
         record = None
         try:
             clean_temporaries(out_dir)
+            _settle_held(out_dir, resume, fp)
+            if before is not None:   # (what it put back was there before this run)
+                before = {n for n in os.listdir(out_dir) if n != LOCK_FILE or LOCK_FILE in before}
             record = _start(out_dir, command, fp, resume, overwrite, written, held)
             yield out_dir
         except BaseException as e:

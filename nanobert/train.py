@@ -48,7 +48,7 @@ import torch.nn as nn
 
 from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
                      positive, seed_range)
-from .files import NanobertError, atomic_path, note, signals_replaced
+from .files import NanobertError, atomic_path, note, signals_replaced, write_text
 
 
 @dataclass
@@ -784,7 +784,7 @@ class Trainer:
         last = self.step - 1 if self._pending is not None else self.step
         keep = [line for line in log.read_text("utf-8").splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= last]
-        log.write_text("".join(line + "\n" for line in keep))
+        write_text(log, "".join(line + "\n" for line in keep))   # (whole, or not at all)
 
     # ---- the training curve -------------------------------------------------------
     def plot(self):

@@ -37,6 +37,34 @@ def test_tokenize_cache_and_pack(loaded_corpus):
     assert (spans[:, 1] <= ends[doc_of]).all()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "arrays", "tokenizer"])
+def test_a_damaged_cache_is_rebuilt_with_a_note(corpus_dir, tmp_path, damage, capsys):
+    """A truncated tokens-*.npz (a partial copy, a full disk) crashed pretrain with a
+    BadZipFile traceback; one whose arrays disagree (ids halved) trained on half the
+    corpus; a broken cached tokenizer failed every later run. Each is rebuilt."""
+    import numpy as np
+    logs = []
+    tok, train, val = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
+    npz = next(tmp_path.glob("tokens-*.npz"))
+    if damage == "truncated":
+        npz.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2])
+    elif damage == "arrays":
+        with np.load(npz) as z:
+            ids, sents, docs = z["ids"], z["sents"], z["docs"]
+        with open(npz, "wb") as f:
+            np.savez(f, ids=ids[: len(ids) // 2], sents=sents, docs=docs)
+    else:
+        tj = next(tmp_path.glob("tokenizer-*")) / "tokenizer.json"
+        tj.write_text(tj.read_text()[:100])
+    tok2, train2, val2 = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "rebuilt" in err
+    assert tok2.tk.to_str() == tok.tk.to_str()
+    assert train2.ids.tolist() == train.ids.tolist() and val2.ids.tolist() == val.ids.tolist()
+    load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)   # whole again
+    assert "cannot be read" not in capsys.readouterr().err
+
+
 def test_cache_hit_gives_the_same_corpus(corpus_dir, tmp_path):
     logs = []
     a = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)

@@ -409,3 +409,23 @@ def test_a_failed_atomic_write_leaves_nothing(tmp_path):
     with atomic_path(tmp_path / "a" / "b" / "e.npy") as tmp:
         tmp.write_bytes(b"whole")
     assert (tmp_path / "a" / "b" / "e.npy").read_bytes() == b"whole"
+
+
+def test_a_write_clears_what_a_killed_write_of_the_same_target_left(tmp_path):
+    """A SIGKILLed `export` left its 150 MB temporary beside the target for good."""
+    import subprocess
+    import sys
+    from nanobert.files import write_text
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    dead, live = p.pid, os.getpid()
+    stale = tmp_path / f".out.nanobert-tmp-{dead}-abcd1234"
+    stale.mkdir()
+    (stale / "t").write_text("half an export")
+    busy = tmp_path / f".out.nanobert-tmp-{live}-efgh5678"       # a live writer's own
+    busy.mkdir()
+    other = tmp_path / f".other.nanobert-tmp-{dead}-ijkl9012"     # another target's
+    other.mkdir()
+    write_text(tmp_path / "out", "whole")
+    assert (tmp_path / "out").read_text() == "whole"
+    assert not stale.exists() and busy.exists() and other.exists()

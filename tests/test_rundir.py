@@ -207,17 +207,92 @@ def test_fingerprint_is_content_not_path(tmp_path, data):
         "task classify there, ner now", "1 data file(s) there, 2 now", "--lr 0.001 there, 1 now"]
 
 
+def dead_pid() -> int:
+    """The id of a process that has ended (a fresh one is not reused at once)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
 def test_stale_temporaries_are_cleaned_and_a_torn_swap_is_undone(tmp_path, data):
     out = tmp_path / "out"
     out.mkdir()
-    for name in (".checkpoint.ab12cd34", ".save.xyz", ".model.safetensors.k2j3h4g5", ".old-run.77"):
+    dead = dead_pid()
+    for name in (f".checkpoint.nanobert-tmp-{dead}-ab12cd34", f".save.nanobert-tmp-{dead}-xyz1_2ab",
+                 f".model.safetensors.nanobert-tmp-{dead}-k2j3h4g5"):
         (out / name).mkdir()
-    (out / ".checkpoint.old4242").mkdir()               # killed between the two renames
-    (out / ".checkpoint.old4242" / "state.json").write_text('{"step": 4}')
-    (out / ".gitignore").write_text("kept")
+    torn = out / f".checkpoint.nanobert-old-{dead}"     # killed between the two renames
+    torn.mkdir()
+    (torn / "state.json").write_text('{"step": 4}')
+    mine = f".config.json.nanobert-tmp-{os.getpid()}-a1b2c3d4"   # a live writer's: its own
+    # the user's dotfiles, whatever they look like, are never a temporary
+    users = [".gitignore", ".env.template", ".notes.markdown", ".cache.old4242", ".save.xyz"]
+    for name in users + [mine]:
+        (out / name).write_text("kept")
     clean_temporaries(out)
-    assert sorted(p.name for p in out.iterdir()) == [".gitignore", "checkpoint"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(users + [mine, "checkpoint"])
     assert json.loads((out / "checkpoint" / "state.json").read_text()) == {"step": 4}
+
+
+def test_a_refused_run_never_touches_the_users_dotfiles(tmp_path, data):
+    """`--out .` in a project: `.env.template` matched the temporaries' pattern, and a
+    run refused for --resume with --overwrite deleted it."""
+    out = tmp_path / "proj"
+    out.mkdir()
+    (out / ".env.template").write_text("SECRET=1")
+    (out / ".notes.markdown").write_text("keep")
+    with pytest.raises(NanobertError, match="contradict"):
+        with run(out, "finetune", fp(data), resume=True, overwrite=True):
+            pass
+    with run(out, "finetune", fp(data)):
+        pass
+    assert (out / ".env.template").read_text() == "SECRET=1"
+    assert (out / ".notes.markdown").read_text() == "keep"
+
+
+KILLED_OVERWRITE = """
+import os, signal, sys
+from nanobert.rundir import run, fingerprint
+out = sys.argv[1]
+with run(out, "finetune", fingerprint("classify", [sys.argv[2]], {"lr": 9}), overwrite=True):
+    open(os.path.join(out, "vocab.txt"), "w").write("the new run's vocabulary")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_overwrite_run_gives_the_older_model_back_to_the_next_command(tmp_path, data):
+    """An --overwrite run SIGKILLed before it wrote a model or checkpoint left the
+    finished older model in .old-run.PID, and the next command into the directory, even
+    one refused, deleted it for good."""
+    out = tmp_path / "out"
+    with run(out, "finetune", fp(data)):
+        (out / "config.json").write_text('{"old": 1}')
+        (out / "vocab.txt").write_text("the old vocabulary")
+    record = (out / RUN_FILE).read_text()
+    r = subprocess.run([sys.executable, "-c", KILLED_OVERWRITE, str(out), str(data)],
+                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
+    assert r.returncode == -signal.SIGKILL
+    assert [p.name for p in out.iterdir() if p.name.startswith(".old-run.")]
+    with pytest.raises(NanobertError):
+        require_finished(out)                            # the killed run's record
+    with pytest.raises(NanobertError, match="contradict"):  # refused before anything
+        with run(out, "finetune", fp(data), resume=True, overwrite=True):
+            pass
+    assert [p.name for p in out.iterdir() if p.name.startswith(".old-run.")]
+    with pytest.raises(NanobertError, match="already holds a model"):
+        with run(out, "finetune", fp(data, lr=7)):       # a new run: the older model is back
+            pass
+    assert (out / "config.json").read_text() == '{"old": 1}'
+    assert (out / "vocab.txt").read_text() == "the old vocabulary"
+    assert (out / RUN_FILE).read_text() == record
+    require_finished(out)
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".old-run.")]
+    # killed again, then continued with --resume: the killed run is the one that goes on
+    subprocess.run([sys.executable, "-c", KILLED_OVERWRITE, str(out), str(data)],
+                   env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
+    with run(out, "finetune", fingerprint("classify", [data], {"lr": 9}), resume=True):
+        assert not [p.name for p in out.iterdir() if p.name.startswith(".old-run.")]
+        assert (out / "vocab.txt").read_text() == "the new run's vocabulary"
 
 
 def test_one_run_per_directory_at_a_time(tmp_path, data):
@@ -395,7 +470,7 @@ def test_finetune_killed_then_resumed_ends_as_if_never_stopped(fixture_dir, refe
     assert model_bytes(out) == model_bytes(reference)
     assert losses(out) == losses(reference)
     assert main(["evaluate", "--model", str(out), "--data", str(fixture_dir / "dev.tsv")]) == 0
-    assert not [p for p in out.iterdir() if p.name.startswith((".checkpoint.", ".save."))]
+    assert not [p for p in out.iterdir() if "nanobert-tmp" in p.name or ".old-run." in p.name]
 
 
 def tree(out) -> dict:
@@ -410,7 +485,7 @@ def test_a_new_finetune_into_an_older_run(fixture_dir, reference, tmp_path, caps
     before = tree(out)
     refused(capsys, ft(fixture_dir, out), f"--out {out} already holds a model", "--overwrite")
     assert tree(out) == before                                   # nothing written or mixed
-    killed_at(r"^step 3: ", *ft(fixture_dir, out), "--overwrite")
+    killed_at(r"^step 6: ", *ft(fixture_dir, out), "--overwrite")   # after a checkpoint
     refused(capsys, ["evaluate", "--model", str(out), "--data", str(fixture_dir / "dev.tsv")],
             "did not finish")                                    # never the older model
     err = refused(capsys, ft(fixture_dir, out, **{"--lr": 1e-2}) + ["--resume"], "--resume:")
@@ -418,6 +493,29 @@ def test_a_new_finetune_into_an_older_run(fixture_dir, reference, tmp_path, caps
                    "now); resume with the same data and flags, or start over with --overwrite")
     assert main(ft(fixture_dir, out) + ["--resume"]) == 0
     assert model_bytes(out) == model_bytes(reference) and losses(out) == losses(reference)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_an_overwrite_killed_before_its_first_checkpoint_gives_the_older_model_back(
+        fixture_dir, tmp_path, capsys):
+    """SIGKILLed before it wrote a checkpoint, an --overwrite run has nothing to resume:
+    the finished model it set aside comes back with the next run command (it was
+    deleted by it, even by one that was refused), and read commands say where it is."""
+    out = tmp_path / "run"
+    assert main(ft(fixture_dir, out, **{"--seed": 9, "--epochs": 1})) == 0   # the older run
+    before = tree(out)
+    killed_at(r"^step 3: ", *ft(fixture_dir, out), "--overwrite")
+    assert not (out / "checkpoint").exists()
+    refused(capsys, ["evaluate", "--model", str(out), "--data", str(fixture_dir / "dev.tsv")],
+            "did not finish", "--resume", "the model it was to replace is set aside in .old-run.",
+            "any other run command into the directory puts it back")
+    refused(capsys, ft(fixture_dir, out) + ["--resume", "--overwrite"], "contradict")
+    assert main(ft(fixture_dir, out)) == 2                       # refused, but it is back
+    err = capsys.readouterr().err
+    assert "put back what an --overwrite run killed before it wrote anything" in err
+    assert "already holds a model" in err
+    assert tree(out) == before
+    assert main(["evaluate", "--model", str(out), "--data", str(fixture_dir / "dev.tsv")]) == 0
 
 
 @pytest.mark.usefixtures("one_thread")
