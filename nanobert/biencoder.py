@@ -249,6 +249,10 @@ def query_split(beir, holdout: float = 0.0) -> tuple:
         raise NanobertError(f"--holdout must be in [0, 1), got {holdout}")
     qids = list(beir.qrels)
     held = [q for q in qids if held_out(q, holdout)]
+    if holdout and not held:   # (scored on every query: the training ones)
+        raise NanobertError(f"{getattr(beir, 'root', None) or 'the BEIR folder'}: --holdout "
+                            f"{holdout:g} holds out none of its {len(qids)} judged queries (a "
+                            "query is held out by a hash of its id); use a larger --holdout")
     return [q for q in qids if not held_out(q, holdout)], held
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import math
 import sys
 from dataclasses import dataclass
@@ -314,6 +315,9 @@ class Config:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if _kind(f) is list and isinstance(value, (str, os.PathLike)):
+                setattr(self, f.name, [value])   # one path given alone, not its letters
             if f.metadata.get("range") or f.metadata.get("choices"):
                 check_value(_flag(f), getattr(self, f.name), _kind(f), f.metadata.get("range"),
                             f.metadata.get("choices"))

@@ -242,5 +242,6 @@ def export_cmd(args):
     if source is not None:
         check_not_input(out, [source], "OUT")
     path = EXPORTERS[args.format](model, args.out, tokenizer, args.dtype)
-    print(f"wrote {path} (outputs: {', '.join(outputs_of(model))})")
+    also = f"{path.with_name('model.onnx')} and " if path.name != "model.onnx" else ""
+    print(f"wrote {also}{path} (outputs: {', '.join(outputs_of(model))})")
     return 0

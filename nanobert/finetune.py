@@ -159,8 +159,9 @@ def encode_qa(tok, examples, max_length, doc_stride, train=False, quiet=False) -
     windows = make_windows(tok, examples, max_length, doc_stride, train=train)
     cut = len({w.example for w in windows if w.question_cut})
     if cut and not quiet:
+        limit = question_limit(tok.tk, max_length, doc_stride)
         note(f"{cut} question{'s were' if cut > 1 else ' was'} cut to "
-             f"{question_limit(tok.tk, max_length, doc_stride)} tokens, half of what a window "
+             f"{limit} token{'' if limit == 1 else 's'}, half of what a window "
              f"of {max_length} (doc stride {doc_stride}) leaves them")
     items = [{"input_ids": w.ids, "token_type_ids": w.type_ids} for w in windows]
     if train:

@@ -16,6 +16,7 @@ backend it was loaded with.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,13 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
     """tokens (list of T word-pieces) and attention probabilities, a float32 array
     (L, nh, T, T): probs[l, h, i, j] is how much token i attends to token j in head h
     of layer l. `model` is a `Bert` (any head) or a `BertModel`."""
+    from .model import BertModel
+    from .tokenizer import Tokenizer
     encoder = getattr(model, "bert", model)
+    if not isinstance(encoder, BertModel) or not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"attention_maps(model, tokenizer, text): got a "
+                        f"{type(model).__name__} and a {type(tokenizer).__name__} (nanobert.load "
+                        "gives the pair)")
     was_training = encoder.training
     encoder.eval()
     try:
@@ -55,9 +62,38 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
     return tokens, probs
 
 
+def _maps(probs, name: str = "probs") -> np.ndarray:
+    """`probs` as attention_maps gives them, a float array (L, nh, T, T), else a
+    ValueError naming it (not numpy's IndexError from deep inside a plot)."""
+    a = np.asarray(probs.detach().cpu() if isinstance(probs, torch.Tensor) else probs)
+    if a.ndim != 4 or a.shape[2] != a.shape[3] or not np.issubdtype(a.dtype, np.floating):
+        raise ValueError(f"{name} must be attention probabilities (layers, heads, T, T) as "
+                         f"attention_maps gives them, got shape {a.shape} of {a.dtype}")
+    return a
+
+
+def _indices(values, count: int, what: str) -> list:
+    """0-based layer or head indices, each one the model has."""
+    values = list(values) if not isinstance(values, (int, np.integer)) else [values]
+    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                or not 0 <= v < count), None)
+    if bad is not None or not values:
+        raise ValueError(f"{what}s must be 0-based indices from 0 to {count - 1}, got "
+                         f"{bad if bad is not None else 'none'}")
+    return [int(v) for v in values]
+
+
+def _check_out(out) -> Path:
+    """An image path to write (the suffix names the format), as the commands check it."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out must be a path, got {type(out).__name__}")
+    check_output_file(out, "out", IMAGE_SUFFIXES)
+    return Path(out)
+
+
 def cls_attention(probs: np.ndarray) -> np.ndarray:
     """(L, nh, T, T) -> (L, T): the [CLS] row of each layer, averaged over heads."""
-    return probs[:, :, 0, :].mean(axis=1)
+    return _maps(probs)[:, :, 0, :].mean(axis=1)
 
 
 def parse_selection(spec: Optional[str], count: int, what: str, default: Sequence[int]):
@@ -103,7 +139,7 @@ def _pyplot():
 
 def _save(fig, out):
     out = Path(out)
-    with atomic_path(out) as tmp:
+    with atomic_path(out) as tmp:   # (`out` was checked: _check_out)
         fig.savefig(tmp, format=(out.suffix.lstrip(".").lower() or "png"), dpi=120,
                     bbox_inches="tight")
 
@@ -129,6 +165,11 @@ def plot_attention(tokens, probs, layers, heads, out, title: Optional[str] = Non
                    scale: str = "linear"):
     """One heatmap per (layer, head) (0-based indices): rows are layers, columns heads.
     Queries on the y axis, keys on the x axis, one colour scale shared by all maps."""
+    probs, out = _maps(probs), _check_out(out)
+    layers = _indices(layers, probs.shape[0], "layer")
+    heads = _indices(heads, probs.shape[1], "head")
+    if len(tokens) != probs.shape[2]:
+        raise ValueError(f"{len(tokens)} tokens for maps of {probs.shape[2]}")
     plt = _pyplot()
     T = len(tokens)
     maps = [[probs[l, h] for h in heads] for l in layers]
@@ -157,6 +198,10 @@ def plot_attention(tokens, probs, layers, heads, out, title: Optional[str] = Non
 
 def plot_cls_attention(tokens, cls_probs, out, title: Optional[str] = None, scale: str = "sqrt"):
     """A layer × token heatmap of how much [CLS] attends to each token."""
+    cls_probs, out = np.asarray(cls_probs), _check_out(out)
+    if cls_probs.ndim != 2 or cls_probs.shape[1] != len(tokens):
+        raise ValueError(f"cls_probs must be (layers, T) for the {len(tokens)} tokens, as "
+                         f"cls_attention gives them, got shape {cls_probs.shape}")
     plt = _pyplot()
     L, T = cls_probs.shape
     font = 9 if T <= 40 else 7
@@ -341,6 +386,10 @@ def silhouette(vectors: np.ndarray, labels, metric: str = "cosine", where="the s
 def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarray:
     """(n, H) -> (n, 2) with scikit-learn's t-SNE (PCA init, fixed seed)."""
     from sklearn.manifold import TSNE
+    vectors = np.asarray(vectors, dtype=np.float32) if not isinstance(vectors, np.ndarray) \
+        else vectors
+    if vectors.ndim != 2:
+        raise ValueError(f"vectors must be an (n, H) array, got shape {vectors.shape}")
     n = vectors.shape[0]
     if n < 5:
         raise NanobertError(f"t-SNE needs at least 5 examples, got {n}")
@@ -353,6 +402,10 @@ def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.nda
 
 
 def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names=None):
+    points, out = np.asarray(points), _check_out(out)
+    if points.ndim != 2 or points.shape[1] != 2 or len(labels) != len(points):
+        raise ValueError(f"points must be (n, 2) with a label each, got shape {points.shape} "
+                         f"and {len(labels)} labels")
     plt = _pyplot()
     label_names = label_names or {}
     fig, ax = plt.subplots(figsize=(7.5, 5.5), layout="constrained")

@@ -1606,7 +1606,8 @@ def serve_cmd(args):
     names = [split_spec(spec)[0] for spec in args.models]   # before anything loads
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
-        raise NanobertError(f"two models are named {dup!r}; name them with NAME=PATH")
+        raise NanobertError(f"two models are named {dup!r}; give each its own name "
+                            "(NAME=PATH, NAME=PATH)")
     sock = listening_socket(config.host, config.port)
     config.port = sock.getsockname()[1]              # --port 0: the one the system chose
     try:

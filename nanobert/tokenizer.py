@@ -304,9 +304,11 @@ def check_texts(texts, name: str = "texts") -> list:
     tokenizers library's own messages name neither), a ValueError for an item that is not
     valid Unicode. A dict (its keys) or a set (no order: rows could not be matched to the
     texts) is refused."""
-    if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):
-        raise TypeError(f"{name} must be a string or a list of strings, got "
-                        f"{type(texts).__name__}")
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{name} must be a list of strings, not one {type(texts).__name__} "
+                        "(pass [text])")
+    if not hasattr(texts, "__iter__"):
+        raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
     if isinstance(texts, (Mapping, AbstractSet)):
         why = "its keys would be read as the texts" if isinstance(texts, Mapping) else \
             "it has no order, so the results could not be matched to the texts"
@@ -722,7 +724,8 @@ def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: st
     one = len(cut) == 1
     which = f"#{cut[worst] + 1}" if one else f"the longest, #{cut[worst] + 1},"
     return (f"{len(cut)} of {len(encodings)} {what} {'is' if one else 'are'} longer than "
-            f"{max_length} tokens and {'was' if one else 'were'} cut by {by} tokens ({which} has "
+            f"{max_length} tokens and {'was' if one else 'were'} cut by {by} token"
+            f"{'' if by == '1' else 's'} ({which} has "
             f"{lengths[worst]}: {shown!r})" + (f"; raise {flag} to keep more" if flag else ""))
 
 

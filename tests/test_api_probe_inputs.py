@@ -207,3 +207,51 @@ def test_a_tokenizer_given_with_a_model_name_is_used():
                               torch.as_tensor(nanobert.Encoder("minilm").encode("the cat")))
     with pytest.raises(TypeError, match="tokenizer must be a nanobert Tokenizer"):
         nanobert.Encoder("minilm", tokenizer="minilm")
+
+
+# ---- a CLI/API probe (2026-11-29) -----------------------------------------------------
+
+def test_a_config_list_field_takes_one_path_as_one_path():
+    """PretrainConfig(corpus="wiki.txt") read the string letter by letter ('w: no such
+    file')."""
+    assert nanobert.PretrainConfig(corpus="wiki.txt").corpus == ["wiki.txt"]
+    from pathlib import Path
+    assert nanobert.PretrainConfig(corpus=Path("a.txt")).corpus == [Path("a.txt")]
+    assert nanobert.PretrainConfig(corpus=["a", "b"]).corpus == ["a", "b"]
+
+
+def test_a_single_string_for_a_list_of_texts_says_so(minilm):
+    from nanobert.embed import encode
+    model, tok = minilm
+    with pytest.raises(TypeError, match=r"texts must be a list of strings, not one str \(pass "
+                                        r"\[text\]\)"):
+        encode(model, tok, "abc")
+
+
+def test_the_inspection_functions_check_their_arguments(minilm, tmp_path):
+    """Bad layers, heads, arrays and paths were numpy IndexErrors, AttributeErrors and an
+    IsADirectoryError naming a temporary file."""
+    from nanobert import inspection as I
+    model, tok = minilm
+    tokens, probs = I.attention_maps(model, tok, "hello world")
+    png = tmp_path / "a.png"
+    cases = [(lambda: I.plot_attention(tokens, probs, [6], [0], png), ValueError,
+              "layers must be 0-based indices from 0 to 5, got 6"),
+             (lambda: I.plot_attention(tokens, probs, [0], [-1], png), ValueError,
+              "heads must be 0-based indices from 0 to 11, got -1"),
+             (lambda: I.plot_attention(tokens, probs, [0], [0], tmp_path), NanobertError,
+              "is a directory"),
+             (lambda: I.plot_attention(tokens, probs, [0], [0], tmp_path / "a.txt"),
+              NanobertError, "unsupported file type '.txt'"),
+             (lambda: I.attention_maps(tok, model, "x"), TypeError, "got a Tokenizer and a Bert"),
+             (lambda: I.cls_attention(probs[0]), ValueError, "got shape (12, 4, 4)"),
+             (lambda: I.tsne([[1.0, 2.0], [3.0, 4.0]]), NanobertError, "at least 5 examples"),
+             (lambda: I.tsne(np.zeros(7)), ValueError, "(n, H) array"),
+             (lambda: I.plot_tsne(np.zeros((10, 2)), ["a", "b"], png), ValueError, "2 labels")]
+    for call, kind, text in cases:
+        with pytest.raises(kind) as e:
+            call()
+        assert text in str(e.value)
+    assert not png.exists()
+    I.plot_attention(tokens, probs, [0, 5], [0, 11], png)
+    assert png.stat().st_size > 1000

@@ -395,7 +395,7 @@ def test_encoder_refuses_the_max_lengths_the_cli_refuses_in_its_words(minilm, ca
 
 def test_encode_and_search_refuse_bad_inputs_by_name(encoder):
     model, tok = encoder.model, encoder.tokenizer
-    for texts, words in [(None, "texts must be a string or a list"), (3, "got int"),
+    for texts, words in [(None, "texts must be a list of strings, got NoneType"), (3, "got int"),
                          ([3], r"texts\[0\] must be a string"), (["a", None], r"texts\[1\]")]:
         with pytest.raises(TypeError, match=words):
             encoder.encode(texts)

@@ -339,3 +339,14 @@ def test_a_document_judged_relevant_to_the_query_of_its_own_id_is_kept(capsys):
     # an unjudged document of the query's id is still dropped (a query found in the corpus)
     run = {"q": {"q": 0.9, "d": 0.5}}
     assert R.retrieval_metrics({"q": {"d": 1}}, run)["mrr_at_10"] == 1.0
+
+
+def test_a_holdout_that_holds_out_no_query_is_refused(tmp_path):
+    """evaluate --holdout 0.01 on 28 queries scored all of them (the training queries too),
+    as if no holdout were asked."""
+    from nanobert.biencoder import query_split
+    beir = D.Beir({f"d{i}": ("", "x") for i in range(3)}, {f"q{i}": "y" for i in range(3)},
+                  {f"q{i}": {"d0": 1} for i in range(3)}, "test")
+    assert query_split(beir, 0.0)[1] == []
+    msg = error_of(query_split, beir, 0.001)
+    assert "--holdout 0.001 holds out none of its 3 judged queries" in msg

@@ -228,7 +228,7 @@ def test_calling_the_tokenizer_names_what_is_wrong(minilm_dir):
     """tok(None), tok([3]), tok([]) failed inside the tokenizers library or in `pad`
     (max() of an empty sequence); max_length=0 was silently ignored."""
     tok = Tokenizer.from_dir(minilm_dir)
-    for bad, kind, message in [(None, TypeError, "texts must be a string or a list"),
+    for bad, kind, message in [(None, TypeError, "texts must be a list of strings, got NoneType"),
                                ([3], TypeError, r"texts\[0\] must be a string, got int"),
                                (["a", None], TypeError, r"texts\[1\] must be a string"),
                                ([], ValueError, "texts is empty")]:
