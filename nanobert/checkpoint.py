@@ -592,8 +592,18 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
         untie_decoder(model)
     model.new_weights = load_state(model, state, fam, source=model_dir)
     _check_declared_head(model, arch, fam, path)
+    _note_non_finite(model, model_dir)
     model.source_dir = model_dir
     return model
+
+
+def _note_non_finite(model, model_dir) -> None:
+    """A note for weights that hold NaN or inf (a run that diverged, a bad conversion):
+    every output that reads them is NaN, which nothing else would say."""
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        note(f"{model_dir}: {len(bad)} weight tensor(s) hold NaN or inf ({', '.join(bad[:3])}"
+             f"{', ...' if len(bad) > 3 else ''}): outputs that read them will be NaN")
 
 
 def _fails_alone(hf: dict, fam: Family) -> bool:

@@ -1318,9 +1318,10 @@ def default_max_length(d, tok, task: Task) -> int:
     """The window of a model whose nanobert.json names none: an embedding model's is
     the one `nanobert embed` and sentence-transformers use (sentence_bert_config.json's
     max_seq_length, else the tokenizer's), so evaluate scores STS and BEIR on the same
-    vectors; other tasks use the task's default."""
+    vectors; other tasks use the task's default, or the tokenizer's model_max_length
+    when that is smaller (a nanobert run saves its --max-length there)."""
     if task.name != "embed":
-        return task.max_length
+        return min(task.max_length, tok.model_max_length or task.max_length)
     from .embed import declared_max_length
     return declared_max_length(d) or tok.model_max_length or task.max_length
 

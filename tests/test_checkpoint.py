@@ -417,3 +417,19 @@ def test_save_pretrained_does_not_mix_into_a_run_directory(tmp_path):
     model.save_pretrained(tmp_path / "hf")
     model.save_pretrained(tmp_path / "hf")          # over its own files: fine
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_weights_that_hold_nan_are_noted_at_load(tmp_path, capsys):
+    """A classifier whose weights were all NaN loaded and predicted 'nan' without a word."""
+    import nanobert
+    from safetensors.torch import load_file, save_file
+    torch.manual_seed(0)
+    c = nanobert.preset("tiny", vocab_size=100, max_position_embeddings=32, num_labels=2)
+    nanobert.Bert(c, "classify").save_pretrained(tmp_path / "m")
+    nanobert.Bert.from_pretrained(tmp_path / "m")
+    assert "NaN" not in capsys.readouterr().err
+    w = load_file(tmp_path / "m" / "model.safetensors")
+    w["classifier.weight"] = torch.full_like(w["classifier.weight"], float("nan"))
+    save_file(w, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    nanobert.Bert.from_pretrained(tmp_path / "m")
+    assert "1 weight tensor(s) hold NaN or inf (classifier.weight)" in capsys.readouterr().err

@@ -992,3 +992,17 @@ def test_overlapping_windows_read_each_word_where_it_has_the_most_context(minilm
     from nanobert.finetune import encode_ner, word_predictions
     one = word_predictions(EdgeShy(), encode_ner(tok, [s], room + 2), batch_size=4)[0]
     assert sum(one.get(w, (0,))[0] == 0 for w in middle) > 10
+
+
+def test_without_nanobert_json_the_tokenizers_shorter_length_holds(tiny_dir, tmp_path):
+    """A classifier whose nanobert.json was lost read inputs up to the task's 128 tokens,
+    though its tokenizer_config.json says the shorter length it was trained at."""
+    from nanobert.finetune import load_finetuned
+    d = head_dir(tiny_dir, tmp_path / "clf", "classify", None,
+                 id2label={0: "bad", 1: "good"})
+    conf = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(dict(conf, model_max_length=24)))
+    assert load_finetuned(d)[2]["max_length"] == 24
+    (d / "tokenizer_config.json").write_text(json.dumps(dict(conf, model_max_length=512)))
+    model, _, settings = load_finetuned(d)     # the task's 128, within the model's positions
+    assert settings["max_length"] == min(128, model.config.usable_positions)
