@@ -249,11 +249,20 @@ def query_split(beir, holdout: float = 0.0) -> tuple:
         raise NanobertError(f"--holdout must be in [0, 1), got {holdout}")
     qids = list(beir.qrels)
     held = [q for q in qids if held_out(q, holdout)]
-    if holdout and not held:   # (scored on every query: the training ones)
-        raise NanobertError(f"{getattr(beir, 'root', None) or 'the BEIR folder'}: --holdout "
-                            f"{holdout:g} holds out none of its {len(qids)} judged queries (a "
-                            "query is held out by a hash of its id); use a larger --holdout")
     return [q for q in qids if not held_out(q, holdout)], held
+
+
+def scored_queries(beir, settings: dict) -> Optional[list]:
+    """The queries evaluation scores: the held-out ones with `holdout`, else None (all);
+    a holdout that holds out none is refused (every query, the training ones too, was
+    scored as if none were asked)."""
+    holdout = settings.get("holdout") or 0.0
+    held = query_split(beir, holdout)[1]
+    if holdout and not held:
+        raise NanobertError(f"{getattr(beir, 'root', None) or 'the BEIR folder'}: --holdout "
+                            f"{holdout:g} holds out none of its {len(beir.qrels)} judged queries "
+                            "(a query is held out by a hash of its id); use a larger --holdout")
+    return held or None
 
 
 def queries_used(beir, settings: dict, training: bool) -> int:
@@ -623,8 +632,7 @@ def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) ->
     if isinstance(data, list):
         return R.evaluate_beir(vectors, rows_as_beir(data))
     beir = beir_split(data, settings, training=False)
-    held = query_split(beir, settings.get("holdout") or 0.0)[1]
-    return R.evaluate_beir(vectors, beir, query_ids=held or None)
+    return R.evaluate_beir(vectors, beir, query_ids=scored_queries(beir, settings))
 
 
 # what evaluate/predict need later (saved in nanobert.json); `model` is the starting model
@@ -751,9 +759,8 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     from .embed import Encoder
     retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm", batch_size=batch_size)
     data = beir_split(data, settings, training=False)
-    held = query_split(data, settings.get("holdout") or 0.0)[1]
-    return R.evaluate_beir(retriever.encode, data, query_ids=held or None, rerank=scores,
-                         rerank_k=settings.get("rerank_k") or 100)
+    return R.evaluate_beir(retriever.encode, data, query_ids=scored_queries(data, settings),
+                           rerank=scores, rerank_k=settings.get("rerank_k") or 100)
 
 
 EVALUATE_FLAGS = ("holdout", "split", "retriever", "rerank_k")

@@ -344,9 +344,11 @@ def test_a_document_judged_relevant_to_the_query_of_its_own_id_is_kept(capsys):
 def test_a_holdout_that_holds_out_no_query_is_refused(tmp_path):
     """evaluate --holdout 0.01 on 28 queries scored all of them (the training queries too),
     as if no holdout were asked."""
-    from nanobert.biencoder import query_split
+    from nanobert.biencoder import scored_queries
     beir = D.Beir({f"d{i}": ("", "x") for i in range(3)}, {f"q{i}": "y" for i in range(3)},
                   {f"q{i}": {"d0": 1} for i in range(3)}, "test")
-    assert query_split(beir, 0.0)[1] == []
-    msg = error_of(query_split, beir, 0.001)
+    assert scored_queries(beir, {}) is None and scored_queries(beir, {"holdout": 0}) is None
+    msg = error_of(scored_queries, beir, {"holdout": 0.001})
     assert "--holdout 0.001 holds out none of its 3 judged queries" in msg
+    held = next(h for h in (0.3, 0.5, 0.7, 0.9) if scored_queries(beir, {"holdout": h}))
+    assert 0 < len(scored_queries(beir, {"holdout": held})) <= 3
