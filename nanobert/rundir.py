@@ -689,8 +689,6 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
     nothing to lose); --resume stops at any other run's record. --overwrite deletes
     what runs wrote (`_overwritten`) and nothing else. Returns the names there that no
     run wrote (`foreign_entries`), which every later --overwrite keeps."""
-    if resume and overwrite:
-        raise NanobertError("--resume and --overwrite contradict each other: choose one")
     rec, holds = read_run(out_dir), holds_a_run(out_dir) or _holds_runs(out_dir)
     if overwrite:
         if rec is not None:      # a run's directory: what runs wrote, but what was there before
