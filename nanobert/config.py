@@ -313,6 +313,20 @@ class Config:
     (None: the field's own), or to None for all of them."""
     nested: ClassVar[dict] = {}
 
+    def __new__(cls, *args, **fields):
+        """A TypeError that says where a field of a nested config goes (`FinetuneConfig(
+        lr=1e-5)`: lr is the trainer's), rather than Python's bare 'unexpected keyword'."""
+        if dataclasses.is_dataclass(cls):
+            own = {f.name for f in dataclasses.fields(cls) if f.init}
+            unknown = [k for k in fields if k not in own]
+            if unknown and unknown[0] in {p[-1] for p, _, _ in cls.flags() if len(p) > 1}:
+                raise TypeError(f"{cls.__name__}() has no field {unknown[0]}: it is a field of "
+                                f"one of its parts, set with {cls.__name__}.create(..., "
+                                f"{unknown[0]}=...) or cfg.replace({unknown[0]}=...)")
+            if unknown:
+                raise TypeError(f"{cls.__name__}() has no field {', '.join(unknown)}")
+        return super().__new__(cls)
+
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

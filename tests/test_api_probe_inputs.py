@@ -255,3 +255,14 @@ def test_the_inspection_functions_check_their_arguments(minilm, tmp_path):
     assert not png.exists()
     I.plot_attention(tokens, probs, [0, 5], [0, 11], png)
     assert png.stat().st_size > 1000
+
+
+def test_a_trainer_field_given_to_a_job_config_says_where_it_goes():
+    """FinetuneConfig(lr=1e-5) was Python's bare 'unexpected keyword argument'."""
+    base = dict(task="classify", model="minilm", train="a.tsv", dev="b.tsv")
+    with pytest.raises(TypeError, match=r"FinetuneConfig\(\) has no field lr: it is a field of "
+                                        r"one of its parts, set with FinetuneConfig.create"):
+        FinetuneConfig(**base, lr=1e-5)
+    with pytest.raises(TypeError, match=r"^FinetuneConfig\(\) has no field bogus$"):
+        FinetuneConfig(**base, bogus=1)
+    assert FinetuneConfig.create(**base, lr=1e-5).trainer.lr == 1e-5
