@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional

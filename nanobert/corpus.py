@@ -18,8 +18,8 @@ cache and a known epoch length (the stream cycles) for constant memory.
 from __future__ import annotations
 
 import hashlib
-import zipfile
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence

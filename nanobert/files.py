@@ -226,8 +226,8 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):
         return False
-    except PermissionError:
-        return True
+    except PermissionError:   # (it runs, as another user)
+        pass
     return True
 
 

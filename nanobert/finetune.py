@@ -283,7 +283,6 @@ def ner_windows(tok, sentences, max_length) -> tuple:
             content = [x for x, s in zip(w.word_ids, w.special_tokens_mask) if not s]
             words[a:a + len(content)] = content
         for w, a in zip(windows, starts):
-            item = word_features(w)
             g, first, reach = a, [], []
             for x, special in zip(w.word_ids, w.special_tokens_mask):
                 if special:
@@ -295,8 +294,8 @@ def ner_windows(tok, sentences, max_length) -> tuple:
                 right = a + room - 1 - g if a + room < total else total
                 reach.append(min(left, right))
                 g += 1
-            item["first"], item["reach"] = first, reach
-            items.append(item)
+            items.append({"input_ids": w.ids, "token_type_ids": w.type_ids,
+                          "word_ids": w.word_ids, "first": first, "reach": reach})
             owners.append(n)
     return items, owners
 

@@ -62,12 +62,12 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
     return tokens, probs
 
 
-def _maps(probs, name: str = "probs") -> np.ndarray:
+def _maps(probs) -> np.ndarray:
     """`probs` as attention_maps gives them, a float array (L, nh, T, T), else a
     ValueError naming it (not numpy's IndexError from deep inside a plot)."""
     a = np.asarray(probs.detach().cpu() if isinstance(probs, torch.Tensor) else probs)
     if a.ndim != 4 or a.shape[2] != a.shape[3] or not np.issubdtype(a.dtype, np.floating):
-        raise ValueError(f"{name} must be attention probabilities (layers, heads, T, T) as "
+        raise ValueError(f"probs must be attention probabilities (layers, heads, T, T) as "
                          f"attention_maps gives them, got shape {a.shape} of {a.dtype}")
     return a
 
@@ -386,8 +386,7 @@ def silhouette(vectors: np.ndarray, labels, metric: str = "cosine", where="the s
 def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarray:
     """(n, H) -> (n, 2) with scikit-learn's t-SNE (PCA init, fixed seed)."""
     from sklearn.manifold import TSNE
-    vectors = np.asarray(vectors, dtype=np.float32) if not isinstance(vectors, np.ndarray) \
-        else vectors
+    vectors = np.asarray(vectors)
     if vectors.ndim != 2:
         raise ValueError(f"vectors must be an (n, H) array, got shape {vectors.shape}")
     n = vectors.shape[0]

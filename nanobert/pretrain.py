@@ -434,12 +434,10 @@ def _pretrain(run: _Run, make_model, loss_fn) -> dict:
     if evaluate is None:  # no validation: keep the final weights
         save(trainer.model, run.out)
     _meet(world)
-    if evaluate is None:
-        run.say(f"no validation (--val-fraction 0): the model of the last step, "
-                f"{result.get('step', trainer.step)}, is the one saved")
-    else:
-        run.say("best validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float)
-                                                else f"{k} {v}" for k, v in result.items()))
+    run.say(f"no validation (--val-fraction 0): the model of the last step, "
+            f"{result.get('step', trainer.step)}, is the one saved" if evaluate is None else
+            "best validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float)
+                                            else f"{k} {v}" for k, v in result.items()))
     run.say(f"model written to {run.out}")
     return result
 

@@ -254,8 +254,9 @@ def clean_temporaries(out_dir: Path):
 
 def _held_aside(out_dir: Path) -> list:
     """The folders of what --overwrite runs killed outright (SIGKILL) had set aside."""
-    return [p for p in sorted(out_dir.glob(".old-run.*")) if HELD_ASIDE.fullmatch(p.name)
-            and p.is_dir() and not process_alive(int(HELD_ASIDE.fullmatch(p.name)["pid"]))]
+    return [p for p in sorted(out_dir.glob(".old-run.*"))
+            if (m := HELD_ASIDE.fullmatch(p.name)) and p.is_dir()
+            and not process_alive(int(m["pid"]))]
 
 
 def _settle_held(out_dir: Path, resume: bool, fp: dict):

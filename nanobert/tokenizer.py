@@ -740,10 +740,10 @@ def report_truncation(tok: Tokenizer, encodings, inputs, max_length: int, what: 
 
 
 def note_once(tok: Tokenizer, text: Optional[str]) -> None:
-    """A note on stderr, once per tokenizer: the dev set, evaluated every epoch, says it
+    """`files.note`, once per tokenizer: the dev set, evaluated every epoch, says it
     once."""
-    import sys
+    from .files import note
     said = tok.__dict__.setdefault("_notes", set())
     if text and text not in said and not tok.quiet:
         said.add(text)
-        print(f"nanobert: note: {text}", file=sys.stderr, flush=True)
+        note(text)
