@@ -242,79 +242,83 @@ def predict_classify(model, tok, examples, max_length, batch_size=64, progress=F
     return torch.softmax(torch.stack(logits), -1)
 
 
-def word_predictions(model, items, batch_size=64, pad_id=0, progress=False):
-    """Per item: {word index: (tag id, probability)} from each word's first sub-word."""
-    logits = run_batches(model, items, batch_size, pad_id, progress, take=token_logits)
-    out = []
-    for it, lg in zip(items, logits):
-        probs = torch.softmax(lg, -1)                                   # (T, C)
-        conf, tag = probs.max(-1)
-        out.append({w: (int(tag[t]), float(conf[t]))
-                    for t, (w, f) in enumerate(zip(it["word_ids"], it["first"])) if f})
-    return out
-
-
-def ner_windows(tok, sentences, max_length) -> tuple:
-    """Features of pre-split sentences for tagging: a sentence over max_length tokens is
-    read in windows that overlap by half their room (the tokenizer's own overflow with
-    a stride, as QA's contexts), so no word is left untagged. Returns (items, owners):
-    per window its features, with `first` on each word's first sub-word of the whole
-    sentence (not a continuation that opens a window), and `reach`: per token how far
-    it is from a cut edge of its window (the most context wins when windows overlap);
-    owners[i] = the sentence index of item i."""
+def ner_windows(tok, inputs, max_length, split: bool = True) -> tuple:
+    """Features for tagging of pre-split sentences (word lists, `split`) or raw texts (the
+    tokenizer's pre-tokens are the words): one over max_length tokens is read in windows
+    that overlap by half their room (the tokenizer's own overflow with a stride, as QA's
+    contexts), so no word is left untagged. Returns (items, owners): per window its
+    features and offsets, with `first` on each word's first sub-word of the whole input
+    (not a continuation that opens a window), and `reach`: per token how far it is from a
+    cut edge of its window (the most context wins when windows overlap); owners[i] = the
+    input index of item i."""
     room = max_length - tok.tk.num_special_tokens_to_add(False)
     overlap = room // 2
-    with tok.truncating(max_length, stride=overlap) as tk:
-        encs = tk.encode_batch([s.words for s in sentences], is_pretokenized=True)
+    if split:
+        with tok.truncating(max_length, stride=overlap) as tk:
+            encs = tk.encode_batch(inputs, is_pretokenized=True)
+    else:
+        encs = tok.encode_batch(inputs, max_length=max_length, stride=overlap)
     long = sum(1 for e in encs if e.overflowing)
     if long:
         from .tokenizer import note_once
-        note_once(tok, f"{long} sentence{'s' if long > 1 else ''} over {max_length} tokens "
-                       f"{'were' if long > 1 else 'was'} tagged in windows overlapping by "
-                       f"{overlap} tokens")
+        what = ("sentence" if split else "text") + ("s" if long > 1 else "")
+        note_once(tok, f"{long} {what} over {max_length} tokens {'were' if long > 1 else 'was'} "
+                       f"tagged in windows overlapping by {overlap} tokens")
     items, owners = [], []
     for n, enc in enumerate(encs):
-        windows = [enc, *enc.overflowing]
-        # window k holds the sentence's tokens from k * (room - overlap) on
-        starts = [k * (room - overlap) for k in range(len(windows))]
-        total = starts[-1] + sum(1 for s in windows[-1].special_tokens_mask if not s)
-        words = [None] * total                        # the word of each sentence token
-        for w, a in zip(windows, starts):
-            content = [x for x, s in zip(w.word_ids, w.special_tokens_mask) if not s]
-            words[a:a + len(content)] = content
-        for w, a in zip(windows, starts):
-            g, first, reach = a, [], []
-            for x, special in zip(w.word_ids, w.special_tokens_mask):
-                if special:
-                    first.append(False)
-                    reach.append(0)
-                    continue
-                first.append(x is not None and (g == 0 or words[g - 1] != x))
-                left = g - a if a > 0 else total          # no cut at the sentence's ends
-                right = a + room - 1 - g if a + room < total else total
-                reach.append(min(left, right))
-                g += 1
-            items.append({"input_ids": w.ids, "token_type_ids": w.type_ids,
-                          "word_ids": w.word_ids, "first": first, "reach": reach})
-            owners.append(n)
+        items.extend(_windows(enc, room, overlap))
+        owners.extend([n] * (1 + len(enc.overflowing)))
     return items, owners
+
+
+def _windows(enc, room: int, overlap: int) -> list:
+    """The features of one input's windows (`ner_windows`)."""
+    windows = [enc, *enc.overflowing]
+    # window k holds the input's tokens from k * (room - overlap) on
+    starts = [k * (room - overlap) for k in range(len(windows))]
+    total = starts[-1] + sum(1 for s in windows[-1].special_tokens_mask if not s)
+    words = [None] * total                        # the word of each of the input's tokens
+    for w, a in zip(windows, starts):
+        content = [x for x, s in zip(w.word_ids, w.special_tokens_mask) if not s]
+        words[a:a + len(content)] = content
+    items = []
+    for w, a in zip(windows, starts):
+        g, first, reach = a, [], []
+        for x, special in zip(w.word_ids, w.special_tokens_mask):
+            if special:
+                first.append(False)
+                reach.append(0)
+                continue
+            first.append(x is not None and (g == 0 or words[g - 1] != x))
+            left = g - a if a > 0 else total          # no cut at the input's ends
+            right = a + room - 1 - g if a + room < total else total
+            reach.append(min(left, right))
+            g += 1
+        items.append({"input_ids": w.ids, "token_type_ids": w.type_ids, "word_ids": w.word_ids,
+                      "first": first, "reach": reach, "offsets": w.offsets})
+    return items
+
+
+def window_word_predictions(items, owners, logits, n: int) -> list:
+    """Per input (of n): {word index: (tag id, probability)} from each word's first
+    sub-word, read in the window that gives it the most context (`ner_windows`)."""
+    out = [{} for _ in range(n)]
+    best = [{} for _ in range(n)]                     # word -> reach of its prediction
+    for it, k, lg in zip(items, owners, logits):
+        conf, tag = torch.softmax(lg, -1).max(-1)     # (T,)
+        for t, (w, f, r) in enumerate(zip(it["word_ids"], it["first"], it["reach"])):
+            if f and r > best[k].get(w, -1):
+                best[k][w] = r
+                out[k][w] = (int(tag[t]), float(conf[t]))
+    return out
 
 
 def sentence_word_predictions(model, tok, sentences, max_length, batch_size=64,
                               progress=False) -> list:
-    """Per sentence: {word index: (tag id, probability)} from each word's first sub-word,
-    read in the window that gives it the most context (`ner_windows`)."""
-    items, owners = ner_windows(tok, sentences, max_length)
+    """Per sentence: {word index: (tag id, probability)} (`window_word_predictions`)."""
+    items, owners = ner_windows(tok, [s.words for s in sentences], max_length)
     logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=token_logits)
-    out = [{} for _ in sentences]
-    best = [{} for _ in sentences]                    # word -> reach of its prediction
-    for it, n, lg in zip(items, owners, logits):
-        conf, tag = torch.softmax(lg, -1).max(-1)     # (T,)
-        for t, (w, f, r) in enumerate(zip(it["word_ids"], it["first"], it["reach"])):
-            if f and r > best[n].get(w, -1):
-                best[n][w] = r
-                out[n][w] = (int(tag[t]), float(conf[t]))
-    return out
+    return window_word_predictions(items, owners, logits, len(sentences))
 
 
 def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress=False) -> list:
@@ -325,13 +329,24 @@ def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress
             for s, p in zip(sentences, preds)]
 
 
-def predict_ner_text(model, tok, texts, max_length, batch_size=64) -> list:
+def predict_ner_text(model, tok, texts, max_length, batch_size=64, progress=False) -> list:
     """Entities of raw texts: [{"type", "start", "end", "text", "score"}] per text. The
-    words are the tokenizer's pre-tokens (punctuation is a word of its own)."""
-    encs = tok.encode_batch(texts, max_length=max_length, report="texts")
-    preds = word_predictions(model, [word_features(e) for e in encs], batch_size, tok.pad_id or 0)
-    return [entities(text, enc, p, model.config.id2label)
-            for text, enc, p in zip(texts, encs, preds)]
+    words are the tokenizer's pre-tokens (punctuation is a word of its own); a text over
+    max_length tokens is read in windows (`ner_windows`), as a CoNLL sentence is."""
+    items, owners = ner_windows(tok, texts, max_length, split=False)
+    logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=token_logits)
+    return text_entities(texts, items, owners, logits, model.config.id2label)
+
+
+def text_entities(texts, items, owners, logits, id2label: dict) -> list:
+    """The entities of each raw text from its windows' token logits (`predict_ner_text`)."""
+    preds = window_word_predictions(items, owners, logits, len(texts))
+    tokens = [([], []) for _ in texts]                # (offsets, word ids) of all windows
+    for it, k in zip(items, owners):
+        tokens[k][0].extend(it["offsets"])
+        tokens[k][1].extend(it["word_ids"])
+    return [entities(text, offsets, words, p, id2label)
+            for text, (offsets, words), p in zip(texts, tokens, preds)]
 
 
 def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> list:
@@ -350,12 +365,12 @@ def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> l
     return out
 
 
-def entities(text, enc, word_preds: dict, id2label: dict) -> list:
+def entities(text, offsets, word_ids, word_preds: dict, id2label: dict) -> list:
     """IOB2 word tags -> [{"type", "start", "end", "text", "score"}] with character spans
     (a word spans its first to last sub-word, and the characters right after it that
     belong to its last one (`attached_end`); an I-X after O starts an entity)."""
     spans = {}
-    for o, w in zip(enc.offsets, enc.word_ids):
+    for o, w in zip(offsets, word_ids):
         o = trimmed(text, o) if w is not None else None    # no token's whitespace
         if o is not None:
             a, b = o

@@ -578,16 +578,19 @@ def check_query(m: Served, query: str):
 async def ner(server: Server, body: dict) -> dict:
     m = server.pick(body, "ner")
     texts, _, _ = read_texts(body, "inputs", server.config.max_client_batch)
-    truncate = read_bool(body, "truncate", True)
-    clipped, _ = await server.on_tokenizer(m.clip, texts)
-    counts = await server.tokenized(m.count, clipped)
-    if not truncate:
-        await server.on_tokenizer(check_truncation, m, "inputs", counts, clipped, None,
-                                  list(map(len, texts)))
-    entities = await server.run(m, "ner", clipped, counts.lengths)
-    results = [{"entities": ents, "truncated": cut}
-               for ents, cut in zip(entities, counts.truncated)]
-    return {"model": m.name, "results": results, "usage": counts.usage()}
+    read_bool(body, "truncate", True)   # (accepted: a long text is read in windows, not cut)
+    work = await server.tokenized(m.ner_windows, texts)
+    lengths = work.lengths
+    logits = await server.run(m, "token_logits", work.items, lengths)
+    entities = await server.on_tokenizer(m.ner_entities, work, logits)
+    windows = [0] * len(texts)
+    for k in work.owners:
+        windows[k] += 1
+    results = [{"entities": ents, "windows": n, "truncated": False}
+               for ents, n in zip(entities, windows)]
+    tokens = sum(lengths)
+    return {"model": m.name, "results": results,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def read_questions(body: dict, limit: int) -> tuple:

@@ -78,6 +78,19 @@ class QAWork:
 
 
 @dataclass
+class NERWork:
+    """A /ner request cut into windows (finetune.ner_windows): a text over the model's
+    limit is read in overlapping windows, as `predict` reads it."""
+    texts: list
+    items: list
+    owners: list                  # the text of each window
+
+    @property
+    def lengths(self) -> list:         # tokens of each window
+        return [len(it["input_ids"]) for it in self.items]
+
+
+@dataclass
 class Served:
     name: str
     path: Path
@@ -215,6 +228,13 @@ class Served:
                                                  e.special_tokens_mask)],
                  bool(e.overflowing)) for e in encs]
 
+    def ner_windows(self, texts) -> NERWork:
+        """The windows of raw texts, cut as `predict` cuts them; each window is one item
+        for the batcher (as qa_windows)."""
+        from .finetune import ner_windows
+        items, owners = ner_windows(self.counter, texts, self.settings["max_length"], split=False)
+        return NERWork(texts, items, owners)
+
     def qa_windows(self, pairs) -> "QAWork":
         """The windows of [(question, context)], cut as `predict` cuts them. Each window
         is one item for the batcher, so a long context goes out in several batches and
@@ -243,8 +263,17 @@ class Served:
         features = encode_classification(self.tokenizer, examples, self.max_length)
         return run_batches(self.model, features, len(features), self.tokenizer.pad_id or 0)
 
-    def _run_ner(self, texts) -> list:
-        return [r["entities"] for r in self.engine.predict(texts)]
+    def _run_token_logits(self, items) -> list:
+        """The token logits of each window, as `predict` computes them."""
+        from .finetune import run_batches, token_logits
+        return run_batches(self.model, items, len(items), self.tokenizer.pad_id or 0,
+                           take=token_logits)
+
+    def ner_entities(self, work: NERWork, logits: list) -> list:
+        """The entities of each text over all its windows (`predict`'s decoding)."""
+        from .finetune import text_entities
+        return text_entities(work.texts, work.items, work.owners, logits,
+                             self.model.config.id2label)
 
     def _run_qa_spans(self, items) -> list:
         """(start logits, end logits) of each window, as `predict` computes them."""

@@ -12,7 +12,7 @@ from nanobert import cli
 from nanobert.files import NanobertError
 from nanobert.data import Sentence
 from nanobert.finetune import (encode_ner, finetune, load_finetuned, ner_labels, predict_ner_text,
-                               word_predictions)
+                               sentence_word_predictions)
 
 POS = ["great", "wonderful", "lovely", "superb", "fun", "brilliant"]
 NEG = ["awful", "boring", "terrible", "dull", "bad", "painful"]
@@ -248,7 +248,7 @@ def test_ner_labels_go_on_the_first_subword(minilm):
                     logits[:, t, 2 if f else 1] = 10.0  # only the first piece says B-PER
             return type("O", (), {"logits": logits})()
 
-    preds = word_predictions(Fake(), [item], batch_size=4)
+    preds = sentence_word_predictions(Fake(), tok, [s], 32, batch_size=4)
     assert {w: p[0] for w, p in preds[0].items()} == {0: 0, 1: 0, 2: 0, 3: 2}
 
 
@@ -738,7 +738,7 @@ def test_entities_take_the_marks_that_follow_a_word():
     def spans(text):
         enc = tok.encode_batch([text])[0]
         words = {w for w in enc.word_ids if w is not None}
-        return [e["text"] for e in entities(text, enc, {w: (1, 0.9) for w in words}, id2label)]
+        return [e["text"] for e in entities(text, enc.offsets, enc.word_ids, {w: (1, 0.9) for w in words}, id2label)]
 
     assert spans("met Zoe\u0308 Smith") == ["met", "Zoe\u0308", "Smith"]
     assert spans("Zoe\u0308\u0301 Orle\u0301ans") == ["Zoe\u0308\u0301", "Orle\u0301ans"]
@@ -989,9 +989,30 @@ def test_overlapping_windows_read_each_word_where_it_has_the_most_context(minilm
     middle = [w for w, g in enumerate(firsts) if room // 4 <= g < total - room // 4]
     assert len(middle) > 40 and all(tags[w] == "B-LOC" for w in middle), tags
     # cut, each word was read in one window only: many were read near an edge
-    from nanobert.finetune import encode_ner, word_predictions
-    one = word_predictions(EdgeShy(), encode_ner(tok, [s], room + 2), batch_size=4)[0]
+    from nanobert.finetune import encode_ner, run_batches, token_logits, window_word_predictions
+    items = [dict(encode_ner(tok, [s], room + 2)[0], reach=[0] * (room + 2))]
+    logits = run_batches(EdgeShy(), items, 4, take=token_logits)
+    one = window_word_predictions(items, [0], logits, 1)[0]
     assert sum(one.get(w, (0,))[0] == 0 for w in middle) > 10
+
+
+def test_raw_texts_are_tagged_in_windows_with_character_spans(minilm, capsys):
+    """A raw text over max_length tokens (predict on text lines, /ner) is read in
+    overlapping windows as a CoNLL sentence is: words past the first window get tags,
+    each from where it has the most context, and spans are characters of the text."""
+    _, tok = minilm
+    words = [f"w{i % 10}" if i % 3 else "x" for i in range(90)]
+    text = "  ".join(words) + " ."
+    room = 30
+    ents = predict_ner_text(EdgeShy(), tok, [text], room + 2)[0]
+    assert "1 text over 32 tokens was tagged in windows" in capsys.readouterr().err
+    starts = [len("  ".join(words[:w])) + 2 * (w > 0) for w in range(len(words))]
+    tagged = {starts.index(e["start"]) for e in ents}
+    assert all(e["text"] == words[starts.index(e["start"])] for e in ents)
+    enc = tok.tk.encode(text, add_special_tokens=False)
+    last_word = enc.word_ids[-room // 4 - 1]       # the last word read in some middle half
+    assert set(range(6, last_word)) <= tagged, sorted(set(range(6, last_word)) - tagged)
+    assert max(tagged) > 2 * room                  # far past the first window
 
 
 def test_without_nanobert_json_the_tokenizers_shorter_length_holds(tiny_dir, tmp_path):

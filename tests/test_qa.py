@@ -329,7 +329,7 @@ def test_spans_of_byte_level_and_sentencepiece_tokens_hold_no_whitespace():
         a = min(o[0] for o, x in zip(enc.offsets, enc.word_ids) if x == w)
         b = max(o[1] for o, x in zip(enc.offsets, enc.word_ids) if x == w)
         preds[w] = (wanted.get(text[a:b].strip(), 2 if not text[a:b].strip() else 0), 0.9)
-    got = entities(text, enc, preds, id2label)
+    got = entities(text, enc.offsets, enc.word_ids, preds, id2label)
     assert [(e["type"], e["text"]) for e in got] == [("PER", "Zoë"), ("LOC", "Paris")]
     assert all(text[e["start"]:e["end"]] == e["text"] for e in got)
     # the QA side: every token's offsets in the context hold no whitespace

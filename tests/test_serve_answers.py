@@ -132,7 +132,8 @@ def test_ner_spans_keep_a_final_combining_mark_and_scores_are_not_rounded(tmp_pa
     assert all(abs(e["score"] - conf) < 1e-6 for e in ents)
     assert ents[0]["score"] != round(ents[0]["score"], 4)
     served = load_served(f"names={tmp_path / 'names'}")
-    assert served.runner("ner")([text]) == [ents]
+    work = served.ner_windows([text])
+    assert served.ner_entities(work, served.runner("token_logits")(work.items)) == [ents]
 
 
 def test_rerank_copies_of_a_document_tie_and_keep_the_order_sent(made):
