@@ -124,8 +124,10 @@ def is_column_index(col) -> bool:
 def by_index(header: list, col):
     """The name in `header` of a column given as a 0-based index that is not itself a
     name there (the header's column at that place); any other column as given."""
-    if col is None or not is_column_index(col) or str(col) in header:
+    if col is None or not is_column_index(col):
         return col
+    if str(col) in header:      # (3 from Python names the column '3', as '3' does)
+        return str(col)
     return header[int(col)] if int(col) < len(header) else str(col)
 
 
@@ -1001,6 +1003,8 @@ def read_text_lines(path) -> list:
     columns is refused: read as text, each of its lines would be taken for an input."""
     path = input_path(path)
     n, first = _first_content(path)
+    if path.suffix.lower() in JSON_SUFFIXES and first.lstrip().startswith('"'):
+        return _json_string_lines(path)
     if _is_json_file(path, first):
         line, what = _json_trouble(path)
         raise data_error(path, line, f"{what} (expected one text a line, or JSON Lines with "
@@ -1013,6 +1017,29 @@ def read_text_lines(path) -> list:
     if blank > 0:
         note(f"{path}: {blank} blank line{'s' * (blank != 1)} skipped (row i of the output "
              "is the i-th sentence, not line i)")
+    return out
+
+
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def _json_string_lines(path) -> list:
+    """`Example`s of a JSON Lines file of bare strings (one JSON string a line, as pandas'
+    `Series.to_json(orient="records", lines=True)` writes): the decoded strings, not
+    their quotes and escapes."""
+    out = []
+    for k, t in read_lines(path):
+        if not t.strip():
+            continue
+        try:
+            value = json.loads(t)
+        except (ValueError, RecursionError):
+            value = None
+        if not isinstance(value, str):
+            raise data_error(path, k, "is not a JSON string (the file's first line is one: "
+                             "expected one JSON string a line, or JSON Lines objects with a "
+                             "text field)")
+        out.append(Example(value, line=k))
     return out
 
 
@@ -1418,7 +1445,7 @@ class TextRow:
 MAX_SCORE = 1e15   # squared, summed over a batch of thousands: still finite in float32
 
 
-def _score(value, path, line) -> float:
+def _score(value, path, line, column: Optional[str] = None) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise data_error(path, line, "the score is missing (an empty cell or null); every row "
                          "needs one here")
@@ -1427,7 +1454,10 @@ def _score(value, path, line) -> float:
     except (TypeError, ValueError, OverflowError):   # (a JSON integer of 400 digits)
         x = float("nan")
     if isinstance(value, bool) or x != x or x in (float("inf"), float("-inf")):
-        raise data_error(path, line, f"score {value!r} is not a finite number")
+        words = isinstance(value, str) and x != x and column in LABEL_COLUMNS
+        raise data_error(path, line, f"score {value!r} is not a finite number" + (
+            f": the {column!r} column holds class labels (an NLI or classification file?), "
+            "not similarity scores" if words else ""))
     if abs(x) > MAX_SCORE:
         raise data_error(path, line, f"score {value!r} is too large (at most {MAX_SCORE:g} in "
                          "magnitude: the squared errors of training overflow float32); "
@@ -1586,9 +1616,12 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         odd = next((r for r in roles if not isinstance(rec.get(r), str)), None)
         if odd is not None:
             raise data_error(path, n, _not_a_text(odd, rec.get(odd)))
-        out.append(TextRow(texts, _score(rec.get(score), path, n) if score else None, n, path))
+        out.append(TextRow(texts, _score(rec.get(score), path, n, score) if score else None,
+                           n, path))
     if not out:
         raise data_error(path, None, "no rows (only a header?)")
+    if columns.get("score") is None:
+        _no_nli_classes(roles, score, out, path)
     _note_empty_texts(out, path, "row(s)")
     return out
 
@@ -1620,6 +1653,22 @@ UNSCORED_PAIRS = ("; {0!r}/{1!r} pairs (STS, NLI) are related by their scores, n
                   "(an STS-B test file?); (query, positive) pairs are read from columns named "
                   "so (anchor/positive, query/document, question/answer) or named with "
                   "--text-pair-column")
+
+
+def _no_nli_classes(roles: list, score: Optional[str], rows: list, path):
+    """Refuse premise/hypothesis pairs whose score, found in a column named `label`, is
+    all 0, 1 and 2: NLI's classes (entailment, neutral, contradiction; SNLI and MNLI as
+    Hugging Face exports them), which read as similarity scores would make entailment the
+    least similar pair. A column named by --label-column is taken as scores."""
+    if (score is None or score.casefold() != "label" or len(roles) != 2
+            or roles[1].casefold() != "hypothesis"):
+        return
+    if {r.score for r in rows} <= {0.0, 1.0, 2.0}:
+        raise data_error(path, rows[0].line, f"{score!r} holds NLI classes (0 entailment, "
+                         "1 neutral, 2 contradiction), not similarity scores: read as scores, "
+                         "entailment would be the least similar pair. Fine-tune a classifier on "
+                         "them (--task classify), train embeddings on (anchor, positive, "
+                         "negative) triples, or name a score column with --label-column")
 
 
 def _scored_pairs(roles: list, columns: dict) -> bool:

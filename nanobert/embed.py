@@ -664,8 +664,9 @@ def search_cmd(args):
                                                 for i, s, t in hits]}
                           for q, hits in zip(args.query, results)]))
         return 0
+    from .finetune import ONE_LINE          # one hit a line: a text's line breaks escaped
     for q, hits in zip(args.query, results):
-        print(f"query: {q}")
+        print(f"query: {q.translate(ONE_LINE)}")
         for rank, (i, s, t) in enumerate(hits, 1):
-            print(f"{rank:>3}. {s:.4f}  {t}")
+            print(f"{rank:>3}. {s:.4f}  {t.translate(ONE_LINE)}")
     return 0

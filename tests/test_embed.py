@@ -263,6 +263,14 @@ def test_embed_and_search_cli(encoder, tmp_path, capsys):
     assert best["score"] == pytest.approx(float(cached[best["index"]] @ q), abs=1e-5)
     assert best["score"] == pytest.approx(float((cached @ q).max()), abs=1e-5)
 
+    # plain output is one hit a line: a text's line break is escaped, as predict does
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('"bad\\nfilm"\n"good film"\n')
+    assert main(["search", "--model", "minilm", "--corpus", str(lines), "--query", "film",
+                 "-k", "2"]) == 0
+    out_lines = capsys.readouterr().out.strip().splitlines()
+    assert len(out_lines) == 3 and any(ln.endswith("bad\\nfilm") for ln in out_lines)
+
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     assert main(["embed", "--model", "minilm", "--input", str(empty), "--out", str(tmp_path / "x.npy")]) == 2

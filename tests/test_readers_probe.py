@@ -352,3 +352,52 @@ def test_a_holdout_that_holds_out_no_query_is_refused(tmp_path):
     assert "--holdout 0.001 holds out none of its 3 judged queries" in msg
     held = next(h for h in (0.3, 0.5, 0.7, 0.9) if scored_queries(beir, {"holdout": h}))
     assert 0 < len(scored_queries(beir, {"holdout": held})) <= 3
+
+
+def test_nli_classes_are_not_read_as_similarity_scores(tmp_path):
+    """premise/hypothesis with 0/1/2 labels (SNLI/MNLI as Hugging Face exports them) were
+    read as scores: entailment (0) became the least similar pair, and CoSENT trained on
+    inverted targets without a word. A label column named by flag is taken as scores."""
+    rows = [("A man eats.", "A person eats.", 0), ("A man eats.", "Someone is hungry.", 1),
+            ("A man eats.", "Nobody eats.", 2)]
+    p = tmp_path / "snli.jsonl"
+    p.write_text("".join(json.dumps({"premise": a, "hypothesis": b, "label": y}) + "\n"
+                         for a, b, y in rows))
+    with pytest.raises(NanobertError, match=r"snli.jsonl:1: 'label' holds NLI classes"):
+        read_embed_data(p)
+    assert [r.score for r in D.read_text_rows(p, columns={"score": "label"})] == [0, 1, 2]
+    words = tmp_path / "words.tsv"
+    words.write_text("premise\thypothesis\tlabel\nA man eats.\tA person eats.\tentailment\n"
+                     "A man eats.\tNobody eats.\tcontradiction\n")
+    with pytest.raises(NanobertError, match=r"words.tsv:2: score 'entailment' is not a finite "
+                                            r"number: the 'label' column holds class labels"):
+        read_embed_data(words)
+    # STS scores under sentence1/sentence2 stay scores, integers or not
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tlabel\na\tb\t0\nc\td\t2\ne\tf\t1\n")
+    assert [r.score for r in read_embed_data(sts)] == [0, 2, 1]
+
+
+def test_json_lines_of_bare_strings_are_decoded(tmp_path):
+    """A .jsonl file of JSON strings (pandas' Series.to_json(lines=True)) was read as text:
+    the model saw the quotes and the escapes."""
+    p = tmp_path / "texts.jsonl"
+    p.write_text('"caf\\u00e9 is \\"nice\\""\n\n"bad\\nfilm"\n')
+    got = D.read_inputs(p)
+    assert [(e.text_a, e.line) for e in got] == [('café is "nice"', 1), ("bad\nfilm", 3)]
+    q = tmp_path / "mixed.jsonl"
+    q.write_text('"ok"\n{"text": "x"}\n')
+    with pytest.raises(NanobertError, match=r"mixed.jsonl:2: is not a JSON string"):
+        D.read_inputs(q)
+    plain = tmp_path / "quotes.txt"      # a text file of quoted lines stays as written
+    plain.write_text('"I love it," she said.\n')
+    assert D.read_inputs(plain)[0].text_a == '"I love it," she said.'
+
+
+def test_a_column_index_given_as_an_int_names_the_column(tmp_path):
+    """From Python, text_column=3 found the header name '3' and then looked for the int."""
+    p = tmp_path / "cola.tsv"
+    p.write_text("gj04\t1\t\tOur friends will buy this.\ngj04\t0\t*\tThey drank the pub.\n")
+    got = D.read_classification(p, text_column=3, label_column=1)
+    assert [(e.text_a, e.label) for e in got] == [("Our friends will buy this.", "1"),
+                                                  ("They drank the pub.", "0")]
