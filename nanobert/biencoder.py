@@ -464,8 +464,8 @@ def read_pairs_or_beir(path, cols=None, require=True):
     pairs (sentence1/sentence2) without their scores are refused: an STS-B test file
     was evaluated as retrieval, every pair, unrelated ones too, counted a match."""
     from .data import read_beir, read_text_rows
-    if Path(path).is_dir():  # a BEIR folder, or one that says what it lacks
-        return read_beir(path)
+    if Path(path).is_dir():  # a BEIR folder, or one that says what it lacks (checked when
+        return read_beir(path, check=False)   # its split is chosen: beir_split)
     return read_text_rows(path, columns=_columns(cols), pairs_need_score=True,
                           min_texts=(2, "a bi-encoder needs pairs (anchor, positive[, negative]) "
                                      "or scored pairs; found single texts"))
@@ -496,7 +496,7 @@ def read_rerank_data(path, cols=None, require=True):
     and line, before any training."""
     from .data import data_error, read_beir, read_text_rows
     if Path(path).is_dir():
-        return read_beir(path)
+        return read_beir(path, check=False)
     rows = read_text_rows(path, require_score=True, columns=_columns(cols),
                           min_texts=(2, "a reranker needs (query, document, label) rows; "
                                      "found single texts"))

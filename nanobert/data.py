@@ -1690,6 +1690,7 @@ class Beir:
     qrels: dict    # query id -> {doc id: relevance (int)}
     split: str = ""
     root: Optional[Path] = None
+    checked: bool = False   # its judged documents checked against the corpus (select)
 
     def doc_text(self, doc_id) -> str:
         """What gets embedded for a document: title, a space, the text (as BEIR does)."""
@@ -1700,15 +1701,19 @@ class Beir:
         return len(self.qrels)
 
     def select(self, split: Optional[str]) -> "Beir":
-        """The same corpus and queries with the judgements of another split (None: this one)."""
+        """The same corpus and queries with the judgements of another split (None: this
+        one), its judged documents checked against the corpus (`_check_judged_docs`)."""
         if not split or split == self.split:
+            if not self.checked:
+                _check_judged_docs(self, Path(self.root or ".") / "qrels" / f"{self.split}.tsv")
+                self.checked = True
             return self
         splits = beir_splits(self.root)
         if split not in splits:
             raise NanobertError(f"{self.root}: no qrels for split {split!r} "
                                 f"(available: {', '.join(splits)})")
         qrels = read_qrels(self.root / "qrels" / f"{split}.tsv", self.queries)
-        return Beir(self.corpus, self.queries, qrels, split, self.root)
+        return Beir(self.corpus, self.queries, qrels, split, self.root).select(None)
 
 
 BEIR_SPLIT_PREFERENCE = ("test", "dev", "validation", "train")
@@ -1857,9 +1862,10 @@ def _beir_inside(root: Path) -> Optional[Path]:
     return None
 
 
-def read_beir(root, split: Optional[str] = None) -> Beir:
+def read_beir(root, split: Optional[str] = None, check: bool = True) -> Beir:
     """A BEIR folder; `split` names qrels/<split>.tsv (default: test, dev, validation,
-    then train, whichever exists)."""
+    then train, whichever exists). `check` False: its judged documents are checked when
+    a split is chosen (`Beir.select`), not those of a split that is not used."""
     root = input_path(root)
     if not is_beir_dir(root):
         lacking = "; ".join(_beir_lacks(root))
@@ -1877,8 +1883,7 @@ def read_beir(root, split: Optional[str] = None) -> Beir:
     corpus = _read_beir_jsonl(root / "corpus.jsonl", ("title", "text"))
     queries = _read_beir_jsonl(root / "queries.jsonl", ("text",))
     beir = Beir(corpus, queries, read_qrels(root / "qrels" / f"{split}.tsv", queries), split, root)
-    _check_judged_docs(beir, root / "qrels" / f"{split}.tsv")
-    return beir
+    return beir.select(None) if check else beir
 
 
 def _check_judged_docs(beir: Beir, path: Path):

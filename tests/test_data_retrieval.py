@@ -190,6 +190,22 @@ def test_beir_ids_and_judged_documents(tmp_path, capsys):
         read_pairs_or_beir(root)
 
 
+def test_beir_judged_documents_are_checked_in_the_split_chosen(tmp_path, capsys):
+    """`--split dev` noted the missing documents of test.tsv, a file it never read, and
+    did not check dev.tsv: qrels of another corpus there scored 0 without a word."""
+    from nanobert.biencoder import beir_split, read_pairs_or_beir
+    root = _beir(tmp_path, "q1\td1\t1\n")
+    _write(root / "qrels" / "test.tsv", "q1\td9\t1\nq2\td2\t1\n")
+    _write(root / "qrels" / "dev.tsv", "q1\td8\t1\n")
+    data = read_pairs_or_beir(root)
+    assert beir_split(data, {"split": "train"}, training=False).split == "train"
+    assert capsys.readouterr().err == ""
+    with pytest.raises(NanobertError, match=r"dev.tsv: none of the 1 judged documents"):
+        beir_split(data, {"split": "dev"}, training=False)
+    assert beir_split(data, {}, training=False).split == "test"
+    assert "test.tsv: 1 of 2 judged documents" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("query, msg", [
     ('{"_id": "q1", "text": null}', "query 'q1' has no text"),      # was a TypeError traceback
     ('{"_id": "q1", "text": "  "}', "query 'q1' has no text"),      # matched nothing, silently
