@@ -228,8 +228,8 @@ class Batcher:
         if seconds > 0:
             with self._lock:
                 old = self._rate.get(model)
-                if old is not None and tokens < RATE_MIN_TOKENS:
-                    return
+                if tokens < RATE_MIN_TOKENS:   # (nor a first rate: a server started with
+                    return                     # --no-warmup then refused and ran one by one)
                 new = tokens / seconds
                 self._rate[model] = new if old is None else 0.7 * old + 0.3 * new
 

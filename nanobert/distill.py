@@ -112,6 +112,8 @@ def distill_loss_fn(teacher: Bert, w: DistillWeights):
         with torch.no_grad():
             t_out = teacher(**batch)
         return distill_loss(model(**batch), t_out, w)
+    parts = [f"{x:g} {name}" for x, name in ((w.kl, "KL"), (w.mlm, "MLM"), (w.cos, "cosine")) if x]
+    loss_fn.label = f"train loss ({' + '.join(parts)})"      # (the training curve's label)
     return loss_fn
 
 
@@ -330,4 +332,5 @@ def teacher_loss_fn(teachers: Ensemble, weight: float, T: float):
             keep = batch["labels"] != -100                      # (B, T)
             logits, target = logits[keep], target[keep]         # (N, C)
         return (1 - weight) * out.loss + weight * soft_target_kl(logits, target, T)
+    loss_fn.label = f"train loss ({1 - weight:g} gold + {weight:g} teachers' KL)"
     return loss_fn

@@ -31,7 +31,7 @@ import torch
 from .batching import forward_tokens, restore_order, sorted_batches
 from .checkpoint import POOLINGS
 from .config import at_least, checked, max_length_range
-from .files import NanobertError, atomic_path, check_output_file, note, spooled_stdin
+from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note, spooled_stdin
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
@@ -664,8 +664,7 @@ def search_cmd(args):
                                                 for i, s, t in hits]}
                           for q, hits in zip(args.query, results)]))
         return 0
-    from .finetune import ONE_LINE          # one hit a line: a text's line breaks escaped
-    for q, hits in zip(args.query, results):
+    for q, hits in zip(args.query, results):      # one hit a line: line breaks escaped
         print(f"query: {q.translate(ONE_LINE)}")
         for rank, (i, s, t) in enumerate(hits, 1):
             print(f"{rank:>3}. {s:.4f}  {t.translate(ONE_LINE)}")

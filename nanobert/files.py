@@ -46,6 +46,13 @@ def some_of(names, shown: int = 12) -> str:
 _SHOWN_AS = {}   # a temporary path -> how notes name it (`spooled_stdin`: "<stdin>")
 
 
+# what plain (not --json) `predict` and `search` output escapes in the fields it prints,
+# so that a record stays one line of tab-separated fields: a backslash, tabs, breaks and the
+# other control characters, as Python writes them in a string ('\\', '\t', '\n', '\x1b')
+ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x5c, *range(0x7f, 0xa0),
+                                             0x2028, 0x2029]}
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
     texts cut): one line on stderr."""

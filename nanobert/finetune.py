@@ -49,7 +49,8 @@ from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, positive
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
-from .files import NanobertError, check_output_dir, note, some_of, spooled_stdin, with_article
+from .files import (ONE_LINE, NanobertError, check_output_dir, note, some_of, spooled_stdin,
+                    with_article)
 from .qa import attached_end, trimmed  # (the rule of where a span ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -535,13 +536,6 @@ def qa_predict(model, tok, examples, settings, batch_size=64) -> list:
         if not math.isfinite(r["score"]):   # an empty context: no span (JSON has no -inf)
             r["score"] = None
     return out
-
-
-# what plain (not --json) `predict` output escapes in the fields it prints, so that a
-# record stays one line of tab-separated fields: a backslash, tabs, line breaks and the
-# other control characters, as Python writes them in a string ('\\', '\t', '\n', '\x1b')
-ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x5c, *range(0x7f, 0xa0),
-                                             0x2028, 0x2029]}
 
 
 def one_line(r: dict) -> dict:

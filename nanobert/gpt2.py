@@ -307,13 +307,14 @@ def _sample(cfg: CompareConfig) -> tuple:
     return [ex["texts"][i] for i in idx], [labels[i] for i in idx], labels
 
 
-def _note_sample(cfg: CompareConfig, labels: list, used: int) -> None:
-    """A note when fewer than --n examples are compared, saying why."""
+def _note_sample(cfg: CompareConfig, labels: list, gold: list) -> None:
+    """A note when the examples compared are not --n of them, evenly spread (balanced),
+    saying why."""
     from .inspection import note_sample
     if cfg.sample == "balanced":
-        note_sample(labels, range(used), cfg.n)
-    elif used < cfg.n:
-        note(f"--n {cfg.n}: {used} examples used, all that {cfg.data} has")
+        note_sample(labels, gold, cfg.n)
+    elif len(gold) < cfg.n:
+        note(f"--n {cfg.n}: {len(gold)} examples used, all that {cfg.data} has")
 
 
 def _bert_side(cfg: CompareConfig, bert, texts, labels, max_length: int) -> list:
@@ -343,11 +344,13 @@ def compare(config, *args, bert=None, gpt2_model=None, **fields) -> dict:
         model, tok, settings = load_finetuned(cfg.bert)
         bert, window = (model, tok), settings["max_length"]
     window = min(window, bert[0].config.usable_positions)
-    if getattr(bert[0], "head", None) != "classify":   # fail before loading GPT-2
-        raise NanobertError(f"{cfg.bert}: not a classification model (head {bert[0].head!r}); "
-                            "fine-tune one with `nanobert finetune`")
+    head = getattr(bert[0], "head", None)
+    if head != "classify":   # fail before loading GPT-2
+        what = f"its head is {head}" if head else "it has no task head (a bare encoder)"
+        raise NanobertError(f"{cfg.bert}: not a classification model ({what}); fine-tune one "
+                            "with `nanobert finetune --task classify`")
     lm, gtok = gpt2_model if gpt2_model is not None else load_gpt2(cfg.gpt2)
-    _note_sample(cfg, labels, len(gold))   # (once both models load: not before an error)
+    _note_sample(cfg, labels, gold)   # (once both models load: not before an error)
     t0 = time.time()
     bert_pred = _bert_side(cfg, bert, texts, labels, window)
     t_bert, t0 = time.time() - t0, time.time()

@@ -5,7 +5,7 @@
                                           averaged over the heads of each layer
     plot_attention / plot_cls_attention -> PNG heatmaps
     sentence_vectors(model, tok, texts) -> (n, H) [CLS], pooled or mean vectors
-    balanced_sample(labels, n)          -> indices, the same number for every label
+    balanced_sample(labels, n)          -> indices, as evenly spread over the labels as can be
     tsne(vectors) / silhouette(vectors, labels) / plot_tsne(...)
 
 The attention probabilities are asked for with `output_attentions=True`. Every
@@ -325,18 +325,30 @@ def _check_trained_pooler(model) -> None:
 
 
 def balanced_sample(labels: Sequence[str], n: int, seed: int = 0) -> list[int]:
-    """Indices of up to n examples, n // k of each of the k labels (all of a label's
-    examples when it has fewer), drawn at random with `seed`, in file order."""
+    """Indices of n examples (all of them when the data has fewer), as evenly spread over
+    the labels as the data allows (`label_quotas`), drawn at random with `seed`, in file
+    order."""
     rng = np.random.default_rng(seed)
     by_label = {}
     for i, lab in enumerate(labels):
         by_label.setdefault(lab, []).append(i)
-    per = max(1, n // len(by_label))
+    quota = label_quotas({lab: len(idx) for lab, idx in by_label.items()}, n)
     picked = []
     for lab in sorted(by_label):
-        idx = by_label[lab]
-        picked.extend(rng.choice(idx, size=min(per, len(idx)), replace=False).tolist())
+        picked.extend(rng.choice(by_label[lab], size=quota[lab], replace=False).tolist())
     return sorted(picked)
+
+
+def label_quotas(counts: dict, n: int) -> dict:
+    """How many of each label a sample of n takes: n // k of each of the k labels, the
+    remainder one more for some; a label with fewer examples gives all it has, and the
+    others share what it leaves (--n 5 over two labels: 2 and 3, not 2 and 2)."""
+    quota, left = {}, n
+    order = sorted(counts, key=lambda lab: (counts[lab], str(lab)))     # the fewest first
+    for i, lab in enumerate(order):
+        quota[lab] = min(counts[lab], left // (len(order) - i))
+        left -= quota[lab]
+    return quota
 
 
 def command_sample(labels: Sequence[str], n: int, seed: int = 0,
@@ -350,22 +362,18 @@ def command_sample(labels: Sequence[str], n: int, seed: int = 0,
     return balanced_sample(labels, n, seed)
 
 
-def note_sample(labels: Sequence[str], idx: Sequence[int], n: int, flag: str = "--n") -> None:
-    """A note saying how many examples a balanced sample of `flag` n holds, and why, when
-    that is not n (n // k of each of the k labels; labels with fewer)."""
-    if len(idx) != n:
-        note(f"{flag} {n}: {len(idx)} examples used, {_shortfall(labels, n)}")
-
-
-def _shortfall(labels: Sequence[str], n: int) -> str:
-    """Why a balanced sample of n holds fewer: n // k of each of the k labels, and the
-    labels that have fewer examples than that."""
-    counts = Counter(labels)
-    per = n // len(counts)
-    short = [f"{lab!r} ({c})" for lab, c in sorted(counts.items()) if c < per]
-    why = (f"{'at most ' * bool(short)}{per} of each of the {len(counts)} labels (the sample "
-           "is balanced per label)")
-    return why + (f", and the data has fewer of {', '.join(short)}" if short else "")
+def note_sample(labels: Sequence[str], sampled: Sequence[str], n: int, flag: str = "--n") -> None:
+    """A note saying what a sample of `flag` n (`sampled`: its labels, of the data's
+    `labels`) holds when it is not n examples spread evenly: the data has fewer than n,
+    or a label has fewer than its even share."""
+    counts, got = Counter(labels), Counter(sampled)
+    short = sorted(lab for lab in counts if got[lab] < n // len(counts))
+    if len(sampled) == n and not short:
+        return
+    held = ", ".join(f"{got[lab]} of {lab!r}" for lab in sorted(got))
+    why = (f"all the data has ({held})" if len(sampled) < n else
+           f"{held}: the data has fewer of {', '.join(map(repr, short))} than an even share")
+    note(f"{flag} {n}: {len(sampled)} examples used, {why}")
 
 
 def silhouette(vectors: np.ndarray, labels, metric: str = "cosine", where="the sample") -> float:
@@ -456,7 +464,7 @@ def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None
     vecs = sentence_vectors(model, tokenizer, texts, pairs, cfg.vector, cfg.batch_size,
                             cfg.max_length)
     score = silhouette(vecs, labels, cfg.metric, data_path)
-    note_sample(ex["labels"], idx, cfg.n)   # (not before an error)
+    note_sample(ex["labels"], labels, cfg.n)   # (not before an error)
     return {"indices": idx, "labels": labels, "vectors": vecs, "silhouette": score}
 
 

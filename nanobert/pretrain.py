@@ -292,7 +292,7 @@ def _load_tokenizer(cfg: PretrainConfig, out):
     return None
 
 
-def mlm_loss_fn(world: int):
+def mlm_loss_fn(world: int, objective: str = "mlm"):
     """loss(model, batch): MLM cross-entropy over the masked tokens of ALL ranks (each
     rank's sum is divided by the global count, times `world` because DDP averages the
     gradients), plus the NSP/SOP cross-entropy when the batch has pair labels."""
@@ -311,6 +311,8 @@ def mlm_loss_fn(world: int):
         if pair_labels is not None:
             loss = loss + pair_loss(out.pair_logits, pair_labels)
         return loss
+    pair = objective.partition("+")[2].upper()     # (the training curve's label)
+    loss_fn.label = f"train loss (MLM + {pair})" if pair else "train MLM loss"
     return loss_fn
 
 
@@ -427,9 +429,13 @@ def _pretrain(run: _Run, make_model, loss_fn) -> dict:
     batches, steps_per_epoch = (_stream_batches if run.stream else _packed_batches)(run, masker)
     model = _new_model(run, make_model)
     save = _model_writer(run)
-    evaluate = (lambda m: evaluate_mlm(m, val_batches)) if val_batches else None
+    evaluate = None
+    if val_batches:
+        def evaluate(m):
+            return evaluate_mlm(m, val_batches)
+        evaluate.loss_label = "eval MLM loss"     # (with NSP/SOP: its pair_loss beside it)
     trainer = Trainer(model, _trainer_config(run), batches, steps_per_epoch, evaluate=evaluate,
-                      save=save, loss_fn=loss_fn or mlm_loss_fn(world))
+                      save=save, loss_fn=loss_fn or mlm_loss_fn(world, cfg.objective))
     result = trainer.fit()
     if evaluate is None:  # no validation: keep the final weights
         save(trainer.model, run.out)

@@ -63,6 +63,7 @@ class ServeConfig:
     cors_origins: tuple = ()            # web pages (origins) whose scripts may call the API
     max_queue_wait: float = 30.0        # seconds a request may wait for its first batch; 429
     max_batch_time: float = 1.0         # seconds a batch may run (at its model's measured speed)
+    max_request_tokens: int = 300_000   # tokens one request may run (OpenAI's embeddings: 300k); 413
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
@@ -397,7 +398,15 @@ class Server:
         return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
 
     async def run(self, m: Served, kind: str, items: list, lengths: list, group_extra=()):
-        """Queue items for the model's `kind` computation; their outputs, in order."""
+        """Queue items for the model's `kind` computation; their outputs, in order. A
+        request of more tokens than --max-request-tokens is a 413: a long /ner or /qa text
+        runs in windows, and 100 kB of punctuation in one /ner request took two minutes
+        of a 2-core server, with every other request to its model refused meanwhile."""
+        tokens, limit = sum(lengths), self.config.max_request_tokens
+        if tokens > limit:
+            raise ApiError(413, f"request of {tokens} tokens (in the model's windows of at most "
+                                f"{m.max_length}) is over the limit of {limit} "
+                                "(--max-request-tokens)")
         try:
             return await self.batcher.submit((m.name, kind) + tuple(group_extra), items,
                                              lengths, m.runner(kind))
@@ -689,7 +698,8 @@ def info(server: Server):
                    "max_concurrent_requests": c.max_concurrent_requests,
                    "max_client_batch": c.max_client_batch, "payload_limit": c.payload_limit,
                    "body_timeout": c.body_timeout, "max_queue_wait": c.max_queue_wait,
-                   "max_batch_time": c.max_batch_time},
+                   "max_batch_time": c.max_batch_time,
+                   "max_request_tokens": c.max_request_tokens},
         "routes": [f"{r.method} {r.path}" for r in served_routes(server)]})
 
 
@@ -1216,6 +1226,10 @@ def serve_args(p):
                    help="inputs (or rerank documents) per request; more are answered 413")
     p.add_argument("--payload-limit", type=checked(int), default=d.payload_limit,
                    help="bytes per request body; more are answered 413")
+    p.add_argument("--max-request-tokens", type=checked(int), default=d.max_request_tokens,
+                   help="tokens one request may have the model run, over all its inputs "
+                        "(and windows: /ner, /qa); more are answered 413 (default 300000, "
+                        "OpenAI's embeddings limit)")
     p.add_argument("--api-key", default=d.api_key,
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--body-timeout", type=checked(float), default=d.body_timeout,
@@ -1258,7 +1272,7 @@ def config_from_args(args) -> ServeConfig:
     if not 0 <= args.port <= 65535:
         raise NanobertError(f"--port must be from 0 to 65535, got {args.port}")
     for flag in ("max_batch_tokens", "max_concurrent_requests", "max_client_batch",
-                 "payload_limit", "threads"):
+                 "payload_limit", "threads", "max_request_tokens"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
@@ -1278,7 +1292,8 @@ def config_from_args(args) -> ServeConfig:
                        args.max_client_batch, args.payload_limit, args.api_key, args.threads,
                        args.dtype, args.body_timeout, args.warmup, args.drain_timeout,
                        cors_origins(args.cors_allow_origin or []),
-                       max_queue_wait=args.max_queue_wait, max_batch_time=args.max_batch_time)
+                       max_queue_wait=args.max_queue_wait, max_batch_time=args.max_batch_time,
+                       max_request_tokens=args.max_request_tokens)
 
 
 def cors_origins(given: list) -> tuple:
@@ -1571,8 +1586,8 @@ def banner(server: Server) -> str:
     for r in served_routes(server):
         lines.append(f"  {r.method:<5}{r.path:<16} {r.help}")
     lines.append(f"limits: {c.max_batch_tokens} tokens per batch, {c.max_concurrent_requests} "
-                 f"requests in flight, {c.max_client_batch} inputs per request, "
-                 f"{c.payload_limit} bytes per body" + (", API key required" if c.api_key else ""))
+                 f"requests in flight, {c.max_client_batch} inputs and {c.max_request_tokens} "
+                 f"tokens per request, {c.payload_limit} bytes per body" + (", API key required" if c.api_key else ""))
     return "\n".join(lines)
 
 

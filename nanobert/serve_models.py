@@ -376,5 +376,6 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
     # a note on stderr for every cut input would fill the log and keep every note said
     # (to say it once) for good; the answers and the metrics say what was cut
     engine.tokenizer.quiet = True
-    return Served(name, path, engine, nanobert.Tokenizer.from_dir(path), task, max_length,
-                  settings)
+    counting = nanobert.Tokenizer.from_dir(path)
+    counting.quiet = True        # (and the tokenize threads': /ner's windows say nothing)
+    return Served(name, path, engine, counting, task, max_length, settings)

@@ -790,7 +790,34 @@ class Trainer:
     def plot(self):
         if not self.is_main:
             return
-        plot_training_curve(self.out_dir / "metrics.jsonl", self.out_dir / "training_curve.png")
+        plot_training_curve(self.out_dir / "metrics.jsonl", self.out_dir / "training_curve.png",
+                            getattr(self.loss_fn, "label", "train loss"),
+                            getattr(self.evaluate_fn, "loss_label", "eval loss"))
+
+
+def _plot_eval_metrics(ax, evals: list, keys: list):
+    """The evaluation panel: one line per metric (equal series, multi-class f1 =
+    f1_macro, share one); metrics that leave [0, 1] on a second axis, on the right."""
+    from matplotlib.ticker import MaxNLocator
+    series = {}
+    for k in keys:
+        xy = (tuple(r["step"] for r in evals if k in r), tuple(r[k] for r in evals if k in r))
+        series.setdefault(xy, []).append(k)
+    unit = {xy: all(0 <= v <= 1 for v in xy[1]) for xy in series}
+    other = ax.twinx() if not all(unit.values()) and any(unit.values()) else None
+    lines = []
+    for n, ((steps, values), names) in enumerate(series.items()):
+        right = other is not None and not unit[(steps, values)]
+        lines += (other if right else ax).plot(steps, values, "o-", color=f"C{n}", label=" = ".join(
+            names) + (" (right axis)" if right else ""))
+    if other is not None:
+        ax.set_ylabel("0 to 1")
+        other.set_ylabel(", ".join(n for xy, ns in series.items() if not unit[xy] for n in ns))
+    ax.set_xlabel("step")
+    ax.set_title("evaluation")
+    ax.legend(lines, [ln.get_label() for ln in lines])
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def read_metrics(path) -> list:
@@ -800,38 +827,37 @@ def read_metrics(path) -> list:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
-def plot_training_curve(metrics_path, out_png):
-    """Train loss vs step (left) and the evaluation metrics vs step (right)."""
+def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
+                        eval_label: str = "eval loss"):
+    """Train loss vs step (left, with the evaluation's losses) and the other evaluation
+    metrics vs step (right: those within [0, 1] on the left axis, any other (perplexity)
+    on an axis of its own, so that neither flattens the other). The labels say what each
+    loss is where the two differ (pretraining with NSP trains on MLM + NSP and evaluates
+    MLM; distillation trains on its mix)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     recs = read_metrics(metrics_path)
     train = [r for r in recs if r.get("type") == "train"]
     evals = [r for r in recs if r.get("type") == "eval"]
-    keys = [k for k in (evals[0] if evals else {}) if k not in ("type", "step", "epoch", "loss")
-            and isinstance(evals[0][k], (int, float))]
+    numeric = [k for k in (evals[0] if evals else {}) if k not in ("type", "step", "epoch")
+               and isinstance(evals[0][k], (int, float))]
+    losses = [k for k in numeric if k == "loss" or k.endswith("_loss")]
+    keys = [k for k in numeric if k not in losses]
     fig, axes = plt.subplots(1, 2 if keys else 1, figsize=(11 if keys else 6, 4), squeeze=False)
     ax = axes[0][0]
-    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
-    eval_loss = [r for r in evals if "loss" in r]
-    if eval_loss:
-        ax.plot([r["step"] for r in eval_loss], [r["loss"] for r in eval_loss], "o-", label="eval loss")
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label=train_label)
+    for k in losses:
+        xy = [(r["step"], r[k]) for r in evals if k in r]
+        ax.plot(*zip(*xy), "o-", label=eval_label if k == "loss" else "eval " + k.replace("_", " "))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
     ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if keys:
-        ax = axes[0][1]
-        series = {}   # (steps, values) -> names: equal series (multi-class f1 = f1_macro)
-        for k in keys:                                       # share one line and label
-            xy = (tuple(r["step"] for r in evals if k in r), tuple(r[k] for r in evals if k in r))
-            series.setdefault(xy, []).append(k)
-        for (steps, values), names in series.items():
-            ax.plot(steps, values, "o-", label=" = ".join(names))
-        ax.set_xlabel("step")
-        ax.set_title("evaluation")
-        ax.legend()
-        ax.grid(alpha=0.3)
+        _plot_eval_metrics(axes[0][1], evals, keys)
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

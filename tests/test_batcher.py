@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from nanobert.batcher import Batcher
+from nanobert.batcher import FIRST_BATCH_TOKENS, Batcher
 
 
 class Recorder:
@@ -251,16 +251,16 @@ def test_queue_wait_is_bounded():
     a wait past the client's timeout. Another model's queue does not count."""
     import time
     from nanobert.batcher import QueueFull
-    b = Batcher(max_tokens=10, max_wait=0.3)
+    b = Batcher(max_tokens=300, max_wait=0.3)
 
     def slow(items):
-        time.sleep(0.1)               # 10 tokens in 0.1 s: 100 tokens/s
+        time.sleep(0.1)               # 300 tokens in 0.1 s: 3000 tokens/s
         return list(items)
 
     async def go():
         # before the first batch the rate is unknown: all are taken
-        many = [asyncio.create_task(b.submit("m", [i], [10], slow)) for i in range(8)]
-        await asyncio.sleep(0.15)     # one batch measured; 70 tokens queued: 0.7 s
+        many = [asyncio.create_task(b.submit("m", [i], [300], slow)) for i in range(8)]
+        await asyncio.sleep(0.15)     # one batch measured; 2100 tokens queued: 0.7 s
         with pytest.raises(QueueFull) as refused:
             await b.submit("m", ["late"], [1], slow)
         assert refused.value.reason == "queue_wait" and refused.value.retry_after >= 1
@@ -301,6 +301,16 @@ def test_small_batches_do_not_set_a_known_rate():
     b.stop(5)
     assert 1000 < b.budget("m") < 0.7 * 1000 + 0.3 * 4000 + 1   # measured, towards 4,000/s
 
+    # without a seed (a server started with --no-warmup) a small first batch sets none
+    # either: a 3-token batch set 15 tokens/s, and every later batch held one request
+    cold = Batcher(max_tokens=100000, max_wait=30, max_seconds=1)
+
+    async def first():
+        await cold.submit("m", [0], [3], timed(0.2))
+    asyncio.run(first())
+    cold.stop(5)
+    assert cold.expected_wait("m") == 0 and cold.budget("m") == FIRST_BATCH_TOKENS
+
 
 def test_a_request_not_started_within_max_wait_is_answered_then_not_after_the_batch():
     """The bound on queue wait holds during a long batch: the request queued behind it is
@@ -336,19 +346,19 @@ def test_batches_stop_at_what_runs_in_max_seconds():
     tokens than run in that time, so a request that arrives while a long request runs
     waits one short batch, not a whole token budget's worth (a 16k-token /qa batch: 4 s)."""
     import time
-    b = Batcher(max_tokens=1000, max_seconds=0.1)
+    b = Batcher(max_tokens=10000, max_seconds=0.1)
     sizes = []
 
-    def timed(items):                 # 1000 tokens per second; items are token counts
+    def timed(items):                 # 10,000 tokens per second; items are token counts
         sizes.append(sum(items))
-        time.sleep(sum(items) / 1000)
+        time.sleep(sum(items) / 10000)
         return list(items)
 
     async def go():
-        assert b.budget("qa") == 1000                     # speed unknown: a first batch
-        await b.submit(("qa", "qa"), [100], [100], timed)  # measured: 1000 tokens/s
-        assert 90 <= b.budget("qa") <= 100 and b.budget("emb") == 1000
-        long = asyncio.create_task(b.submit(("qa", "qa"), [50] * 16, [50] * 16, timed))
+        assert b.budget("qa") == FIRST_BATCH_TOKENS        # speed unknown: a first batch
+        await b.submit(("qa", "qa"), [1000], [1000], timed)  # measured: 10,000 tokens/s
+        assert 900 <= b.budget("qa") <= 1000 and b.budget("emb") == FIRST_BATCH_TOKENS
+        long = asyncio.create_task(b.submit(("qa", "qa"), [500] * 16, [500] * 16, timed))
         await asyncio.sleep(0.05)                          # a batch of the long one runs
         t0 = time.perf_counter()
         short = await b.submit(("emb", "embed"), [1], [1], timed)
@@ -357,13 +367,12 @@ def test_batches_stop_at_what_runs_in_max_seconds():
 
     short, waited, long = asyncio.run(go())
     b.stop(5)
-    assert short == [1] and long == [50] * 16
-    assert max(sizes[1:]) <= 100, sizes                    # 800 tokens in batches of 100
+    assert short == [1] and long == [500] * 16
+    assert max(sizes[1:]) <= 1000, sizes                   # 8000 tokens in batches of 1000
     assert waited < 0.3, waited        # one 0.1 s batch; with the whole budget, 0.8 s
 
 
 def test_a_models_first_batch_is_small_until_its_speed_is_known():
-    from nanobert.batcher import FIRST_BATCH_TOKENS
     sliced, whole = Batcher(max_tokens=16384, max_seconds=0.5), Batcher(max_tokens=16384)
     assert sliced.budget("m") == FIRST_BATCH_TOKENS < 16384 and whole.budget("m") == 16384
     sliced.stop(5)

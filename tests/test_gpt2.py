@@ -309,10 +309,11 @@ def test_gpt2_hub_failures_are_said_as_for_bert(tmp_path, monkeypatch):
         load_gpt2("someone/gpt")
 
 
-@pytest.mark.parametrize("n, used", [(5, 4), (7, 6), (8, 8)])
+@pytest.mark.parametrize("n, used", [(5, 5), (7, 7), (8, 8), (40, 12)])
 def test_compare_gpt2_says_how_many_examples_it_compares(tiny_bert, tiny_gpt2, sentiment_tsv,
                                                           capsys, n, used):
-    """--n 5 compared 4 examples (2 of each label) without a word."""
+    """--n 5 compared 4 examples (2 of each label) without a word; now 5 (2 and 3), and
+    a note says when the data has fewer than --n."""
     assert main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
                  "--data", str(sentiment_tsv), "--n", str(n), "--json"]) == 0
     out, err = capsys.readouterr()
@@ -320,8 +321,8 @@ def test_compare_gpt2_says_how_many_examples_it_compares(tiny_bert, tiny_gpt2, s
     if n == used:
         assert err == ""
     else:
-        assert err == (f"nanobert: note: --n {n}: {used} examples used, {used // 2} of each of "
-                       "the 2 labels (the sample is balanced per label)\n")
+        assert err == (f"nanobert: note: --n {n}: {used} examples used, all the data has "
+                       f"({used // 2} of '0', {used // 2} of '1')\n")
 
 
 def test_compare_gpt2_refuses_fewer_examples_than_labels(tiny_bert, tiny_gpt2, sentiment_tsv,

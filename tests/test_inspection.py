@@ -146,8 +146,12 @@ def test_balanced_sample():
     assert idx == sorted(idx) and len(set(idx)) == 30
     assert balanced_sample(labels, 30, seed=3) == idx
     assert balanced_sample(labels, 30, seed=4) != idx
-    few = balanced_sample(labels, 60, seed=0)   # 20 each, but b has only 10
-    assert [labels[i] for i in few].count("b") == 10 and len(few) == 50
+    few = balanced_sample(labels, 60, seed=0)   # 20 each, but b has only 10: 25 of a and c
+    assert [labels[i] for i in few].count("b") == 10 and len(few) == 60
+    assert [labels[i] for i in few].count("a") == [labels[i] for i in few].count("c") == 25
+    odd = [labels[i] for i in balanced_sample(labels, 5, seed=0)]   # (2, 2, 1 spread)
+    assert len(odd) == 5 and sorted(map(odd.count, "abc")) == [1, 2, 2]
+    assert len(balanced_sample(labels, 500)) == 100                 # all the data has
 
 
 def test_silhouette_separates_clusters():
@@ -305,10 +309,17 @@ def test_tsne_sample_size_is_said_and_checked(tiny_dir, labelled_tsv, tmp_path, 
     from nanobert.inspection import command_sample
     out = tmp_path / "t.png"
     assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
-                 str(out), "--n", "30", "--perplexity", "5"]) == 0
-    assert capsys.readouterr().err == ("nanobert: note: --n 30: 25 examples used, at most 15 "
-                                       "of each of the 2 labels (the sample is balanced per "
-                                       "label), and the data has fewer of '1' (10)\n")
+                 str(out), "--n", "40", "--perplexity", "5"]) == 0
+    assert capsys.readouterr().err == ("nanobert: note: --n 40: 30 examples used, all the data "
+                                       "has (20 of '0', 10 of '1')\n")
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "24", "--perplexity", "5"]) == 0
+    assert capsys.readouterr().err == ("nanobert: note: --n 24: 24 examples used, 14 of '0', "
+                                       "10 of '1': the data has fewer of '1' than an even "
+                                       "share\n")
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "5", "--perplexity", "1"]) == 0  # 2 and 3: t-SNE's 5 at least
+    assert capsys.readouterr().err == ""
     with pytest.raises(NanobertError, match=r"^--n 2: the sample is balanced over the 3 labels"):
         command_sample(["a", "b", "c", "a"], 2)
     labels = ["a", "b", "c", "a"]

@@ -433,6 +433,25 @@ def test_qa_windows_spread_over_many_batches_give_the_same_answer(models):
         s.close()
 
 
+def test_a_request_of_more_tokens_than_the_limit_is_a_413(models):
+    """/ner reads a text of any length in windows: one request of 100 kB of punctuation
+    held a 2-core server for two minutes. Over --max-request-tokens, counted over every
+    window, it is a 413 giving the count and the limit; shorter ones are answered."""
+    s = Running([f"tags={models['tags']}"], "--max-request-tokens", "200")
+    try:
+        assert s.http.get("/info").json()["limits"]["max_request_tokens"] == 200
+        ok = s.post("/ner", {"inputs": ["Mary met John in Paris."] * 4})
+        assert ok.status_code == 200
+        long = " ".join(random.Random(6).choices(WORDS, k=150))
+        r = s.post("/ner", {"inputs": [long]})
+        assert r.status_code == 413, r.text
+        assert re.search(r"request of \d+ tokens .* over the limit of 200 \(--max-request-tokens\)",
+                         r.json()["error"]["message"])
+        assert s.post("/ner", {"inputs": ["Mary met John."]}).status_code == 200
+    finally:
+        s.close()
+
+
 def test_tokenize_gives_ids_and_offsets(server):
     r = server.post("/tokenize", {"inputs": "Hello, world!", "model": "minilm"}).json()
     toks = r["tokens"][0]
@@ -1179,8 +1198,8 @@ def test_a_queue_longer_than_max_queue_wait_is_429(models):
     model has more work queued than runs in --max-queue-wait seconds is refused at once;
     /metrics counts it by reason and /info shows the limit."""
     s = Running(["minilm"], "--max-batch-tokens", "256", "--max-client-batch", "128",
-                "--max-queue-wait", "0.5", "--max-batch-time", "0.25")
-    try:
+                "--max-queue-wait", "0.5", "--max-batch-time", "0.25", warmup=True)
+    try:   # (the warm-up times the model: batches of one 140-token input measure no rate)
         limits = s.http.get("/info").json()["limits"]
         assert limits["max_queue_wait"] == 0.5 and limits["max_batch_time"] == 0.25
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 128}   # seconds

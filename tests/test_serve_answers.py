@@ -136,6 +136,14 @@ def test_ner_spans_keep_a_final_combining_mark_and_scores_are_not_rounded(tmp_pa
     assert served.ner_entities(work, served.runner("token_logits")(work.items)) == [ents]
 
 
+def test_served_ner_windows_say_nothing_in_the_log(tmp_path, capsys):
+    """A long /ner text wrote "1 text over 32 tokens was tagged in windows" to the
+    server's log, once per count and tokenize thread: answers say it (windows)."""
+    served = load_served(f"names={forced_tagger(tmp_path / 'names', 1)}")
+    work = served.ner_windows(["word " * 100])
+    assert len(work.items) > 3 and capsys.readouterr().err == ""
+
+
 def test_rerank_copies_of_a_document_tie_and_keep_the_order_sent(made):
     """Copies of a document scored differently in the last bits by their place in the
     batch (or in the parts of one: threads.run_on_cores), so tied copies swapped places

@@ -667,3 +667,37 @@ def test_non_finite_weights_are_never_saved_as_the_best_model(tmp_path):
     assert t.best["step"] == 2
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 2 and state["best"]["step"] == 2
+
+
+def test_training_curve_keeps_each_metric_readable_and_names_each_loss(tmp_path, monkeypatch):
+    """Pretraining's curve drew mlm_accuracy (0-0.05) on perplexity's axis (900-1800): a
+    flat line at 0. It also called MLM + NSP "train loss" beside MLM-only "eval loss".
+    Metrics off [0, 1] get an axis of their own; losses go to the loss panel; the labels
+    come from the loss and evaluation functions."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from nanobert import train as T
+    from nanobert.pretrain import mlm_loss_fn
+    evals = [{"type": "eval", "step": s, "loss": 7 - s / 10, "mlm_accuracy": s / 100,
+              "perplexity": 1800 - 100 * s, "pair_accuracy": 0.5, "pair_loss": 0.69}
+             for s in (1, 2, 3)]
+    fig, ax = plt.subplots()
+    T._plot_eval_metrics(ax, evals, ["mlm_accuracy", "perplexity", "pair_accuracy"])
+    where = {ln.get_label(): ln.axes for a in fig.axes for ln in a.get_lines()}
+    assert where["mlm_accuracy"] is where["pair_accuracy"] is ax
+    assert where["perplexity (right axis)"] is not ax and len(fig.axes) == 2
+    plt.close(fig)
+
+    drawn = {}
+    real = T._plot_eval_metrics
+    monkeypatch.setattr(T, "_plot_eval_metrics",
+                        lambda ax, ev, keys: drawn.update(keys=keys, losses=[
+                            ln.get_label() for ln in ax.figure.axes[0].get_lines()]) or real(ax, ev, keys))
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in
+                           [{"type": "train", "step": 1, "loss": 8.0}] + evals))
+    T.plot_training_curve(log, tmp_path / "c.png", mlm_loss_fn(1, "mlm+nsp").label, "eval MLM loss")
+    assert drawn["keys"] == ["mlm_accuracy", "perplexity", "pair_accuracy"]
+    assert drawn["losses"] == ["train loss (MLM + NSP)", "eval MLM loss", "eval pair loss"]
+    assert mlm_loss_fn(1).label == "train MLM loss"
