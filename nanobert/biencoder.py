@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from . import retrieval as R
-from .config import Config, at_least, fraction, param, positive
+from .config import Config, at_least, fraction, param, temperature
 from .files import NanobertError, note, with_article
 
 POOLINGS = ("mean", "cls")
@@ -374,7 +374,7 @@ class RetrievalConfig(Config):
         "classifiers read; ModernBERT: the pooling the checkpoint declares) or mean; rerank: cls",
         choices=POOLINGS)
     scale: float = param(20.0, "embed: inverse temperature of the cosine (MNRL, CoSENT)",
-                         positive())
+                         temperature())
     mini_batch_size: Optional[int] = param(
         None, "embed: gradient caching, rows embedded at a time (the loss still sees the "
         "whole --batch-size, in-batch negatives included)", at_least(1))

@@ -855,6 +855,10 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
             (tmp / name).write_text(text, encoding="utf-8")
         hf = fam.to_hf(model.config)
         hf["architectures"] = [fam.architecture(model.head)]
+        if tokenizer is not None:   # RoBERTa's and MPNet's <s>, </s>: the vocabulary's ids,
+            for key, role in (("bos_token_id", "cls"), ("eos_token_id", "sep")):  # not 0, 2
+                if key in hf and getattr(tokenizer, f"{role}_id", None) is not None:
+                    hf[key] = getattr(tokenizer, f"{role}_id")
         if model.head in MLM_HEADS and not decoder_is_tied(model):
             hf["tie_word_embeddings"] = False
         if model.head == "regression":   # sentence-transformers' CrossEncoder: the raw

@@ -104,6 +104,13 @@ def learning_rate() -> Range:
     return Range(lo=0, hi=1, lo_open=True)
 
 
+def temperature() -> Range:
+    """A softmax temperature (distillation's T) or its inverse (a bi-encoder's scale):
+    logits divided by 1e-45 are infinite, and the loss NaN at the first step, blamed on
+    --lr; beyond these bounds nothing is learnt that is not learnt within them."""
+    return Range(lo=0.01, hi=1000)
+
+
 def fraction(open_hi: bool = False, open_lo: bool = False) -> Range:
     """0..1, either end excluded on request (a dropout of 1 drops everything)."""
     return Range(0, 1, lo_open=open_lo, hi_open=open_hi)
@@ -120,6 +127,14 @@ def check_value(flag: str, value, kind: type = float, allowed: Optional[Range] =
     if allowed is not None and (wrong_type or not allowed.contains(value)):
         shown = repr(value) if wrong_type else value
         raise NanobertError(f"{flag}: got {shown}, expected {allowed.describe(kind)}")
+
+
+def _numpy_number(value) -> bool:
+    """A numpy scalar of a whole or real number (np.int64(8), np.float32(0.1)): what a
+    sweep over np.arange or a pandas column gives; taken as the Python number it holds."""
+    import numbers
+    return (type(value).__module__ == "numpy" and isinstance(value, numbers.Real)
+            and not isinstance(value, bool) and hasattr(value, "item"))
 
 
 def check_device(flag: str, value) -> None:
@@ -332,6 +347,8 @@ class Config:
             value = getattr(self, f.name)
             if _kind(f) is list and isinstance(value, (str, os.PathLike)):
                 setattr(self, f.name, [value])   # one path given alone, not its letters
+            if _kind(f) in (int, float) and _numpy_number(value):   # np.arange's, pandas'
+                setattr(self, f.name, value.item())                # (JSON writes these)
             if f.metadata.get("range") or f.metadata.get("choices"):
                 check_value(_flag(f), getattr(self, f.name), _kind(f), f.metadata.get("range"),
                             f.metadata.get("choices"))

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .config import add_flags, at_least, param, positive
+from .config import add_flags, at_least, param, temperature
 from .data import TEXT_KINDS
 from .files import NanobertError, check_output_dir, note
 from .model import Bert
@@ -140,7 +140,7 @@ class DistillConfig(PretrainConfig):
     mlm_weight: float = param(2.0, "weight of the MLM loss", at_least(0))
     cos_weight: float = param(1.0, "weight of the cosine loss on the last hidden states",
                               at_least(0))
-    temperature: float = param(2.0, "softmax temperature T", positive())
+    temperature: float = param(2.0, "softmax temperature T", temperature())
     preset: Optional[str] = None            # the student comes from the teacher
     tokenizer: Optional[str] = param(None, "directory with tokenizer.json or vocab.txt "
                                      "(default: the teacher's; another must hold the "
@@ -295,7 +295,10 @@ def load_teachers(dirs: list, task: str, model, tok, load_finetuned,
     ours = [labels[i] for i in sorted(labels)]
     teachers, orders = [], []
     for d in dirs:
-        teacher, t_tok, settings = load_finetuned(d)
+        try:
+            teacher, t_tok, settings = load_finetuned(d)
+        except NanobertError as e:      # (a pretrained MLM: "not a fine-tuned ... model")
+            raise NanobertError(f"--teacher {d}: {e}".replace(f": {d}: ", ": ", 1))
         if settings["task"] != task:
             raise NanobertError(f"--teacher {d}: a fine-tuned {settings['task']} model, "
                                 f"not a {task} one")

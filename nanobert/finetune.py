@@ -47,7 +47,7 @@ import torch
 from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
-from .config import Config, at_least, fraction, max_length_range, param, positive
+from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
 from .files import (ONE_LINE, NanobertError, check_output_dir, note, some_of, spooled_stdin,
                     with_article)
@@ -938,7 +938,7 @@ class FinetuneConfig(Config):
         0.5, "with --teacher: the share of the loss on the teachers' soft predictions (the "
              "rest is on the gold labels)", fraction())
     temperature: float = param(
-        2.0, "with --teacher: the softmax temperature of that loss", positive())
+        2.0, "with --teacher: the softmax temperature of that loss", temperature())
     columns: ColumnsConfig = param(lambda: ColumnsConfig())
     trainer: TrainConfig = param(_finetune_trainer)
     retrieval: B.RetrievalConfig = param(lambda: B.RetrievalConfig())

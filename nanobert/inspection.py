@@ -130,6 +130,10 @@ def default_layers(n_layers: int) -> list[int]:
     return sorted({0, (n_layers - 1) // 2, n_layers - 1})
 
 
+MAX_FIGURE_INCHES = 60     # a side of a figure: 7,200 pixels at its 120 dpi
+MIN_TOKEN_INCHES = 0.1     # a heatmap row a token's label (7 points) can be read beside
+
+
 def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
@@ -174,8 +178,13 @@ def plot_attention(tokens, probs, layers, heads, out, title: Optional[str] = Non
     T = len(tokens)
     maps = [[probs[l, h] for h in heads] for l in layers]
     vmax = float(max(m.max() for row in maps for m in row))
-    cell = max(3.0, 0.26 * T + 1.2)                # inches per heatmap
+    # inches per heatmap: a token's width, but the figure within MAX_FIGURE_INCHES a side
+    # (512 tokens made a 16,229 x 14,797 image that Pillow refuses to open; all 72 maps of
+    # minilm over 64 tokens took 3.3 GB)
+    cell = min(max(3.0, 0.26 * T + 1.2), (MAX_FIGURE_INCHES - 1.2) / len(heads),
+               (MAX_FIGURE_INCHES - 0.3) / len(layers))
     font = 9 if T <= 40 else 7
+    labelled = cell / T >= MIN_TOKEN_INCHES      # room for a token's name at each row
     fig, axes = plt.subplots(len(layers), len(heads), squeeze=False, layout="constrained",
                              figsize=(cell * len(heads) + 1.2, cell * len(layers) + 0.3))
     im = None
@@ -184,14 +193,18 @@ def plot_attention(tokens, probs, layers, heads, out, title: Optional[str] = Non
             ax = axes[r][c]
             im = ax.imshow(maps[r][c], cmap="viridis", norm=_norm(scale, vmax), aspect="equal")
             ax.set_title(f"Layer {l + 1}, Head {h + 1}", fontsize=font + 2)
-            ax.set_xticks(range(T), tokens, rotation=90, fontsize=font)
-            ax.set_yticks(range(T), tokens, fontsize=font)
+            ax.set_xticks(range(T), tokens if labelled else [], rotation=90, fontsize=font)
+            ax.set_yticks(range(T), tokens if labelled else [], fontsize=font)
             ax.set_xlabel("attends to (key)", fontsize=font)
             if c == 0:
                 ax.set_ylabel("token (query)", fontsize=font)
     _colorbar(fig, im, axes.ravel().tolist(), scale, vmax, shrink=0.8)
     if title:
         fig.suptitle(title)
+    if not labelled:
+        note(f"{out}: {len(layers) * len(heads)} maps of {T} tokens leave no room to name each "
+             "token; they are drawn without token labels (choose fewer layers or heads, or a "
+             "shorter text, to see them)")
     _save(fig, out)
     plt.close(fig)
 
@@ -205,8 +218,8 @@ def plot_cls_attention(tokens, cls_probs, out, title: Optional[str] = None, scal
     plt = _pyplot()
     L, T = cls_probs.shape
     font = 9 if T <= 40 else 7
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.32 * T + 2.0), max(2.5, 0.4 * L + 1.6)),
-                           layout="constrained")
+    width = min(MAX_FIGURE_INCHES, max(5.0, 0.32 * T + 2.0))   # (512 tokens: 0.11 in each)
+    fig, ax = plt.subplots(figsize=(width, max(2.5, 0.4 * L + 1.6)), layout="constrained")
     im = ax.imshow(cls_probs, cmap="viridis", norm=_norm(scale, float(cls_probs.max())),
                    aspect="auto")
     ax.set_xticks(range(T), tokens, rotation=90, fontsize=font)

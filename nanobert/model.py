@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 import torch
@@ -118,6 +118,10 @@ class BertConfig:
                      "position_buckets", "position_max_distance", "mlm_act")
 
     def __post_init__(self):
+        for f in fields(self):   # np.int64(100) from a sweep: the Python number it holds
+            v = getattr(self, f.name)
+            if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
+                setattr(self, f.name, v.item())
         for key in self._REQUIRED:   # (a string here failed later, in the % below)
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:

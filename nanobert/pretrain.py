@@ -364,6 +364,9 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
     """Pretrain as `cfg` says; returns the best validation metrics. Distillation
     reuses it all with its own student (`make_model(tokenizer)`) and `loss_fn`."""
     from . import rundir
+    if not isinstance(cfg, PretrainConfig):
+        raise TypeError(f"run_pretrain(cfg): expected a PretrainConfig, got {type(cfg).__name__} "
+                        "(PretrainConfig.create(corpus=..., out_dir=...))")
     rank, world, local_rank = dist_info()
     run = _Run(cfg, Path(cfg.trainer.out_dir), rank, world, local_rank,
                log if rank == 0 else (lambda *a, **k: None))
@@ -642,22 +645,32 @@ def _shown(text: str, n: int = 60) -> str:
     return repr(text if len(text) <= n else text[:n] + "...")
 
 
+def mask_positions(tok, text: str) -> tuple:
+    """(encoding, positions of the mask tokens) of `text`; refused when it has none the
+    model reads (none at all, one written otherwise ([mask], <mask>), or one past the
+    length the model reads)."""
+    enc = tok(text)
+    ids = enc["input_ids"]                                          # (1, T)
+    where = (ids[0] == tok.mask_id).nonzero().squeeze(1)
+    if len(where):
+        return enc, where
+    mask = tok.id_to_token(tok.mask_id)
+    full = tok.tk.encode(text).ids if mask in text else []
+    if tok.mask_id in full:   # there is one, past the length the model reads
+        raise NanobertError(
+            f"the {mask} in {_shown(text)} is token {full.index(tok.mask_id) + 1} of "
+            f"{len(full)}, past the {ids.shape[1]} tokens the model reads; put it earlier "
+            "or shorten the text")
+    written = next((m for m in ("[mask]", "<mask>") if m in text.lower()), None)
+    hint = (f" (this model's mask token is {mask}, written exactly so)" if written else "")
+    raise NanobertError(f"no {mask} token in {_shown(text)}{hint}")
+
+
 def fill_mask(model, tok, text: str, k: int = 5) -> list:
     """For each [MASK] in `text`: a list of (token, probability), best first. Special
     tokens ([MASK], [CLS], [PAD], ...) are never candidates; the probabilities are the
     model's, over the whole vocabulary."""
-    enc = tok(text)
-    ids = enc["input_ids"]                                          # (1, T)
-    where = (ids[0] == tok.mask_id).nonzero().squeeze(1)
-    if len(where) == 0:
-        mask = tok.id_to_token(tok.mask_id)
-        full = tok.tk.encode(text).ids if mask in text else []
-        if tok.mask_id in full:   # there is one, past the length the model reads
-            raise NanobertError(
-                f"the {mask} in {_shown(text)} is token {full.index(tok.mask_id) + 1} of "
-                f"{len(full)}, past the {ids.shape[1]} tokens the model reads; put it earlier "
-                "or shorten the text")
-        raise NanobertError(f"no {mask} token in {_shown(text)}")
+    enc, where = mask_positions(tok, text)
     with torch.no_grad():
         logits = model(**enc).logits[0, where]                      # (n_masks, V)
     probs = logits.float().softmax(-1)
@@ -680,6 +693,8 @@ def fill_mask_cmd(args):
     if tok.mask_id is None:
         raise NanobertError(f"{args.model}: the vocabulary has no [MASK] token")
     model.eval()
+    for text in args.text:        # every text checked before any is filled
+        mask_positions(tok, text)
     for text in args.text:
         preds = fill_mask(model, tok, text, args.top_k)
         if args.json:

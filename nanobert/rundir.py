@@ -717,6 +717,8 @@ def _check_resume(out_dir: Path, rec, holds: bool, fp: dict):
     if rec is not None and rec.get("damaged"):
         raise NanobertError(f"--resume: {out_dir / RUN_FILE}: {rec['damaged']}; the run "
                             "cannot be continued: start over with --overwrite")
+    if rec is None and not holds:   # (a script may always pass --resume; a typo says so)
+        note(f"--resume: {out_dir} holds no run to continue; starting a new one")
     if rec is None and holds:
         raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
                             "recorded; start over with --overwrite or choose another --out")

@@ -62,7 +62,7 @@ class TrainConfig(Config):
                                     at_least(1, MAX_STEPS))
     lr: float = param(5e-5, "peak learning rate", learning_rate())
     weight_decay: float = param(0.01, "AdamW weight decay (not on biases and LayerNorm weights)",
-                                at_least(0))
+                                at_least(0, 10))
     warmup_ratio: float = param(0.1, "fraction of the steps spent warming up the learning rate",
                                 fraction())
     warmup_steps: Optional[int] = param(None, "warmup steps (takes precedence over the ratio)",

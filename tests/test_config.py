@@ -1,5 +1,7 @@
 """Configs and the flags generated from them: one description, three uses (flags,
 config back from flags, validation), and one-line errors with exit status 2."""
+import json
+
 import pytest
 
 from nanobert.cli import build_parser, main
@@ -149,3 +151,27 @@ def test_paths_may_hold_bytes_that_are_not_utf8_and_text_flags_exist(tmp_path, c
     dests = {a.dest for p in build_parser()._subparsers._group_actions[0].choices.values()
              for a in p._actions if isinstance(a, (argparse._StoreAction, argparse._AppendAction))}
     assert TEXT_ARGS <= dests                  # every name in the table is a real argument
+
+
+def test_numpy_numbers_are_taken_and_runaway_temperatures_refused():
+    """A sweep over np.arange gave np.int64(8): '--batch-size: got np.int64(8), expected
+    an integer >= 1'. A temperature of 1e-45 (or a scale or weight decay of 1e20) passed
+    and made the first loss NaN, blamed on --lr; run_pretrain(None) was an AttributeError."""
+    import numpy as np
+    import nanobert
+    cfg = nanobert.FinetuneConfig.create(task="classify", model="m", train="a", dev="b",
+                                         batch_size=np.int64(8), epochs=np.int64(2),
+                                         lr=np.float32(1e-4))
+    assert type(cfg.batch_size) is int and type(cfg.trainer.epochs) is int
+    assert type(cfg.trainer.lr) is float and json.dumps(cfg.trainer.epochs) == "2"
+    with pytest.raises(NanobertError, match=r"--batch-size: got 8.5, expected an integer"):
+        nanobert.FinetuneConfig.create(task="classify", model="m", train="a", dev="b",
+                                       batch_size=np.float64(8.5))
+    assert type(nanobert.preset("tiny", vocab_size=np.int64(100)).vocab_size) is int
+    for field, value, flag in [("temperature", 1e-45, "--temperature"), ("scale", 1e20, "--scale"),
+                               ("weight_decay", 1e20, "--weight-decay")]:
+        with pytest.raises(NanobertError, match=f"^{flag}: got .*, expected a finite number >= "):
+            nanobert.FinetuneConfig.create(task="embed", model="m", train="a", dev="b",
+                                           **{field: value})
+    with pytest.raises(TypeError, match=r"run_pretrain\(cfg\): expected a PretrainConfig"):
+        nanobert.run_pretrain(None)

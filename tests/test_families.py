@@ -269,3 +269,20 @@ def test_mpnet_counts_positions_after_id_1_whatever_pad_token_id_says(tmp_path):
     with torch.no_grad():
         got = ours(ids).hidden.last_hidden_state
         assert (theirs(input_ids=ids).last_hidden_state - got).abs().max() < TOL
+
+
+def test_saved_bos_and_eos_ids_are_the_tokenizers(tmp_path):
+    """RoBERTa and MPNet configs were saved with bos 0 and eos 2 whatever the vocabulary:
+    with a WordPiece one (pretrain --preset roberta-tiny) those are [PAD] and [CLS]."""
+    import json
+    from conftest import WORDS
+    import nanobert
+    tok = nanobert.Tokenizer.train([" ".join(WORDS)] * 3, vocab_size=60, min_frequency=1)
+    model = nanobert.Bert(nanobert.preset("roberta-tiny", vocab_size=tok.vocab_size,
+                                          pad_token_id=tok.pad_id), "mlm")
+    model.save_pretrained(tmp_path / "w", tokenizer=tok)
+    conf = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert (conf["bos_token_id"], conf["eos_token_id"]) == (tok.cls_id, tok.sep_id) != (0, 2)
+    model.save_pretrained(tmp_path / "bare")                   # no tokenizer: RoBERTa's own
+    conf = json.loads((tmp_path / "bare" / "config.json").read_text())
+    assert (conf["bos_token_id"], conf["eos_token_id"]) == (0, 2)

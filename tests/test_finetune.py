@@ -582,7 +582,12 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
     paired.write_text("sentence1\tsentence2\tlabel\n"
                       + "".join(f"{t}\t{t}\t{y}\n" for t, y in rows[:12]))
     other_vocab = tiny_model_dir(tmp_path / "other", POS + NEG + FILLER[:6], 120, ". ,")
+    base, base_tok = nanobert.load(tiny_dir)
+    mlm = tmp_path / "mlm"
+    nanobert.Bert(base.config, "mlm").save_pretrained(mlm, tokenizer=base_tok)
     cases = [(["--train", str(good), "--teacher", str(ner_model)], "a fine-tuned ner model"),
+             (["--train", str(good), "--teacher", str(mlm)],      # pretrained, not fine-tuned
+              f"--teacher {mlm}: not a fine-tuned classify"),
              (["--train", str(good), "--teacher", str(teacher), "--model", str(other_vocab)],
               "its vocabulary differs from --model's"),
              (["--train", str(three), "--teacher", str(teacher)], "its labels ['bad', 'good'] are "

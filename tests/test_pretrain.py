@@ -372,6 +372,12 @@ def test_fill_mask_says_when_the_mask_is_past_the_length(tmp_path, capsys):
     err = cli_refusal(capsys, ["fill-mask", "--model", str(d), "cat " * 600 + "[MASK]"])
     assert "past the" in err and "[MASK]" in err and len(err) < 300
     assert len(cli_refusal(capsys, ["fill-mask", "--model", str(d), "cat " * 600])) < 200
+    # every text is checked before any is filled: the first one's answers were printed
+    # before the second was refused; a mask written otherwise gets a hint
+    assert main(["fill-mask", "--model", str(d), "the [MASK] sat", "the [mask] sat"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("nanobert: error: no [MASK] token in 'the [mask] sat' (this "
+                                 "model's mask token is [MASK], written exactly so)\n")
 
 
 def test_ablation_refuses_a_model_directory_and_no_validation(corpus_dir, tmp_path, capsys):

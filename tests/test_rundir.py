@@ -784,3 +784,15 @@ def test_a_demo_from_before_demo_records_is_its_own(tmp_path, data):
     assert set(earlier_demo(out)) == set(SPLIT)             # ... that the demo reported on
     (out / SPLIT[0]).write_text("changed by the user\n")
     assert earlier_demo(out) is None
+
+
+def test_a_resume_with_nothing_to_continue_says_it_starts_anew(tmp_path, data, capsys):
+    """`pretrain --resume --out <a mistyped directory>` started a new run in silence."""
+    out = tmp_path / "typo"
+    with run(out, "finetune", fp(data), resume=True):
+        (out / "config.json").write_text("{}")
+    assert capsys.readouterr().err == (f"nanobert: note: --resume: {out} holds no run to "
+                                       "continue; starting a new one\n")
+    with run(out, "finetune", fp(data), resume=True):        # a finished run: quiet
+        pass
+    assert capsys.readouterr().err == ""
