@@ -704,6 +704,12 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
         raise NanobertError(f"{source}: checkpoint lacks {len(hard)} encoder weight(s), "
                             f"e.g. {example}")
     unexpected = _unexpected_encoder_weights(hf_state, model, fam)
+    if any("distance_embedding" in n for n in unexpected):
+        raise NanobertError(f"{source}: the checkpoint has relative position embeddings "
+                            f"({next(n for n in unexpected if 'distance_embedding' in n)}: "
+                            "position_embedding_type relative_key or relative_key_query), "
+                            "which nanobert does not support (absolute positions, RoPE, or "
+                            "DeBERTa's relative attention)")
     if unexpected:
         raise NanobertError(f"{source}: the checkpoint has {len(unexpected)} weight(s) that "
                             f"config.json does not account for, e.g. {unexpected[0]} (more layers "

@@ -433,3 +433,24 @@ def test_weights_that_hold_nan_are_noted_at_load(tmp_path, capsys):
     save_file(w, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
     nanobert.Bert.from_pretrained(tmp_path / "m")
     assert "1 weight tensor(s) hold NaN or inf (classifier.weight)" in capsys.readouterr().err
+
+
+def test_relative_key_position_embeddings_are_named_when_refused(tmp_path):
+    """A BERT with position_embedding_type relative_key and its distance_embedding weights
+    was refused as 'weights config.json does not account for (more layers?)'."""
+    from nanobert.files import NanobertError
+    d = tmp_path / "rel"
+    d.mkdir()
+    tiny = nanobert.preset("tiny", vocab_size=99, max_position_embeddings=32)
+    model = nanobert.Bert(tiny)
+    model.save_pretrained(d)
+    from safetensors.torch import load_file, save_file
+    state = load_file(str(d / "model.safetensors"))
+    state["encoder.layer.0.attention.self.distance_embedding.weight"] = torch.zeros(63, 32)
+    save_file(state, str(d / "model.safetensors"))
+    conf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(conf, position_embedding_type="relative_key")))
+    with pytest.raises(NanobertError, match=r"relative position embeddings .*distance_embedding"
+                                            r".*relative_key or relative_key_query\), which "
+                                            r"nanobert does not support"):
+        load_model(d)
