@@ -67,6 +67,7 @@ class ServeConfig:
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
+MAX_PAYLOAD_LIMIT = 1 << 30   # --payload-limit: a request body of more is no JSON to parse
 MAX_HEADER_BYTES = 65536   # request line and headers; more is a 431 (httptools has no limit)
 # threads that tokenize requests (and decode /qa answers), each with its own copy of every
 # model's tokenizer: with one, a request far over the limit (a megabyte of text without
@@ -1276,6 +1277,9 @@ def config_from_args(args) -> ServeConfig:
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise NanobertError(f"--{flag.replace('_', '-')} must be at least 1, got {v}")
+    if args.payload_limit > MAX_PAYLOAD_LIMIT:   # (128 bodies of it may be in transit)
+        raise NanobertError(f"--payload-limit must be at most {MAX_PAYLOAD_LIMIT} bytes (1 GiB), "
+                            f"got {args.payload_limit}")
     for flag in ("body_timeout", "drain_timeout", "max_queue_wait", "max_batch_time"):
         v = getattr(args, flag)
         if not (math.isfinite(v) and v > 0):

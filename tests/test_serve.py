@@ -1040,6 +1040,8 @@ def test_int8_server_equals_offline_int8(models):
 
 @pytest.mark.parametrize("flags, says", [
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1, got 0"),
+    (["--max-request-tokens", "0"], "--max-request-tokens must be at least 1, got 0"),
+    (["--payload-limit", "99999999999999999999999"], "--payload-limit must be at most 1073741824"),
     (["--body-timeout", "nan"], "--body-timeout must be a number of seconds > 0, got nan"),
     (["--drain-timeout", "0"], "--drain-timeout must be a number of seconds > 0, got 0.0"),
     (["--max-batch-time", "-1"], "--max-batch-time must be a number of seconds > 0, got -1.0"),
