@@ -1030,6 +1030,8 @@ def finetune(config, *args, **fields) -> dict:
         if not str(getattr(config, name)):
             raise ValueError(f"FinetuneConfig.{name}: required (the "
                              f"{REQUIRED_PATHS[name]}), not given")
+    if not str(config.trainer.out_dir):     # (not '.', where other runs may be)
+        raise NanobertError("--out: an output directory is required (out_dir)")
     from . import rundir
     from .config import as_flags
     cfg, task = config, get_task(config.task)

@@ -367,6 +367,8 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
     if not isinstance(cfg, PretrainConfig):
         raise TypeError(f"run_pretrain(cfg): expected a PretrainConfig, got {type(cfg).__name__} "
                         "(PretrainConfig.create(corpus=..., out_dir=...))")
+    if not str(cfg.trainer.out_dir):        # (not '.', where other runs may be)
+        raise NanobertError("--out: an output directory is required (out_dir)")
     rank, world, local_rank = dist_info()
     run = _Run(cfg, Path(cfg.trainer.out_dir), rank, world, local_rank,
                log if rank == 0 else (lambda *a, **k: None))

@@ -175,3 +175,17 @@ def test_numpy_numbers_are_taken_and_runaway_temperatures_refused():
                                            **{field: value})
     with pytest.raises(TypeError, match=r"run_pretrain\(cfg\): expected a PretrainConfig"):
         nanobert.run_pretrain(None)
+
+
+def test_a_job_without_out_dir_says_so_whatever_the_working_directory_holds(tmp_path,
+                                                                             monkeypatch):
+    """finetune(cfg) without out_dir read the working directory as --out: 'already holds
+    the runs of another command' where other runs were."""
+    import nanobert
+    (tmp_path / "nanobert-run.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NanobertError, match=r"^--out: an output directory is required"):
+        nanobert.finetune(nanobert.FinetuneConfig.create(task="classify", model="m",
+                                                         train="a", dev="b"))
+    with pytest.raises(NanobertError, match=r"^--out: an output directory is required"):
+        nanobert.run_pretrain(nanobert.PretrainConfig.create(corpus="c"))
