@@ -590,7 +590,15 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     model = Bert(config, head)
     if model.head in MLM_HEADS and hf.get("tie_word_embeddings") is False:
         untie_decoder(model)
-    model.new_weights = load_state(model, state, fam, source=model_dir)
+    try:
+        model.new_weights = load_state(model, state, fam, source=model_dir)
+    except NanobertError as e:    # a size given to load() is not the file's to answer for
+        sizes = {k: v for k, v in config_overrides.items() if k not in ("attn_backend", "head")}
+        if not sizes or "config.json implies" not in str(e):
+            raise
+        given = ", ".join(f"{k}={v!r}" for k, v in sizes.items())
+        raise NanobertError(str(e).replace("config.json implies",
+                                           f"config.json with load({given}) implies"))
     _check_declared_head(model, arch, fam, path)
     _note_non_finite(model, model_dir)
     model.source_dir = model_dir

@@ -454,3 +454,11 @@ def test_relative_key_position_embeddings_are_named_when_refused(tmp_path):
                                             r".*relative_key or relative_key_query\), which "
                                             r"nanobert does not support"):
         load_model(d)
+
+
+def test_a_size_given_to_load_is_named_when_the_weights_disagree(minilm_dir):
+    """load(dir, hidden_size=64) blamed the file: 'config.json implies (30522, 64)'."""
+    from nanobert.files import NanobertError
+    with pytest.raises(NanobertError, match=r"config.json with load\(hidden_size=64, "
+                                            r"num_attention_heads=4\) implies \(30522, 64\)"):
+        load_model(minilm_dir, hidden_size=64, num_attention_heads=4)
