@@ -797,13 +797,14 @@ class Trainer:
 
 def _plot_eval_metrics(ax, evals: list, keys: list):
     """The evaluation panel: one line per metric (equal series, multi-class f1 =
-    f1_macro, share one); metrics that leave [0, 1] on a second axis, on the right."""
+    f1_macro, share one); metrics that leave [-1, 1] (accuracy, F1, MCC, correlations
+    stay in it) on a second axis, on the right."""
     from matplotlib.ticker import MaxNLocator
     series = {}
     for k in keys:
         xy = (tuple(r["step"] for r in evals if k in r), tuple(r[k] for r in evals if k in r))
         series.setdefault(xy, []).append(k)
-    unit = {xy: all(0 <= v <= 1 for v in xy[1]) for xy in series}
+    unit = {xy: all(-1 <= v <= 1 for v in xy[1]) for xy in series}
     other = ax.twinx() if not all(unit.values()) and any(unit.values()) else None
     lines = []
     for n, ((steps, values), names) in enumerate(series.items()):
@@ -811,7 +812,7 @@ def _plot_eval_metrics(ax, evals: list, keys: list):
         lines += (other if right else ax).plot(steps, values, "o-", color=f"C{n}", label=" = ".join(
             names) + (" (right axis)" if right else ""))
     if other is not None:
-        ax.set_ylabel("0 to 1")
+        ax.set_ylabel("score")
         other.set_ylabel(", ".join(n for xy, ns in series.items() if not unit[xy] for n in ns))
     ax.set_xlabel("step")
     ax.set_title("evaluation")
@@ -830,7 +831,7 @@ def read_metrics(path) -> list:
 def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
                         eval_label: str = "eval loss"):
     """Train loss vs step (left, with the evaluation's losses) and the other evaluation
-    metrics vs step (right: those within [0, 1] on the left axis, any other (perplexity)
+    metrics vs step (right: those within [-1, 1] on the left axis, any other (perplexity)
     on an axis of its own, so that neither flattens the other). The labels say what each
     loss is where the two differ (pretraining with NSP trains on MLM + NSP and evaluates
     MLM; distillation trains on its mix)."""
