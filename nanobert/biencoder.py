@@ -273,22 +273,29 @@ def queries_used(beir, settings: dict, training: bool) -> int:
 
 
 def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=False) -> list:
-    """TextRows of (query, relevant document[, hard negative]); with `labelled`,
+    """TextRows of (query, relevant document[, its hard negatives]); with `labelled`,
     (query, document) rows scored 1 (relevant) or 0 (each hard negative)."""
     from .data import TextRow
-    rows = []
+    rows, negatives = [], negatives or {}
+    # unlabelled rows are (query, relevant, negative 1, ..., negative k), one width for all
+    # (MNRL reads every column after the first as candidates): k is the fewest any query
+    # has; --hard-negatives 3 had trained on the first negative alone
+    k = min((len(negatives.get(q, [])) for q in query_ids), default=0)
+    if not labelled and k < max((len(negatives.get(q, [])) for q in query_ids), default=0):
+        few = min(query_ids, key=lambda q: len(negatives.get(q, [])))
+        note(f"{k} hard negative(s) per training row: query {few!r} has no more unjudged "
+             "documents")
     for q in query_ids:
         for d, rel in beir.qrels[q].items():
             if rel <= 0 or d not in beir.corpus:
                 continue
-            negs = (negatives or {}).get(q, [])
+            negs = negatives.get(q, [])
             if labelled:
                 rows.append(TextRow((beir.queries[q], beir.doc_text(d)), 1.0))
                 rows += [TextRow((beir.queries[q], beir.doc_text(n)), 0.0) for n in negs]
-            elif negs:
-                rows.append(TextRow((beir.queries[q], beir.doc_text(d), beir.doc_text(negs[0]))))
             else:
-                rows.append(TextRow((beir.queries[q], beir.doc_text(d))))
+                rows.append(TextRow((beir.queries[q], beir.doc_text(d),
+                                     *(beir.doc_text(n) for n in negs[:k]))))
     if not rows:
         raise NanobertError(f"{beir.root or 'the BEIR folder'}: no (query, relevant document) "
                             f"pairs among the {len(query_ids)} training queries (every judged "

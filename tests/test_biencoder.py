@@ -137,8 +137,15 @@ def test_row_batches_and_loss_choice(minilm):
 def test_beir_rows_holdout_and_labels():
     beir = Beir({"d1": ("T", "one"), "d2": ("", "two"), "d3": ("", "three")},
                 {"q1": "first", "q2": "second"}, {"q1": {"d1": 1, "d3": 0}, "q2": {"d2": 2}})
-    rows = E.beir_rows(beir, ["q1", "q2"], negatives={"q1": ["d2"]})
+    rows = E.beir_rows(beir, ["q1", "q2"], negatives={"q1": ["d2"], "q2": ["d3"]})
     assert rows[0].texts == ("first", "T one", "two") and len(rows) == 2
+    # every mined negative is a column of the row (--hard-negatives 2 trained on one)
+    rows = E.beir_rows(beir, ["q1", "q2"], negatives={"q1": ["d2", "d3"], "q2": ["d3", "d1"]})
+    assert [r.texts for r in rows] == [("first", "T one", "two", "three"),
+                                       ("second", "two", "three", "T one")]
+    assert E.loss_for_rows(rows) == "mnrl"
+    rows = E.beir_rows(beir, ["q1", "q2"], negatives={"q1": ["d2", "d3"], "q2": ["d3"]})
+    assert {len(r.texts) for r in rows} == {3}          # one width: the fewest any query has
     labelled = E.beir_rows(beir, ["q1"], negatives={"q1": ["d2", "d3"]}, labelled=True)
     assert [(r.texts[1], r.score) for r in labelled] == [("T one", 1.0), ("two", 0.0), ("three", 0.0)]
     train, held = E.query_split(beir, 0.5)
