@@ -280,9 +280,10 @@ def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=
     # unlabelled rows are (query, relevant, negative 1, ..., negative k), one width for all
     # (MNRL reads every column after the first as candidates): k is the fewest any query
     # has; --hard-negatives 3 had trained on the first negative alone
-    k = min((len(negatives.get(q, [])) for q in query_ids), default=0)
-    if not labelled and k < max((len(negatives.get(q, [])) for q in query_ids), default=0):
-        few = min(query_ids, key=lambda q: len(negatives.get(q, [])))
+    counts = {q: len(negatives.get(q, [])) for q in query_ids}
+    few = min(counts, key=counts.get, default=None)
+    k = counts[few] if few is not None else 0
+    if not labelled and k < max(counts.values(), default=0):
         note(f"{k} hard negative(s) per training row: query {few!r} has no more unjudged "
              "documents")
     for q in query_ids:

@@ -590,15 +590,11 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     model = Bert(config, head)
     if model.head in MLM_HEADS and hf.get("tie_word_embeddings") is False:
         untie_decoder(model)
-    try:
-        model.new_weights = load_state(model, state, fam, source=model_dir)
-    except NanobertError as e:    # a size given to load() is not the file's to answer for
-        sizes = {k: v for k, v in config_overrides.items() if k not in ("attn_backend", "head")}
-        if not sizes or "config.json implies" not in str(e):
-            raise
-        given = ", ".join(f"{k}={v!r}" for k, v in sizes.items())
-        raise NanobertError(str(e).replace("config.json implies",
-                                           f"config.json with load({given}) implies"))
+    # a size given to load() is not the file's to answer for: the shapes are named as both
+    sizes = {k: v for k, v in config_overrides.items() if k not in ("attn_backend", "head")}
+    implied = "config.json" + (f" with load({', '.join(f'{k}={v!r}' for k, v in sizes.items())})"
+                               if sizes else "")
+    model.new_weights = load_state(model, state, fam, source=model_dir, implied=implied)
     _check_declared_head(model, arch, fam, path)
     _note_non_finite(model, model_dir)
     model.source_dir = model_dir
@@ -679,9 +675,11 @@ def _hf_names(name: str, fam: Family, head) -> list:
     return [hf] if hf else []
 
 
-def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") -> list:
+def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint",
+               implied: str = "config.json") -> list:
     """Copy HF-named tensors into `model`. Missing encoder weights are an error; a
-    missing pooler or head is left initialised and its names returned."""
+    missing pooler or head is left initialised and its names returned. `implied`: what
+    set the model's sizes, named when a tensor's shape differs."""
     new, missing = {}, []
     tied = decoder_is_tied(model)
     for name, param in model.state_dict().items():
@@ -703,7 +701,7 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint") ->
             expected = (rows,) + tuple(param.shape[1:]) if len(parts) > 1 else tuple(param.shape)
             if not isinstance(part, torch.Tensor) or tuple(part.shape) != expected:
                 shown = tuple(part.shape) if isinstance(part, torch.Tensor) else type(part).__name__
-                raise NanobertError(f"{source}: {n} has shape {shown}, config.json implies "
+                raise NanobertError(f"{source}: {n} has shape {shown}, {implied} implies "
                                     f"{expected}")
         new[name] = torch.cat(parts) if len(parts) > 1 else parts[0]
     hard = [n for n in missing if not n.startswith(HEAD_PREFIXES)]

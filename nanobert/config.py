@@ -129,14 +129,6 @@ def check_value(flag: str, value, kind: type = float, allowed: Optional[Range] =
         raise NanobertError(f"{flag}: got {shown}, expected {allowed.describe(kind)}")
 
 
-def _numpy_number(value) -> bool:
-    """A numpy scalar of a whole or real number (np.int64(8), np.float32(0.1)): what a
-    sweep over np.arange or a pandas column gives; taken as the Python number it holds."""
-    import numbers
-    return (type(value).__module__ == "numpy" and isinstance(value, numbers.Real)
-            and not isinstance(value, bool) and hasattr(value, "item"))
-
-
 def check_device(flag: str, value) -> None:
     """A device torch can use here: auto, cpu, cuda, cuda:N (N a GPU this machine has),
     mps where there is one. Checked with the flags, not when the trainer starts (after the
@@ -347,8 +339,8 @@ class Config:
             value = getattr(self, f.name)
             if _kind(f) is list and isinstance(value, (str, os.PathLike)):
                 setattr(self, f.name, [value])   # one path given alone, not its letters
-            if _kind(f) in (int, float) and _numpy_number(value):   # np.arange's, pandas'
-                setattr(self, f.name, value.item())                # (JSON writes these)
+            if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+                setattr(self, f.name, value.item())   # np.int64(8) from a sweep: its number
             if f.metadata.get("range") or f.metadata.get("choices"):
                 check_value(_flag(f), getattr(self, f.name), _kind(f), f.metadata.get("range"),
                             f.metadata.get("choices"))

@@ -593,14 +593,9 @@ async def ner(server: Server, body: dict) -> dict:
     lengths = work.lengths
     logits = await server.run(m, "token_logits", work.items, lengths)
     entities = await server.on_tokenizer(m.ner_entities, work, logits)
-    windows = [0] * len(texts)
-    for k in work.owners:
-        windows[k] += 1
     results = [{"entities": ents, "windows": n, "truncated": False}
-               for ents, n in zip(entities, windows)]
-    tokens = sum(lengths)
-    return {"model": m.name, "results": results,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+               for ents, n in zip(entities, work.windows_per_text)]
+    return {"model": m.name, "results": results, "usage": Counts(lengths, []).usage()}
 
 
 def read_questions(body: dict, limit: int) -> tuple:
@@ -670,9 +665,7 @@ async def qa(server: Server, body: dict) -> dict:
     answers = await server.on_tokenizer(m.qa_answers, work, spans)
     results = [dict({} if qid is None else {"id": qid}, **a, windows=n, truncated=c)
                for a, n, qid, c in zip(answers, work.windows_per_question, ids, cut)]
-    tokens = sum(lengths)
-    return {"model": m.name, "results": results,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {"model": m.name, "results": results, "usage": Counts(lengths, []).usage()}
 
 
 async def tokenize(server: Server, body: dict) -> dict:
@@ -1591,7 +1584,8 @@ def banner(server: Server) -> str:
         lines.append(f"  {r.method:<5}{r.path:<16} {r.help}")
     lines.append(f"limits: {c.max_batch_tokens} tokens per batch, {c.max_concurrent_requests} "
                  f"requests in flight, {c.max_client_batch} inputs and {c.max_request_tokens} "
-                 f"tokens per request, {c.payload_limit} bytes per body" + (", API key required" if c.api_key else ""))
+                 f"tokens per request, {c.payload_limit} bytes per body"
+                 + (", API key required" if c.api_key else ""))
     return "\n".join(lines)
 
 

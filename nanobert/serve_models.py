@@ -89,6 +89,13 @@ class NERWork:
     def lengths(self) -> list:         # tokens of each window
         return [len(it["input_ids"]) for it in self.items]
 
+    @property
+    def windows_per_text(self) -> list:
+        out = [0] * len(self.texts)
+        for k in self.owners:
+            out[k] += 1
+        return out
+
 
 @dataclass
 class Served:

@@ -795,32 +795,6 @@ class Trainer:
                             getattr(self.evaluate_fn, "loss_label", "eval loss"))
 
 
-def _plot_eval_metrics(ax, evals: list, keys: list):
-    """The evaluation panel: one line per metric (equal series, multi-class f1 =
-    f1_macro, share one); metrics that leave [-1, 1] (accuracy, F1, MCC, correlations
-    stay in it) on a second axis, on the right."""
-    from matplotlib.ticker import MaxNLocator
-    series = {}
-    for k in keys:
-        xy = (tuple(r["step"] for r in evals if k in r), tuple(r[k] for r in evals if k in r))
-        series.setdefault(xy, []).append(k)
-    unit = {xy: all(-1 <= v <= 1 for v in xy[1]) for xy in series}
-    other = ax.twinx() if not all(unit.values()) and any(unit.values()) else None
-    lines = []
-    for n, ((steps, values), names) in enumerate(series.items()):
-        right = other is not None and not unit[(steps, values)]
-        lines += (other if right else ax).plot(steps, values, "o-", color=f"C{n}", label=" = ".join(
-            names) + (" (right axis)" if right else ""))
-    if other is not None:
-        ax.set_ylabel("score")
-        other.set_ylabel(", ".join(n for xy, ns in series.items() if not unit[xy] for n in ns))
-    ax.set_xlabel("step")
-    ax.set_title("evaluation")
-    ax.legend(lines, [ln.get_label() for ln in lines])
-    ax.grid(alpha=0.3)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
 def read_metrics(path) -> list:
     path = Path(path)
     if not path.is_file():
@@ -863,3 +837,29 @@ def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
+
+
+def _plot_eval_metrics(ax, evals: list, keys: list):
+    """The evaluation panel: one line per metric (equal series, multi-class f1 =
+    f1_macro, share one); metrics that leave [-1, 1] (accuracy, F1, MCC, correlations
+    stay in it) on a second axis, on the right."""
+    from matplotlib.ticker import MaxNLocator
+    series = {}
+    for k in keys:
+        xy = (tuple(r["step"] for r in evals if k in r), tuple(r[k] for r in evals if k in r))
+        series.setdefault(xy, []).append(k)
+    unit = {xy: all(-1 <= v <= 1 for v in xy[1]) for xy in series}
+    other = ax.twinx() if not all(unit.values()) and any(unit.values()) else None
+    lines = []
+    for n, ((steps, values), names) in enumerate(series.items()):
+        right = other is not None and not unit[(steps, values)]
+        lines += (other if right else ax).plot(steps, values, "o-", color=f"C{n}", label=" = ".join(
+            names) + (" (right axis)" if right else ""))
+    if other is not None:
+        ax.set_ylabel("score")
+        other.set_ylabel(", ".join(n for xy, ns in series.items() if not unit[xy] for n in ns))
+    ax.set_xlabel("step")
+    ax.set_title("evaluation")
+    ax.legend(lines, [ln.get_label() for ln in lines])
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
