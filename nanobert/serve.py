@@ -1249,7 +1249,8 @@ def serve_args(p):
     from .threads import MAX_THREADS
     p.add_argument("--threads", type=checked(int, at_least(1, MAX_THREADS), "--threads"),
                    default=d.threads, metavar="N",
-                   help="torch threads for inference (default: every available core)")
+                   help="torch threads for inference (default: OMP_NUM_THREADS if set, "
+                        "else every available core)")
     p.add_argument("--cors-allow-origin", action="append", metavar="ORIGIN",
                    help="let scripts on this web origin call the API from a browser "
                         "(repeat for more; '*': any); by default browsers refuse them")

@@ -12,8 +12,8 @@ it on your machine.
 
 So nanobert sets OMP_WAIT_POLICY=PASSIVE when it is imported (unless you set it
 yourself; it only takes effect if nanobert is imported before torch) and uses every
-core it may run on; `--threads N` (every command) or `set_threads(N)` overrides the
-count. One thread is the safe choice when several jobs share the cores by design.
+core it may run on, or OMP_NUM_THREADS when you set it (as torch itself would);
+`--threads N` (every command) or `set_threads(N)` overrides either. One thread is the safe choice when several jobs share the cores by design.
 """
 from __future__ import annotations
 
@@ -38,14 +38,24 @@ def available_cores() -> int:
 MAX_THREADS = 1024
 
 
+def default_threads() -> int:
+    """OMP_NUM_THREADS when it is set to a count (OpenMP's list form "4,2": its first
+    level), else every available core. torch reads the variable too, but nanobert sets
+    the count itself, so it honours the variable here."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if first.isdigit() and 1 <= int(first) <= MAX_THREADS:
+        return int(first)
+    return available_cores()
+
+
 def set_threads(n: int | None = None) -> int:
-    """Use `n` threads for torch's CPU kernels (None: every available core).
+    """Use `n` threads for torch's CPU kernels (None: `default_threads()`).
     Returns the count set."""
     import torch
 
     from .files import NanobertError
     if n is None:
-        n = available_cores()
+        n = default_threads()
     if not 1 <= n <= MAX_THREADS:  # torch overflows past 2**31; OpenMP starts them all
         raise NanobertError(f"--threads {n}: must be from 1 to {MAX_THREADS} (this machine "
                             f"has {available_cores()} cores)")
@@ -173,5 +183,6 @@ def add_threads_flag(parser) -> None:
     from .config import at_least, checked
     parser.add_argument("--threads", type=checked(int, at_least(1, MAX_THREADS), "--threads"),
                         default=None, metavar="N",
-                        help="CPU threads for torch (default: every available core; idle "
-                             "threads sleep, so a busy machine does not stall them)")
+                        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else every "
+                             "available core; idle threads sleep, so a busy machine does "
+                             "not stall them)")

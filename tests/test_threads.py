@@ -180,3 +180,18 @@ def test_a_forked_child_makes_its_own_workers(two_threads):
             pytest.fail("the forked child hung waiting for its parent's worker threads")
         time.sleep(0.05)
     assert os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.parametrize("value, expected", [("1", 1), ("3,2", 3), (" 2 ", 2), ("0", None),
+                                             ("abc", None), ("", None), ("99999", None)])
+def test_omp_num_threads_sets_the_default_count(monkeypatch, value, expected):
+    """A user's OMP_NUM_THREADS is the count when it is one; anything else falls back to
+    every available core (torch's own reading of the variable is overridden by nanobert)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    n = torch.get_num_threads()
+    try:
+        got = threads.set_threads(None)
+        assert got == torch.get_num_threads() == (expected or threads.available_cores())
+    finally:
+        torch.set_num_threads(n)
+
