@@ -21,6 +21,7 @@ import nanobert
 from conftest import tiny_classify_task
 from nanobert.cli import main
 from nanobert.files import NanobertError
+from nanobert.threads import default_threads
 from nanobert.rundir import (RUN_FILE, _same_run, clean_temporaries, differences, fingerprint,
                              model_files, read_run, require_finished, run)
 
@@ -395,8 +396,10 @@ FILL = "the movie film plot acting was is a and very".split()
 def killed_at(pattern: str, *argv) -> str:
     """Run `nanobert *argv` in a subprocess, SIGKILL it as soon as a stdout line matches
     `pattern`; returns what it printed. Fails if it ends before the line."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+    # the threads the runs in this process take (a resume on other threads differs in
+    # the last bits): nanobert reads OMP_NUM_THREADS as its default count
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(default_threads()),
+               MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     p = subprocess.Popen([sys.executable, "-m", "nanobert.cli", *map(str, argv)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
