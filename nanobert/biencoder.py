@@ -252,23 +252,28 @@ def query_split(beir, holdout: float = 0.0) -> tuple:
     return [q for q in qids if not held_out(q, holdout)], held
 
 
-def scored_queries(beir, settings: dict) -> Optional[list]:
-    """The queries evaluation scores: the held-out ones with `holdout`, else None (all);
-    a holdout that holds out none is refused (every query, the training ones too, was
-    scored as if none were asked)."""
+def holdout_split(beir, settings: dict) -> tuple:
+    """`query_split` by a run's `holdout`. A holdout that holds out none is refused: every
+    query, the training ones too, was scored as if none were asked (and training found
+    out only at its first evaluation, after mining hard negatives)."""
     holdout = settings.get("holdout") or 0.0
-    held = query_split(beir, holdout)[1]
+    train_q, held = query_split(beir, holdout)
     if holdout and not held:
         raise NanobertError(f"{getattr(beir, 'root', None) or 'the BEIR folder'}: --holdout "
                             f"{holdout:g} holds out none of its {len(beir.qrels)} judged queries "
                             "(a query is held out by a hash of its id); use a larger --holdout")
-    return held or None
+    return train_q, held
+
+
+def scored_queries(beir, settings: dict) -> Optional[list]:
+    """The queries evaluation scores: the held-out ones with `holdout`, else None (all)."""
+    return holdout_split(beir, settings)[1] or None
 
 
 def queries_used(beir, settings: dict, training: bool) -> int:
     """How many judged queries of a BEIR folder a run trains on (`training`) or scores:
     with `holdout`, the held-out ones are scored and the rest trained on."""
-    train_q, held = query_split(beir_split(beir, settings, training), settings.get("holdout") or 0.0)
+    train_q, held = holdout_split(beir_split(beir, settings, training), settings)
     return len(train_q) if training else len(held) or len(train_q)
 
 
@@ -377,8 +382,9 @@ class RetrievalConfig(Config):
                                 "pairs, triplets and BEIR folders, cosent for scored pairs)",
                                 choices=("mnrl", "cosent", "cosine_mse"))
     pooling: Optional[str] = param(
-        None, "how token vectors become the one vector of a text (pair): embed: mean "
-        "(default) or cls; classify, regress: cls (BERT's [CLS], the vector transformers' "
+        None, "how token vectors become the one vector of a text (pair): embed: mean or "
+        "cls (default: the starting checkpoint's sentence-transformers pooling, else mean); "
+        "classify, regress: cls (BERT's [CLS], the vector transformers' "
         "classifiers read; ModernBERT: the pooling the checkpoint declares) or mean; rerank: cls",
         choices=POOLINGS)
     scale: float = param(20.0, "embed: inverse temperature of the cosine (MNRL, CoSENT)",
@@ -678,6 +684,27 @@ def embed_metric(dev) -> str:
     return "spearman" if isinstance(dev, list) and dev[0].score is not None else "ndcg_at_10"
 
 
+def embed_pooling(model_name, given: Optional[str] = None) -> str:
+    """The pooling a bi-encoder run trains and saves: --pooling (`given`), else the one
+    the starting checkpoint declares (its sentence-transformers Pooling module, as
+    `nanobert embed` reads it: a [CLS] model had been trained by its mean), else mean.
+    A --pooling other than the declared one, or a declared one training cannot do
+    (max, mean_sqrt_len), is noted."""
+    from .checkpoint import resolve
+    from .embed import declared_pooling
+    declared = declared_pooling(resolve(model_name))
+    if given:
+        if declared is not None and declared != given:
+            note(f"--pooling {given}: {model_name} declares {declared} pooling (its "
+                 f"sentence-transformers Pooling module); the run trains with {given}")
+        return given
+    if declared is not None and declared not in POOLINGS:
+        note(f"{model_name} declares {declared} pooling, which embed training does not do "
+             f"({' or '.join(POOLINGS)}): the run trains with mean (choose with --pooling)")
+        return "mean"
+    return declared or "mean"
+
+
 def _start_encoder(name, max_length):
     """The embedding function of the starting model (to mine hard negatives with)."""
     from .embed import Encoder
@@ -693,7 +720,7 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
         return data
     data = beir_split(data, settings, training=True)
     holdout = settings.get("holdout") or 0.0
-    train_q, held = query_split(data, holdout)
+    train_q, held = holdout_split(data, settings)   # (refused here, before any mining)
     if not train_q:
         raise NanobertError(f"{data.root or 'the BEIR folder'}: --holdout {holdout:g} holds out "
                             f"all {len(held)} judged queries: none is left to train on; use a "

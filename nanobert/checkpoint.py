@@ -201,6 +201,40 @@ def st_top_folder(p: Path) -> Path:
     return Path(p)
 
 
+def st_json(path: Path, kind: type, what: str):
+    """A sentence-transformers file's JSON, of the type it must have, or one line saying
+    why not (a broken layout is an error, never a silently different embedding)."""
+    try:
+        d = json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise NanobertError(f"{path}: not valid JSON ({e})")
+    if not isinstance(d, kind):
+        raise NanobertError(f"{path}: expected {what}, got {type(d).__name__}")
+    return d
+
+
+def sbert_config(model_dir):
+    """(path, settings) of a sentence-transformers checkpoint's sentence_bert_config.json
+    (its Transformer module's), or (None, {})."""
+    path = Path(model_dir) / "sentence_bert_config.json" if model_dir else None
+    if path is None or not path.is_file():
+        return None, {}
+    return path, st_json(path, dict, "a JSON object")
+
+
+def declared_max_length(model_dir) -> Optional[int]:
+    """max_seq_length of a sentence-transformers checkpoint (sentence_bert_config.json):
+    a whole number >= 1 when given."""
+    path, conf = sbert_config(model_dir)
+    v = conf.get("max_seq_length")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 \
+            or (isinstance(v, float) and not v.is_integer()):
+        raise NanobertError(f"{path}: max_seq_length must be a whole number >= 1, got {v!r}")
+    return int(min(v, 1 << 20))
+
+
 def read_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     inner = _st_transformer_folder(model_dir)
@@ -255,10 +289,12 @@ def read_settings(model_dir: Path, positions=None) -> dict:
     ...), checked, or {} when there is none. A value of the wrong type or range (a file
     edited by hand, or broken) is one line naming the file, not a traceback where it is
     used; with `positions` (the model's), a max_length longer than the model can read is
-    refused too. Settings that are null count as not given."""
+    refused too. Settings that are null count as not given. A directory without one that
+    sentence-transformers' CrossEncoder saved declares its settings in its own files
+    (cross_encoder_settings)."""
     path = Path(model_dir) / SETTINGS_FILE
     if not path.is_file():
-        return {}
+        return cross_encoder_settings(Path(model_dir), positions)
     try:
         settings = json.loads(path.read_text("utf-8"))
     except (ValueError, OSError) as e:   # (UnicodeDecodeError is a ValueError)
@@ -299,6 +335,39 @@ def _check_number_settings(settings: dict, bad):
         v = settings.get(key, 1 if key == "scale" else 0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v):
             raise bad(key, expected)
+
+
+def is_cross_encoder(model_dir: Path, hf: dict) -> bool:
+    """Did sentence-transformers' CrossEncoder save this directory (`hf`: its config.json)?
+    Version 6 says so in config_sentence_transformers.json (model_type); 4 and 5 write
+    their version into config.json's "sentence_transformers"; earlier ones the
+    sbert_ce_default_activation_function alone (nanobert's regression heads carry it
+    beside an unversioned "sentence_transformers": the activation CrossEncoder applies)."""
+    path = Path(model_dir) / "config_sentence_transformers.json"
+    if path.is_file():
+        return st_json(path, dict, "a JSON object").get("model_type") == "CrossEncoder"
+    declared = hf.get("sentence_transformers")
+    if isinstance(declared, dict):
+        return "version" in declared
+    return hf.get("sbert_ce_default_activation_function") is not None
+
+
+def cross_encoder_settings(model_dir: Path, positions=None) -> dict:
+    """What a sentence-transformers CrossEncoder directory declares, in nanobert.json's
+    terms ({} for any other directory): the window sentence-transformers reads
+    (sentence_bert_config.json's max_seq_length, else the tokenizer's model_max_length; at
+    most the model's `positions`: 512 had been read where it said 64) and, for a model of
+    one output, the task rerank: a CrossEncoder of one label is a reranker (its `rank`
+    takes only those), not a regression model to score by correlation."""
+    hf = read_config(model_dir) if (model_dir / "config.json").is_file() else {}
+    if not is_cross_encoder(model_dir, hf):
+        return {}
+    from .tokenizer import Tokenizer
+    window = declared_max_length(model_dir) or Tokenizer.from_dir(model_dir).model_max_length
+    settings = {"max_length": min(window, positions or window)}
+    if _regression(hf):
+        settings["task"] = "rerank"
+    return settings
 
 
 def read_weights(model_dir: Path) -> dict:

@@ -69,7 +69,9 @@ class QAExample:
 # Classification
 
 TEXT_COLUMNS = ["text", "sentence", "text_a", "sentence1", "question1", "question", "premise",
-                "#1 String", "#1 string", "sentence_a"]
+                "#1 String", "#1 string", "sentence_a",
+                # sentence-transformers' (anchor, positive, negative) datasets; query tables
+                "anchor", "query"]
 PAIR_COLUMNS = {  # first text column -> its pair column
     "text": "text_pair", "text_a": "text_b", "sentence1": "sentence2", "question1": "question2",
     "question": "sentence", "premise": "hypothesis", "#1 String": "#2 String",
@@ -1693,9 +1695,8 @@ class Beir:
     checked: bool = False   # its judged documents checked against the corpus (select)
 
     def doc_text(self, doc_id) -> str:
-        """What gets embedded for a document: title, a space, the text (as BEIR does)."""
-        title, text = self.corpus[doc_id]
-        return f"{title} {text}".strip() if title else text.strip()
+        """What gets embedded for the document `doc_id` (the function `doc_text`)."""
+        return doc_text(*self.corpus[doc_id])
 
     def __len__(self) -> int:
         return len(self.qrels)
@@ -1714,6 +1715,27 @@ class Beir:
                                 f"(available: {', '.join(splits)})")
         qrels = read_qrels(self.root / "qrels" / f"{split}.tsv", self.queries)
         return Beir(self.corpus, self.queries, qrels, split, self.root).select(None)
+
+
+def doc_text(title: str, text: str) -> str:
+    """What gets embedded for a BEIR document: title, a space, the text (as BEIR does)."""
+    return f"{title} {text}".strip() if title else text.strip()
+
+
+BEIR_DOC_FIELDS = ("title", "text")   # of corpus.jsonl, beside "_id"
+
+
+def beir_corpus_texts(path) -> Optional[list]:
+    """The documents of a BEIR corpus.jsonl (objects with "_id", "title" and "text"), as
+    BEIR evaluation embeds them (`doc_text`), in file order; None for another file (its
+    first object lacks one of those fields). `search` had embedded the text alone."""
+    path = input_path(path)
+    if detect_format(path, plain_text=True) != "jsonl":
+        return None
+    first = next(_jsonl_objects(path), (None, {}))[1]
+    if not all(f in first for f in ("_id",) + BEIR_DOC_FIELDS):
+        return None
+    return [doc_text(*fields) for fields in _read_beir_jsonl(path, BEIR_DOC_FIELDS).values()]
 
 
 BEIR_SPLIT_PREFERENCE = ("test", "dev", "validation", "train")
@@ -1880,7 +1902,7 @@ def read_beir(root, split: Optional[str] = None, check: bool = True) -> Beir:
     split = split or splits[0]
     if split not in splits:
         raise NanobertError(f"{root}: no qrels for split {split!r} (available: {', '.join(splits)})")
-    corpus = _read_beir_jsonl(root / "corpus.jsonl", ("title", "text"))
+    corpus = _read_beir_jsonl(root / "corpus.jsonl", BEIR_DOC_FIELDS)
     queries = _read_beir_jsonl(root / "queries.jsonl", ("text",))
     beir = Beir(corpus, queries, read_qrels(root / "qrels" / f"{split}.tsv", queries), split, root)
     return beir.select(None) if check else beir

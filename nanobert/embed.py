@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .batching import forward_tokens, restore_order, sorted_batches
-from .checkpoint import POOLINGS
+from .checkpoint import POOLINGS, declared_max_length, sbert_config, st_json
 from .config import at_least, checked, max_length_range
 from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note, spooled_stdin
 from .model import first_real_tokens
@@ -60,18 +60,6 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> tor
     raise ValueError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
 
 
-def _st_json(path: Path, kind: type, what: str):
-    """A sentence-transformers file's JSON, of the type it must have, or one line saying
-    why not (a broken layout is an error, never a silently different embedding)."""
-    try:
-        d = json.loads(path.read_text("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NanobertError(f"{path}: not valid JSON ({e})")
-    if not isinstance(d, kind):
-        raise NanobertError(f"{path}: expected {what}, got {type(d).__name__}")
-    return d
-
-
 def _pooling_dir(model_dir: Path) -> Optional[Path]:
     """Where the Pooling module's config lives: the folder modules.json names (a list of
     {"type", "path"} objects), else 1_Pooling. (`model_dir` may be the Transformer
@@ -81,7 +69,7 @@ def _pooling_dir(model_dir: Path) -> Optional[Path]:
     modules = model_dir / "modules.json"
     if not modules.is_file():
         return model_dir / "1_Pooling"
-    entries = _st_json(modules, list, "a list of modules")
+    entries = st_json(modules, list, "a list of modules")
     found = None
     for m in entries:
         if not (isinstance(m, dict) and isinstance(m.get("type"), str)
@@ -117,7 +105,7 @@ def declared_normalize(model_dir) -> bool:
     if not modules.is_file():
         return True
     _pooling_dir(Path(model_dir))          # a modules.json it cannot read is refused there
-    entries = _st_json(modules, list, "a list of modules")
+    entries = st_json(modules, list, "a list of modules")
     return any(m["type"].rsplit(".", 1)[-1] == "Normalize" for m in entries)
 
 
@@ -129,7 +117,7 @@ def declared_pooling(model_dir) -> Optional[str]:
     path = pool_dir / "config.json" if pool_dir is not None else None
     if path is None or not path.is_file():
         return None
-    conf = _st_json(path, dict, "a JSON object of pooling settings")
+    conf = st_json(path, dict, "a JSON object of pooling settings")
     modes = _pooling_modes(conf, path)
     odd = next((m for m in modes if m not in ST_POOLINGS), None)
     if odd is not None:
@@ -164,36 +152,14 @@ ST_POOLINGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mea
                "cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}
 
 
-def _sbert_config(model_dir):
-    """(path, settings) of a sentence-transformers checkpoint's sentence_bert_config.json
-    (its Transformer module's), or (None, {})."""
-    path = Path(model_dir) / "sentence_bert_config.json" if model_dir else None
-    if path is None or not path.is_file():
-        return None, {}
-    return path, _st_json(path, dict, "a JSON object")
-
-
 def declared_lowercase(model_dir) -> bool:
     """do_lower_case of a sentence-transformers checkpoint: its Transformer module
     lower-cases every text before the tokenizer sees it."""
-    path, conf = _sbert_config(model_dir)
+    path, conf = sbert_config(model_dir)
     v = conf.get("do_lower_case", False)
     if not isinstance(v, bool):
         raise NanobertError(f"{path}: do_lower_case must be true or false, got {v!r}")
     return v
-
-
-def declared_max_length(model_dir) -> Optional[int]:
-    """max_seq_length of a sentence-transformers checkpoint (sentence_bert_config.json):
-    a whole number >= 1 when given."""
-    path, conf = _sbert_config(model_dir)
-    v = conf.get("max_seq_length")
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 \
-            or (isinstance(v, float) and not v.is_integer()):
-        raise NanobertError(f"{path}: max_seq_length must be a whole number >= 1, got {v!r}")
-    return int(min(v, 1 << 20))
 
 
 # ----------------------------------------------------------------------------------
@@ -503,9 +469,14 @@ def read_texts(path, text_column: Optional[str] = None) -> list[str]:
     """Texts to embed, read as `predict` reads its inputs (data.read_inputs): a
     classification file, labels optional (TSV/CSV/JSON Lines, MSRP: its text column, or
     `text_column`, pairs joined by a space), else plain text, one sentence a line (blank
-    lines skipped). JSON or CoNLL columns in a file without their suffix are refused, not
-    embedded line by line as if each line were a sentence."""
-    from .data import detect_format, read_inputs  # (not finetune: it imports the embed tasks)
+    lines skipped). A BEIR corpus.jsonl gives each document's title and text, as BEIR
+    evaluation embeds them. JSON or CoNLL columns in a file without their suffix are
+    refused, not embedded line by line as if each line were a sentence."""
+    # (not finetune: it imports the embed tasks)
+    from .data import beir_corpus_texts, detect_format, read_inputs
+    documents = None if text_column else beir_corpus_texts(path)
+    if documents is not None:
+        return documents
     # read as lines (read_inputs refuses real CoNLL columns; blank-line-separated text
     # looks like CoNLL to the detector)
     if text_column and detect_format(path, plain_text=True) in ("text", "conll"):
@@ -543,15 +514,15 @@ def _cached_array(path: Path, rows: int, width: int):
 def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = False,
                              text_column: Optional[str] = None):
     """(texts, embeddings) of a corpus file; embeddings are read from the cache when the
-    corpus bytes, the column read and the model/settings are unchanged, else computed and
-    cached (beside the corpus, or under ~/.cache/nanobert when that folder is not
-    writable)."""
+    texts read (not the file's bytes: the same file read another way, another column or
+    a BEIR document's title, embeds other texts) and the model/settings are unchanged,
+    else computed and cached (beside the corpus, or under ~/.cache/nanobert when that
+    folder is not writable)."""
     corpus = Path(corpus_path)
     texts = read_texts(corpus, text_column)
-    h = hashlib.sha256(corpus.read_bytes())
-    h.update(encoder.identity().encode())
-    if text_column:
-        h.update(f"column={text_column}".encode())
+    h = hashlib.sha256(encoder.identity().encode())
+    for t in texts:
+        h.update(t.encode("utf-8", "surrogatepass") + b"\0")
     key = h.hexdigest()[:16]
     candidates = _cache_paths(corpus.resolve(), key)
     width = encoder.model.config.hidden_size

@@ -366,7 +366,8 @@ def _modern_from_hf(d):
         local_rope_theta=(rope.get("sliding_attention") or {}).get("rope_theta", d.get("local_rope_theta", 10000.0)),
         pooler_act=d.get("classifier_activation", "gelu"), pooler_norm=True, token_head=True,
         classifier_pooling=d.get("classifier_pooling", "cls"),
-        classifier_dropout=d.get("classifier_dropout", 0.0))
+        classifier_dropout=d.get("classifier_dropout", 0.0),
+        decoder_bias=bool(d.get("decoder_bias", True)))   # ModernBertForMaskedLM's decoder
     if bool(d.get("mlp_bias", False)) != kw["bias"]:
         raise ValueError("attention_bias and mlp_bias must agree")
     if d.get("classifier_bias", False) and not kw["bias"]:  # the head's dense layer
@@ -377,6 +378,8 @@ def _modern_from_hf(d):
 def _modern_to_hf(c):
     d = {hf: getattr(c, ours) for ours, hf in _MODERN.items()}
     d.update(model_type="modernbert", norm_bias=c.norm_bias, attention_bias=c.bias,
+             # decoder_bias=True whatever c.decoder_bias says: the file holds the MLM
+             # bias (zeros where the model has none), which transformers then reads
              mlp_bias=c.bias, classifier_bias=c.bias, decoder_bias=True,
              local_attention=c.local_attention, global_attn_every_n_layers=c.global_every,
              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.rope_theta},

@@ -51,7 +51,7 @@ from .config import Config, at_least, fraction, max_length_range, param, tempera
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
 from .files import (ONE_LINE, NanobertError, check_output_dir, note, some_of, spooled_stdin,
                     with_article)
-from .qa import attached_end, trimmed  # (the rule of where a span ends: QA answers too)
+from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
 
@@ -157,13 +157,15 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
 
 def encode_qa(tok, examples, max_length, doc_stride, train=False, quiet=False) -> tuple:
     from .qa import make_windows, question_limit
+    from .tokenizer import note_once
     windows = make_windows(tok, examples, max_length, doc_stride, train=train)
     cut = len({w.example for w in windows if w.question_cut})
     if cut and not quiet:
         limit = question_limit(tok.tk, max_length, doc_stride)
-        note(f"{cut} question{'s were' if cut > 1 else ' was'} cut to "
-             f"{limit} token{'' if limit == 1 else 's'}, half of what a window "
-             f"of {max_length} (doc stride {doc_stride}) leaves them")
+        note_once(tok, f"{cut} question{'s were' if cut > 1 else ' was'} cut to "
+                       f"{limit} token{'' if limit == 1 else 's'}, half of what a window "
+                       f"of {max_length} (doc stride {doc_stride}) leaves them",
+                  key=("questions cut", train, limit))
     items = [{"input_ids": w.ids, "token_type_ids": w.type_ids} for w in windows]
     if train:
         for it, w in zip(items, windows):
@@ -264,7 +266,8 @@ def ner_windows(tok, inputs, max_length, split: bool = True) -> tuple:
         from .tokenizer import note_once
         what = ("sentence" if split else "text") + ("s" if long > 1 else "")
         note_once(tok, f"{long} {what} over {max_length} tokens {'were' if long > 1 else 'was'} "
-                       f"tagged in windows overlapping by {overlap} tokens")
+                       f"tagged in windows overlapping by {overlap} tokens",
+                  key=("windows", split, max_length))
     items, owners = [], []
     for n, enc in enumerate(encs):
         items.extend(_windows(enc, room, overlap))
@@ -368,19 +371,10 @@ def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> l
 
 def entities(text, offsets, word_ids, word_preds: dict, id2label: dict) -> list:
     """IOB2 word tags -> [{"type", "start", "end", "text", "score"}] with character spans
-    (a word spans its first to last sub-word, and the characters right after it that
-    belong to its last one (`attached_end`); an I-X after O starts an entity)."""
-    spans = {}
-    for o, w in zip(offsets, word_ids):
-        o = trimmed(text, o) if w is not None else None    # no token's whitespace
-        if o is not None:
-            a, b = o
-            spans[w] = (min(a, spans.get(w, (a, b))[0]), max(b, spans.get(w, (a, b))[1]))
-    words = sorted(spans, key=lambda w: spans[w])
-    for w, after in zip(words, words[1:] + [None]):
-        limit = len(text) if after is None else spans[after][0]
-        spans[w] = (spans[w][0], attached_end(text, spans[w][1], limit))
-    return entity_spans(text, spans, word_preds, id2label)
+    (`word_spans`: a word spans its first to last sub-word, and the characters right
+    after it that attach to its last one, such as a combining mark; an I-X after O starts
+    an entity)."""
+    return entity_spans(text, word_spans(text, offsets, word_ids), word_preds, id2label)
 
 
 def tag_parts(tag: str) -> tuple:
@@ -788,8 +782,8 @@ def check_column_flags(task: str, columns: dict, doing: str = "run") -> None:
                   "SQuAD JSON, or question/context fields")
         tasks = f"{', '.join(COLUMN_TASKS[:-1])} and {COLUMN_TASKS[-1]}"
         tasks = f"--task {tasks}" if doing == "run" else f"{tasks} models"
-        raise NanobertError(f"{flag}: only for {tasks}; a {task} {doing} reads fixed fields "
-                            f"({fields}) and does not use it")
+        raise NanobertError(f"{flag}: only for {tasks}; {with_article(task)} {doing} reads "
+                            f"fixed fields ({fields}) and does not use it")
 
 
 def get_task(name: str) -> Task:
@@ -963,8 +957,8 @@ class FinetuneConfig(Config):
         self.teachers = [str(t) for t in self.teachers]
         from .distill import TEACHER_TASKS
         if self.teachers and self.task not in TEACHER_TASKS:
-            raise NanobertError(f"--teacher: a {self.task} run cannot learn from teachers "
-                                f"(only {' and '.join(TEACHER_TASKS)})")
+            raise NanobertError(f"--teacher: {with_article(self.task)} run cannot learn from "
+                                f"teachers (only {' and '.join(TEACHER_TASKS)})")
         self.check_given()
         self.check_no_ops()
 
@@ -998,7 +992,8 @@ class FinetuneConfig(Config):
         for name, tasks in TASK_FLAGS.items():
             if self.task not in tasks and name in changed:
                 raise NanobertError(f"--{name.replace('_', '-')}: only for --task "
-                                    f"{' and '.join(tasks)}; a {self.task} run does not use it")
+                                    f"{' and '.join(tasks)}; {with_article(self.task)} run "
+                                    "does not use it")
         check_column_flags(self.task, self.columns.given())
 
     def settings(self, task: Task) -> dict:
@@ -1175,15 +1170,16 @@ def hf_pools_mean(c) -> bool:
 
 def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
     """How a text becomes one vector: --pooling, else the task's default. embed pools
-    the mean. classify and regress read [CLS] (BERT's classifier, and the only vector
-    transformers' BertForSequenceClassification reads, so the saved model gives the same
-    logits there), unless the family's transformers classifier reads the pooling from
+    as the starting checkpoint declares, else by the mean (B.embed_pooling). classify and
+    regress read [CLS] (BERT's classifier, and the only vector transformers'
+    BertForSequenceClassification reads, so the saved model gives the same logits
+    there), unless the family's transformers classifier reads the pooling from
     config.json (ModernBERT): then a sentence-transformers checkpoint's declared pooling
     (minilm's mean) is kept. rerank keeps [CLS], the cross-encoder format
     sentence-transformers loads. None: the model's own."""
     given = cfg.retrieval.pooling
     if task.name == "embed":
-        return given or "mean"
+        return B.embed_pooling(cfg.model, given)
     if task.head not in POOLED_HEADS:
         if given:
             raise NanobertError(f"--pooling: a {task.name} model predicts per token "

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .config import Config, add_flags, at_least, param, seed_range
-from .files import NanobertError, check_output_file, note, write_text
+from .files import NanobertError, check_output_file, note, with_article, write_text
 from .finetune import ColumnsConfig
 
 TEMPLATE = " The sentiment is {}."
@@ -94,7 +94,7 @@ def _check_causal(path: Path, name) -> None:
         return
     kind, arch = hf.get("model_type"), ", ".join(hf.get("architectures") or []) or "?"
     if kind in ENCODER_TYPES and not hf.get("is_decoder"):
-        raise NanobertError(f"{name}: a {kind} encoder ({arch}), not a causal language model; "
+        raise NanobertError(f"{name}: {with_article(kind)} encoder ({arch}), not a causal language model; "
                             "--gpt2 needs a GPT-2 style model that predicts the next token")
 
 

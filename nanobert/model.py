@@ -100,6 +100,7 @@ class BertConfig:
     position_max_distance: int = 128        #   offset, T5-bucketed (0: none), shared by layers
     mlm_act: Optional[str] = None           # the MLM head's activation (None: hidden_act's;
                                             #   RoBERTa's is gelu, ModernBERT's its pooler_act)
+    decoder_bias: bool = True               # the MLM decoder's bias (ModernBERT may have none)
 
     # keys of config.json that BertConfig reads and writes
     _HF_KEYS = (
@@ -115,7 +116,7 @@ class BertConfig:
                      "global_every", "rope_theta", "local_rope_theta", "pooler_act", "pooler_norm",
                      "token_head", "classifier_pooling", "relative_attention", "relative_terms",
                      "relative_buckets", "max_relative_positions", "relative_norm", "terms_scale",
-                     "position_buckets", "position_max_distance", "mlm_act")
+                     "position_buckets", "position_max_distance", "mlm_act", "decoder_bias")
 
     def __post_init__(self):
         for f in fields(self):   # np.int64(100) from a sweep: the Python number it holds
@@ -1019,7 +1020,10 @@ class MLMHead(nn.Module):
         self.act = ACTIVATIONS[c.mlm_act or c.hidden_act]
         self.norm = LayerNorm(c, E)
         self.word_embeddings = word_embeddings  # tied: shared, not copied
-        self.bias = nn.Parameter(torch.zeros(c.vocab_size))
+        if c.decoder_bias:
+            self.bias = nn.Parameter(torch.zeros(c.vocab_size))
+        else:  # no bias: zeros that are neither trained nor part of the state dict
+            self.register_buffer("bias", torch.zeros(c.vocab_size), persistent=False)
 
     def forward(self, h):  # (..., H) -> (..., V)
         h = self.norm(self.act(self.dense(h)))

@@ -8,13 +8,16 @@
               end >= start, at most `max_answer_length` tokens; score = start + end
               logit; the best span over all windows of a question wins; its text is
               cut from the context through the token offsets (a token's end moved past
-              the characters attached to it, as an NER entity's: `attached_end`).
+              the characters attached to it, as an NER entity's: `attached_end`),
+              widened to whole words (`word_offsets`): no answer "ajalein" of
+              "Kwajaleinington".
 """
 from __future__ import annotations
 
 import bisect
 import unicodedata
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -30,6 +33,13 @@ class Window:
     start: int = 0          # answer token positions (0 = [CLS]: no answer here)
     end: int = 0
     question_cut: bool = False   # its question was cut to `question_limit` tokens
+    # where an answer that starts or ends at each token starts or ends: its offsets
+    # widened to the word they cut into (`word_offsets`); None: the offsets as they are
+    spans: Optional[list] = None
+
+    def __post_init__(self):
+        if self.spans is None:
+            self.spans = self.offsets
 
 
 def check_room(tk, max_length: int, doc_stride: int, train: bool = False):
@@ -97,8 +107,10 @@ def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: b
     windows = []
     for i, (ex, enc) in enumerate(zip(examples, encs)):
         pieces = [enc] + list(enc.overflowing)
-        for w, offsets in zip(pieces, context_offsets(ex.context, pieces)):
-            win = Window(i, list(w.ids), list(w.type_ids), offsets, question_cut=cut[i][1])
+        tokens = context_offsets(ex.context, pieces)
+        for w, offsets, spans in zip(pieces, tokens, word_offsets(ex.context, pieces, tokens)):
+            win = Window(i, list(w.ids), list(w.type_ids), offsets, question_cut=cut[i][1],
+                         spans=spans)
             if train and ex.answers:
                 text, char_start = ex.answers[0]
                 win.start, win.end = answer_tokens(offsets, char_start, char_start + len(text))
@@ -123,6 +135,58 @@ def context_offsets(context: str, pieces) -> list:
                 limit = starts[nxt] if nxt < len(starts) else len(context)
                 win[k] = (o[0], attached_end(context, o[1], limit))
     return offsets
+
+
+def word_offsets(context: str, pieces, offsets) -> list:
+    """`offsets` (per window, of each token: `context_offsets`) widened to the whole word
+    that they cut into: an answer of sub-words ("aja" "##lein" of "Kwajaleinington") is
+    the word, as SQuAD's answers are and the HF question-answering pipeline aligns them
+    (align_to_words). The words are the tokenizer's (`word_spans`), widened over letters,
+    digits and marks only (`in_word`): not over the punctuation in a SentencePiece word
+    ("Paris,"), nor over CJK characters, each a word as BERT reads them."""
+    tokens = dict.fromkeys((o, x) for w in pieces       # (each once: the windows overlap)
+                           for o, x, s in zip(w.offsets, w.word_ids, w.sequence_ids) if s == 1)
+    words = sorted(word_spans(context, *zip(*tokens)).values()) if tokens else []
+    starts = [a for a, _ in words]
+    runs = {}           # word -> [(start, end)] of its runs of in_word characters, when asked
+
+    def run(c):         # the run that holds character c, or None
+        i = bisect.bisect_right(starts, c) - 1
+        if i < 0 or c >= words[i][1]:
+            return None
+        if i not in runs:
+            runs[i] = in_word_runs(context, *words[i])
+        k = bisect.bisect_right(runs[i], (c, len(context))) - 1  # the last run from c or before
+        return runs[i][k] if k >= 0 and c < runs[i][k][1] else None
+
+    def widened(a, b):
+        i = bisect.bisect_right(starts, a) - 1
+        j = bisect.bisect_right(starts, b - 1) - 1
+        first = run(a) if i >= 0 and a > words[i][0] else None   # (a word's edge stays)
+        last = run(b - 1) if j >= 0 and b < words[j][1] else None
+        return (first[0] if first else a), (last[1] if last else b)
+    return [[None if o is None else widened(*o) for o in win] for win in offsets]
+
+
+def in_word_runs(text: str, start: int, end: int) -> list:
+    """[(start, end)] of the runs of `in_word` characters in text[start:end]."""
+    runs, k = [], start
+    while k < end:
+        stop = k
+        while stop < end and in_word(text[stop]):
+            stop += 1
+        if stop > k:
+            runs.append((k, stop))
+        k = max(stop, k + 1)
+    return runs
+
+
+def in_word(ch: str) -> bool:
+    """Is `ch` one a whole-word answer never cuts a run of: a letter, a digit, a mark; not
+    a wide (CJK) character, each of which is a word (unspaced text is one pre-token)?"""
+    if ch.isalnum():
+        return unicodedata.east_asian_width(ch) not in "WF"
+    return attaches(ch)
 
 
 # characters that never start a grapheme cluster of their own (UAX #29: Extend, ZWJ),
@@ -151,11 +215,42 @@ def attached_end(text: str, end: int, limit: int) -> int:
     (combining marks, ATTACHED_RANGES), never past `limit` (where the next word
     starts): a word that ends in "e\u0308" ends after the mark. Whitespace, and a mark
     after whitespace, end it. The one rule of where a span ends: NER entities
-    (finetune.entities) and QA answers (context_offsets) use it."""
-    while end < limit and (unicodedata.category(text[end]).startswith("M")
-                           or any(a <= text[end] <= b for a, b in ATTACHED_RANGES)):
+    (`word_spans`) and QA answers (context_offsets) use it."""
+    while end < limit and attaches(text[end]):
         end += 1
     return end
+
+
+def attaches(ch: str) -> bool:
+    """Does `ch` belong to the character before it (a combining mark, ATTACHED_RANGES)?"""
+    return (unicodedata.category(ch).startswith("M")
+            or any(a <= ch <= b for a, b in ATTACHED_RANGES))
+
+
+def word_spans(text: str, offsets, word_ids) -> dict:
+    """word index -> (char start, char end) in `text` of the tokenizer's pre-tokenized
+    words: its first to last token without whitespace (`trimmed`), and the characters
+    after it that attach to its last one (`attached_end`). Characters that attach and open
+    a word right after another are that one's: byte-level BPE makes the accent of a
+    decomposed "Zoe\u0301" a word of its own, and a word of nothing else is no word."""
+    spans = {}
+    for o, w in zip(offsets, word_ids):
+        o = trimmed(text, o) if w is not None else None
+        if o is not None:
+            a, b = spans.get(w, o)
+            spans[w] = (min(a, o[0]), max(b, o[1]))
+    words = sorted(spans, key=lambda w: spans[w])
+    before = None                                 # the last word kept
+    for w, after in zip(words, words[1:] + [None]):
+        (a, b), limit = spans[w], len(text) if after is None else spans[after][0]
+        if before is not None and spans[before][1] == a:
+            a = attached_end(text, a, b)
+            spans[before] = (spans[before][0], a)
+            if a == b:
+                del spans[w]
+                continue
+        spans[w], before = (a, attached_end(text, b, limit)), w
+    return spans
 
 
 def answer_tokens(offsets, char_start: int, char_end: int) -> tuple:
@@ -223,11 +318,11 @@ def decode(examples, windows, start_logits, end_logits, n_best=20, max_answer_le
     tokens. Only a context without tokens (empty) gets "" and score -inf."""
     cands = [[] for _ in examples]
     for w, s, e in zip(windows, start_logits, end_logits):
-        cands[w.example].extend(best_spans(s, e, w.offsets, n_best, max_answer_length))
+        cands[w.example].extend(best_spans(s, e, w.spans, n_best, max_answer_length))
     empty = {i for i, cs in enumerate(cands) if not cs}
     for w, s, e in zip(windows, start_logits, end_logits):
         if w.example in empty:
-            found = best_span_anywhere(s, e, w.offsets, max_answer_length)
+            found = best_span_anywhere(s, e, w.spans, max_answer_length)
             if found is not None:
                 cands[w.example].append(found)
     out = []

@@ -251,7 +251,10 @@ class Reranker:
             raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "
                                 "cross-encoder of (query, document) pairs")
         self.tokenizer.check_max_length(max_length, pair=True)   # [CLS] q [SEP] d [SEP]
-        self.max_length = max_length or saved.get("max_length") or 512
+        # the window it was trained with (nanobert.json), the one a sentence-transformers
+        # CrossEncoder declares (read_settings), else its tokenizer's model_max_length, as
+        # transformers reads the directory (512 was read where that said 64)
+        self.max_length = max_length or saved.get("max_length") or self.tokenizer.model_max_length
         self.max_length = min(self.max_length, self.model.config.usable_positions)
         self.model.eval()
 

@@ -739,11 +739,14 @@ def report_truncation(tok: Tokenizer, encodings, inputs, max_length: int, what: 
     return sum(1 for e in encodings if e.overflowing)
 
 
-def note_once(tok: Tokenizer, text: Optional[str]) -> None:
+def note_once(tok: Tokenizer, text: Optional[str], key=None) -> None:
     """`files.note`, once per tokenizer: the dev set, evaluated every epoch, says it
-    once."""
+    once. `key`: what makes two notes one (default: their text); a note of a count that
+    names its kind (windows read, questions cut) is said once, not once for each count
+    (`Predictor.predict`, called again and again, said it at each new count)."""
     from .files import note
     said = tok.__dict__.setdefault("_notes", set())
-    if text and text not in said and not tok.quiet:
-        said.add(text)
+    key = text if key is None else key
+    if text and key not in said and not tok.quiet:
+        said.add(key)
         note(text)

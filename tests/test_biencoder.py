@@ -183,6 +183,29 @@ def test_more_hard_negatives_than_documents_is_noted(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("labelled", [False, True])   # embed, rerank
+def test_a_holdout_that_holds_out_no_query_is_refused_before_mining(monkeypatch, labelled):
+    """--holdout 0.001 on a few queries held none out: training mined the hard negatives
+    (minutes on a real corpus), trained, and was refused at its first evaluation."""
+    beir = Beir({f"d{i}": ("", f"doc {i}") for i in range(4)}, {"q1": "first", "q2": "second"},
+                {"q1": {"d1": 1}, "q2": {"d2": 1}}, root="/data/beir")
+    assert not E.query_split(beir, 0.001)[1]
+
+    def mining(*args):
+        raise AssertionError("mined hard negatives")
+    monkeypatch.setattr(E, "_start_encoder", mining)
+    settings = {"holdout": 0.001, "hard_negatives": 2, "model": "m", "max_length": 8}
+    with pytest.raises(NanobertError, match=r"^/data/beir: --holdout 0.001 holds out none of "
+                                            r"its 2 judged queries \(a query is held out by a "
+                                            r"hash of its id\); use a larger --holdout$"):
+        E.training_rows(None, beir, settings, labelled)
+    # the same words as evaluation's, and the count of queries a run uses
+    with pytest.raises(NanobertError, match="holds out none of its 2 judged queries"):
+        E.scored_queries(beir, settings)
+    with pytest.raises(NanobertError, match="holds out none of its 2 judged queries"):
+        E.queries_used(beir, settings, training=True)
+
+
 def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
     import sentence_transformers as st
     from nanobert.embed import encode

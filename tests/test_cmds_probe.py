@@ -7,6 +7,7 @@ import json
 import pytest
 
 from nanobert.cli import main
+from nanobert.files import with_article
 
 
 @pytest.mark.parametrize("order", ["texts last", "texts first"])
@@ -128,7 +129,8 @@ def test_finetune_refuses_a_flag_of_another_task(tmp_path, capsys, task, flag, v
     """Each was dropped without a word (the run trained as if it were not given)."""
     err = finetune_error(tmp_path, capsys, task, "sentence\tlabel\ngood\t1\nbad\t0\n",
                          flag, value)
-    assert err == f"nanobert: error: {flag}: only for {only}; a {task} run does not use it\n"
+    assert err == (f"nanobert: error: {flag}: only for {only}; {with_article(task)} run "
+                   "does not use it\n")
 
 
 @pytest.mark.parametrize("task, flag, only", [
@@ -149,7 +151,18 @@ def test_finetune_refuses_a_flag_of_another_task_at_its_default_value(tmp_path, 
     default = _get(FinetuneConfig.create(task=task, model="m", train="t", dev="d"), path)
     err = finetune_error(tmp_path, capsys, task, "sentence\tlabel\ngood\t1\nbad\t0\n",
                          flag, str(default))
-    assert err == f"nanobert: error: {flag}: only for {only}; a {task} run does not use it\n"
+    assert err == (f"nanobert: error: {flag}: only for {only}; {with_article(task)} run "
+                   "does not use it\n")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--retriever", "x"], "--retriever: only for --task rerank; an embed run does not use it"),
+    (["--teacher", "t"], "--teacher: an embed run cannot learn from teachers"),
+])
+def test_an_embed_run_is_spelt_with_an(tmp_path, capsys, argv, said):
+    """The messages read "a embed run" (a task's name after a fixed "a")."""
+    err = finetune_error(tmp_path, capsys, "embed", "anchor\tpositive\na\tb\n", *argv)
+    assert err.startswith(f"nanobert: error: {said}"), err
 
 
 def test_finetune_refuses_teacher_settings_without_a_teacher_at_any_value(tmp_path, capsys):
@@ -190,7 +203,7 @@ def test_finetune_refuses_column_flags_of_a_fixed_field_task(tmp_path, capsys, t
     dropped at training time."""
     err = finetune_error(tmp_path, capsys, task, "John B-PER\nlives O\n", flag, "body")
     assert err.startswith(f"nanobert: error: {flag}: only for --task classify, regress, embed "
-                          f"and rerank; a {task} run reads fixed fields (") and \
+                          f"and rerank; {with_article(task)} run reads fixed fields (") and \
         err.endswith(") and does not use it\n") and err.count("\n") == 1, err
 
 
@@ -228,8 +241,8 @@ def test_evaluate_and_predict_refuse_column_flags_of_fixed_fields(classifier, sp
     doing = "evaluation" if command == "evaluate" else "prediction"
     err = capsys.readouterr().err
     assert err.startswith("nanobert: error: --text-column: only for classify, regress, embed "
-                          f"and rerank models; a {task} {doing} reads fixed fields (") and \
-        err.count("\n") == 1, err
+                          f"and rerank models; {with_article(task)} {doing} reads fixed "
+                          "fields (") and err.count("\n") == 1, err
 
 
 def test_a_tagger_still_reads_the_text_column_of_an_input_table(classifier, span_models,

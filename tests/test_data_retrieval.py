@@ -158,6 +158,35 @@ def test_beir_folder(tmp_path):
         D.read_beir(tmp_path)
 
 
+def test_a_beir_corpus_file_gives_the_texts_beir_evaluation_embeds(tmp_path):
+    """`search --corpus corpus.jsonl` embedded the text alone (read as any JSON Lines
+    table); a BEIR folder's documents are title + " " + text."""
+    root = _beir(tmp_path)
+    b = D.read_beir(root)
+    assert D.beir_corpus_texts(root / "corpus.jsonl") == [b.doc_text("d1"), b.doc_text("d2")] \
+        == ["T one", "two"]
+    assert D.beir_corpus_texts(root / "queries.jsonl") is None          # no title: a table
+    other = _write(tmp_path / "t.jsonl", '{"title": "T", "text": "one"}\n')   # no _id
+    assert D.beir_corpus_texts(other) is None
+    assert D.beir_corpus_texts(_write(tmp_path / "t.txt", "one line\n")) is None
+
+
+def test_anchor_and_query_are_text_columns_of_a_table(tmp_path):
+    """as sentence-transformers' datasets and query tables name them; a query's document
+    column is a second text to name with --text-pair-column, as BoolQ's passage is."""
+    rows = D.read_classification(_write(tmp_path / "q.csv", "query,label\nhi there,greet\n"))
+    assert [(e.text_a, e.text_b, e.label) for e in rows] == [("hi there", None, "greet")]
+    table = _write(tmp_path / "a.tsv", "anchor\tpositive\na cat\tcats\n")
+    assert [e.text_a for e in D.read_inputs(table)] == ["a cat"]
+    pairs = _write(tmp_path / "p.tsv", "query\tdocument\tlabel\nq\td\t1\n")
+    with pytest.raises(NanobertError, match="column 'document' looks like the second text of "
+                                            "pairs; name the pair with --text-pair-column"):
+        D.read_classification(pairs)
+    two = _write(tmp_path / "two.tsv", "query\ttext\tlabel\nq\tt\t1\n")
+    with pytest.raises(NanobertError, match="two text columns, 'text' and 'query'"):
+        D.read_classification(two)
+
+
 def test_beir_bad_qrels(tmp_path):
     root = _beir(tmp_path, "query-id\tcorpus-id\tscore\nq9\td1\t1\n")
     with pytest.raises(NanobertError, match=r"train.tsv:2: query 'q9' is not in queries.jsonl"):

@@ -355,6 +355,55 @@ def test_text_column_flag_on_embed_and_search(encoder, tmp_path, capsys):
     assert hits[0]["text"] == "the cat sat on the mat"
 
 
+@pytest.mark.parametrize("name, content", [
+    ("triplets.tsv", "anchor\tpositive\tnegative\nthe cat\ta cat\ta car\nthe dog\ta dog\tfog\n"),
+    ("queries.csv", "query,label\nthe cat,1\nthe dog,0\n"),
+    ("queries.jsonl", '{"query": "the cat"}\n{"query": "the dog"}\n'),
+    ("anchors.jsonl", '{"anchor": "the cat", "positive": "a cat"}\n{"anchor": "the dog"}\n'),
+])
+def test_anchor_and_query_columns_are_texts_to_embed(tmp_path, name, content):
+    """sentence-transformers' datasets name their texts anchor/positive/negative, query
+    tables query: embed and search refused them (`no text column`)."""
+    from nanobert.embed import read_texts
+    path = tmp_path / name
+    path.write_text(content)
+    assert read_texts(path) == ["the cat", "the dog"]
+
+
+def test_search_embeds_a_beir_corpus_as_beir_evaluation_does(encoder, tmp_path, capsys):
+    """search on a BEIR corpus.jsonl embedded each document's text without its title;
+    BEIR's evaluation (and nanobert's) embeds title + " " + text."""
+    from nanobert.data import read_beir
+    from nanobert.embed import read_texts
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    docs = [{"_id": "d1", "title": "Vitamin D", "text": "It keeps bones strong."},
+            {"_id": "d2", "title": "", "text": "Paris is a city in France."},
+            {"_id": "d3", "title": "Drums", "metadata": {}, "text": "A monkey plays them."}]
+    corpus = beir / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "bones"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    evaluated = read_beir(beir)
+    assert read_texts(corpus) == [evaluated.doc_text(d["_id"]) for d in docs] == [
+        "Vitamin D It keeps bones strong.", "Paris is a city in France.",
+        "Drums A monkey plays them."]
+    assert read_texts(corpus, "text")[0] == "It keeps bones strong."   # a field named: as given
+    assert main(["search", "--model", "minilm", "--corpus", str(corpus), "--query", "bones",
+                 "-k", "3", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)[0]["hits"]
+    assert hits[0]["text"] == "Vitamin D It keeps bones strong."
+    titled = encoder.encode(["Vitamin D It keeps bones strong."])[0]
+    query = encoder.encode(["bones"])[0]
+    assert hits[0]["score"] == pytest.approx(float(titled @ query), abs=1e-5)
+    # the texts read make the cache key: each reading of the same bytes has its own cache
+    capsys.readouterr()
+    assert main(["search", "--model", "minilm", "--corpus", str(corpus), "--text-column",
+                 "text", "--query", "bones", "-k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["hits"][0]["text"] == "It keeps bones strong."
+    assert len(list(beir.glob("corpus.jsonl.nanobert-*.npy"))) == 2
+
+
 def test_texts_to_embed_are_read_by_content_not_by_suffix(tmp_path):
     """A .txt holding JSON Lines gives its text fields (it was embedded line by line, the
     JSON itself as sentences); CoNLL columns are refused with the file and line."""

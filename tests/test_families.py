@@ -258,6 +258,26 @@ def test_modernbert_head_bias_without_encoder_biases_is_refused(tmp_path):
         load_model(tmp_path)
 
 
+def test_modernbert_without_decoder_bias(tmp_path):
+    """decoder_bias=false: ModernBertForMaskedLM's decoder has no bias (the file none),
+    which loads (it was refused as a head without weights) with transformers' logits, and
+    saves back into a file transformers reads with the same logits."""
+    config = modernbert()
+    config.decoder_bias = False
+    ref = _make_from(hf.ModernBertForMaskedLM, config)
+    ref.save_pretrained(tmp_path / "hf")
+    model = load_model(tmp_path / "hf").eval()
+    assert not model.config.decoder_bias and "mlm.bias" not in model.new_weights
+    assert "mlm.bias" not in dict(model.named_parameters())   # nothing to train
+    batch = _batch("modernbert")
+    with torch.no_grad():
+        _compare(ref(**batch), model(**batch), "mlm", batch["attention_mask"])
+    model.save_pretrained(tmp_path / "ours")
+    again = hf.ModernBertForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        _compare(again(**batch), model(**batch), "mlm", batch["attention_mask"])
+
+
 def test_mpnet_counts_positions_after_id_1_whatever_pad_token_id_says(tmp_path):
     """transformers' MPNetEmbeddings take id 1 as padding, and positions from 2, with
     any pad_token_id in config.json (a config saying 0 gave other hidden states)."""

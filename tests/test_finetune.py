@@ -1,6 +1,7 @@
 """Fine-tuning end to end on tiny fixtures: overfit, evaluate, predict, load in transformers."""
 import json
 import random
+import unicodedata
 
 import pytest
 import transformers
@@ -754,6 +755,35 @@ def test_entities_take_the_marks_that_follow_a_word():
     assert spans("Ann\u200b Lee") == ["Ann", "Lee"]
 
 
+def test_entities_of_byte_level_words_take_their_combining_marks():
+    """Byte-level BPE (RoBERTa) pre-tokenizes the accent of a decomposed "Zoe\u0301" as a
+    word of its own: the entity ended before it ("Zoe"), or the accent was one. A mark
+    right after a word is that word's (its tag is the word's, from its first sub-word);
+    marks that open a word before other characters leave those a word; composed (NFC)
+    text gives the same spans."""
+    from nanobert.finetune import entities
+    from test_qa import _byte_level_bpe
+    tk = _byte_level_bpe()
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
+
+    def spans(text, tags):
+        enc = tk.encode(text)
+        assert len({w for w in enc.word_ids if w is not None}) == len(tags)   # the words
+        got = entities(text, enc.offsets, enc.word_ids, {w: (t, 0.9) for w, t in enumerate(tags)},
+                       id2label)
+        return [e["text"] for e in got]
+
+    nfd = "met Zoe\u0301 Smith"
+    assert spans(nfd, [0, 1, 0, 2]) == ["Zoe\u0301 Smith"]       # the accent's tag: not read
+    assert spans(nfd, [1, 1, 1, 1]) == ["met", "Zoe\u0301", "Smith"]
+    nfc = unicodedata.normalize("NFC", nfd)
+    assert spans(nfc, [0, 1, 2]) == ["Zo\u00e9 Smith"]
+    assert spans(nfc, [1, 1, 1]) == ["met", "Zo\u00e9", "Smith"]
+    assert spans("Zoe\u0308\u0301", [1, 0]) == ["Zoe\u0308\u0301"]   # two marks, one word
+    assert spans("Ann\u0308.Lee", [1, 1, 1]) == ["Ann\u0308", ".", "Lee"]
+    assert spans("Ann \u0308Lee", [1, 0, 1]) == ["Ann", "Lee"]     # after a space: not its
+
+
 def test_entity_scores_are_not_rounded():
     """Rounded to 4 places, the scores of the server and of Predictor differed by the
     rounding when the batches differed; `predict` rounds only what it prints."""
@@ -953,6 +983,22 @@ def test_long_sentences_are_tagged_in_windows_word_by_word(minilm, capsys):
         assert predict_ner_words(model, tok, [s], max_length) == [["B-LOC"] * len(words)]
     assert "1 sentence over 16 tokens was tagged in windows overlapping by 7 tokens" \
         in capsys.readouterr().err
+
+
+def test_predictor_says_the_windows_note_once(tiny_dir, tmp_path, capsys):
+    """Predictor.predict, called again and again, said "N texts over ... were tagged in
+    windows" at each new count N: it is said once per Predictor (a new one says it again)."""
+    tagger = head_dir(tiny_dir, tmp_path / "tagger", "token", {"task": "ner", "max_length": 16},
+                      {0: "O", 1: "B-PER", 2: "I-PER"})
+    long = " ".join(NAMES * 8)                         # over 16 tokens
+    p = nanobert.Predictor(tagger)
+    capsys.readouterr()
+    for n in (1, 2, 3, 1):
+        assert len(p.predict([long] * n + ["bob"])) == n + 1
+    err = capsys.readouterr().err
+    assert err.count("tagged in windows") == 1 and "1 text over 16 tokens was" in err
+    nanobert.Predictor(tagger).predict([long, long])
+    assert "2 texts over 16 tokens were tagged in windows" in capsys.readouterr().err
 
 
 class EdgeShy(torch.nn.Module):

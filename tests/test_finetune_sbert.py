@@ -76,6 +76,28 @@ def test_embed_learns_sts_and_writes_the_st_layout(tiny_dir, tmp_path, capsys):
     assert len(json.loads(shown[-1])["embedding"]) == 128   # the tiny preset's hidden size
 
 
+def test_embed_keeps_the_pooling_its_checkpoint_declares(tiny_dir, tmp_path, capsys):
+    """A sentence-transformers checkpoint of [CLS] pooling was fine-tuned (and saved) by
+    its mean unless --pooling cls was given; an explicit --pooling still wins, noted."""
+    import nanobert
+    model, tok = nanobert.load(tiny_dir, head=None)
+    start = tmp_path / "cls-start"
+    E.save_embedding_model(model, tok, start, pooling="cls", max_seq_length=32)
+    data = sts_file(tmp_path / "sts-train.csv")
+    common = ["--task", "embed", "--model", start, "--train", data, "--dev", data,
+              "--max-steps", "1", "--batch-size", "8", "--max-length", "32", "--no-progress"]
+    out = tmp_path / "emb"
+    assert "cls pooling" in "\n".join(run(capsys, "finetune", *common, "--out", out))
+    assert json.loads((out / "nanobert.json").read_text())["pooling"] == "cls"
+    pooling = json.loads((out / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_cls_token"] and not pooling["pooling_mode_mean_tokens"]
+    mean = tmp_path / "mean"
+    rc = cli.main([str(a) for a in ["finetune", *common, "--out", mean, "--pooling", "mean"]])
+    err = capsys.readouterr().err
+    assert rc == 0 and json.loads((mean / "nanobert.json").read_text())["pooling"] == "mean"
+    assert f"note: --pooling mean: {start} declares cls pooling" in err
+
+
 def test_embed_on_beir_with_holdout_gradient_cache_and_negatives(tmp_path, capsys):
     beir = beir_dir(tmp_path / "beir")
     out = tmp_path / "emb"

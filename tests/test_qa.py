@@ -212,6 +212,52 @@ def test_decode_finds_a_span_when_no_n_best_pair_is_valid():
     assert none["answer"] == "" and none["score"] == float("-inf")
 
 
+def _answer(tok, context, first, last):
+    """The answer `decode` reads when the start logit peaks on the context token that
+    holds the first character of `first` (in `context`), the end logit on the one of `last`."""
+    ex = QAExample("q", "what", context, [])
+    (w,) = make_windows(tok, [ex], 64, 16)
+
+    def at(part):
+        c = context.index(part)
+        return next(i for i, o in enumerate(w.offsets) if o and o[0] <= c < o[1])
+    s, e = torch.full((len(w.ids),), -9.0), torch.full((len(w.ids),), -9.0)
+    s[at(first)], e[at(last)] = 5.0, 5.0
+    return decode([ex], [w], [s], [e])[0]["answer"]
+
+
+def test_answers_are_whole_words(minilm):
+    """A span that starts or ends inside a word (sub-words "aja" to "lein") answered
+    "ajalein" of "Kwajaleinington": it is widened to the whole word, as SQuAD's answers
+    are and the HF question-answering pipeline aligns them. Whole words stay as they are."""
+    _, tok = minilm
+    context = "The capital is Kwajaleinington, a city."
+    assert _answer(tok, context, "aja", "lein") == "Kwajaleinington"
+    assert _answer(tok, context, "Kw", "aja") == "Kwajaleinington"
+    assert _answer(tok, context, "capital", "Kw") == "capital is Kwajaleinington"
+    assert _answer(tok, context, "ington", ",") == "Kwajaleinington,"
+    assert _answer(tok, context, "capital", "is") == "capital is"
+
+
+@pytest.mark.parametrize("pre", ["byte-level", "metaspace"])
+def test_whole_word_answers_of_bpe_words(pre):
+    """Byte-level BPE (RoBERTa) makes the accent of a decomposed "Zoe\u0301" a word of its
+    own; it is the word before's. A SentencePiece word holds the punctuation next to it
+    ("(Parisian),"): not part of the answer. A CJK character is a word of its own."""
+    from tokenizers import Tokenizer as Tk, models, pre_tokenizers, trainers
+    import nanobert
+    tk = Tk(models.BPE())
+    tk.pre_tokenizer = (pre_tokenizers.ByteLevel(add_prefix_space=False) if pre == "byte-level"
+                        else pre_tokenizers.Metaspace())
+    tk.train_from_iterator(["Yesterday Zoe met Paris with Anna"] * 20, trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = nanobert.Tokenizer(tk)
+    context = "He met Zoe\u0301 in (Parisian), \u6771\u4eac."
+    assert _answer(tok, context, "Zo", "Zo") == "Zoe\u0301"
+    assert _answer(tok, context, "sian", "sian") == "Parisian"
+    assert _answer(tok, context, "\u6771", "\u6771") == "\u6771"
+
+
 class FakeReader(torch.nn.Module):
     """A QA 'model' that always points at the context token with id `target`."""
     head = "qa"
@@ -299,6 +345,19 @@ def test_a_question_too_long_for_the_models_windows_is_cut(reader_dir, capsys):
     rc = cli.main(["predict", "--model", str(reader_dir), "--context", "the plot " * 10, question])
     err = capsys.readouterr().err
     assert rc == 0 and "1 question was cut to 7 tokens" in err and "--max-length" not in err
+
+
+def test_predictor_says_the_question_cut_note_once(reader_dir, capsys):
+    """Predictor.predict said "N questions were cut" at every call with a long question:
+    it is said once per Predictor, whatever the count."""
+    from nanobert import Predictor
+    long = {"question": "where does " * 12 + "dave live", "context": "the plot " * 10}
+    p = Predictor(reader_dir)
+    capsys.readouterr()
+    for n in (1, 2, 1):
+        assert len(p.predict([long] * n)) == n
+    err = capsys.readouterr().err
+    assert err.count("cut to 7 tokens") == 1 and "1 question was cut" in err
 
 
 def _byte_level_bpe():

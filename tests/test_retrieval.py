@@ -195,3 +195,100 @@ def test_reranker_refuses_what_the_server_does_not_rerank(tiny_dir, tmp_path):
         assert "rerank" not in load_served(str(path)).routes
         with pytest.raises(NanobertError, match=words):
             R.Reranker(path)
+
+
+# ----------------------------------------------------------------------------------
+# A directory sentence-transformers' CrossEncoder saved: its window, its task
+
+
+@pytest.fixture(scope="module")
+def st_cross_encoder(tiny_dir, tmp_path_factory):
+    """A CrossEncoder of one label sentence-transformers saved with max_length=64, on a
+    random transformers BERT of 128 positions (tiny_dir's vocabulary)."""
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+    root = tmp_path_factory.mktemp("st_ce")
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_dir))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=128, num_labels=1,
+                                     initializer_range=0.2)
+    transformers.BertForSequenceClassification(config).save_pretrained(root / "hf")
+    tok.save_pretrained(root / "hf")
+    CrossEncoder(str(root / "hf"), num_labels=1, max_length=64, device="cpu").save(str(root / "ce"))
+    return root / "ce"
+
+
+LONG_PAIR = (QUERY, "alice lives in paris and " * 30)   # far over 64 tokens
+
+
+def test_a_cross_encoder_scores_at_the_window_sentence_transformers_reads(st_cross_encoder):
+    """Reranker read 512 tokens of a CrossEncoder whose tokenizer_config.json says 64
+    (max_length=64 when it was made): scores differed from CrossEncoder.predict's (by
+    0.099 on the long pair; 1e-7 now)."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from nanobert.checkpoint import read_settings
+    ce = CrossEncoder(str(st_cross_encoder), device="cpu")
+    assert ce.max_seq_length == 64
+    reranker = R.Reranker(st_cross_encoder)
+    assert reranker.max_length == 64
+    pairs = [LONG_PAIR, ("who met carol", "bob met carol")]
+    ours = [reranker.score(q, [d])[0] for q, d in pairs]
+    theirs = ce.predict(pairs, activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(theirs, ours, atol=1e-5)
+    # predict applies the activation the directory declares (a sigmoid): the same order
+    np.testing.assert_allclose(ce.predict(pairs), 1 / (1 + np.exp(-np.array(ours))), atol=1e-5)
+    assert read_settings(st_cross_encoder) == {"max_length": 64, "task": "rerank"}
+
+
+def test_a_cross_encoder_of_one_label_is_evaluated_as_a_reranker(st_cross_encoder, tmp_path,
+                                                                  capsys):
+    """evaluate read it as a regression model (Pearson/Spearman of its scores against the
+    relevance labels) where nanobert's own rerankers rank (nDCG@10)."""
+    import json
+    from nanobert import cli
+    rows = tmp_path / "rr.tsv"
+    rows.write_text("query\tdocument\tlabel\n" + "".join(
+        f"{q}\t{d}\t{y}\n" for q in ("where does alice live", "who met carol")
+        for d, y in (("alice lives in paris", 1), ("bob met carol", 1), ("the movie", 0))))
+    assert cli.main(["evaluate", "--model", str(st_cross_encoder), "--data", str(rows),
+                     "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["task"] == "rerank" and result["n_queries"] == 2 and "ndcg_at_10" in result
+
+
+@pytest.mark.parametrize("marks, task", [
+    ({"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid",
+                                "version": "5.1.0"}}, "rerank"),         # written by 4 and 5
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"},
+     "rerank"),                                                           # before 4
+    ({}, None),                                                           # a plain HF model
+])
+def test_each_cross_encoder_version_is_read_as_one(st_cross_encoder, tmp_path, marks, task):
+    """sentence-transformers 4 and 5 wrote no config_sentence_transformers.json, and
+    earlier versions no modules.json: their config.json says what saved them. nanobert's
+    own regression heads carry an activation for CrossEncoder, not a version: a
+    regression model saved without nanobert.json stays one."""
+    import json
+    import shutil
+    from nanobert.checkpoint import read_settings
+    d = tmp_path / "ce"
+    shutil.copytree(st_cross_encoder, d)
+    for name in ("config_sentence_transformers.json", "modules.json",
+                 "sentence_bert_config.json"):
+        (d / name).unlink()
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **marks}))
+    assert read_settings(d).get("task") == task
+    assert read_settings(d).get("max_length") == (64 if task else None)
+    assert R.Reranker(d).max_length == 64                  # the tokenizer's, either way
+
+
+def test_our_regression_head_without_settings_is_no_cross_encoder(tiny_dir, tmp_path):
+    from nanobert.checkpoint import read_settings
+    path = head_dir(tiny_dir, tmp_path / "reg", "regression", None)
+    assert "sentence_transformers" in (path / "config.json").read_text()
+    assert read_settings(path) == {}
