@@ -60,6 +60,7 @@ class Job:
     left: int = 0
     started: bool = False
     cancelled: bool = False       # set on the event loop, read by the inference thread
+    counted: int = 0              # its tokens counted as queued (Batcher._queued)
 
 
 class QueueFull(Exception):
@@ -174,7 +175,7 @@ class Batcher:
         try:
             return await job.future
         except asyncio.CancelledError:   # the client went away: its items are dropped
-            job.cancelled = True
+            self._drop(job)
             raise
         finally:
             if timer is not None:
@@ -217,10 +218,23 @@ class Batcher:
         return max(1, min(self.max_tokens, int(rate * self.max_seconds)))
 
     def _unqueue(self, job: Job, tokens: int):
-        """`tokens` of the job are run or dropped (negative: queued)."""
+        """`tokens` of the job are run (negative: queued); no more than it still has
+        counted (none once it is dropped, `_drop`). Both threads call it."""
         with self._lock:
+            if tokens > 0:
+                tokens = min(tokens, job.counted)
+            job.counted -= tokens
             model = model_of(job.group)
             self._queued[model] = self._queued.get(model, 0) - tokens
+
+    def _drop(self, job: Job):
+        """On the event loop: the job's client went away (or it waited too long). Its
+        items are skipped, and its tokens not yet run stop counting as queued now, not
+        when the inference thread next cuts a batch: a burst of clients that gave up
+        while a batch ran kept every new request to the model refused (429, with a
+        Retry-After for work nobody waited for) until that batch ended."""
+        job.cancelled = True
+        self._unqueue(job, job.counted)
 
     def _measured(self, batch: list, seconds: float):
         tokens = sum(job.lengths[i] for job, i in batch)
@@ -244,7 +258,7 @@ class Batcher:
         QueueFull, as a client waiting on would time out."""
         if job.started or job.cancelled or job.future.done():
             return
-        job.cancelled = True
+        self._drop(job)
         job.future.set_exception(QueueFull(
             f"queued {time.perf_counter() - job.queued_at:.0f} s without starting, over "
             f"--max-queue-wait {self.max_wait:g}; retry later", "queued_too_long"))
@@ -294,10 +308,8 @@ class Batcher:
         a request far over the budget (a /qa context of a megabyte) goes out one batch at
         a time while the requests that arrive meanwhile are answered between its
         batches, and neither kind can starve the other."""
+        # the client went away, or it waited too long (its tokens uncounted then, _drop)
         live = [e for e in pending if not e[0].cancelled]
-        for job, i in pending:
-            if job.cancelled:          # the client went away, or it waited too long
-                self._unqueue(job, job.lengths[i])
         pending.clear()
         if not live:
             return []

@@ -815,10 +815,7 @@ async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
     answered hold `bodies`' budget, 400 when not JSON, 422 for a string that is not
     Unicode."""
     from starlette.requests import ClientDisconnect
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in CONTENT_ENCODINGS:
-        raise ApiError(415, f"Content-Encoding {shown(encoding)} is not supported (send the "
-                            "body as is, or gzip or deflate it)", "Content-Encoding")
+    codings = content_codings(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "
@@ -833,12 +830,33 @@ async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
         raise ApiError(CLIENT_GONE, "the client disconnected before sending the whole body")
     size = len(raw)                    # held in `bodies` from here on
     try:
-        if CONTENT_ENCODINGS[encoding] is not None:
+        for encoding in reversed(codings):      # the last applied is undone first
             raw = inflate(raw, encoding, limit)
         return parse_json(raw, fields), size
     except BaseException:
         bodies.give_back(size)
         raise
+
+
+def content_codings(request) -> list:
+    """The request's Content-Encoding codings other than identity, in the order applied:
+    from every Content-Encoding header (a second header is a continuation of the first,
+    RFC 9110 5.3: only the first was read, and `gzip` twice was undone once, a 400 "not
+    valid UTF-8"), comma-separated. 415 for one not supported, or more than MAX_CODINGS."""
+    codings = [c.strip().lower() for h in request.headers.getlist("content-encoding")
+               for c in h.split(",")]
+    for c in codings:
+        if c not in CONTENT_ENCODINGS:
+            raise ApiError(415, f"Content-Encoding {shown(c)} is not supported (send the body "
+                                "as is, or gzip or deflate it)", "Content-Encoding")
+    codings = [c for c in codings if CONTENT_ENCODINGS[c] is not None]
+    if len(codings) > MAX_CODINGS:   # each is a pass over up to --payload-limit bytes
+        raise ApiError(415, f"Content-Encoding of {len(codings)} codings: at most "
+                            f"{MAX_CODINGS} are undone", "Content-Encoding")
+    return codings
+
+
+MAX_CODINGS = 2
 
 
 # Content-Encoding -> zlib's wbits (None: as is); deflate is zlib-wrapped (RFC 9110), but
@@ -1575,6 +1593,33 @@ def listening_socket(host: str, port: int):
     return s
 
 
+FEW_OPEN_FILES = 4096   # an open-files limit under this is noted at start
+
+
+def open_files_limit() -> Optional[int]:
+    """Raise this process's limit on open files (each connection holds one) from its soft
+    value to its hard one, as Go programs do at start, and return it (None where there is
+    no such limit). Under the common soft limit of 1024, a thousand idle keep-alive
+    connections took every descriptor, and each new client was reset at once (libuv
+    accepts and closes what it cannot keep), with nothing in the log."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    # an unlimited hard limit is no soft one: Linux allows nr_open (2^20), macOS 10240
+    for want in [hard] if hard != resource.RLIM_INFINITY else [1 << 20, 10240]:
+        if want > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+                return want
+            except (OSError, ValueError):
+                continue
+    return soft
+
+
 def banner(server: Server) -> str:
     c = server.config
     lines = [f"nanobert serve: http://{c.host}:{c.port}", "models:"]
@@ -1625,6 +1670,7 @@ def serve_cmd(args):
     if dup:
         raise NanobertError(f"two models are named {dup!r}; give each its own name "
                             "(NAME=PATH, NAME=PATH)")
+    files = open_files_limit()
     sock = listening_socket(config.host, config.port)
     config.port = sock.getsockname()[1]              # --port 0: the one the system chose
     try:
@@ -1634,6 +1680,9 @@ def serve_cmd(args):
         raise
     server = Server(models, config)
     print(banner(server), flush=True)
+    if files is not None and files < FEW_OPEN_FILES:
+        print(f"open files: at most {files} (ulimit -n), so about as many connections; more "
+              "are reset", flush=True)
     # idle connections live longer than clients' pools keep them (httpx, aiohttp: 5 s;
     # uvicorn's default is also 5 s), so a client never reuses one the server is closing
     uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",

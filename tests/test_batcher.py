@@ -312,6 +312,17 @@ def test_small_batches_do_not_set_a_known_rate():
     assert cold.expected_wait("m") == 0 and cold.budget("m") == FIRST_BATCH_TOKENS
 
 
+def gated_run():
+    """(gate, run): a `run` whose batches wait for `gate`, so that the batch under way
+    lasts as long as the test says."""
+    gate = threading.Event()
+
+    def blocked(items):
+        gate.wait(10)
+        return list(items)
+    return gate, blocked
+
+
 def test_a_request_not_started_within_max_wait_is_answered_then_not_after_the_batch():
     """The bound on queue wait holds during a long batch: the request queued behind it is
     answered QueueFull at max_wait, not when the batch under way ends (it was checked only
@@ -319,11 +330,7 @@ def test_a_request_not_started_within_max_wait_is_answered_then_not_after_the_ba
     import time
     from nanobert.batcher import QueueFull
     b = Batcher(max_tokens=10, max_wait=0.3)
-    gate = threading.Event()
-
-    def blocked(items):
-        gate.wait(10)                 # the batch under way: as long as the test says
-        return list(items)
+    gate, blocked = gated_run()
 
     async def go():
         first = asyncio.create_task(b.submit("m", ["long"], [10], blocked))
@@ -393,3 +400,38 @@ def test_without_max_seconds_batches_fill_the_token_budget():
 
     assert asyncio.run(go()) == 1000
     b.stop(5)
+
+
+def test_the_work_of_a_request_whose_client_left_stops_counting_at_once():
+    """A request cancelled while a batch runs (its client went away) no longer counts as
+    queued work from that moment: its tokens were uncounted only when the inference
+    thread cut its next batch, and until the batch under way ended every new request
+    to the model was refused as waiting behind work nobody waited for."""
+    from nanobert.batcher import QueueFull
+    b = Batcher(max_tokens=10, max_wait=5)
+    b.seed_rate("m", 10.0)            # 10 tokens/s
+    gate, blocked = gated_run()
+
+    async def go():
+        first = asyncio.create_task(b.submit("m", ["running"], [10], blocked))
+        await asyncio.sleep(0.05)     # the first batch runs
+        gone = asyncio.create_task(b.submit("m", ["x"] * 10, [10] * 10, blocked))  # 10 s
+        await asyncio.sleep(0.05)
+        assert b.expected_wait("m") > 5
+        gone.cancel()                 # its client left
+        await asyncio.sleep(0.01)
+        waiting = b.expected_wait("m")
+        try:
+            late = asyncio.create_task(b.submit("m", ["late"], [1], blocked))
+            await asyncio.sleep(0.01)
+        finally:
+            gate.set()
+        return waiting, await first, await late
+
+    try:
+        waiting, first, late = asyncio.run(go())
+    except QueueFull as e:
+        pytest.fail(f"refused behind the work of a client that left: {e}")
+    b.stop(5)
+    assert waiting == pytest.approx(1.0) and first == ["running"] and late == ["late"]
+    assert b.expected_wait("m") == 0

@@ -77,14 +77,19 @@ def free_port() -> int:
 class Running:
     """A `nanobert serve` process and an HTTP client for it."""
 
-    def __init__(self, specs, *flags, key=None, warmup=False, port=None):
+    def __init__(self, specs, *flags, key=None, warmup=False, port=None, files=None):
         self.port = free_port() if port is None else port
+        start = None
+        if files is not None:         # the process's soft limit on open files
+            import resource
+            start = lambda: resource.setrlimit(  # noqa: E731
+                resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "nanobert", "serve", *specs, "--port", str(self.port),
                "--threads", "1", *flags] + (["--api-key", key] if key else []) + \
             ([] if warmup else ["--no-warmup"])     # (10 s per server at 16384 tokens)
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, preexec_fn=start)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
@@ -753,6 +758,32 @@ def test_compressed_bodies(server):
         assert r.status_code == status and says in r.json()["error"]["message"], r.text
 
 
+def test_content_codings_of_several_headers_or_stacked_are_undone_in_turn(server):
+    """Content-Encoding sent in two headers is one list (RFC 9110): only the first header
+    was read, so `gzip` twice was undone once (a 400 "not valid UTF-8"); a list of
+    codings (`gzip, gzip`, `identity, gzip`) was a 415. They are undone last first, up
+    to MAX_CODINGS; an unsupported one in any place is a 415."""
+    import gzip
+    import zlib
+    from nanobert.serve import MAX_CODINGS
+    plain = server.post("/embed", {"inputs": SENTENCES[:2]}).json()["embeddings"]
+    body = json.dumps({"inputs": SENTENCES[:2]}).encode()
+    twice = gzip.compress(gzip.compress(body))
+    for headers, packed in [([("Content-Encoding", "gzip"), ("Content-Encoding", "gzip")], twice),
+                            ([("Content-Encoding", "gzip, gzip")], twice),
+                            ([("Content-Encoding", "identity, gzip")], gzip.compress(body)),
+                            ([("Content-Encoding", "deflate"), ("Content-Encoding", "gzip")],
+                             gzip.compress(zlib.compress(body)))]:
+        r = server.http.post("/embed", content=packed, headers=headers)
+        assert r.status_code == 200 and r.json()["embeddings"] == plain, (headers, r.text)
+    for headers, says in [([("Content-Encoding", "gzip"), ("Content-Encoding", "br")],
+                           "Content-Encoding 'br' is not supported"),
+                          ([("Content-Encoding", ", ".join(["gzip"] * (MAX_CODINGS + 1)))],
+                           f"at most {MAX_CODINGS}")]:
+        r = server.http.post("/embed", content=twice, headers=headers)
+        assert r.status_code == 415 and says in r.json()["error"]["message"], r.text
+
+
 def raw_http(port: int, request: bytes, then: bytes = b"") -> bytes:
     """What the server answers to `request` sent as is (and `then` 0.2 s later), until
     it closes the connection."""
@@ -1244,4 +1275,30 @@ def test_a_layout_without_normalize_is_served_as_embed_gives_it(tmp_path):
         unit = s.post("/embed", {"inputs": ["a man is eating food."], "normalize": True}).json()
         assert abs(np.linalg.norm(unit["embeddings"][0]) - 1) < 1e-5
     finally:
+        s.close()
+
+
+def test_a_thousand_idle_connections_leave_room_for_more(models):
+    """The server raises its soft limit on open files to the hard one: under the common
+    soft limit of 1024, a thousand idle keep-alive connections took every descriptor and
+    each new client was reset at once, with nothing in the log."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"a hard limit of {hard} open files leaves no room for the test")
+    if soft != resource.RLIM_INFINITY and soft < 4096:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))   # (this process's)
+    s = Running([f"sst={models['sst']}"], files=1024)
+    idle = []
+    try:
+        for _ in range(1500):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            idle.append(c)
+        assert all(c.recv(100).startswith(b"HTTP/1.1 200") for c in idle)
+        with httpx.Client(base_url=s.url, timeout=30) as fresh:     # a new connection
+            assert fresh.post("/classify", json={"inputs": "fine"}).status_code == 200
+    finally:
+        for c in idle:
+            c.close()
         s.close()
