@@ -549,6 +549,30 @@ def looks_like_conll(path, sample: int = 50) -> bool:
 TAGGER_TYPE = re.compile(r"[A-Z][A-Z0-9_]*")   # an entity type as datasets write them
 
 
+def token_lines(path) -> bool:
+    """Is `path` one token a line, sentences separated by blank lines (CoNLL columns
+    without their tag column, as an unlabelled test set is written)? Every line holds one
+    token (no space or tab) or nothing, a blank line comes between two tokens somewhere,
+    and some sentence has two tokens or more. Read as one text a line, each token was
+    tagged alone, out of its sentence; plain text has spaces, or no blank lines between
+    one-word lines."""
+    if detect_format(path, plain_text=True) not in ("text", "conll"):
+        return False
+    size = longest = 0
+    split = False   # a blank line seen between two tokens
+    for _, text in read_lines(path):
+        cols = conll_columns(text)
+        if len(cols) > 1:
+            return False
+        if not cols or cols[0] == "-DOCSTART-":
+            size = -abs(size)   # (negative: a blank line since the last token)
+            continue
+        split = split or size < 0
+        size = abs(size) + 1 if size > 0 else 1
+        longest = max(longest, size)
+    return split and longest > 1
+
+
 def detect_format(path, plain_text: bool = False) -> str:
     """'jsonl' | 'json' | 'tsv' | 'csv' | 'msrp' | 'conll', from the file's content; with
     `plain_text`, a file that is none of these is 'text' (one input a line)."""
@@ -1271,21 +1295,23 @@ def _load_json(path: Path):
 
 def read_squad(path, require_answers=True) -> list:
     """QA examples from SQuAD v1.1 JSON, or from JSON Lines with question/context. Every
-    answer must sit at its answer_start in the context; errors name the question id."""
-    path = input_path(path)
+    answer must occur in its context (at its answer_start, else the nearest occurrence is
+    taken, with a note); errors name the question id."""
+    path, moved = input_path(path), []
     fmt = detect_format(path)
     if fmt == "jsonl" and '"data"' in _first_content(path)[1][:200]:
         fmt = "json"  # a SQuAD document written on one line
     if fmt == "jsonl":
-        out = [_jsonl_question(obj, path, n, require_answers) for n, obj in _jsonl_objects(path)]
+        out = [_jsonl_question(obj, path, n, require_answers, moved)
+               for n, obj in _jsonl_objects(path)]
     elif fmt == "json":
         doc = _load_json(path)
         if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
             raise data_error(path, 1, "not a SQuAD file (expected an object with a 'data' list)")
         out = [ex for a, article in enumerate(doc["data"])
-               for ex in _squad_article(article, f"data[{a}]", path, require_answers)]
+               for ex in _squad_article(article, f"data[{a}]", path, require_answers, moved)]
     elif fmt in ("tsv", "csv"):
-        out = _table_questions(path, require_answers)
+        out = _table_questions(path, require_answers, moved)
     else:
         raise data_error(path, 1, "expected SQuAD JSON, or JSON Lines or a TSV/CSV table with "
                          "question and context")
@@ -1297,10 +1323,14 @@ def read_squad(path, require_answers=True) -> list:
             raise data_error(path, None, f"question id {ex.id!r} is used twice (ids must be "
                                          "unique: answers are matched to questions by id)")
         seen.add(ex.id)
+    if moved:
+        note(f"{path}: {len(moved)} answer{'s were' if len(moved) > 1 else ' was'} not at "
+             f"{'their' if len(moved) > 1 else 'its'} answer_start, and taken at the nearest "
+             f"occurrence of the text (first: {moved[0]})")
     return out
 
 
-def _table_questions(path: Path, require_answers: bool) -> list:
+def _table_questions(path: Path, require_answers: bool, moved: list) -> list:
     """QA examples of a TSV/CSV table (a spreadsheet of questions) with `question` and
     `context` columns, and optionally `id` and `answer` (the answer's text, which is
     looked up in the context, as a bare answer in JSON Lines is)."""
@@ -1315,11 +1345,11 @@ def _table_questions(path: Path, require_answers: bool) -> list:
     for n, rec in rows:
         obj = {"question": rec[q], "context": rec[c], "id": (rec[i] if i else "") or n,
                "answers": [rec[a]] if a and rec[a] else []}
-        out.append(_jsonl_question(obj, path, n, require_answers))
+        out.append(_jsonl_question(obj, path, n, require_answers, moved))
     return out
 
 
-def _jsonl_question(obj: dict, path, n, require_answers) -> QAExample:
+def _jsonl_question(obj: dict, path, n, require_answers, moved: list) -> QAExample:
     if not isinstance(obj.get("question"), str) or not isinstance(obj.get("context"), str):
         raise data_error(path, n, "expected an object with string fields 'question' and "
                          "'context' (JSON Lines of questions), or SQuAD JSON (an object with "
@@ -1327,8 +1357,8 @@ def _jsonl_question(obj: dict, path, n, require_answers) -> QAExample:
     qid = str(obj.get("id", n))
     _no_empty_question(obj["question"], obj["context"], f"{path}:{n}: question {qid!r}")
     # (questions to answer: their gold answers are not read, nor refused when wrong)
-    answers = (_answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}")
-               if require_answers else [])
+    answers = (_answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}",
+                        moved) if require_answers else [])
     if require_answers and not answers:
         raise data_error(path, n, f"question {qid!r} has no answers")
     return QAExample(qid, obj["question"], obj["context"], answers)
@@ -1343,7 +1373,7 @@ def _no_empty_question(question: str, context: str, where: str):
             raise NanobertError(f"{where}{what} (fill it in or remove the question)")
 
 
-def _squad_article(article, where, path, require_answers) -> list:
+def _squad_article(article, where, path, require_answers, moved: list) -> list:
     """The QAExamples of one SQuAD article (data[i]), structure checked on the way."""
     def field(obj, key, kind, at):
         if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
@@ -1361,8 +1391,8 @@ def _squad_article(article, where, path, require_answers) -> list:
             if not isinstance(qid, (str, int)) or isinstance(qid, bool):
                 raise NanobertError(f"{path}: {at}.qas[{q}]: the question id must be a string")
             _no_empty_question(question, context, f"{path}: question {str(qid)!r}")
-            answers = (_answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}")
-                       if require_answers else [])
+            answers = (_answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}",
+                                moved) if require_answers else [])
             if require_answers and not answers:
                 v2 = (" (SQuAD v2.0 'is_impossible': nanobert reads SQuAD v1.1, where every "
                       "question has an answer)" if qa.get("is_impossible") else "")
@@ -1372,7 +1402,7 @@ def _squad_article(article, where, path, require_answers) -> list:
     return out
 
 
-def _answers(raw, context: str, where: str) -> list:
+def _answers(raw, context: str, where: str, moved: list) -> list:
     """[(text, char_start)], each checked against the context: an answer that is not at
     its answer_start would train the model on the wrong span. Hugging Face datasets'
     layout, {"text": [...], "answer_start": [...]} (SQuAD saved with `to_json`), is read
@@ -1401,15 +1431,32 @@ def _answers(raw, context: str, where: str) -> list:
         elif isinstance(start, float) and start.is_integer():
             start = int(start)  # or as a float (pandas, a column that once held a NaN)
         if not isinstance(text, str) or not text or isinstance(start, bool) \
-                or not isinstance(start, int):
-            raise NanobertError(f"{where}: each answer needs a non-empty 'text' and an integer "
-                                "'answer_start'")
-        found = context[start:start + len(text)] if 0 <= start < len(context) else ""
-        if found != text:
-            raise NanobertError(f"{where}: answer {text[:60]!r} is not at answer_start {start} "
-                                f"of the context (found {found[:60]!r} there)")
-        out.append((text, start))
+                or not isinstance(start, (int, type(None))):
+            raise NanobertError(f"{where}: each answer needs a non-empty 'text' (and an "
+                                "integer 'answer_start', or none)")
+        out.append((text, _answer_start(text, start, context, where, moved)))
     return out
+
+
+def _answer_start(text: str, start, context: str, where: str, moved: list) -> int:
+    """Where `text` is in the context: at its answer_start, else (no answer_start, or one
+    off by a few characters, as converted datasets have them) the occurrence nearest to
+    it, added to `moved`; an answer that is nowhere in the context is an error (its context is
+    another one). The official EM/F1 reads only the texts, so a held-out file with loose
+    offsets scores as it would there."""
+    if start is not None and context[start:start + len(text)] == text and start >= 0:
+        return start
+    found, k = [], context.find(text)
+    while k >= 0:
+        found.append(k)
+        k = context.find(text, k + 1)
+    if not found:
+        at = "" if start is None else f" (answer_start {start})"
+        raise NanobertError(f"{where}: answer {text[:60]!r} does not occur in the context{at}")
+    nearest = min(found, key=lambda k: abs(k - (start or 0)))
+    if start is not None:
+        moved.append(f"{where.split(': ', 1)[-1]}: {start} -> {nearest}")
+    return nearest
 
 
 # ----------------------------------------------------------------------------------

@@ -600,8 +600,11 @@ def ner_inputs(path, columns=None) -> list:
     """One text a line (or JSON Lines / a table with a text field); a CoNLL file or JSON
     Lines of tokens (a labelled test set, say) gives its sentences as they are split
     there (the tags are not read: `evaluate` scores them), so predictions are made on the
-    words `evaluate` reads and the entities' spans are in the words joined by spaces."""
-    if D.looks_like_conll(path) or D.holds_token_lists(path, columns):
+    words `evaluate` reads and the entities' spans are in the words joined by spaces. So
+    does a file of one token a line and blank lines between sentences (`D.token_lines`:
+    CoNLL without its tag column), whose tokens were tagged one by one as texts."""
+    if (D.looks_like_conll(path) or D.holds_token_lists(path, columns)
+            or (not any((columns or {}).values()) and D.token_lines(path))):
         return D.read_conll(path, require_tags=False)
     examples = D.read_inputs(path, columns)
     pair = next((e for e in examples if e.text_b is not None), None)
