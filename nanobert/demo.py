@@ -62,6 +62,21 @@ def read_tweets(path) -> list:
     return out
 
 
+def distinct(rows) -> list:
+    """Each text once (the corpus repeats retweets, one 303 times: a copy on each side of
+    the split was a 'held-out' tweet the model had trained on); a text given different
+    labels is dropped (its gold label is a toss-up)."""
+    labels = {}
+    for text, label in rows:
+        labels.setdefault(text, set()).add(label)
+    out, seen = [], set()
+    for text, label in rows:
+        if len(labels[text]) == 1 and text not in seen:
+            seen.add(text)
+            out.append((text, label))
+    return out
+
+
 def shares(n: int, sizes: list) -> list:
     """n split in proportion to `sizes`, in whole numbers that add up to n (largest
     remainders get the rest: rounding each share on its own made 3,000 into 3,001)."""
@@ -101,27 +116,52 @@ def csv_text(rows) -> str:
     return buf.getvalue()
 
 
+def short_labels(labels, width: int = 24) -> list:
+    """Axis labels of at most `width` characters, still told apart: cut at the end, else
+    in the middle (names that differ only at their ends), else numbered."""
+    labels = [str(lab) for lab in labels]
+    if all(len(lab) <= width for lab in labels):
+        return labels
+    head = (width - 1) // 2
+    for cut in (lambda s: s[:width - 1] + "…",
+                lambda s: s[:head] + "…" + s[len(s) - (width - 1 - head):]):
+        out = [lab if len(lab) <= width else cut(lab) for lab in labels]
+        if len(set(out)) == len(out):
+            return out
+    return [f"{i}: " + (lab if len(lab) <= width - 4 else lab[:width - 5] + "…")
+            for i, lab in enumerate(labels)]
+
+
 def plot_confusion(gold, pred, labels, out_png):
+    """The dev confusion matrix (rows: gold, columns: predicted), sized to the number of
+    classes and the length of their names, so that 20 classes with long names still read."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from sklearn.metrics import confusion_matrix
     from .files import atomic_path
-    cm = confusion_matrix(gold, pred, labels=list(range(len(labels))))
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.imshow(cm, cmap="Blues")
-    ax.set_xticks(range(len(labels)), labels, rotation=30)
-    ax.set_yticks(range(len(labels)), labels)
+    n = len(labels)
+    cm = confusion_matrix(gold, pred, labels=list(range(n)))
+    names = short_labels(labels)
+    font = 10 if n <= 8 else max(5, 10 - (n - 8) // 4)      # points: counts and names
+    margin = 0.6 + max(len(s) for s in names) * font / 72 * 0.6   # inches for the names
+    side = max(2.5, 0.45 * n * font / 10)                        # the matrix, square
+    fig, ax = plt.subplots(figsize=(side + margin + 0.6, side + margin + 0.8))
+    ax.imshow(cm, cmap="Blues", vmin=0, vmax=max(1, cm.max()))
+    ax.set_xticks(range(n), names, rotation=45 if n <= 8 else 90, fontsize=font,
+                  ha="right" if n <= 8 else "center", rotation_mode="anchor" if n <= 8 else "default")
+    ax.set_yticks(range(n), names, fontsize=font)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    for i in range(len(labels)):
-        for j in range(len(labels)):
-            ax.text(j, i, str(cm[i, j]), ha="center", va="center",
-                    color="white" if cm[i, j] > cm.max() / 2 else "black")
-    ax.set_title("dev confusion matrix")
+    for i in range(n):
+        for j in range(n):
+            if cm[i, j] or n <= 12:     # (many classes: the zeros left blank, for the rest)
+                ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=font,
+                        color="white" if cm[i, j] > cm.max() / 2 else "black")
+    ax.set_title(f"dev confusion matrix ({int(cm.sum())} examples)", fontsize=10)
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
+    with atomic_path(out_png) as tmp:   # ("tight": the names and the title are never cut)
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return cm
 
@@ -180,13 +220,15 @@ def demo_cmd(args):
     if args.freeze_layers is None:
         args.freeze_layers = half_the_blocks(args.model)
     corpus = None if args.train else find_corpus()
-    rows = None if args.train else read_tweets(corpus)
+    rows = None if args.train else distinct(read_tweets(corpus))
     if rows is not None and not (1 <= min(args.n_train, args.n_dev)
                                  and args.n_train + args.n_dev <= len(rows)):
         raise NanobertError(f"--n-train + --n-dev must be between 2 and {len(rows)}")
     data = [args.train, args.dev] if args.train else [corpus]
     fp = rundir.fingerprint("classify", data + rundir.model_files(args.model),
                             {k: v for k, v in vars(args).items() if k not in NOT_TRAINED})
+    if args.train:
+        check_held_out(args.train, args.dev, fp["data"][:2])
     earlier = earlier_demo(out)     # the demo's own output: replaced without --overwrite
     step = rundir.checkpoint_step(out) if earlier is not None and not args.resume else None
     if step is not None and (rundir.read_run(out) or {}).get("status") != "finished":
@@ -213,6 +255,16 @@ def demo_cmd(args):
                             group_by_length=True, eval_every=eval_every, resume=args.resume)
     report(best, out, dev_path, args, t0)     # the finished model, as a user loads it
     return 0
+
+
+def check_held_out(train, dev, digests) -> None:
+    """The dev file is not the training file (by content: a copy is the same data): the
+    demo reports its score and examples as held-out ones."""
+    if digests[0] == digests[1] and digests[0].get("size"):
+        same = "is" if Path(train).resolve() == Path(dev).resolve() else "has the content of"
+        raise NanobertError(f"--dev {dev} {same} the training file --train {train}: the demo's "
+                            "score and examples would not be held out; give a dev file of "
+                            "other examples (split one off the training file)")
 
 
 def earlier_demo(out: Path):
@@ -253,7 +305,7 @@ def write_tweet_split(args, rows: list, out: Path) -> int:
     for rel, part in zip(SPLIT, (train, dev)):
         write_owned(out, rel, csv_text(part), "demo")
     shares = ", ".join(f"{lab} {sum(r[1] == lab for r in rows) / len(rows):.0%}" for lab in LABELS)
-    print(f"demo: {len(rows):,} labelled tweets (airlines, #DeflateGate, Apple, self-driving "
+    print(f"demo: {len(rows):,} distinct labelled tweets (airlines, #DeflateGate, Apple, self-driving "
           f"cars, ...; {shares}); training on {len(train):,}, holding out {len(dev):,} "
           f"(seed {args.seed})")
     return len(train)
@@ -281,11 +333,12 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
     if picks:
         print(f"\n{len(picks)} held-out examples drawn at random (seed {args.seed}): "
               f"prediction, confidence, and the gold label")
+    names = short_labels(labels)
+    width = max(9, *(len(names[k]) for k in set(gold) | set(pred)))
     for i in picks:
-        verdict = "right" if pred[i] == gold[i] else f"WRONG (gold: {dev[i].label})"
-        text = dev[i].text_a if dev[i].text_b is None else f"{dev[i].text_a} ||| {dev[i].text_b}"
-        text = text if len(text) <= 90 else text[:89] + "…"
-        print(f"  {labels[pred[i]]:<9} {float(probs[i, pred[i]]):.2f}  {verdict:<22}  {text}")
+        verdict = "right" if pred[i] == gold[i] else f"WRONG (gold: {names[gold[i]]})"
+        print(f"  {names[pred[i]]:<{width}} {float(probs[i, pred[i]]):.2f}  "
+              f"{verdict:<{width + 14}}  {shown_text(dev[i].text_a, dev[i].text_b)}")
     if picks:
         print(f"{right} of these {len(picks)} {'is' if right == 1 else 'are'} right.")
     write_text(out / "demo_results.json", json.dumps(
@@ -295,6 +348,21 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
     print(f"\nmodel, metrics.jsonl, training_curve.png and confusion_matrix.png are in {out}/ "
           f"({time.time() - t0:.0f} s)")
     print(f"try:  {try_line(out, dev if args.train else None)}")
+
+
+def shown_text(text_a: str, text_b=None, room: int = 90) -> str:
+    """An example on one line of at most `room` characters: its whitespace (newlines, tabs)
+    as single spaces; a pair as 'A ||| B', each side cut to its share, so that the second
+    text is seen too."""
+    def cut(text, n):
+        return text if len(text) <= n else text[:max(0, n - 1)] + "…"
+    a = " ".join(text_a.split())
+    if text_b is None:
+        return cut(a, room)
+    b = " ".join(text_b.split())
+    room -= len(" ||| ")
+    keep_a = max(room - len(b), room // 2)    # the shorter side keeps all of itself
+    return f"{cut(a, keep_a)} ||| {cut(b, room - min(len(a), keep_a))}"
 
 
 def try_line(out: Path, dev) -> str:

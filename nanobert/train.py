@@ -820,7 +820,9 @@ def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
                and isinstance(evals[0][k], (int, float))]
     losses = [k for k in numeric if k == "loss" or k.endswith("_loss")]
     keys = [k for k in numeric if k not in losses]
-    fig, axes = plt.subplots(1, 2 if keys else 1, figsize=(11 if keys else 6, 4), squeeze=False)
+    # (one step axis for both panels: a single evaluation had a panel of its own, 12.3 to 13.7)
+    fig, axes = plt.subplots(1, 2 if keys else 1, figsize=(11 if keys else 6, 4), squeeze=False,
+                             sharex=True)
     ax = axes[0][0]
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label=train_label)
     for k in losses:
@@ -833,6 +835,9 @@ def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if keys:
         _plot_eval_metrics(axes[0][1], evals, keys)
+    lo, hi = ax.get_xlim()
+    if hi - lo < 2:         # one step in all: whole steps either side of it
+        ax.set_xlim((lo + hi) / 2 - 1, (lo + hi) / 2 + 1)
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

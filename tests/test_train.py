@@ -701,3 +701,24 @@ def test_training_curve_keeps_each_metric_readable_and_names_each_loss(tmp_path,
     assert drawn["keys"] == ["mlm_accuracy", "perplexity", "pair_accuracy"]
     assert drawn["losses"] == ["train loss (MLM + NSP)", "eval MLM loss", "eval pair loss"]
     assert mlm_loss_fn(1).label == "train MLM loss"
+
+
+@pytest.mark.parametrize("train_steps", [range(1, 14), []])
+def test_a_single_evaluation_is_drawn_on_whole_steps(tmp_path, monkeypatch, train_steps):
+    """One evaluation (an epoch on a small file) drew its panel from step 12.3 to 13.7:
+    the panels share the step axis, and one step in all gets a whole step either side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from nanobert import train as T
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in
+                           [{"type": "train", "step": s, "loss": 1 / s} for s in train_steps]
+                           + [{"type": "eval", "step": 13, "loss": 0.5, "accuracy": 0.7}]))
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    T.plot_training_curve(log, tmp_path / "c.png")
+    for ax in figs[0].axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+        assert ax.get_xlim()[0] <= 12 and ax.get_xlim()[1] >= 13
