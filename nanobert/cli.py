@@ -239,8 +239,8 @@ def _command(argv) -> int:
     except KeyboardInterrupt:
         print("nanobert: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError:     # the reader went away (`| head`): as a killed Unix tool,
+        return 128 + signal.SIGPIPE   # 141, not 0: a training run stopped unfinished
     except Exception as e:
         from .files import path_failure
         message = _out_of_resources(e, args) or path_failure(e)

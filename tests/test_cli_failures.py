@@ -182,3 +182,19 @@ def test_a_second_ctrl_c_as_the_command_ends_is_no_traceback(monkeypatch, capsys
     assert cli.main(["info", "minilm", "--json"]) == 130
     monkeypatch.setattr(cli, "_command", lambda argv: 2)
     assert cli.main([]) == 2                 # a failure keeps its own status
+
+
+
+def test_a_reader_that_goes_away_is_status_141(tiny, monkeypatch, capsys):
+    """`nanobert ... | head`: the reader closes the pipe. The command stops quietly, with
+    the status of a Unix tool killed by SIGPIPE (141), not 0: a training run stopped this
+    way is unfinished, and `set -o pipefail` scripts must see it."""
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+        def flush(self):
+            pass
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["info", str(tiny / "base")]) == 141
+    assert capsys.readouterr().err == ""
