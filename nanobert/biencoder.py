@@ -58,11 +58,28 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
 
 
-def mnrl_loss(anchors, candidates, scale: float = 20.0) -> torch.Tensor:
+def mnrl_loss(anchors, candidates, scale: float = 20.0,
+              exclude: Optional[torch.Tensor] = None) -> torch.Tensor:
     """MultipleNegativesRanking. anchors (B, H); candidates (C, H), C >= B, whose row i
-    is the positive of anchor i (the others, hard negatives included, are negatives)."""
+    is the positive of anchor i (the others, hard negatives included, are negatives).
+    `exclude` (B, C) bool: candidates that are no negative of that anchor (left out)."""
     logits = scale * cosine_matrix(anchors, candidates)                  # (B, C)
+    if exclude is not None:
+        logits = logits.masked_fill(exclude, float("-inf"))
     return F.cross_entropy(logits, torch.arange(len(anchors), device=logits.device))
+
+
+def false_negatives(anchors: list, candidates: list) -> torch.Tensor:
+    """(B, C) bool: candidate j is no negative of anchor i (j != i) when it is the same
+    text as i's positive, or the positive of a row with i's anchor (a query with two
+    relevant documents; a triplet file's anchor with two positives). Keys: token ids."""
+    codes: dict = {}
+    a = torch.tensor([codes.setdefault(("a", t), len(codes)) for t in anchors])
+    c = torch.tensor([codes.setdefault(("c", t), len(codes)) for t in candidates])
+    B = len(anchors)
+    out = c[None, :] == c[:B, None]                                      # i's positive again
+    out[:, :B] |= a[None, :] == a[:, None]                               # a row of i's anchor
+    return out & (torch.arange(len(candidates))[None, :] != torch.arange(B)[:, None])
 
 
 def cosent_loss(u, v, scores, scale: float = 20.0) -> torch.Tensor:
@@ -80,11 +97,14 @@ def cosine_mse_loss(u, v, scores, scale: float = 1.0) -> torch.Tensor:
     return F.mse_loss(F.cosine_similarity(u, v, dim=-1), scores)
 
 
-# loss name -> (function of (first column, other columns, scores, scale), needs scores)
+# loss name -> (function of (first column, other columns, the batch, scale), needs scores)
 LOSSES = {
-    "mnrl": (lambda a, rest, scores, scale: mnrl_loss(a, rest, scale), False),
-    "cosent": (lambda a, rest, scores, scale: cosent_loss(a, rest[:len(a)], scores, scale), True),
-    "cosine_mse": (lambda a, rest, scores, scale: cosine_mse_loss(a, rest[:len(a)], scores), True),
+    "mnrl": (lambda a, rest, batch, scale: mnrl_loss(a, rest, scale, batch.get("exclude")),
+             False),
+    "cosent": (lambda a, rest, batch, scale: cosent_loss(a, rest[:len(a)], batch["scores"], scale),
+               True),
+    "cosine_mse": (lambda a, rest, batch, scale: cosine_mse_loss(a, rest[:len(a)],
+                                                                 batch["scores"]), True),
 }
 
 
@@ -148,7 +168,7 @@ def embed_loss_fn(spec: EmbedLoss):
         ids = torch.cat([batch["input_ids"], batch["rest_input_ids"]])
         mask = torch.cat([batch["attention_mask"], batch["rest_attention_mask"]])
         vecs = cached_vectors(model, ids, mask, None, spec.pooling, spec.mini_batch)
-        return fn(vecs[:B], vecs[B:], batch.get("scores"), spec.scale)
+        return fn(vecs[:B], vecs[B:], batch, spec.scale)
     return loss_fn
 
 
@@ -207,7 +227,7 @@ class RowBatches:
                                           report="training texts")
                          for c in range(len(rows[0].texts))]
         self.lengths = [max(len(col[i].ids) for col in self.cols) for i in range(len(rows))]
-        self.scores = scores
+        self.scores, self.cross = scores, cross
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -229,6 +249,11 @@ class RowBatches:
             out["rest_attention_mask"] = batch["attention_mask"][B:]
         if self.scores is not None:
             out["scores"] = torch.tensor([self.scores[i] for i in idx], dtype=torch.float)
+        elif len(self.cols) > 1 and not self.cross:   # MNRL: in-batch false negatives
+            exclude = false_negatives([tuple(self.cols[0][i].ids) for i in idx],
+                                      [tuple(e.ids) for e in encs[B:]])
+            if exclude.any():
+                out["exclude"] = exclude
         return out
 
 
@@ -265,8 +290,21 @@ def holdout_split(beir, settings: dict) -> tuple:
     return train_q, held
 
 
+def queries_fingerprint(beir) -> str:
+    """Which BEIR folder a run held queries out of: a hash of its query ids (saved as
+    `holdout_of`; a copy of the folder elsewhere is the same one)."""
+    return hashlib.sha1("\n".join(sorted(beir.queries)).encode()).hexdigest()[:16]
+
+
 def scored_queries(beir, settings: dict) -> Optional[list]:
-    """The queries evaluation scores: the held-out ones with `holdout`, else None (all)."""
+    """The queries evaluation scores: the held-out ones with `holdout`, else None (all).
+    A holdout saved with the model is of the folder it was trained on: another folder
+    is scored whole (its hash-held-out part had been scored, silently)."""
+    saved = settings.get("holdout_of")
+    if settings.get("holdout") and saved and saved != queries_fingerprint(beir):
+        note(f"{beir.root or 'the BEIR folder'}: not the folder the model was trained on, so "
+             f"its holdout {settings['holdout']:g} does not apply: every judged query is scored")
+        return None
     return holdout_split(beir, settings)[1] or None
 
 
@@ -279,7 +317,8 @@ def queries_used(beir, settings: dict, training: bool) -> int:
 
 def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=False) -> list:
     """TextRows of (query, relevant document[, its hard negatives]); with `labelled`,
-    (query, document) rows scored 1 (relevant) or 0 (each hard negative)."""
+    (query, document) rows scored by the judged grade (relevant) or 0 (each hard negative,
+    once a query: it had been repeated for each relevant document, and every grade read 1)."""
     from .data import TextRow
     rows, negatives = [], negatives or {}
     # unlabelled rows are (query, relevant, negative 1, ..., negative k), one width for all
@@ -292,16 +331,16 @@ def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=
         note(f"{k} hard negative(s) per training row: query {few!r} has no more unjudged "
              "documents")
     for q in query_ids:
-        for d, rel in beir.qrels[q].items():
-            if rel <= 0 or d not in beir.corpus:
-                continue
-            negs = negatives.get(q, [])
+        negs = negatives.get(q, [])
+        relevant = [(d, rel) for d, rel in beir.qrels[q].items() if rel > 0 and d in beir.corpus]
+        for d, rel in relevant:
             if labelled:
-                rows.append(TextRow((beir.queries[q], beir.doc_text(d)), 1.0))
-                rows += [TextRow((beir.queries[q], beir.doc_text(n)), 0.0) for n in negs]
+                rows.append(TextRow((beir.queries[q], beir.doc_text(d)), float(rel)))
             else:
                 rows.append(TextRow((beir.queries[q], beir.doc_text(d),
                                      *(beir.doc_text(n) for n in negs[:k]))))
+        if labelled and relevant:
+            rows += [TextRow((beir.queries[q], beir.doc_text(n)), 0.0) for n in negs]
     if not rows:
         raise NanobertError(f"{beir.root or 'the BEIR folder'}: no (query, relevant document) "
                             f"pairs among the {len(query_ids)} training queries (every judged "
@@ -617,16 +656,19 @@ def text_rows_input(path, cols=None) -> list:
 
 
 def rows_as_beir(rows: list):
-    """A retrieval set made of (query, positive[, negative]) rows: each anchor is a
-    query whose one relevant document is its positive; every text of the second and
-    third columns is in the corpus. Used to evaluate on held-out pairs."""
+    """A retrieval set made of (query, positive[, negative]) rows: each distinct anchor is
+    a query whose relevant documents are the positives of its rows (one query a row had
+    scored a perfect model below 1: an anchor's other positives counted as misses); every
+    text of the second and third columns is in the corpus. Used to evaluate on held-out
+    pairs."""
     from .data import Beir
-    docs, queries, qrels = {}, {}, {}
-    for i, r in enumerate(rows):
+    docs, queries, qrels, ids = {}, {}, {}, {}
+    for r in rows:
         for t in r.texts[1:]:
             docs.setdefault(t, ("", t))
-        queries[f"q{i}"] = r.texts[0]
-        qrels[f"q{i}"] = {r.texts[1]: 1}
+        q = ids.setdefault(r.texts[0], f"q{len(ids)}")
+        queries[q] = r.texts[0]
+        qrels.setdefault(q, {})[r.texts[1]] = 1
     return Beir(docs, queries, qrels, "rows")
 
 
@@ -720,6 +762,8 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
         return data
     data = beir_split(data, settings, training=True)
     holdout = settings.get("holdout") or 0.0
+    if holdout:   # (saved in nanobert.json: evaluate holds out of this folder only)
+        settings["holdout_of"] = queries_fingerprint(data)
     train_q, held = holdout_split(data, settings)   # (refused here, before any mining)
     if not train_q:
         raise NanobertError(f"{data.root or 'the BEIR folder'}: --holdout {holdout:g} holds out "
@@ -816,6 +860,8 @@ def evaluate_overrides(args, task: str) -> dict:
     a model of another `task`, which they would not change."""
     from .data import is_beir_dir
     given = {k: getattr(args, k) for k in EVALUATE_FLAGS if getattr(args, k, None) is not None}
+    if "holdout" in given:   # asked for this folder, whichever the model was trained on
+        given["holdout_of"] = None
     if given and not is_beir_dir(args.data):
         flag = "--" + next(iter(given)).replace("_", "-")
         raise NanobertError(f"{flag}: only for a BEIR folder (corpus.jsonl, queries.jsonl, "

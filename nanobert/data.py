@@ -1773,14 +1773,17 @@ BEIR_DOC_FIELDS = ("title", "text")   # of corpus.jsonl, beside "_id"
 
 
 def beir_corpus_texts(path) -> Optional[list]:
-    """The documents of a BEIR corpus.jsonl (objects with "_id", "title" and "text"), as
-    BEIR evaluation embeds them (`doc_text`), in file order; None for another file (its
-    first object lacks one of those fields). `search` had embedded the text alone."""
+    """The documents of a BEIR corpus.jsonl (objects with "_id" and "text", a "title" in
+    some), as BEIR evaluation embeds them (`doc_text`), in file order; None for another
+    file (its first object lacks "_id" or "text", or no object has a title: then the texts
+    are the same). `search` had embedded the text alone; and the titles of every document
+    when the first one had no "title" key (`read_beir` reads it as "")."""
     path = input_path(path)
     if detect_format(path, plain_text=True) != "jsonl":
         return None
     first = next(_jsonl_objects(path), (None, {}))[1]
-    if not all(f in first for f in ("_id",) + BEIR_DOC_FIELDS):
+    if not all(f in first for f in ("_id", "text")) \
+            or not any("title" in obj for _, obj in _jsonl_objects(path)):
         return None
     return [doc_text(*fields) for fields in _read_beir_jsonl(path, BEIR_DOC_FIELDS).values()]
 

@@ -64,6 +64,12 @@ def recall_at(ranked: list, judged: dict, k: int) -> float:
     return len(relevant.intersection(ranked[:k])) / len(relevant) if relevant else 0.0
 
 
+def without_identical(scores: dict, query_id, judged: dict) -> dict:
+    """One query's run {doc id: score} without the document of the query's own id (BEIR's
+    ignore_identical_ids), unless the qrels judge it relevant to that query."""
+    return {d: s for d, s in scores.items() if d != query_id or judged.get(d, 0) > 0}
+
+
 # metric name -> (function, cut-off); the table behind RETRIEVAL_METRICS
 _METRICS = {"ndcg_at_10": (ndcg_at, 10), "mrr_at_10": (mrr_at, 10),
             "recall_at_10": (recall_at, 10), "recall_at_100": (recall_at, 100)}
@@ -76,8 +82,7 @@ def retrieval_metrics(qrels: dict, run: dict) -> dict:
         raise NanobertError("no judged queries to evaluate")
     totals = dict.fromkeys(_METRICS, 0.0)
     for q, judged in qrels.items():
-        ranked = ranking({d: s for d, s in run.get(q, {}).items()
-                          if d != q or judged.get(d, 0) > 0})
+        ranked = ranking(without_identical(run.get(q, {}), q, judged))
         for name, (fn, k) in _METRICS.items():
             totals[name] += fn(ranked, judged, k)
     return {name: v / len(qrels) for name, v in totals.items()}
@@ -131,9 +136,12 @@ def evaluate_beir(encode: Callable, beir, k: int = 100, rerank: Optional[Callabl
     # under 100 recall_at_100 counts the reranked ones (said by "rerank_k")
     run = dense_run(query_vecs, qids, doc_vecs, doc_ids,
                     max(k, rerank_k) if rerank is not None else k)
-    if rerank is not None:
-        run = rerank_run(run, rerank, beir.queries, beir.doc_text, rerank_k)
     qrels = {q: beir.qrels[q] for q in qids}
+    if rerank is not None:
+        # the query's own document leaves before reranking, as BEIR's search drops it: it
+        # had taken one of the `rerank_k` places (ArguAna, Quora), and then been dropped
+        run = {q: without_identical(run[q], q, qrels[q]) for q in qids}
+        run = rerank_run(run, rerank, beir.queries, beir.doc_text, rerank_k)
     same = [q for q in qids if qrels[q].get(q, 0) > 0]
     if same:
         note(f"the qrels judge {len(same)} document(s) relevant to the query of the same id "

@@ -134,6 +134,38 @@ def test_row_batches_and_loss_choice(minilm):
         E.EmbedLoss("triplet")
 
 
+def test_mnrl_leaves_out_in_batch_candidates_relevant_to_the_anchor(minilm):
+    """A query with two relevant documents (BEIR qrels; a triplet file's anchor with two
+    positives) gives two rows: each row's positive had been a negative of the other row,
+    pushing the query away from a relevant document. So had a positive repeated as
+    another row's hard negative. Those candidates leave that anchor's softmax."""
+    _, tok = minilm
+    rows = [TextRow(("q", "relevant one", "other")), TextRow(("q", "relevant two", "x")),
+            TextRow(("z", "zed", "relevant one"))]
+    batch = E.RowBatches(tok, rows, 16).collate([0, 1, 2])
+    # candidates: the positives (0, 1, 2), then the hard negatives (3, 4, 5)
+    assert batch["exclude"].nonzero().tolist() == [[0, 1], [0, 5], [1, 0]]
+    g = torch.Generator().manual_seed(0)
+    a, c = torch.randn(3, 4, generator=g), torch.randn(6, 4, generator=g)
+    logits = 20.0 * E.cosine_matrix(a, c)
+    keep = [[0, 2, 3, 4], [1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
+    ref = sum(-torch.log_softmax(logits[i, keep[i]], 0)[keep[i].index(i)] for i in range(3)) / 3
+    loss = E.LOSSES["mnrl"][0](a, c, batch, 20.0)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    plain = E.RowBatches(tok, [TextRow(("a", "b")), TextRow(("c", "d"))], 16).collate([0, 1])
+    assert "exclude" not in plain
+
+
+def test_reranking_rows_of_graded_qrels_keep_their_grades_and_each_negative_once():
+    """A reranker on BEIR qrels trains on labels / max label: grades 2 and 1 had both
+    been read 1, and each mined negative had been a row once per relevant document."""
+    beir = Beir({"d1": ("", "one"), "d2": ("", "two"), "d3": ("", "three")},
+                {"q1": "first"}, {"q1": {"d1": 2, "d2": 1}})
+    labelled = E.beir_rows(beir, ["q1"], negatives={"q1": ["d3"]}, labelled=True)
+    assert [(r.texts[1], r.score) for r in labelled] == [("one", 2.0), ("two", 1.0),
+                                                         ("three", 0.0)]
+
+
 def test_beir_rows_holdout_and_labels():
     beir = Beir({"d1": ("T", "one"), "d2": ("", "two"), "d3": ("", "three")},
                 {"q1": "first", "q2": "second"}, {"q1": {"d1": 1, "d3": 0}, "q2": {"d2": 2}})
@@ -274,6 +306,38 @@ def test_embed_evaluate_sts_and_pairs(minilm):
              TextRow(("when did the plane leave", "The plane took off at noon."))]
     m = E.embed_evaluate(model, tok, pairs, {})
     assert m["mrr_at_10"] == 1.0 and E.embed_metric(pairs) == "ndcg_at_10"
+
+
+def test_pairs_of_one_anchor_are_one_query_with_every_positive_relevant():
+    """Rows (q, p1), (q, p2) had been two queries of one relevant document each: a model
+    that ranks p1 and p2 first scored nDCG@10 below 1 (the other positive a miss)."""
+    rows = [TextRow(("q", "p1")), TextRow(("q", "p2")), TextRow(("r", "p3", "n"))]
+    beir = E.rows_as_beir(rows)
+    assert beir.qrels == {"q0": {"p1": 1, "p2": 1}, "q1": {"p3": 1}}
+    assert set(beir.corpus) == {"p1", "p2", "p3", "n"}
+    def encode(texts):   # q and its positives alike, r and p3 alike, n elsewhere
+        where = {"q": 0, "p1": 0, "p2": 0, "r": 1, "p3": 1, "n": 2}
+        return np.eye(3, dtype=np.float32)[[where[t] for t in texts]]
+    assert E.R.evaluate_beir(encode, beir)["ndcg_at_10"] == pytest.approx(1.0)
+
+
+def test_a_saved_holdout_applies_to_the_training_folder_only(tmp_path, capsys):
+    """A model trained with --holdout on one BEIR folder, evaluated on another, had been
+    scored on that other folder's hash-held-out queries alone, silently."""
+    docs = {f"d{i}": ("", f"doc {i}") for i in range(40)}
+    train = Beir(docs, {f"q{i}": f"query {i}" for i in range(40)},
+                 {f"q{i}": {f"d{i}": 1} for i in range(40)}, "test", tmp_path)
+    (tmp_path / "qrels").mkdir()
+    other = Beir(docs, {f"x{i}": f"query {i}" for i in range(40)},
+                 {f"x{i}": {f"d{i}": 1} for i in range(40)}, "test")
+    settings = {"holdout": 0.5, "hard_negatives": 0, "model": "minilm", "max_length": 16}
+    rows = E.training_rows(None, train, settings, labelled=False)
+    assert settings["holdout_of"] == E.queries_fingerprint(train)   # saved in nanobert.json
+    held = E.scored_queries(train, settings)
+    assert held and len(rows) + len(held) == 40
+    assert E.scored_queries(other, settings) is None                  # every query scored
+    assert "not the folder the model was trained on" in capsys.readouterr().err
+    assert E.scored_queries(other, {**settings, "holdout_of": None})  # --holdout given
 
 
 def test_evaluation_scores_that_never_vary_are_refused_before_training(tmp_path):

@@ -171,6 +171,15 @@ def test_a_beir_corpus_file_gives_the_texts_beir_evaluation_embeds(tmp_path):
     assert D.beir_corpus_texts(_write(tmp_path / "t.txt", "one line\n")) is None
 
 
+def test_a_beir_corpus_whose_first_document_has_no_title_key_keeps_the_titles(tmp_path):
+    """The title is optional in corpus.jsonl (read_beir reads a missing one as ""); a
+    first document without the key had made search and embed read the file as a table of
+    texts, and every later title was dropped (evaluation embeds title + " " + text)."""
+    path = _write(tmp_path / "corpus.jsonl", '{"_id": "1", "text": "solar output"}\n'
+                  '{"_id": 2, "title": "Coffee", "text": "a drink"}\n')
+    assert D.beir_corpus_texts(path) == ["solar output", "Coffee a drink"]
+
+
 def test_anchor_and_query_are_text_columns_of_a_table(tmp_path):
     """as sentence-transformers' datasets and query tables name them; a query's document
     column is a second text to name with --text-pair-column, as BoolQ's passage is."""

@@ -92,6 +92,21 @@ def test_a_rerank_k_over_the_metrics_cutoff_reranks_that_many():
     assert few["mrr_at_10"] < 1.0
 
 
+def test_the_querys_own_document_takes_no_rerank_place():
+    """ArguAna/Quora: a query's id is a document's id, and that document (its own text)
+    is the dense top 1. BEIR's search drops it before reranking; it had taken one of the
+    rerank_k places and been dropped after, so rerank_k 2 reranked one candidate."""
+    def encode(texts):   # the query's own text first, then the other documents by id
+        return np.array([[1.0, 0.0] if t == "same" else [1.0, 1.0] for t in texts],
+                        dtype=np.float32)
+    beir = Beir({"q": ("", "same"), "d1": ("", "x"), "a": ("", "gold")}, {"q": "same"},
+                {"q": {"a": 1}}, "test")   # dense order: q, d1, a (ties: id descending)
+    def relevant(pairs):
+        return [1.0 if d == "gold" else 0.0 for _, d in pairs]
+    m = R.evaluate_beir(encode, beir, rerank=relevant, rerank_k=2)
+    assert m["mrr_at_10"] == 1.0 and m["recall_at_100"] == 1.0
+
+
 def test_evaluate_sts_correlations():
     rows = [TextRow(("a", "a"), 5.0), TextRow(("a", "b"), 0.0), TextRow(("a", "ab"), 3.0)]
 
