@@ -435,7 +435,14 @@ class StreamingCorpus:
             rng.shuffle(buf)
             yield from buf
             if n == 0:
-                raise NanobertError("the streaming corpus has no training documents")
+                raise NanobertError(self._no_training_text())
+
+    def _no_training_text(self) -> str:
+        names = ", ".join(map(str, self.files[:3])) + (", ..." if len(self.files) > 3 else "")
+        held = (f"--val-fraction holds out every {self.every}th document, the first included, "
+                "for validation; separate documents with blank lines, or give "
+                "--val-fraction 0" if self.every else "it has no text")
+        return f"{names}: no training documents for --streaming ({held})"
 
     def rows_to_batch(self, seqs: Sequence[np.ndarray]) -> dict:
         B, T = len(seqs), self.seq_len

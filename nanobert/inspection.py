@@ -58,7 +58,7 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
     finally:
         encoder.train(was_training)
     probs = torch.stack(out.attentions)[:, 0].float().cpu().numpy()   # (L, nh, T, T)
-    tokens = [tokenizer.id_to_token(i) for i in batch["input_ids"][0].tolist()]
+    tokens = [tokenizer.display_token(i) for i in batch["input_ids"][0].tolist()]
     return tokens, probs
 
 

@@ -21,6 +21,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from .files import NanobertError
+
 IGNORE = -100  # label of positions that carry no loss
 
 
@@ -52,6 +54,28 @@ def row_seed(*keys: int) -> int:
                >> np.uint64(1))
 
 
+def word_continuations(tok, needed: bool = True) -> Optional[torch.Tensor]:
+    """(V,) bool: the tokens that continue the word before them ('##ing' in WordPiece;
+    in byte-level BPE and SentencePiece, a piece without the word-start mark Ġ/▁). A
+    tokenizer whose pieces do not say where words begin is refused when `needed`
+    (--whole-word-mask would silently mask single tokens), else None."""
+    marker = tok.word_marker()
+    if marker is None:
+        if needed:
+            raise NanobertError("--whole-word-mask: the tokenizer's pieces do not mark where "
+                                "words begin (no '##' continuation prefix, no byte-level 'Ġ' "
+                                "or SentencePiece '▁'), so words cannot be masked whole; "
+                                "drop the flag or use a WordPiece tokenizer")
+        return None
+    kind, mark = marker
+    cont = torch.zeros(tok.vocab_size, dtype=torch.bool)
+    for t, i in tok.tk.get_vocab().items():
+        if i < tok.vocab_size:
+            starts = t.startswith(mark) and len(t) > len(mark)
+            cont[i] = starts if kind == "prefix" else not t.startswith(mark)
+    return cont
+
+
 @dataclass
 class Masker:
     """Masks batches of token ids for MLM. Build it once per tokenizer with
@@ -77,11 +101,7 @@ class Masker:
 
     @classmethod
     def for_tokenizer(cls, tok, **kw) -> "Masker":
-        vocab = tok.tk.get_vocab()
-        cont = torch.zeros(tok.vocab_size, dtype=torch.bool)
-        for t, i in vocab.items():
-            if t.startswith("##") and len(t) > 2:
-                cont[i] = True
+        cont = word_continuations(tok, needed=kw.get("whole_word", False))
         return cls(mask_id=tok.mask_id, vocab_size=tok.vocab_size,
                    special_ids=tok.special_ids, continuation=cont, **kw)
 

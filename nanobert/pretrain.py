@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
                      param)
 from .files import NanobertError, atomic_path, check_output_dir, note, write_text
-from .masking import IGNORE, SPLIT_DECIMALS, Masker, fixed_masks, parse_split, split_name
+from .masking import (IGNORE, SPLIT_DECIMALS, Masker, fixed_masks, parse_split, split_name,
+                      word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
 from .train import TrainConfig
 
@@ -283,6 +284,15 @@ def _model_config(cfg: PretrainConfig, tok):
     return c
 
 
+def check_pretraining_tokenizer(tok, where):
+    """MLM needs the tokenizer's mask and padding tokens (a vocab.txt without [MASK]
+    failed with a traceback deep in the masking)."""
+    missing = [t for t, i in (("[MASK]", tok.mask_id), ("[PAD]", tok.pad_id)) if i is None]
+    if missing:
+        raise NanobertError(f"--tokenizer {where}: no {' or '.join(missing)} token, which "
+                            "masked-language-model pretraining needs; add it to the vocabulary")
+
+
 def _load_tokenizer(cfg: PretrainConfig, out):
     from .tokenizer import Tokenizer
     if cfg.tokenizer:
@@ -471,6 +481,10 @@ def _load_data(run: _Run):
     from .corpus import PretrainData, load_corpus
     cfg = run.cfg
     run.tok = _load_tokenizer(cfg, run.out)
+    if run.tok is not None:       # (refused before the corpus is read)
+        check_pretraining_tokenizer(run.tok, cfg.tokenizer or run.out)
+        if cfg.whole_word_mask:
+            word_continuations(run.tok)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else run.out / "cache"
 
     def load():
@@ -679,7 +693,7 @@ def fill_mask(model, tok, text: str, k: int = 5) -> list:
     ranked = probs.clone()
     ranked[:, tok.special_ids] = -1.0                               # never chosen
     top = ranked.topk(min(k, probs.shape[-1] - len(tok.special_ids)), dim=-1)
-    return [[(tok.id_to_token(i), p) for i, p in zip(ix.tolist(), pv.tolist())]
+    return [[(tok.display_token(i), p) for i, p in zip(ix.tolist(), pv.tolist())]
             for ix, pv in zip(top.indices, top.values)]
 
 

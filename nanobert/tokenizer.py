@@ -568,6 +568,43 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str:
         return self.tk.id_to_token(int(i))
 
+    def _pipeline(self) -> dict:
+        conf = json.loads(self.tk.to_str())
+        return {"model": conf.get("model") or {},
+                "marks": json.dumps([conf.get("pre_tokenizer"), conf.get("decoder")])}
+
+    def word_marker(self) -> Optional[tuple]:
+        """How the vocabulary marks words: ("prefix", "##") when a piece that continues a
+        word starts with "##" (WordPiece, or BPE with a continuing prefix), ("start", "Ġ" or
+        "▁") when a piece that begins a word starts with the mark (byte-level BPE,
+        SentencePiece), None when the pieces do not say (whole-word masking cannot work)."""
+        if getattr(self, "_word_marker", False) is not False:
+            return self._word_marker
+        pipe = self._pipeline()
+        self._word_marker = self._marker_of(pipe)
+        return self._word_marker
+
+    @staticmethod
+    def _marker_of(pipe: dict) -> Optional[tuple]:
+        prefix = pipe["model"].get("continuing_subword_prefix")
+        if prefix:
+            return "prefix", prefix
+        if '"ByteLevel"' in pipe["marks"]:
+            return "start", "\u0120"
+        if '"Metaspace"' in pipe["marks"]:
+            return "start", "\u2581"
+        return None
+
+    def display_token(self, i: int) -> str:
+        """Token i as a person reads it: byte-level BPE's 'Ġlove' and SentencePiece's
+        '▁love' as 'love' (a piece that is part of a character stays as stored)."""
+        token = self.id_to_token(i)
+        marker = self.word_marker()
+        if marker is None or marker[0] != "start" or int(i) in self.special_ids:
+            return token
+        text = self.tk.decode([int(i)], skip_special_tokens=False).strip()
+        return token if not text or "\ufffd" in text else text
+
     def token_to_id(self, t: str):
         return self.tk.token_to_id(t)
 

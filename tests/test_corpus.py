@@ -142,3 +142,16 @@ def test_corpus_paths_that_cannot_be_read_are_named(tmp_path):
     (tmp_path / "d" / "loop").symlink_to(tmp_path / "d" / "loop")
     with pytest.raises(NanobertError, match="loop: cannot be read \\(Too many levels"):
         corpus_files([tmp_path / "d"])
+
+
+def test_streaming_corpus_without_training_documents_names_the_file(tmp_path, loaded_corpus):
+    """One document, held out for validation (every 10th is, the first included): the
+    error said 'the streaming corpus has no training documents', naming no file and no cause."""
+    from nanobert.files import NanobertError
+    (tok, _, _), _ = loaded_corpus
+    f = tmp_path / "one.txt"
+    f.write_text("a single document. with two sentences.\n")
+    s = StreamingCorpus([f], tok, 32, val_fraction=0.1)
+    with pytest.raises(NanobertError, match=r"one\.txt: no training documents for --streaming "
+                                            r"\(--val-fraction holds out every 10th"):
+        next(s.stream())

@@ -170,3 +170,46 @@ def test_for_tokenizer_and_fixed_masks(tmp_path):
     assert (a[0] == tok.mask_id).any()                           # standard 80/10/10, not 0/0/100
     again = fixed_masks(m, enc["input_ids"], enc["attention_mask"], seed=9)
     assert torch.equal(a[1], again[1]) and torch.equal(a[0], again[0])
+
+
+def bpe_tokenizer(tmp_path, byte_level: bool):
+    """A small BPE tokenizer.json (RoBERTa's byte-level one, or one whose pieces carry no
+    word marks) loaded as nanobert reads it."""
+    from tokenizers import Tokenizer as HF, models, pre_tokenizers, trainers
+    from nanobert.tokenizer import Tokenizer
+    tk = HF(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = (pre_tokenizers.ByteLevel(add_prefix_space=False) if byte_level
+                        else pre_tokenizers.Whitespace())
+    words = ["extraordinary", "unbelievable", "cat", "mat", "photosynthesis", "sat", "on"]
+    text = [" ".join(words[(i * 3 + j) % len(words)] for j in range(6)) for i in range(40)]
+    tk.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=60, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
+    tk.save(str(tmp_path / "tokenizer.json"))
+    return Tokenizer.from_dir(tmp_path / "tokenizer.json"), text
+
+
+def test_whole_word_mask_keeps_byte_level_bpe_words_whole(tmp_path):
+    """A byte-level BPE tokenizer has no '##' pieces: whole-word masking masked single
+    pieces, silently the same as without the flag. A piece without 'Ġ' continues a word."""
+    tok, text = bpe_tokenizer(tmp_path, byte_level=True)
+    m = Masker.for_tokenizer(tok, whole_word=True, mask_prob=0.3)
+    enc = tok(text[:32])
+    ids, att = enc["input_ids"], enc["attention_mask"]
+    _, labels = m.mask(ids, att)
+    starts = m.word_starts(ids, m.maskable(ids, att))
+    selected = labels != IGNORE
+    multi = 0
+    for r in range(len(ids)):
+        for w in starts[r][selected[r]].unique().tolist():
+            word = (starts[r] == w) & att[r].bool()
+            assert selected[r][word].all()          # a word is masked whole
+            multi += int(word.sum() > 1)
+    assert multi > 0                                # and words of several pieces occur
+
+
+def test_whole_word_mask_refuses_a_tokenizer_without_word_marks(tmp_path):
+    from nanobert.files import NanobertError
+    tok, _ = bpe_tokenizer(tmp_path, byte_level=False)
+    assert Masker.for_tokenizer(tok).continuation is None      # fine without the flag
+    with pytest.raises(NanobertError, match="--whole-word-mask: the tokenizer's pieces"):
+        Masker.for_tokenizer(tok, whole_word=True)

@@ -718,3 +718,57 @@ def test_nsp_with_one_held_out_document_names_the_validation_split(tmp_path, cap
                         "or make it 0 for no validation\n"), err
     assert not (tmp_path / "o").exists()
     assert main(args[:-1] + ["--val-fraction", "0.2", "--no-progress"]) == 0
+
+
+def test_fill_mask_shows_byte_level_bpe_tokens_as_text(tmp_path):
+    """A model with a byte-level BPE tokenizer (--tokenizer tokenizer.json) answered with
+    the stored pieces, 'Ġlove' and 'ØªØŃØ¨' for 'تحب'; it answers with the text."""
+    import torch
+    import nanobert
+    from tokenizers import Tokenizer as HF, models, pre_tokenizers, decoders, trainers
+    from nanobert.pretrain import fill_mask
+    from nanobert.tokenizer import Tokenizer
+    tk = HF(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tk.train_from_iterator(["i love تحب pizza"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
+    tk.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.from_dir(tmp_path / "tokenizer.json")
+    model = nanobert.Bert(nanobert.preset("tiny", vocab_size=tok.vocab_size), "mlm").eval()
+    got = {}
+    for word in (" love", " تحب"):
+        with torch.no_grad():
+            model.mlm.bias.zero_()
+            model.mlm.bias[tk.encode(word).ids[0]] = 50.0
+        got[word] = fill_mask(model, tok, "i <mask> pizza", k=1)[0][0][0]
+    assert got == {" love": "love", " تحب": "تحب"}
+
+
+def test_whole_word_mask_with_an_unmarked_tokenizer_is_refused_before_work(tmp_path, capsys):
+    from tokenizers import Tokenizer as HF, models, pre_tokenizers, trainers
+    tk = HF(models.BPE(unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()       # no '##', no 'Ġ': words unknown
+    tk.train_from_iterator(["the cat sat on the mat"] * 5, trainers.BpeTrainer(
+        vocab_size=60, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    tk.save(str(tmp_path / "bpe.json"))
+    (tmp_path / "c.txt").write_text("the cat sat.\n\non the mat.\n" * 20)
+    out = tmp_path / "out"
+    assert main(["pretrain", "--corpus", str(tmp_path / "c.txt"), "--out", str(out),
+                 "--tokenizer", str(tmp_path / "bpe.json"), "--whole-word-mask",
+                 "--steps", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--whole-word-mask: the tokenizer's pieces" in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("missing", ["[MASK]", "[PAD]"])
+def test_tokenizer_without_mask_or_pad_token_is_refused_in_one_line(tmp_path, capsys, missing):
+    """A vocab.txt without [MASK] failed with a TypeError traceback from the masking."""
+    vocab = [t for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"] if t != missing]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (tmp_path / "c.txt").write_text("the cat.\n\nthe cat the cat.\n" * 20)
+    out = tmp_path / "out"
+    code = main(["pretrain", "--corpus", str(tmp_path / "c.txt"), "--out", str(out), "--tokenizer",
+                 str(tmp_path / "vocab.txt"), "--steps", "2", "--batch-size", "2", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"no {missing} token" in err[0] and not out.exists()
