@@ -51,6 +51,14 @@ class Counts:
         return {"prompt_tokens": n, "total_tokens": n}
 
 
+def per_owner(owners: list, n: int) -> list:
+    """How many windows each of `n` inputs has (`owners`: the input of each window)."""
+    out = [0] * n
+    for k in owners:
+        out[k] += 1
+    return out
+
+
 @dataclass
 class QAWork:
     """A /qa request cut into windows: the questions, one feature per window, the windows."""
@@ -64,10 +72,7 @@ class QAWork:
 
     @property
     def windows_per_question(self) -> list:
-        out = [0] * len(self.examples)
-        for w in self.windows:
-            out[w.example] += 1
-        return out
+        return per_owner([w.example for w in self.windows], len(self.examples))
 
     @property
     def questions_cut(self) -> list:   # which questions were cut to the model's limit
@@ -91,10 +96,7 @@ class NERWork:
 
     @property
     def windows_per_text(self) -> list:
-        out = [0] * len(self.texts)
-        for k in self.owners:
-            out[k] += 1
-        return out
+        return per_owner(self.owners, len(self.texts))
 
 
 @dataclass

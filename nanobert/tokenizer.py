@@ -568,32 +568,19 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str:
         return self.tk.id_to_token(int(i))
 
-    def _pipeline(self) -> dict:
-        conf = json.loads(self.tk.to_str())
-        return {"model": conf.get("model") or {},
-                "marks": json.dumps([conf.get("pre_tokenizer"), conf.get("decoder")])}
-
     def word_marker(self) -> Optional[tuple]:
         """How the vocabulary marks words: ("prefix", "##") when a piece that continues a
         word starts with "##" (WordPiece, or BPE with a continuing prefix), ("start", "Ġ" or
         "▁") when a piece that begins a word starts with the mark (byte-level BPE,
         SentencePiece), None when the pieces do not say (whole-word masking cannot work)."""
-        if getattr(self, "_word_marker", False) is not False:
-            return self._word_marker
-        pipe = self._pipeline()
-        self._word_marker = self._marker_of(pipe)
+        if "_word_marker" not in self.__dict__:
+            conf = json.loads(self.tk.to_str())
+            prefix = (conf.get("model") or {}).get("continuing_subword_prefix")
+            marks = json.dumps([conf.get("pre_tokenizer"), conf.get("decoder")])
+            self._word_marker = (("prefix", prefix) if prefix else
+                                 ("start", "\u0120") if '"ByteLevel"' in marks else
+                                 ("start", "\u2581") if '"Metaspace"' in marks else None)
         return self._word_marker
-
-    @staticmethod
-    def _marker_of(pipe: dict) -> Optional[tuple]:
-        prefix = pipe["model"].get("continuing_subword_prefix")
-        if prefix:
-            return "prefix", prefix
-        if '"ByteLevel"' in pipe["marks"]:
-            return "start", "\u0120"
-        if '"Metaspace"' in pipe["marks"]:
-            return "start", "\u2581"
-        return None
 
     def display_token(self, i: int) -> str:
         """Token i as a person reads it: byte-level BPE's 'Ġlove' and SentencePiece's
