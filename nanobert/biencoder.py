@@ -296,12 +296,17 @@ def queries_fingerprint(beir) -> str:
     return hashlib.sha1("\n".join(sorted(beir.queries)).encode()).hexdigest()[:16]
 
 
-def scored_queries(beir, settings: dict) -> Optional[list]:
-    """The queries evaluation scores: the held-out ones with `holdout`, else None (all).
-    A holdout saved with the model is of the folder it was trained on: another folder
+def holdout_applies(beir, settings: dict) -> bool:
+    """A holdout saved with the model is of the folder it was trained on: another folder
     is scored whole (its hash-held-out part had been scored, silently)."""
     saved = settings.get("holdout_of")
-    if settings.get("holdout") and saved and saved != queries_fingerprint(beir):
+    return bool(settings.get("holdout")) and not (saved and saved != queries_fingerprint(beir))
+
+
+def scored_queries(beir, settings: dict) -> Optional[list]:
+    """The queries evaluation scores: the held-out ones with `holdout` (of this folder),
+    else None (all)."""
+    if settings.get("holdout") and not holdout_applies(beir, settings):
         note(f"{beir.root or 'the BEIR folder'}: not the folder the model was trained on, so "
              f"its holdout {settings['holdout']:g} does not apply: every judged query is scored")
         return None
@@ -310,9 +315,13 @@ def scored_queries(beir, settings: dict) -> Optional[list]:
 
 def queries_used(beir, settings: dict, training: bool) -> int:
     """How many judged queries of a BEIR folder a run trains on (`training`) or scores:
-    with `holdout`, the held-out ones are scored and the rest trained on."""
-    train_q, held = holdout_split(beir_split(beir, settings, training), settings)
-    return len(train_q) if training else len(held) or len(train_q)
+    with `holdout`, the held-out ones are scored and the rest trained on; a --dev folder
+    other than the training one is scored whole."""
+    beir = beir_split(beir, settings, training)
+    if not training and not holdout_applies(beir, settings):
+        return len(query_split(beir)[0])
+    train_q, held = holdout_split(beir, settings)
+    return len(train_q) if training else len(held)
 
 
 def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=False) -> list:

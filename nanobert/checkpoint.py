@@ -656,6 +656,10 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     _check_label_override(config, head, fam, state, config_overrides)
     if head == "classify" and config.problem_type == MULTI_LABEL:
         config = _single_label(config, config_overrides, path)
+    if head in ("classify", "token") and config.id2label is None:
+        # transformers (5) saves no id2label for default names and reads LABEL_0..n-1
+        config = dataclasses.replace(config, id2label={i: f"LABEL_{i}"
+                                                       for i in range(config.num_labels)})
     model = Bert(config, head)
     if model.head in MLM_HEADS and hf.get("tie_word_embeddings") is False:
         untie_decoder(model)

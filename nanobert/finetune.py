@@ -1324,15 +1324,17 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
 
 
 def default_max_length(d, tok, task: Task) -> int:
-    """The window of a model whose nanobert.json names none: an embedding model's is
-    the one `nanobert embed` and sentence-transformers use (sentence_bert_config.json's
-    max_seq_length, else the tokenizer's), so evaluate scores STS and BEIR on the same
-    vectors; other tasks use the task's default, or the tokenizer's model_max_length
-    when that is smaller (a nanobert run saves its --max-length there)."""
-    if task.name != "embed":
+    """The window of a model whose nanobert.json names none: the one transformers and
+    sentence-transformers read the directory at, so that `evaluate`, `predict`, `serve`
+    and `Reranker` score as they do and as each other: an embedding model's
+    sentence_bert_config.json max_seq_length, else the tokenizer's model_max_length (a
+    nanobert run saves its --max-length there). QA reads long contexts in windows, of
+    the task's 384 tokens (as transformers' question-answering pipeline) or fewer."""
+    if task.name == "qa":
         return min(task.max_length, tok.model_max_length or task.max_length)
     from .embed import declared_max_length
-    return declared_max_length(d) or tok.model_max_length or task.max_length
+    declared = declared_max_length(d) if task.name == "embed" else None
+    return declared or tok.model_max_length or task.max_length
 
 
 def check_trained_head(d, model, task: Task):

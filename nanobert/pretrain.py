@@ -711,6 +711,7 @@ def fill_mask_cmd(args):
     model.eval()
     for text in args.text:        # every text checked before any is filled
         mask_positions(tok, text)
+    mask = tok.id_to_token(tok.mask_id)       # [MASK], <mask>, ... as the model writes it
     for text in args.text:
         preds = fill_mask(model, tok, text, args.top_k)
         if args.json:
@@ -720,7 +721,7 @@ def fill_mask_cmd(args):
         print(text)
         for j, m in enumerate(preds, 1):
             shown = "  ".join(f"{t} {p:.3f}" for t, p in m)
-            print(f"  [MASK] {j}: {shown}")
+            print(f"  {mask} {j}: {shown}")
     return 0
 
 

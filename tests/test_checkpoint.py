@@ -384,6 +384,24 @@ def test_multi_label_classifier_refused_unless_given_new_labels(tmp_path):
     assert model.config.problem_type == "single_label_classification"
 
 
+@pytest.mark.parametrize("cls, task", [(hf.BertForSequenceClassification, "classify"),
+                                       (hf.BertForTokenClassification, "ner")])
+def test_two_labels_saved_without_names_read_as_transformers_names_them(tmp_path, cls, task):
+    """transformers 5 writes no id2label for a two-label head with its default names;
+    such a classifier was refused ("config.json has no id2label"). It reads LABEL_0/1."""
+    import json
+    from nanobert.finetune import TASKS, check_trained_head
+    torch.manual_seed(0)
+    cls(hf.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                      intermediate_size=37, num_labels=2)).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("id2label", None), config.pop("label2id", None)   # (as transformers 5 saves it)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(tmp_path)
+    assert model.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+    check_trained_head(tmp_path, model, TASKS[task])
+
+
 def test_a_head_the_family_does_not_load_is_not_saved(tmp_path):
     """save_pretrained wrote ModernBertForPreTraining (and other heads a family's
     loader refuses, and transformers has not): a directory that nanobert.load and export

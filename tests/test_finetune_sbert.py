@@ -183,3 +183,20 @@ def test_bad_values_are_one_line_errors(tiny_dir, tmp_path, capsys, argv, messag
         rc = e.code
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1
+
+
+def test_a_dev_folder_of_other_queries_counts_all_its_queries(tmp_path):
+    """With --holdout and --dev on another BEIR folder, evaluation scores that folder
+    whole (the holdout is of the training folder), but the run's first line counted the
+    hash-held-out share of it as its dev queries."""
+    train = read_beir(beir_dir(tmp_path / "train"))
+    other = beir_dir(tmp_path / "other")
+    with open(other / "queries.jsonl", "a") as q, open(other / "qrels" / "train.tsv", "a") as r:
+        q.write(json.dumps({"_id": "q-extra", "text": "which one?"}) + "\n")
+        r.write("q-extra\td0\t1\r\n")
+    other = read_beir(other)
+    settings = {"holdout": 0.3, "holdout_of": E.queries_fingerprint(train)}
+    assert E.scored_queries(other, settings) is None              # scored whole
+    assert E.queries_used(other, settings, training=False) == len(other.qrels) == 19
+    held = E.query_split(train, 0.3)[1]
+    assert E.queries_used(train, settings, training=False) == len(held) < len(train.qrels)

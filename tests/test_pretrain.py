@@ -720,7 +720,7 @@ def test_nsp_with_one_held_out_document_names_the_validation_split(tmp_path, cap
     assert main(args[:-1] + ["--val-fraction", "0.2", "--no-progress"]) == 0
 
 
-def test_fill_mask_shows_byte_level_bpe_tokens_as_text(tmp_path):
+def test_fill_mask_shows_byte_level_bpe_tokens_as_text(tmp_path, capsys):
     """A model with a byte-level BPE tokenizer (--tokenizer tokenizer.json) answered with
     the stored pieces, 'Ġlove' and 'ØªØŃØ¨' for 'تحب'; it answers with the text."""
     import torch
@@ -742,6 +742,11 @@ def test_fill_mask_shows_byte_level_bpe_tokens_as_text(tmp_path):
             model.mlm.bias[tk.encode(word).ids[0]] = 50.0
         got[word] = fill_mask(model, tok, "i <mask> pizza", k=1)[0][0][0]
     assert got == {" love": "love", " تحب": "تحب"}
+    from nanobert.checkpoint import save_model     # the command names masks as the model does
+    save_model(model, tmp_path / "m", tok)
+    assert main(["fill-mask", "--model", str(tmp_path / "m"), "i <mask> pizza <mask>"]) == 0
+    out = capsys.readouterr().out
+    assert "  <mask> 1: تحب" in out and "  <mask> 2:" in out and "[MASK]" not in out
 
 
 def test_whole_word_mask_with_an_unmarked_tokenizer_is_refused_before_work(tmp_path, capsys):

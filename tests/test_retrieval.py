@@ -307,3 +307,31 @@ def test_our_regression_head_without_settings_is_no_cross_encoder(tiny_dir, tmp_
     path = head_dir(tiny_dir, tmp_path / "reg", "regression", None)
     assert "sentence_transformers" in (path / "config.json").read_text()
     assert read_settings(path) == {}
+
+
+def test_a_plain_pair_classifier_is_read_at_one_window_everywhere(tiny_dir, tmp_path):
+    """A transformers pair classifier without nanobert.json: Reranker read the tokenizer's
+    window (300) while evaluate, predict and serve read min(128, 300), so a long document
+    scored two ways. All now read it as transformers does, truncating at the tokenizer's."""
+    import torch
+    import transformers
+    from nanobert.finetune import load_finetuned
+    from nanobert.serve_models import load_served
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_dir), model_max_length=300)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=512, num_labels=2,
+                                     initializer_range=0.2)
+    hf = transformers.BertForSequenceClassification(config).eval()
+    hf.save_pretrained(tmp_path / "pc")
+    tok.save_pretrained(tmp_path / "pc")
+    doc = "alice lives in paris and " * 60                        # 300+ tokens with the query
+    reranker = R.Reranker(tmp_path / "pc")
+    assert reranker.max_length == load_finetuned(tmp_path / "pc")[2]["max_length"] == 300
+    assert load_served(str(tmp_path / "pc")).max_length == 300
+    enc = tok(QUERY, doc, truncation=True, return_tensors="pt")
+    assert enc["input_ids"].shape[1] == 300
+    with torch.no_grad():
+        want = hf(**enc).logits.softmax(-1)[0, 1].item()
+    assert reranker.score(QUERY, [doc])[0] == pytest.approx(want, abs=1e-5)
