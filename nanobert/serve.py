@@ -300,16 +300,28 @@ class Server:
         self.cut_off = 0                    # requests answered 503 at the drain deadline
         self.created = int(time.time())     # /v1/models: when the models were loaded
         self.rates: dict = {}               # model name -> tokens/s of one forward (warm-up)
+        self.prepared = False               # threads set, warmed up (prepare)
 
-    def start(self):
+    def on_cpu(self) -> bool:
+        return all(next(m.model.parameters()).device.type == "cpu" for m in self.models.values())
+
+    def prepare(self):
+        """Threads and warm-up, once. serve_cmd runs it before uvicorn takes the stop
+        signals: a Ctrl-C or SIGTERM during a warm-up of seconds stops it at once (uvicorn
+        only marks a signal for its loop, which the warm-up held until it ended)."""
+        if self.prepared:
+            return
+        self.prepared = True
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         # on the CPU every forward pass runs on one thread, a batch in one part per core
         # (threads.run_on_cores): oneDNN's code is built, and warmed, for one thread
-        on_cpu = all(next(m.model.parameters()).device.type == "cpu"
-                     for m in self.models.values())
-        with torch_threads(1 if on_cpu else torch.get_num_threads()):
+        with torch_threads(1 if self.on_cpu() else torch.get_num_threads()):
             self.warm_up()
+
+    def start(self):
+        self.prepare()
+        on_cpu = self.on_cpu()
         self.batcher = Batcher(self.config.max_batch_tokens, self.metrics,
                                run_on_cores if on_cpu else None, self.config.max_queue_wait,
                                self.config.max_batch_time)
@@ -381,12 +393,14 @@ class Server:
     def _list(self) -> str:
         return ", ".join(f"{n} ({m.kind})" for n, m in self.models.items())
 
-    async def tokenized(self, fn, *args):
-        """Run a tokenizing function on a tokenize thread, timed."""
+    async def tokenized(self, fn, *args, truncate: bool = True):
+        """Run a tokenizing function on a tokenize thread, timed. Its truncated inputs are
+        counted, unless the request said truncate: false (it is then refused, nothing cut)."""
         start = time.perf_counter()
         out = await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
         self.metrics.tokenize.observe(time.perf_counter() - start)
-        self.metrics.truncated.inc(sum(getattr(out, "truncated", ())))
+        if truncate:
+            self.metrics.truncated.inc(sum(getattr(out, "truncated", ())))
         return out
 
     async def on_tokenizer(self, fn, *args):
@@ -475,7 +489,7 @@ async def embed_inputs(server: Server, body: dict, field_name: str, normalize: b
         raise unprocessable("dimensions", f"must be at most the model's {m.hidden_size}, "
                                           f"got {shown(dimensions)}")
     clipped, _ = await server.on_tokenizer(m.clip, texts)
-    counts = await server.tokenized(m.count, clipped)
+    counts = await server.tokenized(m.count, clipped, truncate=truncate)
     if not truncate:
         await server.on_tokenizer(check_truncation, m, field_name, counts, clipped, None,
                                   list(map(len, texts)))
@@ -495,7 +509,10 @@ async def openai_embeddings(server: Server, body: dict) -> dict:
     empty = next((i for i, t in enumerate(texts) if not t), None)
     if empty is not None:                      # OpenAI refuses them too
         raise unprocessable("input" if single else f"input[{empty}]", "must not be empty")
-    m, vecs, counts, _ = await embed_inputs(server, body, "input", None, "/v1/embeddings")
+    # L2-normalised whatever the layout, as OpenAI's vectors are (clients take dot = cosine);
+    # "normalize": false (OpenAI clients: extra_body) gives a dot-product model's own
+    normalize = read_bool(body, "normalize", True)
+    m, vecs, counts, _ = await embed_inputs(server, body, "input", normalize, "/v1/embeddings")
     as_value = ((lambda v: base64.b64encode(v.astype("<f4").tobytes()).decode("ascii"))
                 if fmt == "base64" else (lambda v: v.tolist()))
     data = [{"object": "embedding", "index": i, "embedding": as_value(v), "truncated": cut}
@@ -512,7 +529,7 @@ async def embed(server: Server, body: dict) -> dict:
 
 async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, name: str):
     clipped, clipped_pairs = await server.on_tokenizer(m.clip, texts, pairs)
-    counts = await server.tokenized(m.count, clipped, clipped_pairs)
+    counts = await server.tokenized(m.count, clipped, clipped_pairs, truncate=truncate)
     if not truncate:
         sent = [len(t) + len(p or "") for t, p in zip(texts, pairs or [None] * len(texts))]
         await server.on_tokenizer(check_truncation, m, name, counts, clipped, clipped_pairs, sent)
@@ -752,7 +769,7 @@ class Route:
 
 ROUTES = [
     Route("POST", "/v1/embeddings", openai_embeddings, "OpenAI-compatible embeddings",
-          ("model", "input", "encoding_format", "dimensions", "truncate", "user")),
+          ("model", "input", "encoding_format", "dimensions", "truncate", "normalize", "user")),
     Route("POST", "/embed", embed, "embeddings (normalize, truncate, dimensions)",
           ("model", "inputs", "normalize", "truncate", "dimensions")),
     Route("POST", "/classify", classify, "label and scores of texts or [text, pair] lists",
@@ -1622,7 +1639,8 @@ def open_files_limit() -> Optional[int]:
 
 def banner(server: Server) -> str:
     c = server.config
-    lines = [f"nanobert serve: http://{c.host}:{c.port}", "models:"]
+    host = f"[{c.host}]" if ":" in c.host else c.host      # an IPv6 address, as a URL writes it
+    lines = [f"nanobert serve: http://{host}:{c.port}", "models:"]
     for m in server.models.values():
         lines.append(f"  {m.name:<16} {m.kind:<9} {m.summary()}")
     lines.append("routes:")
@@ -1683,6 +1701,11 @@ def serve_cmd(args):
     if files is not None and files < FEW_OPEN_FILES:
         print(f"open files: at most {files} (ulimit -n), so about as many connections; more "
               "are reset", flush=True)
+    try:
+        server.prepare()      # (a stop signal now ends the command: nothing is being served)
+    except BaseException:
+        sock.close()
+        raise
     # idle connections live longer than clients' pools keep them (httpx, aiohttp: 5 s;
     # uvicorn's default is also 5 s), so a client never reuses one the server is closing
     uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",

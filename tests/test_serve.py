@@ -1255,9 +1255,10 @@ def test_a_queue_longer_than_max_queue_wait_is_429(models):
 
 
 def test_a_layout_without_normalize_is_served_as_embed_gives_it(tmp_path):
-    """/embed and /v1/embeddings normalised every model's vectors; `nanobert embed`
-    keeps a sentence-transformers layout's own (no Normalize module: their length).
-    The server answers as embed does; "normalize" in the request still decides."""
+    """/embed normalised every model's vectors; `nanobert embed` keeps a
+    sentence-transformers layout's own (no Normalize module: their length). /embed
+    answers as embed does, /v1/embeddings as OpenAI does (unit vectors, also after a
+    `dimensions` cut); "normalize" in the request still decides."""
     import shutil
     from nanobert.checkpoint import resolve
     d = tmp_path / "dot"
@@ -1270,7 +1271,12 @@ def test_a_layout_without_normalize_is_served_as_embed_gives_it(tmp_path):
     try:
         got = s.post("/embed", {"inputs": ["a man is eating food."]}).json()["embeddings"]
         assert np.allclose(got, offline, atol=1e-5) and np.linalg.norm(got[0]) > 1.5
-        v1 = s.post("/v1/embeddings", {"input": "a man is eating food."}).json()
+        # /v1/embeddings: unit vectors, as OpenAI's (clients read a dot product as the
+        # cosine); the layout's own with "normalize": false
+        v1 = s.post("/v1/embeddings", {"input": "a man is eating food.", "dimensions": 8}).json()
+        unit8 = offline[0][:8] / np.linalg.norm(offline[0][:8])
+        assert np.allclose(v1["data"][0]["embedding"], unit8, atol=1e-5)
+        v1 = s.post("/v1/embeddings", {"input": "a man is eating food.", "normalize": False}).json()
         assert np.allclose(v1["data"][0]["embedding"], offline[0], atol=1e-5)
         unit = s.post("/embed", {"inputs": ["a man is eating food."], "normalize": True}).json()
         assert abs(np.linalg.norm(unit["embeddings"][0]) - 1) < 1e-5
@@ -1302,3 +1308,53 @@ def test_a_thousand_idle_connections_leave_room_for_more(models):
         for c in idle:
             c.close()
         s.close()
+
+
+def test_refused_inputs_are_not_counted_as_truncated(server):
+    """nanobert_truncated_inputs_total counted the inputs of a request refused with 422
+    for truncate: false, though nothing was cut and nothing answered."""
+    long_text = "the film " * 200
+    before = server.metric("nanobert_truncated_inputs_total")
+    for path in ("/classify", "/embed"):
+        model = "sst" if path == "/classify" else "minilm"
+        refused = server.post(path, {"model": model, "inputs": [long_text] * 3, "truncate": False})
+        assert refused.status_code == 422, refused.text
+    assert server.metric("nanobert_truncated_inputs_total") == before
+    cut = server.post("/classify", {"model": "sst", "inputs": [long_text, "short"]})
+    assert cut.status_code == 200 and [r["truncated"] for r in cut.json()["results"]] == [True, False]
+    assert server.metric("nanobert_truncated_inputs_total") == before + 1
+
+
+def test_the_banner_writes_an_ipv6_host_as_a_url_does():
+    from nanobert.serve import Server, ServeConfig, banner
+    from nanobert.serve_models import load_served
+    m = load_served("minilm")
+    assert banner(Server([m], ServeConfig(host="::1", port=8080))).startswith(
+        "nanobert serve: http://[::1]:8080\n")
+    assert banner(Server([m], ServeConfig(host="127.0.0.1", port=80))).startswith(
+        "nanobert serve: http://127.0.0.1:80\n")
+
+
+def test_a_stop_signal_during_the_warm_up_stops_at_once():
+    """uvicorn took the signals before the warm-up (its lifespan) ran: SIGTERM only marked
+    the loop for a stop, and the warm-up ran to its end first (16 s for three models on 2
+    cores, past a 30 s grace period for a larger model). It now ends the command at once."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "nanobert", "serve", "minilm", "--port",
+                             str(free_port()), "--threads", "1", "--max-batch-tokens", "65536"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("limits:"):
+            lines.append(proc.stdout.readline())
+            assert lines[-1] or proc.poll() is None, "".join(lines)
+        time.sleep(1.0)                                  # well inside a warm-up of seconds
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=60)[0]
+        assert time.time() - sent < 3, rest
+        assert proc.returncode == 143 and "warm-up:" not in rest, rest
+        assert rest.strip().splitlines()[-1] == "nanobert: terminated", rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
