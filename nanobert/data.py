@@ -610,9 +610,11 @@ SQUAD_START = re.compile(r'\s*\{\s*("version"\s*:\s*"[^"]*"\s*,\s*)?"data"\s*:\s
 def task_of_file(path) -> Optional[str]:
     """'ner' for CoNLL columns, 'qa' for SQuAD-style JSON or a table with a context
     column, 'table' for a TSV/CSV whose header names a column some reader knows (any
-    other task's); None for
-    anything else or a file that cannot be read."""
+    other task's), 'beir' for a BEIR folder; None for anything else or a file that
+    cannot be read."""
     try:
+        if is_beir_dir(path):
+            return "beir"
         fmt = detect_format(path, plain_text=True)
         if fmt == "conll" and looks_like_conll(path):
             return "ner"
@@ -760,8 +762,10 @@ def _read_jsonl_examples(path: Path, cols: dict) -> list:
     fields = list(dict.fromkeys(k for _, obj in objs for k in obj))
     chosen = choose_columns(fields, path, objs[0][0], **cols)
     out = []
+    # (unlabelled reading, predict's: a line without the label field is one without a label)
+    needed = (chosen.text, chosen.pair) + ((chosen.label,) if cols["require_label"] else ())
     for n, obj in objs:
-        for c in (chosen.text, chosen.pair, chosen.label):
+        for c in needed:
             if c is not None and c not in obj:
                 raise data_error(path, n, f"missing field {c!r} (other lines have it)")
         for c in (chosen.text, chosen.pair):
@@ -769,7 +773,7 @@ def _read_jsonl_examples(path: Path, cols: dict) -> list:
                 raise data_error(path, n, _not_a_text(c, obj[c]))
         a = obj[chosen.text]
         b = obj[chosen.pair] if chosen.pair else None
-        label = (_label_str(obj[chosen.label], path, n, cols["require_label"])
+        label = (_label_str(obj.get(chosen.label), path, n, cols["require_label"])
                  if chosen.label else None)
         out.append(Example(a, b, label, n))
     return out
@@ -866,10 +870,18 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
     if first is None:   # (a file of blank lines is refused before: `_first_content`)
         raise data_error(path, None, "no header (only empty fields)")
     header = _trimmed([_unquoted(h.strip()) if not quoting else h.strip() for h in first], 1)
-    if any(map(is_column_index, given)) and not _is_header(first, given):
-        first = _trimmed(first, 1)
-        header = [str(i) for i in range(len(first))]
-        table = itertools.chain([(hline, first)], table)
+    if any(map(is_column_index, given)):
+        ahead = list(itertools.islice(table, HEADER_SAMPLE))
+        table = itertools.chain(ahead, table)
+        below = [f for _, f in ahead]
+        why = None if _is_header(first, given) else _header_by_contrast(header, below)
+        if why:
+            note(f"{path}:{hline}: read as the header (its {why}); columns given by index "
+                 "count from it")
+        elif not _is_header(first, given) or _names_repeat_below(header, below, given):
+            first = _trimmed(first, 1)
+            header = [str(i) for i in range(len(first))]
+            table = itertools.chain([(hline, first)], table)
     sep = {"\t": "tab", ",": "comma", ";": "semicolon"}[delim]
     named = len(header) > 1 and header[0] != "0"      # (a header of indices is no row)
 
@@ -888,6 +900,45 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
                                  f"found {len(fields)}{more}")
             yield n, fields
     return hline, header, rows()
+
+
+HEADER_SAMPLE = 1000    # rows read ahead to tell an unknown header from a first row of data
+
+
+def _header_by_contrast(first: list, rows: list) -> Optional[str]:
+    """Why the first row of a table whose columns are given by index, naming no column a
+    reader knows (`id, src, sentiment, review`), is still its header: a cell that is no
+    number where the rows after it hold numbers, or no value of a column that repeats a few
+    values (a label column: `sentiment` over pos/neg); None when nothing tells it apart
+    (GLUE CoLA's first row `gj04 1 Our friends...` is data)."""
+    def number(x: str) -> bool:
+        try:
+            float(x)
+            return True
+        except ValueError:
+            return False
+    for j, cell in enumerate(first):
+        values = [v for v in (_unquoted(r[j].strip()) for r in rows if j < len(r)) if v]
+        if not cell or number(cell) or len(values) < 8:
+            continue
+        if sum(map(number, values)) >= 0.9 * len(values):
+            return f"column {j} {cell!r} is no number, as the rows after it hold"
+        seen = set(values)
+        if len(seen) <= max(2, len(values) // 4) and cell not in seen:
+            return f"column {j} {cell!r} is none of the {len(seen)} values the rows after it repeat"
+    return None
+
+
+def _names_repeat_below(first: list, rows: list, given) -> bool:
+    """Is a cell of the first row that names a known column (`neg`, `positive`, `text`:
+    column names of triplet and pair files) a value of its column in the rows after it?
+    Then it is a label or a text of a first row of data, not a name."""
+    for j, cell in enumerate(first):
+        named = (cell in given and not is_column_index(cell)) or \
+            any(column_named([cell], c) for c in KNOWN_COLUMNS)
+        if cell and named and any(j < len(r) and _unquoted(r[j].strip()) == cell for r in rows):
+            return True
+    return False
 
 
 def _same_names(fields: list, header: list) -> bool:
@@ -1632,7 +1683,9 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     its first row's value under a column taken for the score."""
     path, columns = Path(path), columns or {}
     if is_sts_original(path, tuple(columns.values())):
-        return _read_sts_original(path, require_score is not False, columns)
+        out = _read_sts_original(path, require_score is not False, columns)
+        _note_empty_texts(out, path, "row(s)")
+        return out
     names, records = read_records(path, tuple(columns.values()))
     shown = ", ".join(map(repr, names)) or "none"
     roles = [_pick(names, ANCHOR_COLUMNS, columns.get("text")),
@@ -1840,14 +1893,15 @@ def read_qrels(path, queries: Optional[dict] = None) -> dict:
     for k, (n, f) in enumerate(rows):
         if k == 0 and _is_qrels_header(f):
             continue
-        if len(f) < 3:
-            raise data_error(path, n, f"expected query-id, corpus-id, score; found {len(f)} field(s)")
+        trec = (" (4 columns, as TREC qrels `query-id iteration doc-id grade` have? BEIR "
+                "qrels are query-id, corpus-id, score)" if len(f) == 4 and _grade(f[3]) is not None
+                else "")
+        if len(f) != 3:   # (a 4th field: TREC's layout, whose doc ids would be read as grades)
+            raise data_error(path, n, f"expected 3 fields (query-id, corpus-id, score), found "
+                                      f"{len(f)}" + trec)
         rel = _grade(f[2])
         if rel is None:
-            trec = len(f) == 4 and _grade(f[3]) is not None
-            raise data_error(path, n, f"score {f[2]!r} is not an integer relevance grade" + (
-                " (4 columns, as TREC qrels `query-id iteration doc-id grade` have? BEIR "
-                "qrels are query-id, corpus-id, score)" if trec else ""))
+            raise data_error(path, n, f"score {f[2]!r} is not an integer relevance grade")
         if queries is not None and f[0] not in queries:
             raise data_error(path, n, f"query {f[0]!r} is not in queries.jsonl")
         docs = qrels.setdefault(f[0], {})

@@ -325,10 +325,30 @@ def sentence_word_predictions(model, tok, sentences, max_length, batch_size=64,
     return window_word_predictions(items, owners, logits, len(sentences))
 
 
+def bridged(preds: dict, n: int, id2label: dict) -> dict:
+    """Word predictions with a word of no tokens (a lone soft hyphen or zero-width space,
+    which no sub-word reads) inside an entity tagged as continuing it (I-X): it was O,
+    and split `John \xad Smith` in two. One at an entity's edge stays O."""
+    ids = {tag: i for i, tag in id2label.items()}
+    out = dict(preds)
+    for w in range(1, n - 1):
+        if w in preds or w - 1 not in out:
+            continue
+        after = next((v for v in range(w + 1, n) if v in preds), None)
+        if after is None:
+            continue
+        kind, _ = tag_parts(id2label[out[w - 1][0]])
+        later, goes_on = tag_parts(id2label[preds[after][0]])
+        if kind is not None and later == kind and goes_on and f"I-{kind}" in ids:
+            out[w] = (ids[f"I-{kind}"], out[w - 1][1])
+    return out
+
+
 def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress=False) -> list:
     """IOB2 tags for the words of each sentence (long sentences in windows)."""
     id2label = model.config.id2label
     preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size, progress)
+    preds = [bridged(p, len(s.words), id2label) for s, p in zip(sentences, preds)]
     return [[id2label[p[w][0]] if w in p else "O" for w in range(len(s.words))]
             for s, p in zip(sentences, preds)]
 
@@ -359,6 +379,7 @@ def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> l
     tokenize them, so the word tags are the ones `evaluate` scores. Character spans are
     in the words joined by single spaces (the "text" of the result)."""
     preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size)
+    preds = [bridged(p, len(s.words), model.config.id2label) for s, p in zip(sentences, preds)]
     out = []
     for s, p in zip(sentences, preds):
         spans, pos = {}, 0
@@ -391,8 +412,8 @@ def tag_parts(tag: str) -> tuple:
 def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
     """Entities of word tags, read as seqeval reads IOB2 (an I-X after O or after another
     type starts an entity); `spans`: word index -> (char start, char end) in `text`. A
-    word without a prediction (cut by the max length, or a word of no tokens such as a
-    lone zero-width space) is O, as `predict_ner_words` reads it: it ends an entity."""
+    word without a prediction (a word of no tokens, such as a lone zero-width space, at
+    an entity's edge: `bridged`) is O, as `predict_ner_words` reads it: it ends an entity."""
     ents, cur = [], None
     for w in sorted(spans):
         tag, conf = ((id2label[word_preds[w][0]], word_preds[w][1]) if w in word_preds
@@ -1549,7 +1570,8 @@ def read_for(task: Task, model_name, read: Callable, path):
     except NanobertError as e:
         other = D.task_of_file(path)
         if (other is None or other == task.name or OTHER_DATA[other][1] in str(e)
-                or other == "table" and task.name not in ("ner", "qa")):
+                or other == "table" and task.name not in ("ner", "qa")
+                or other == "beir" and task.name in ("embed", "rerank")):
             raise
         who = (f"{model_name} is {with_article(task.name)} model" if model_name is not None
                else f"--task {task.name} reads {OTHER_DATA[task.name][0]}"
@@ -1559,7 +1581,9 @@ def read_for(task: Task, model_name, read: Callable, path):
 
 OTHER_DATA = {"ner": ("NER data (CoNLL columns)", "CoNLL"),   # what, and a word that says it
               "qa": ("QA data (SQuAD JSON or a question/context table)", "SQuAD"),
-              "table": ("a table of texts (a header of named columns)", "column")}
+              "table": ("a table of texts (a header of named columns)", "column"),
+              "beir": ("a BEIR retrieval folder, which embed and rerank models are scored on",
+                       "BEIR")}
 
 
 def _predict_inputs(task: Task, args, settings) -> list:

@@ -201,7 +201,7 @@ def test_beir_bad_qrels(tmp_path):
     with pytest.raises(NanobertError, match=r"train.tsv:2: query 'q9' is not in queries.jsonl"):
         D.read_beir(root)
     root2 = _beir(tmp_path / "x", "q1\td1\n")
-    with pytest.raises(NanobertError, match="train.tsv:1: expected query-id, corpus-id, score"):
+    with pytest.raises(NanobertError, match=r"train.tsv:1: expected 3 fields \(query-id, corpus-id, score\), found 2$"):
         D.read_beir(root2)
 
 
@@ -291,7 +291,7 @@ def test_qrels_separated_by_spaces_and_qrels_of_another_suffix(tmp_path):
     # TREC-style `q1 d1 1` lines were 'found 1 field(s)'; qrels/test.csv was only 'no
     # qrels .tsv files'
     root = _beir(tmp_path, "query-id corpus-id score\nq1 d1 1\nq2  d2\t\n")
-    with pytest.raises(NanobertError, match=r"train.tsv:3: expected query-id, corpus-id, score"):
+    with pytest.raises(NanobertError, match=r"train.tsv:3: expected 3 fields \(query-id, corpus-id, score\)"):
         D.read_beir(root)     # (a line with a tab is split at tabs only)
     _write(root / "qrels" / "train.tsv", "query-id corpus-id score\nq1 d1 1\nq2  d2 2\n")
     assert D.read_beir(root).qrels == {"q1": {"d1": 1}, "q2": {"d2": 2}}
@@ -333,3 +333,7 @@ def test_rows_with_an_empty_text_are_kept_with_one_note(tmp_path, capsys):
     assert err.count("\n") == 1 and f"{f}:2: 2 row(s) with an empty text (kept" in err
     D.read_text_rows(_write(tmp_path / "ok.tsv", "anchor\tpositive\na\tb\n"))
     assert capsys.readouterr().err == ""
+    sts = _write(tmp_path / "sts-dev.csv", "main-news\theadlines\t2016\t0001\t3.0\tA b\tC d\n"
+                                         "main-news\theadlines\t2016\t0002\t3.0\t\tC d\n")
+    assert [r.texts for r in D.read_text_rows(sts)][1] == ("", "C d")  # (the release's layout)
+    assert f"{sts}:2: 1 row(s) with an empty text (kept" in capsys.readouterr().err

@@ -719,9 +719,26 @@ def test_classification_inputs_mix_single_texts_and_pairs(minilm):
     assert 1 in items[1]["token_type_ids"] and set(items[0]["token_type_ids"]) == {0}
 
 
+def test_a_word_of_no_tokens_inside_an_entity_continues_it():
+    """A word no sub-word reads (a lone soft hyphen or zero-width space in a CoNLL
+    sentence) was O, so `John \xad Smith` (gold B-PER I-PER I-PER) came out as two
+    entities, which seqeval counts wrong. Between two words of one entity it is I-X; at
+    an entity's edge, or between two entities, it stays O."""
+    from nanobert.finetune import bridged
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC"}
+    inside = bridged({0: (1, 0.9), 2: (2, 0.8)}, 3, id2label)
+    assert inside == {0: (1, 0.9), 1: (2, 0.9), 2: (2, 0.8)}
+    assert bridged({0: (1, 0.9), 3: (2, 0.8)}, 4, id2label)[2] == (2, 0.9)   # two in a row
+    for preds, n in [({0: (1, 0.9), 2: (1, 0.8)}, 3),   # a new PER after it
+                     ({0: (1, 0.9), 2: (3, 0.8)}, 3),   # a LOC after it
+                     ({0: (0, 0.9), 2: (2, 0.8)}, 3),   # after O
+                     ({0: (1, 0.9)}, 2)]:               # at the end
+        assert bridged(preds, n, id2label) == preds
+
+
 def test_entities_end_at_a_word_with_no_prediction():
-    """A word with no tokens (a lone zero-width space in a CoNLL file) or cut by the max
-    length is O for `evaluate`; the entities `predict` shows end there too."""
+    """A word with no prediction is O for `entity_spans` (`bridged` gives one to a word
+    of no tokens inside an entity first); the entities end there."""
     from nanobert.finetune import entity_spans
     id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
     spans = {0: (0, 3), 1: (4, 5), 2: (6, 9)}
@@ -1078,3 +1095,20 @@ def test_without_nanobert_json_the_tokenizers_shorter_length_holds(tiny_dir, tmp
     (d / "tokenizer_config.json").write_text(json.dumps(dict(conf, model_max_length=512)))
     model, _, settings = load_finetuned(d)     # the task's 128, within the model's positions
     assert settings["max_length"] == min(128, model.config.usable_positions)
+
+
+def test_a_beir_folder_for_a_model_of_another_task_says_so(tiny_dir, tmp_path, capsys):
+    """A regression model evaluated on a BEIR folder said only '... is a directory,
+    expected a file'."""
+    from nanobert import cli
+    reg = head_dir(tiny_dir, tmp_path / "reg", "regression", {"task": "regress", "max_length": 16})
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "Paris."}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "France?"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert cli.main(["evaluate", "--model", str(reg), "--data", str(beir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith(f"({beir} holds a BEIR retrieval folder, which embed "
+                                            f"and rerank models are scored on, but {reg} is a "
+                                            "regress model)"), err

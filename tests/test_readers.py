@@ -570,6 +570,18 @@ def test_qrels_without_a_relevant_document_or_with_two_grades(tmp_path, capsys):
         capsys.readouterr().err
     trec = beir_dir(tmp_path, "q1\t0\td1\t1\n", "trec")
     assert "TREC qrels" in error_of(D.read_beir, trec)
+    # integer doc ids in TREC's layout had read as grades, every query judging document
+    # '0' (a corpus numbered from 0): nDCG 0.05 where it was 0.88; extra fields are refused
+    numbered = beir_dir(tmp_path, "q1\t0\t1\t1\n", "numbered")
+    (numbered / "corpus.jsonl").write_text('{"_id": "0", "text": "Paris."}\n'
+                                           '{"_id": "1", "text": "Rome."}\n')
+    assert error_of(D.read_beir, numbered) == (
+        f"{numbered / 'qrels' / 'test.tsv'}:2: expected 3 fields (query-id, corpus-id, score), "
+        "found 4 (4 columns, as TREC qrels `query-id iteration doc-id grade` have? BEIR qrels "
+        "are query-id, corpus-id, score)")
+    extra = beir_dir(tmp_path, "q1\td1\t1\tnote\n", "extra")
+    assert error_of(D.read_beir, extra).endswith(":2: expected 3 fields (query-id, corpus-id, "
+                                                 "score), found 4")
 
 
 def test_beir_folder_says_what_is_wrong_with_it(tmp_path):

@@ -151,6 +151,50 @@ def test_column_indices_read_a_headerless_table(tmp_path):
     assert [(r.texts, r.score) for r in rows] == [(("a", "b"), 0.5), (("c", "d"), 1.0)]
 
 
+def test_predict_reads_json_lines_of_which_some_have_no_label(tmp_path):
+    """Unlabelled reading (predict --input): a line without the label field was refused
+    ("missing field 'label' (other lines have it)"), though a null label was read."""
+    p = write(tmp_path, "u.jsonl", '{"text": "a", "label": null}\n{"text": "b"}\n'
+                                   '{"text": "c", "label": "pos"}\n')
+    assert [(e.text_a, e.label) for e in D.read_classification(p, require_label=False)] == [
+        ("a", None), ("b", None), ("c", "pos")]
+    p = write(tmp_path, "l.jsonl", '{"text": "a", "label": "neg"}\n{"text": "b"}\n')
+    assert "l.jsonl:2: missing field 'label' (other lines have it)" in error_of(
+        D.read_classification, p)                           # training data needs them all
+
+
+def test_a_header_of_unknown_names_is_told_from_data_by_the_rows_after_it(tmp_path, capsys):
+    """Given columns by index, a header naming no column a reader knows was read as a row:
+    finetune made its `sentiment` a third class, predict answered its `body`. A first
+    row of data whose label is `neg` or `positive` (names of triplet columns) was read as
+    a header instead, and lost."""
+    labels = ["pos", "neg", "neg", "pos", "pos", "neg", "pos", "neg", "neg", "pos"]
+    body = "".join(f"{i}\tweb\t{y}\treview {i}\n" for i, y in enumerate(labels))
+    p = write(tmp_path, "h.tsv", "id\tsrc\tsentiment\treview\n" + body)
+    got = D.read_classification(p, text_column="3", label_column="2")
+    assert [(e.text_a, e.label, e.line) for e in got][:2] == [("review 0", "pos", 2),
+                                                             ("review 1", "neg", 3)]
+    assert len(got) == 10 and "sentiment" not in {e.label for e in got}
+    assert f"{p}:1: read as the header (its column 0 'id' is no number" in capsys.readouterr().err
+    words = write(tmp_path, "w.tsv", "src\tsentiment\treview\n" + "".join(
+        f"web\t{y}\tgood film {i}\n" for i, y in enumerate(labels)))
+    assert len(D.read_classification(words, text_column="2", label_column="1")) == 10
+    assert "its column 0 'src' is none of the 1 values the rows after it repeat" in capsys.readouterr().err
+    csv = write(tmp_path, "u.csv", "review_id,body\n" + "".join(f"{i},film {i}\n" for i in range(9)))
+    assert [e.text_a for e in D.read_inputs(csv, {"text_column": "1"})][0] == "film 0"
+    assert "u.csv:1: read as the header (its column 0 'review_id'" in capsys.readouterr().err
+    for first in ("neg", "positive"):                          # data, not a header
+        names = [{"pos": first, "neg": "negative"}[y] if first == "positive" else y for y in labels]
+        data = write(tmp_path, f"{first}.tsv", "".join(
+            f"{y}\tgood film {i}\n" for i, y in enumerate([first] + names)))
+        got = D.read_classification(data, text_column="1", label_column="0")
+        assert len(got) == 11 and got[0].label == first and got[0].line == 1
+    assert capsys.readouterr().err == ""
+    cola = write(tmp_path, "cola.tsv", "".join(f"gj04\t{i % 2}\t\tsentence {i}\n"
+                                               for i in range(20)))
+    assert D.read_classification(cola, text_column="3", label_column="1")[0].line == 1
+
+
 def test_column_indices_count_the_columns_of_a_header(tmp_path):
     p = write(tmp_path, "h.tsv", "id\tsentence\tlabel\n7\tgood\t1\n")
     got = D.read_classification(p, text_column="1", label_column="2")
