@@ -94,6 +94,12 @@ def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
                             f"{model.config.vocab_size} (config.json): a vocabulary from "
                             "another model?")
     positions = model.config.usable_positions
+    specials = tokenizer.tk.num_special_tokens_to_add(True)
+    if model.config.position_embedding_type == "absolute" and positions <= specials:
+        # (no truncation fits a pair's special tokens: a ValueError at every input)
+        raise NanobertError(f"{resolve(name_or_dir)}: the model reads at most {positions} "
+                            f"tokens (max_position_embeddings, config.json), no more than the "
+                            f"{specials} special tokens of a text pair: too few to read text")
     if model.config.position_embedding_type == "absolute" and tokenizer.model_max_length > positions:
         # (tokenizer_config.json says 512 for a model of 128 positions, say: tok(long_text)
         # would be a ValueError in the model's forward, not a truncation)

@@ -375,7 +375,8 @@ def mine_negatives(encode, beir, query_ids: list, n: int, skip: int = 0) -> dict
 # The sentence-transformers layout
 
 
-def st_files(hidden_size: int, pooling: str, max_seq_length: int, normalize: bool = True) -> dict:
+def st_files(hidden_size: int, pooling: str, max_seq_length: int, normalize: bool = True,
+             prompts: Optional[dict] = None) -> dict:
     """{relative path: text} of the sentence-transformers files of a bi-encoder: the
     classic layout (Transformer, Pooling, Normalize), which every sentence-transformers
     version from 2 on loads."""
@@ -391,7 +392,8 @@ def st_files(hidden_size: int, pooling: str, max_seq_length: int, normalize: boo
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False}
     st = {"__version__": {"sentence_transformers": "2.2.2", "nanobert": _version()},
-          "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}
+          "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine",
+          **(prompts or {})}
 
     def dump(obj):
         return json.dumps(obj, indent=2) + "\n"
@@ -411,10 +413,11 @@ def save_embedding_model(model, tokenizer, out_dir, pooling: str = "mean",
                          extra_files: Optional[dict] = None):
     """Write a bi-encoder (a `Bert` without head) as a BertModel directory in the
     sentence-transformers layout."""
-    from .checkpoint import save_model
-    if model.head is not None:
+    from .checkpoint import save_model, st_prompts   # (the starting model's prompts kept,
+    if model.head is not None:                         # as sentence-transformers keeps them)
         raise NanobertError(f"an embedding model has no task head (this one has {model.head!r})")
-    files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize)
+    files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize,
+                     st_prompts(getattr(model, "source_dir", None)))
     save_model(model, out_dir, tokenizer=tokenizer, extra_files={**files, **(extra_files or {})})
 
 

@@ -92,7 +92,9 @@ def _looks_local(name: str) -> bool:
 HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
              "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
              "added_tokens.json", "special_tokens_map.json", "modules.json",
-             "sentence_bert_config.json", "1_Pooling/config.json"]
+             "sentence_bert_config.json", "config_sentence_transformers.json",
+             "1_Pooling/config.json", "2_Normalize/*",
+             "0_Transformer/*"]   # (the model's own folder before sentence-transformers 2.0)
 HUB_TORCH_WEIGHTS = ["pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"]
 
 
@@ -104,9 +106,9 @@ def _download(repo_id: str) -> Path:
                             "installed to fetch it from the hub (pip install huggingface_hub)")
     try:
         path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-        if not any(path.glob("*.safetensors")):   # an older repository: its torch weights
+        if not any(st_model_folder(path).glob("*.safetensors")):   # an older repository:
             path = Path(snapshot_download(repo_id, allow_patterns=HUB_TORCH_WEIGHTS))
-        return path
+        return st_model_folder(path)
     except Exception as e:  # offline, unknown repo, gated...
         import difflib
         near = difflib.get_close_matches(repo_id, [p.name for p in Path(".").iterdir()
@@ -199,6 +201,24 @@ def st_top_folder(p: Path) -> Path:
             and _st_transformer_folder(parent) == Path(p).name:
         return parent
     return Path(p)
+
+
+def st_prompts(model_dir) -> dict:
+    """The prompts and default_prompt_name of a sentence-transformers layout's
+    config_sentence_transformers.json ({} without them)."""
+    if model_dir is None:
+        return {}
+    path = st_top_folder(Path(model_dir)) / "config_sentence_transformers.json"
+    if not path.is_file():
+        return {}
+    conf = st_json(path, dict, "an object")
+    out = {k: conf[k] for k in ("prompts", "default_prompt_name") if conf.get(k) is not None}
+    name = out.get("default_prompt_name")
+    if name is not None and not (isinstance(out.get("prompts"), dict)
+                                 and isinstance(out["prompts"].get(name), str)):
+        raise NanobertError(f"{path}: default_prompt_name {name!r} is none of its prompts "
+                            f"({', '.join(map(repr, out.get('prompts') or {})) or 'none'})")
+    return out
 
 
 def st_json(path: Path, kind: type, what: str):
@@ -603,9 +623,13 @@ def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
     """A label count (num_labels or id2label) the checkpoint's classifier contradicts is
     refused, naming the override (not the config.json the shape check would blame)."""
     given = [k for k in ("num_labels", "id2label") if k in overrides]
+    w = state.get(fam.hf_name("classifier.weight", head)) if head else None
+    if head == "regression" and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != 1:
+        raise OtherLabels(f"load(head='regression'): the checkpoint's classifier has "
+                          f"{w.shape[0]} outputs, a regression head one; load it with head=None "
+                          "to train a new head on the encoder")
     if not given or head not in ("classify", "token"):
         return
-    w = state.get(fam.hf_name("classifier.weight", head))
     if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != config.num_labels:
         shown = overrides["num_labels"] if given[0] == "num_labels" else "..."
         raise OtherLabels(f"load({given[0]}={shown}): asks for {config.num_labels} "

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .batching import forward_tokens, restore_order, sorted_batches
-from .checkpoint import POOLINGS, declared_max_length, sbert_config, st_json
+from .checkpoint import POOLINGS, declared_max_length, sbert_config, st_json, st_prompts
 from .config import at_least, checked, max_length_range
 from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note, spooled_stdin
 from .model import first_real_tokens
@@ -152,6 +152,14 @@ ST_POOLINGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mea
                "cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}
 
 
+def declared_prompt(model_dir) -> Optional[str]:
+    """The prompt sentence-transformers puts before every text it encodes: the one
+    `default_prompt_name` names in config_sentence_transformers.json (None: no default)."""
+    conf = st_prompts(model_dir)
+    name = conf.get("default_prompt_name")
+    return (conf["prompts"][name] or None) if name is not None else None
+
+
 def declared_lowercase(model_dir) -> bool:
     """do_lower_case of a sentence-transformers checkpoint: its Transformer module
     lower-cases every text before the tokenizer sees it."""
@@ -222,6 +230,13 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     max_length = check_count(max_length, "max_length", none_ok=True) \
         or declared_max_length(getattr(model, "source_dir", None)) or tokenizer.model_max_length
     max_length = min(max_length, base.config.usable_positions)
+    prompt = declared_prompt(getattr(model, "source_dir", None))
+    if prompt:       # as sentence-transformers encodes by default (E5-style 'query: ')
+        from .tokenizer import note_once
+        note_once(tokenizer, f"{model.source_dir}: every text is encoded after the prompt "
+                             f"{prompt!r} its config_sentence_transformers.json makes the "
+                             "default, as sentence-transformers does")
+        texts = [prompt + t for t in texts]
     if declared_lowercase(getattr(model, "source_dir", None)):   # as sentence-transformers
         texts = [t.lower() for t in texts]
 

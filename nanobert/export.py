@@ -207,14 +207,30 @@ def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
 
 
 def _copy_side_files(source, dest: Path) -> None:
+    """The files beside the weights that say how the model is run (nanobert.json, the
+    sentence-transformers layout). A layout from before sentence-transformers 2.0 keeps
+    the model in a subfolder (0_Transformer/, the one `source` then is): its Pooling and
+    Normalize folders are above it, and the export, whose model files are at its top,
+    gets a modules.json that points the Transformer there."""
+    import json
+    from .checkpoint import st_top_folder
     if source is None or not Path(source).is_dir():
         return
-    source = Path(source)
-    for p in sorted(source.iterdir()):
-        if p.name in SIDE_FILES and p.is_file():
-            shutil.copyfile(p, dest / p.name)
-        elif ST_MODULE.fullmatch(p.name) and p.is_dir():
-            shutil.copytree(p, dest / p.name)
+    inner = Path(source)
+    top = st_top_folder(inner)
+    for folder in dict.fromkeys((inner, top)):       # (the model's own files win)
+        for p in sorted(folder.iterdir()):
+            if p.name in SIDE_FILES and p.is_file() and not (dest / p.name).exists():
+                shutil.copyfile(p, dest / p.name)
+            elif ST_MODULE.fullmatch(p.name) and p.is_dir() and p != inner \
+                    and not (dest / p.name).exists():
+                shutil.copytree(p, dest / p.name)
+    if top != inner and (dest / "modules.json").is_file():
+        modules = json.loads((dest / "modules.json").read_text())
+        for m in modules:
+            if isinstance(m, dict) and m.get("path") == inner.name:
+                m["path"] = ""
+        (dest / "modules.json").write_text(json.dumps(modules, indent=2))
 
 
 # --format values

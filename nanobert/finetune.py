@@ -1276,6 +1276,22 @@ def log_every(steps_per_epoch: int) -> int:
 GENERIC_LABEL = re.compile(r"LABEL_\d+")   # transformers' names for labels never named
 
 
+def generic_labels(examples: list, model, path) -> list:
+    """Examples labelled 0..n-1 (a GLUE file) for a classifier whose labels were never
+    named (transformers' LABEL_0..LABEL_n-1, a hub model's): label i read as LABEL_i,
+    as finetune maps them, with a note. Other examples are returned as they are."""
+    names = list((model.config.id2label or {}).values())
+    if not names or not all(GENERIC_LABEL.fullmatch(n) for n in names):
+        return examples
+    known = {str(i) for i in range(len(names))}
+    if not all(e.label is None or e.label in known for e in examples):
+        return examples
+    note(f"{path}: labels 0..{len(names) - 1} read as the model's unnamed LABEL_0.."
+         f"LABEL_{len(names) - 1} (transformers' names for them)")
+    return [e if e.label is None else dataclasses.replace(e, label=f"LABEL_{e.label}")
+            for e in examples]
+
+
 def _head_labels(model_name, head) -> Optional[list]:
     """The label names of the checkpoint's own `head` (classify, token) in id order;
     None where it has none (or its config cannot be read: loading it then says why)."""
@@ -1299,10 +1315,13 @@ def _new_head_on(model_dir, head: str, overrides: dict, their_labels=None):
     import dataclasses
     import nanobert
     base, tok = nanobert.load(model_dir, head=None)
-    ours = list(overrides["id2label"].values())
+    ours = list((overrides.get("id2label") or {}).values())
     if their_labels:
         note(f"{model_dir}: its classifier's labels ({some_of(their_labels)}) are not the "
              f"training data's ({some_of(ours)}): a new head is trained on its encoder")
+    elif head == "regression":
+        note(f"{model_dir}: its classifier has {base.config.num_labels} outputs, a score one: "
+             "a new head is trained on its encoder")
     else:
         note(f"{model_dir}: its classifier has {base.config.num_labels} labels, the training "
              f"data {len(ours)}: a new head is trained on its encoder")
@@ -1545,6 +1564,8 @@ def _evaluation_data(task: Task, args, model, settings: dict):
              f"encoder as an embedding model ({default_pooling(model)} pooling, at most "
              f"{settings['max_length']} tokens a text)")
     check_pairs(task, settings, examples, args.data, f"the model {args.model} was trained on")
+    if task.name == "classify":
+        examples = generic_labels(examples, model, args.data)
     check_known_labels(task.name, examples, model, args.data)
     return examples
 

@@ -1062,6 +1062,8 @@ class Bert(nn.Module):
         # the head decides the output size: a changed copy, the caller's config stays as it is
         if head == "regression":
             config = replace(config, num_labels=1, problem_type="regression", id2label=None)
+        elif config.problem_type == "regression":   # (a new head on a regression checkpoint)
+            config = replace(config, problem_type=None)
         if head == "qa":  # two outputs, start and end; HF sizes the layer by num_labels
             config = replace(config, num_labels=2, id2label=None)
         self.config, self.head = config, head

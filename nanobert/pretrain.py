@@ -691,8 +691,9 @@ def fill_mask(model, tok, text: str, k: int = 5) -> list:
         logits = model(**enc).logits[0, where]                      # (n_masks, V)
     probs = logits.float().softmax(-1)
     ranked = probs.clone()
-    ranked[:, tok.special_ids] = -1.0                               # never chosen
-    top = ranked.topk(min(k, probs.shape[-1] - len(tok.special_ids)), dim=-1)
+    ranked[:, tok.special_ids] = -1.0                               # never chosen,
+    ranked[:, tok.vocab_size:] = -1.0     # nor rows past the vocabulary (padded to 8s, 64s)
+    top = ranked.topk(min(k, min(probs.shape[-1], tok.vocab_size) - len(tok.special_ids)), dim=-1)
     return [[(tok.display_token(i), p) for i, p in zip(ix.tolist(), pv.tolist())]
             for ix, pv in zip(top.indices, top.values)]
 

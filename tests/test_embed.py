@@ -698,3 +698,34 @@ def test_cls_pooling_reads_the_first_tokens_of_the_whole_forward(minilm):
     with torch.inference_mode():
         expect = model.bert(**batch).last_hidden_state[:, 0]
     np.testing.assert_allclose(got, expect.numpy(), atol=1e-5, rtol=0)
+
+
+def test_a_default_prompt_is_put_before_every_text_as_sentence_transformers_does(
+        tmp_path, minilm_dir, capsys):
+    """default_prompt_name in config_sentence_transformers.json: sentence-transformers
+    encodes every text after that prompt; nanobert ignored it (0.12 apart on minilm).
+    A model trained from it keeps its prompts, as sentence-transformers saves them."""
+    from sentence_transformers import SentenceTransformer
+    import nanobert
+    from nanobert.biencoder import save_embedding_model
+    d = tmp_path / "mp"
+    shutil.copytree(minilm_dir, d)
+    conf = json.loads((d / "config_sentence_transformers.json").read_text())
+    conf.update(prompts={"query": "query: ", "document": ""}, default_prompt_name="query")
+    (d / "config_sentence_transformers.json").write_text(json.dumps(conf))
+    texts = ["A man is eating food.", "The sky is blue."]
+    ours = Encoder(str(d)).encode(texts)
+    theirs = SentenceTransformer(str(d), device="cpu").encode(texts)
+    assert np.abs(ours - theirs).max() < 1e-5
+    assert np.abs(ours - Encoder(str(minilm_dir)).encode(texts)).max() > 1e-2
+    assert "every text is encoded after the prompt 'query: '" in capsys.readouterr().err
+    model, tok = nanobert.load(str(d), head=None)
+    save_embedding_model(model, tok, tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config_sentence_transformers.json").read_text())
+    assert saved["prompts"] == {"query": "query: ", "document": ""}
+    assert saved["default_prompt_name"] == "query"
+    conf["default_prompt_name"] = "passage"                  # names no prompt: refused
+    (d / "config_sentence_transformers.json").write_text(json.dumps(conf))
+    with pytest.raises(NanobertError, match="default_prompt_name 'passage' is none of its "
+                                            "prompts \\('query', 'document'\\)"):
+        Encoder(str(d)).encode(texts)

@@ -13,6 +13,7 @@ from nanobert import cli
 from nanobert.files import NanobertError
 from nanobert.data import Sentence
 from nanobert.finetune import (encode_ner, finetune, load_finetuned, ner_labels, predict_ner_text,
+                               predict_classify,
                                sentence_word_predictions)
 
 POS = ["great", "wonderful", "lovely", "superb", "fun", "brilliant"]
@@ -1112,3 +1113,56 @@ def test_a_beir_folder_for_a_model_of_another_task_says_so(tiny_dir, tmp_path, c
     assert "\n" not in err and err.endswith(f"({beir} holds a BEIR retrieval folder, which embed "
                                             f"and rerank models are scored on, but {reg} is a "
                                             "regress model)"), err
+
+
+def test_a_new_head_on_a_checkpoint_of_another_kind_of_head(tiny_dir, tmp_path, capsys):
+    """classify from a regression checkpoint (an STS model, a reranker) kept its
+    problem_type: MSE against class ids, a traceback (or, at a batch size equal to the
+    label count, a 'regression' model of 3 labels saved). regress from a classifier was
+    refused, blaming config.json. Both now train a new head on the encoder."""
+    import json
+    from nanobert import cli
+    reg = head_dir(tiny_dir, tmp_path / "reg", "regression", None)
+    three = [(t, y) for t, y in sentiment_rows(24, 0)] + [("alice lives in paris", "other")] * 4
+    train = write_tsv(tmp_path / "t.tsv", three)
+    for batch in ("3", "8"):
+        out = tmp_path / f"cls{batch}"
+        assert cli.main(["finetune", "--task", "classify", "--model", str(reg), "--train",
+                         str(train), "--dev", str(train), "--out", str(out), "--epochs", "1",
+                         "--batch-size", batch, "--max-length", "16", "--no-progress"]) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert config.get("problem_type") != "regression" and len(config["id2label"]) == 3
+    cls = head_dir(tiny_dir, tmp_path / "cls", "classify", None, {0: "a", 1: "b", 2: "c"})
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(
+        f"{a}\t{b}\t{s}\n" for a, b, s in [("alice met bob", "bob met alice", 4.5),
+                                           ("good film", "awful film", 0.5)] * 6))
+    capsys.readouterr()
+    assert cli.main(["finetune", "--task", "regress", "--model", str(cls), "--train", str(sts),
+                     "--dev", str(sts), "--out", str(tmp_path / "r"), "--epochs", "1",
+                     "--max-length", "16", "--no-progress"]) == 0
+    assert "its classifier has 3 outputs, a score one: a new head is trained" in \
+        capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["problem_type"] == "regression"
+
+
+def test_a_classifier_of_unnamed_labels_is_evaluated_on_integer_labels(tiny_dir, tmp_path, capsys):
+    """A hub classifier whose labels were never named (LABEL_0, LABEL_1) was refused on a
+    GLUE file labelled 0/1 ('unknown label 1'), though finetune maps 0/1 onto it."""
+    import json
+    from nanobert import cli
+    d = head_dir(tiny_dir, tmp_path / "m", "classify", None, {0: "LABEL_0", 1: "LABEL_1"})
+    rows = [(t, "1" if y == "good" else "0") for t, y in sentiment_rows(12, 1)]
+    data = write_tsv(tmp_path / "dev.tsv", rows)
+    assert cli.main(["evaluate", "--model", str(d), "--data", str(data), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "labels 0..1 read as the model's unnamed LABEL_0..LABEL_1" in captured.err
+    got = json.loads(captured.out.strip().splitlines()[-1])
+    model, tok, settings = load_finetuned(d)
+    from nanobert.data import Example
+    probs = predict_classify(model, tok, [Example(t) for t, _ in rows], settings["max_length"])
+    want = sum(int(p) == int(y) for p, (_, y) in zip(probs.argmax(-1).tolist(), rows)) / len(rows)
+    assert got["n"] == 12 and got["accuracy"] == pytest.approx(want)
+    words = write_tsv(tmp_path / "w.tsv", sentiment_rows(4, 1))        # good/bad: unknown
+    assert cli.main(["evaluate", "--model", str(d), "--data", str(words)]) == 2
+    assert "unknown label 'good'" in capsys.readouterr().err

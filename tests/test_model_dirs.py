@@ -145,6 +145,23 @@ def test_an_older_sentence_transformers_layout_is_read(tmp_path, capsys, minilm_
     assert not old.normalize            # its modules.json has no Normalize module
     want = Encoder(str(minilm_dir), pooling="cls", normalize=False).encode(texts)
     assert torch.allclose(torch.as_tensor(old.encode(texts)), torch.as_tensor(want))
+    # the same folder from the hub (its cache): it was 'config.json is missing'
+    from test_checkpoint import fake_hub
+    with pytest.MonkeyPatch.context() as mp:
+        calls = fake_hub(mp, d)
+        assert Encoder("someone/old-st").pooling == "cls"
+        assert {"0_Transformer/*", "config_sentence_transformers.json"} <= set(
+            calls[0][1]["allow_patterns"])
+    # exported: the model's files at the top, its pooling kept (it was mean pooling)
+    from nanobert.export import export_onnx
+    model, tok = nanobert.load(str(d))
+    export_onnx(model, tmp_path / "onnx", tokenizer=tok)
+    modules = json.loads((tmp_path / "onnx" / "modules.json").read_text())
+    assert modules[0]["path"] == "" and (tmp_path / "onnx" / "1_Pooling").is_dir()
+    assert not (tmp_path / "onnx" / "0_Transformer").exists()
+    exported = Encoder(str(tmp_path / "onnx"))
+    assert exported.pooling == "cls" and not exported.normalize
+    assert torch.allclose(torch.as_tensor(exported.encode(texts)), torch.as_tensor(want))
     shutil.rmtree(d / "0_Transformer")
     (d / "0_Transformer").mkdir()
     assert info_error(capsys, d) == (f"{d / 'config.json'}: holds no model's settings "
@@ -397,3 +414,19 @@ def test_load_names_the_bad_argument(model_dir, args, kwargs, error, words):
     with pytest.raises(error) as e:
         nanobert.load(*(args or (model_dir,)), **kwargs)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_model_of_fewer_positions_than_a_pairs_special_tokens_is_refused(tmp_path, capsys,
+                                                                           minilm_dir):
+    """3 positions, and [CLS] a [SEP] b [SEP] needs 3 for its special tokens alone: no
+    truncation fits, and every input was a ValueError traceback in the forward pass."""
+    import transformers
+    transformers.BertForSequenceClassification(transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=3, num_labels=3)).save_pretrained(tmp_path)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm_dir / f, tmp_path)
+    capsys.readouterr()                                  # (transformers' progress bar)
+    assert main(["predict", "--model", str(tmp_path), "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the model reads at most 3 tokens" in err

@@ -221,6 +221,15 @@ def test_fill_mask_never_offers_a_special_token(minilm, tiny_config):
     got = fill_mask(model, tok, "the [MASK] sat", k=4)[0]
     assert len(got) == 4 and not {t for t, _ in got} & {tok.id_to_token(i) for i in tok.special_ids}
     assert all(p < 1e-6 for _, p in got)                # the model's mass is on the specials
+    # a vocabulary padded past the tokenizer's (ModernBERT: 50,368 rows for 50,280 tokens):
+    # a padded row answered None ('null' in --json)
+    import dataclasses
+    padded = nanobert.Bert(dataclasses.replace(tiny_config, vocab_size=tok.vocab_size + 6),
+                           "mlm").eval()
+    with torch.no_grad():
+        padded.mlm.bias[tok.vocab_size + 2] = 30.0
+    got = fill_mask(padded, tok, "the [MASK] sat", k=3)[0]
+    assert len(got) == 3 and all(isinstance(t, str) for t, _ in got)
 
 
 def test_fill_mask_refuses_a_model_without_mlm_head(minilm_dir, capsys):
