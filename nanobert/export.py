@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from .files import NanobertError, atomic_path, check_not_input, check_output_dir
 from .quantize import dtype_flag
-from .rundir import RUN_FILE
+from .rundir import RUN_FILE, ST_MODULE_DIR
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 BT, B = {0: "batch", 1: "sequence"}, {0: "batch"}
@@ -138,7 +138,7 @@ def quantize_onnx(src: Path, dst: Path) -> None:
 # sentence-transformers modules (pooling, max_seq_length)
 SIDE_FILES = ("nanobert.json", "modules.json", "sentence_bert_config.json",
               "config_sentence_transformers.json")
-ST_MODULE = re.compile(r"\d+_[A-Za-z]+")
+ST_MODULE = re.compile(ST_MODULE_DIR)
 
 
 # what an export writes: the graphs, save_model's files (config, weights, any family's

@@ -394,6 +394,12 @@ def _writable_ancestor(path: Path, flag: str, shown=None) -> Path:
 def check_output_dir(path, flag: str = "--out"):
     """`path` can be (or become) a directory this process writes into."""
     path = Path(path)
+    try:     # (a Latin-1 name: safetensors cannot open its files, neither to resume nor load)
+        os.path.abspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path)
+        raise NanobertError(f"{flag} {shown!r}: not a UTF-8 path; safetensors cannot open "
+                            "files there: choose a name in UTF-8") from None
     kind = path_kind(path)
     if kind is None and os.path.islink(path):   # (mkdir then failed: 'File exists')
         raise NanobertError(f"{flag} {path}: is a link to {os.readlink(path)}, which does not "

@@ -145,6 +145,18 @@ class PretrainConfig(Config):
                           "resume": None, "overwrite": None, "device": None,
                           "progress": None}}
 
+    def check_given(self):
+        """Two flags that say one thing, refused together at any value (--vocab-size
+        8000, its default, was dropped silently beside --tokenizer)."""
+        given = self.given_fields()
+        if self.tokenizer and "vocab_size" in given:
+            raise NanobertError(f"--vocab-size {self.vocab_size}: the size of a vocabulary "
+                                f"to train, but --tokenizer {self.tokenizer} gives one; drop "
+                                "one of them")
+        if self.model_config and "preset" in given:
+            raise NanobertError(f"--preset {self.preset}: --config {self.model_config} gives the "
+                                "model's shape; drop one of them")
+
     def __post_init__(self):
         super().__post_init__()
         try:
@@ -154,13 +166,7 @@ class PretrainConfig(Config):
                                 "percentages that sum to 100, e.g. 80/10/10") from e
         if not self.trainer.max_steps:
             raise NanobertError("--steps: required (the number of optimizer steps)")
-        if self.tokenizer and self.vocab_size != type(self).__dataclass_fields__["vocab_size"].default:
-            raise NanobertError(f"--vocab-size {self.vocab_size}: the size of a vocabulary "
-                                f"to train, but --tokenizer {self.tokenizer} gives one; drop "
-                                "one of them")
-        if self.model_config and self.preset != type(self).__dataclass_fields__["preset"].default:
-            raise NanobertError(f"--preset {self.preset}: --config {self.model_config} gives the "
-                                "model's shape; drop one of them")
+        self.check_given()
         if self.model_config:
             # a bad file, one of a family nanobert does not build, or one with too few
             # positions, fails before the corpus is read

@@ -397,12 +397,16 @@ def write_owned(out_dir, rel: str, text: str, command: str):
 
 # what a model directory that no nanobert run wrote is made of (a hub download, another
 # tool's model): --overwrite replaces these and nothing else there
+# the folders of a sentence-transformers layout's modules (1_Pooling, 2_Normalize...), by
+# the module classes it names them after (a user's 2024_Analysis/ is none of them)
+ST_MODULE_DIR = (r"\d+_(Transformer|Pooling|Normalize|Dense|LayerNorm|Dropout|WordEmbeddings"
+                 r"|WordWeights|WeightedLayerPooling|LSTM|CNN|BoW|Asym|StaticEmbedding|CLIPModel)")
 MODEL_ARTIFACTS = re.compile(
     r"config\.json|generation_config\.json|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"
     r"|(model\.safetensors|pytorch_model\.bin)\.index\.json|model(_quantized)?\.onnx"
     r"|tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(txt|json)"
     r"|merges\.txt|modules\.json|sentence_bert_config\.json|config_sentence_transformers\.json"
-    r"|\d+_[A-Za-z]+|checkpoint|nanobert\.json|metrics\.jsonl|training_curve\.png")
+    r"|" + ST_MODULE_DIR + r"|checkpoint|nanobert\.json|metrics\.jsonl|training_curve\.png")
 # a run's own bookkeeping: never another program's files
 BOOKKEEPING = {RUN_FILE, LOCK_FILE, *KEEP_ON_OVERWRITE}
 # what nanobert runs write at the top of their --out (a model's files, the training log
@@ -411,7 +415,7 @@ BOOKKEEPING = {RUN_FILE, LOCK_FILE, *KEEP_ON_OVERWRITE}
 # ("written"), and nothing else
 RUN_OUTPUTS = re.compile(
     MODEL_ARTIFACTS.pattern + "|" + re.escape(RUN_FILE) + r"|pretrain_args\.json"
-    r"|ablation\.(md|csv|png)|split-.+|confusion_matrix\.png|demo_results\.json")
+    r"|ablation\.(md|csv|png)|split-[\d. eE+]+-[\d. eE+]+-[\d. eE+]+|confusion_matrix\.png|demo_results\.json")
 
 
 def foreign_entries(out_dir: Path, rec) -> list:
@@ -697,8 +701,15 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
                   held=held)
         elif holds:              # another program's model: its files, never the rest
             clear(out_dir, only=MODEL_ARTIFACTS, written=written, held=held)
+        else:                    # files a run writes, not a run's: replaced, as asked
+            clear(out_dir, only=RUN_OUTPUTS, written=written, held=held)
         return foreign_entries(out_dir, rec)
     foreign = foreign_entries(out_dir, rec)
+    ours = [n for n in foreign if RUN_OUTPUTS.fullmatch(n)] if rec is None and not holds else []
+    if ours:   # (they were written over, then listed as the user's, kept by --overwrite)
+        raise NanobertError(f"--out {out_dir} holds {', '.join(sorted(ours)[:4])}, which no "
+                            "run recorded and this run would write over; move them, choose "
+                            "another directory, or replace them with --overwrite")
     if resume:
         _check_resume(out_dir, rec, holds, fp)
     elif holds and rec is not None and rec.get("damaged"):

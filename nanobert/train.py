@@ -558,12 +558,16 @@ class Trainer:
         self._pending = None
 
     def _checkpoint_on_interrupt(self):
-        """Ctrl-C: the weights are those after the last finished step; a half-accumulated
-        gradient is dropped, and the RNG goes back to where that step left it. Inside a
+        """Ctrl-C: the weights are those after the last finished step (before the first
+        one, nothing is saved); a half-accumulated gradient is dropped, and the RNG goes
+        back to where that step left it. Inside a
         step's after-step work (evaluation, the best model, a checkpoint), the checkpoint
         is of the state before that work, marked to do it first on resume."""
         if self.bar is not None:
             self.bar.close()
+        if self.step == 0:   # nothing learnt to keep: the run is taken back (rundir.run)
+            print("\ninterrupted before the first step: nothing to keep", flush=True)
+            return
         self.optimizer.zero_grad(set_to_none=True)
         self._save_checkpoint(rng=self._boundary_rng, pending=self._pending)
         print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "

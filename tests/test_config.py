@@ -90,6 +90,9 @@ def test_task_choices_come_from_the_task_table():
     # --vocab-size is for a vocabulary pretrain trains: with --tokenizer it was dropped
     (["pretrain", "--corpus", "c", "--out", "o", "--steps", "2", "--tokenizer", "t",
       "--vocab-size", "100"], "--vocab-size 100: the size of a vocabulary to train, but"),
+    # ... also at its default value (8000), as --preset tiny beside --config
+    (["pretrain", "--corpus", "c", "--out", "o", "--steps", "2", "--tokenizer", "t",
+      "--vocab-size", "8000"], "--vocab-size 8000: the size of a vocabulary to train, but"),
 ])
 def test_bad_values_give_one_line_and_status_2(argv, message, capsys):
     try:                       # while parsing (argparse exits) or building the config

@@ -335,3 +335,19 @@ def test_compare_gpt2_refuses_fewer_examples_than_labels(tiny_bert, tiny_gpt2, s
                                        "needs 2 or more\n")
     r = compare(tiny_bert, tiny_gpt2, sentiment_tsv, n=1, sample="first")   # any n, in order
     assert r["n"] == 1
+
+
+@pytest.mark.parametrize("inside", ["bert", "gpt2"])
+def test_compare_gpt2_never_writes_its_table_into_a_model_it_reads(tiny_bert, tiny_gpt2,
+                                                                   sentiment_tsv, capsys, inside):
+    """--out runs/sst2/model.safetensors wrote the table over the weights, exit 0."""
+    import hashlib
+    d = {"bert": tiny_bert, "gpt2": tiny_gpt2}[inside]
+    target = d / ("model.safetensors" if (d / "model.safetensors").exists() else "config.json")
+    before = hashlib.sha256(target.read_bytes()).hexdigest()
+    rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+               "--data", str(sentiment_tsv), "--out", str(target)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert f"is inside the --{inside} model directory" in err
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == before

@@ -429,3 +429,15 @@ def test_a_write_clears_what_a_killed_write_of_the_same_target_left(tmp_path):
     write_text(tmp_path / "out", "whole")
     assert (tmp_path / "out").read_text() == "whole"
     assert not stale.exists() and busy.exists() and other.exists()
+
+
+def test_an_output_directory_not_in_utf8_is_refused_before_work(tmp_path, capsys):
+    """A Latin-1 --out trained and saved, then could be neither resumed (a safetensors
+    traceback) nor loaded ('corrupted or truncated checkpoint' of an intact file)."""
+    import os
+    from nanobert.cli import main
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/lat\xe9n")
+    assert main(["pretrain", "--corpus", str(tmp_path / "c.txt"), "--out", out,
+                 "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a UTF-8 path" in err and not os.path.exists(out)

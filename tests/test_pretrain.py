@@ -145,6 +145,28 @@ def test_resume_after_interrupt_matches_uninterrupted_run(corpus_dir, tmp_path, 
         [r["loss"] for r in records(full, "eval")], abs=1e-6)
 
 
+def test_an_interrupt_before_the_first_step_leaves_nothing(corpus_dir, tmp_path, monkeypatch,
+                                                            capsys):
+    """Ctrl-C before the first step saved a checkpoint of step 0 (87 MB for minilm), and the
+    directory then held 'an unfinished run': there is nothing to keep, so the run takes
+    its directory back, as one stopped before training does."""
+    import nanobert.masking as masking
+    real_mask, calls = masking.Masker.mask, {"n": 0}
+
+    def interrupt_the_first_batch(self, *a, **kw):   # (the first call masks the validation rows)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_mask(self, *a, **kw)
+    monkeypatch.setattr(masking.Masker, "mask", interrupt_the_first_batch)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_pretrain(args_for(corpus_dir, out, steps=12, eval_every=2, save_every=2,
+                              cache_dir=str(tmp_path / "cache")))
+    assert "interrupted before the first step: nothing to keep" in capsys.readouterr().out
+    assert not out.exists()
+
+
 def subprocess_env(tmp_path: Path) -> dict:
     """One thread per process, this checkout importable, and scratch folders (torchrun's
     torchelastic_*) under tmp_path rather than left behind in /tmp."""

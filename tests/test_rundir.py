@@ -598,11 +598,19 @@ def test_overwrite_keeps_files_added_after_the_first_run(tmp_path, data):
     (out / "analysis.md").write_text("mine")
     (out / "plots").mkdir()
     (out / "plots" / "fig.txt").write_text("mine")
+    # names like a run's own (sentence-transformers' 1_Pooling, an ablation's split-80-10-10)
+    # that are not: they were deleted
+    (out / "2024_Analysis").mkdir()
+    (out / "2024_Analysis" / "report.txt").write_text("mine")
+    (out / "split-by-length.csv").write_text("mine")
+    (out / "1_Pooling").mkdir()
+    (out / "split-80-10-10").mkdir()
     with run(out, "finetune", fp(data, seed=3), overwrite=True):
         assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
-            "analysis.md", RUN_FILE, "plots"]
+            "2024_Analysis", "analysis.md", RUN_FILE, "plots", "split-by-length.csv"]
     assert (out / "analysis.md").read_text() == "mine"
     assert (out / "plots" / "fig.txt").read_text() == "mine"
+    assert (out / "2024_Analysis" / "report.txt").read_text() == "mine"
 
 
 def test_a_resume_with_other_threads_says_the_bits_will_differ(tmp_path, data, capsys):
@@ -801,3 +809,24 @@ def test_a_resume_with_nothing_to_continue_says_it_starts_anew(tmp_path, data, c
     with run(out, "finetune", fp(data), resume=True):        # a finished run: quiet
         pass
     assert capsys.readouterr().err == ""
+
+
+def test_a_new_run_never_writes_over_files_no_run_recorded(tmp_path, data):
+    """A directory without a model but with the user's vocab.txt and metrics.jsonl: a new
+    run wrote over both silently, then listed them as the user's ("foreign"), kept beside
+    a later run's model by every --overwrite."""
+    out = tmp_path / "proj"
+    out.mkdir()
+    (out / "vocab.txt").write_text("[PAD]\nmine\n")
+    (out / "metrics.jsonl").write_text('{"my": 1}\n')
+    (out / "notes.md").write_text("mine")
+    with pytest.raises(NanobertError, match=r"holds metrics.jsonl, vocab.txt, which no run "
+                                            r"recorded and this run would write over"):
+        with run(out, "finetune", fp(data)):
+            pass
+    assert (out / "vocab.txt").read_text() == "[PAD]\nmine\n"
+    with run(out, "finetune", fp(data), overwrite=True):     # asked: replaced
+        assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+            RUN_FILE, "notes.md"]
+        (out / "vocab.txt").write_text("the run's")
+    assert "vocab.txt" not in (read_run(out).get("foreign") or [])
