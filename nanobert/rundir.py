@@ -602,6 +602,8 @@ def _start(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
         note(f"--resume: the run started with --threads {old['threads']} and continues with "
              f"{threads}: its model will differ in the last bits from an uninterrupted run "
              "(same --threads for bit-identical results, docs/runs.md)")
+    if resume and isinstance(old.get("threads"), int):
+        threads = old["threads"]   # (the count it started with: what reproduces it)
     record = {"status": "running", "command": command, "fingerprint": fp,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "foreign": foreign,
               "threads": threads, "written": _still_written(out_dir, mine)}
