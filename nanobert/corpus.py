@@ -200,13 +200,18 @@ def holdout(n_docs: int, fraction: float, seed: int) -> tuple:
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def note_short_vocabulary(tok, asked: int):
-    """A trained vocabulary smaller than --vocab-size: the corpus has too few distinct
-    pieces (the trainer merges pairs that occur at least twice), which is worth a note."""
+def note_vocabulary_size(tok, asked: int):
+    """A trained vocabulary of another size than --vocab-size, which is worth a note:
+    smaller, the corpus has too few distinct pieces (the trainer merges pairs that occur at
+    least twice); larger, its characters alone are more."""
     if tok.vocab_size < asked:
         note(f"--vocab-size {asked}: the vocabulary has {tok.vocab_size} tokens, all the "
              "training text gives (no other pair of pieces occurs twice); a larger corpus "
              "gives more")
+    elif tok.vocab_size > asked:   # the special tokens and every character come first
+        note(f"--vocab-size {asked}: the vocabulary has {tok.vocab_size} tokens, the special "
+             "tokens and every character of the training text (each alone and as a "
+             "continuation), which it cannot do without")
 
 
 def _from_cache(load, path):
@@ -239,7 +244,7 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
         if tokenizer is None:
             log(f"training a WordPiece vocabulary of {vocab_size} on {len(train_idx)} documents")
             tokenizer = Tokenizer.train((line for i in train_idx for line in docs[i]), vocab_size)
-            note_short_vocabulary(tokenizer, vocab_size)
+            note_vocabulary_size(tokenizer, vocab_size)
             if tok_dir is not None:
                 with atomic_path(tok_dir) as tmp:
                     tokenizer.save(tmp)

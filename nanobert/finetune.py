@@ -1056,6 +1056,12 @@ def finetune(config, *args, **fields) -> dict:
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
     _check_beir_flags(cfg)
+    from .checkpoint import resolve
+    for teacher in cfg.teachers:    # (as --model: named before the data is read)
+        try:
+            resolve(teacher)
+        except NanobertError as e:
+            raise NanobertError(f"--teacher {e}") from None
     if cfg.freeze_layers:   # (before the data is read; an unreadable model is loading's to name)
         counts = block_counts(cfg.model)
         if counts:

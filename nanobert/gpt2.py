@@ -260,7 +260,8 @@ class CompareConfig(Config):
                         choices=("balanced", "first"))
     n: int = param(100, "number of examples", at_least(1))
     seed: int = param(0, "random seed of the balanced sample", seed_range())
-    template: str = param(TEMPLATE, "verdict sentence appended to the text; {} is the verdict word")
+    template: str = param(TEMPLATE, f"verdict sentence appended to the text; {{}} is the verdict "
+                                    f"word (default {TEMPLATE!r}: it starts with a space)")
     verdicts: str = param(",".join(VERDICTS), "negative and positive verdict words, "
                           "comma-separated")
     positive_label: Optional[str] = param(None, "which data label is positive (default: 1, or "

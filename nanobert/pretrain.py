@@ -510,7 +510,7 @@ def _open_stream(run: _Run, cache_dir: Path):
     """--streaming: a tokenizer trained on a pass over the files (rank 0; saved where
     the other ranks read it), and the lazy corpus."""
     from .corpus import (StreamingCorpus, corpus_files, iter_documents,
-                         note_short_vocabulary)
+                         note_vocabulary_size)
     from .tokenizer import Tokenizer
     cfg = run.cfg
     files = corpus_files(cfg.corpus)
@@ -521,7 +521,7 @@ def _open_stream(run: _Run, cache_dir: Path):
         run.say(f"training a WordPiece vocabulary of {cfg.vocab_size} (streaming)")
         run.tok = Tokenizer.train((line for doc in iter_documents(files) for line in doc),
                                   cfg.vocab_size)
-        note_short_vocabulary(run.tok, cfg.vocab_size)
+        note_vocabulary_size(run.tok, cfg.vocab_size)
         if run.world > 1:
             run.tok.save(shared)
     run.stream = StreamingCorpus(files, run.tok, cfg.seq_len, cfg.val_fraction,

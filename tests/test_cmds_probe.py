@@ -339,3 +339,17 @@ def test_finetune_refuses_settings_that_cost_time_and_change_nothing(tmp_path, c
     err = finetune_error(tmp_path, capsys, task, "sentence\tlabel\ngood\t1\n", extra[0],
                          *extra[1:])
     assert err == "nanobert: error: " + message.replace("T/", str(tmp_path / "T/")) + "\n"
+
+
+def test_a_teacher_that_does_not_exist_is_named_before_the_data_is_read(tmp_path, capsys):
+    """--teacher ./nothere was found out after the training file was read and tokenized
+    (its errors, or two lines of progress, came first); --model is checked at the start."""
+    train = tmp_path / "train.tsv"
+    train.write_text("")                                    # read first, it would be refused
+    out = tmp_path / "out"
+    assert main(["finetune", "--task", "classify", "--model", "minilm", "--train", str(train),
+                 "--dev", str(train), "--out", str(out), "--teacher",
+                 str(tmp_path / "nothere")]) == 2
+    assert capsys.readouterr().err == (f"nanobert: error: --teacher {tmp_path / 'nothere'}: no "
+                                       "such model directory\n")
+    assert not out.exists()

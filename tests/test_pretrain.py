@@ -590,6 +590,10 @@ def test_a_vocabulary_smaller_than_asked_is_noted(corpus_dir, capsys):
     assert f"--vocab-size 99999999: the vocabulary has {tok.vocab_size} tokens" in err
     tok, _, _ = load_corpus([corpus_dir], None, vocab_size=60, log=lambda *a: None)
     assert tok.vocab_size == 60 and capsys.readouterr().err == ""
+    # under the specials and the characters: 16 gave ~100 tokens, silently
+    tok, _, _ = load_corpus([corpus_dir], None, vocab_size=16, log=lambda *a: None)
+    assert tok.vocab_size > 16 and f"--vocab-size 16: the vocabulary has {tok.vocab_size} " \
+        "tokens, the special tokens and every character" in capsys.readouterr().err
 
 
 def test_resume_logs_the_loss_curve_of_an_uninterrupted_run(
