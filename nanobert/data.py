@@ -873,12 +873,12 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
     if any(map(is_column_index, given)):
         ahead = list(itertools.islice(table, HEADER_SAMPLE))
         table = itertools.chain(ahead, table)
-        below = [f for _, f in ahead]
-        why = None if _is_header(first, given) else _header_by_contrast(header, below)
+        below, known = [f for _, f in ahead], _is_header(first, given)
+        why = None if known else _header_by_contrast(header, below)
         if why:
             note(f"{path}:{hline}: read as the header (its {why}); columns given by index "
                  "count from it")
-        elif not _is_header(first, given) or _names_repeat_below(header, below, given):
+        elif not known or _names_repeat_below(header, below, given):
             first = _trimmed(first, 1)
             header = [str(i) for i in range(len(first))]
             table = itertools.chain([(hline, first)], table)
@@ -1495,7 +1495,7 @@ def _answer_start(text: str, start, context: str, where: str, moved: list) -> in
     it, added to `moved`; an answer that is nowhere in the context is an error (its context is
     another one). The official EM/F1 reads only the texts, so a held-out file with loose
     offsets scores as it would there."""
-    if start is not None and context[start:start + len(text)] == text and start >= 0:
+    if start is not None and start >= 0 and context[start:start + len(text)] == text:
         return start
     found, k = [], context.find(text)
     while k >= 0:
@@ -1893,10 +1893,10 @@ def read_qrels(path, queries: Optional[dict] = None) -> dict:
     for k, (n, f) in enumerate(rows):
         if k == 0 and _is_qrels_header(f):
             continue
-        trec = (" (4 columns, as TREC qrels `query-id iteration doc-id grade` have? BEIR "
-                "qrels are query-id, corpus-id, score)" if len(f) == 4 and _grade(f[3]) is not None
-                else "")
         if len(f) != 3:   # (a 4th field: TREC's layout, whose doc ids would be read as grades)
+            trec = (" (4 columns, as TREC qrels `query-id iteration doc-id grade` have? BEIR "
+                    "qrels are query-id, corpus-id, score)"
+                    if len(f) == 4 and _grade(f[3]) is not None else "")
             raise data_error(path, n, f"expected 3 fields (query-id, corpus-id, score), found "
                                       f"{len(f)}" + trec)
         rel = _grade(f[2])

@@ -48,7 +48,7 @@ from . import biencoder as B
 from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, temperature
-from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings
+from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
 from .files import (ONE_LINE, NanobertError, check_output_dir, note, some_of, spooled_stdin,
                     with_article)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
@@ -1056,7 +1056,6 @@ def finetune(config, *args, **fields) -> dict:
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
     _check_beir_flags(cfg)
-    from .checkpoint import resolve
     for teacher in cfg.teachers:    # (as --model: named before the data is read)
         try:
             resolve(teacher)
@@ -1217,7 +1216,7 @@ def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
         return None
     if given or task.name == "rerank":
         return given
-    from .checkpoint import family_of, read_config, resolve
+    from .checkpoint import family_of, read_config
     from .embed import declared_pooling
     model_dir = resolve(cfg.model)
     declared = declared_pooling(model_dir)
@@ -1301,7 +1300,7 @@ def generic_labels(examples: list, model, path) -> list:
 def _head_labels(model_name, head) -> Optional[list]:
     """The label names of the checkpoint's own `head` (classify, token) in id order;
     None where it has none (or its config cannot be read: loading it then says why)."""
-    from .checkpoint import family_of, read_config, resolve
+    from .checkpoint import family_of, read_config
     try:
         model_dir = resolve(model_name)
         hf = read_config(model_dir)
@@ -1348,7 +1347,6 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
     bert-base-uncased, `pretrain` output) and without nanobert.json comes back as an
     embedding model: its encoder, as `nanobert embed` and `search` run it."""
     import nanobert
-    from .checkpoint import resolve
     d = resolve(model_dir)
     model, tok = nanobert.load(d, dtype=dtype)
     settings = read_settings(d, model.config.usable_positions)

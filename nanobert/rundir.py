@@ -395,12 +395,12 @@ def write_owned(out_dir, rel: str, text: str, command: str):
     write_text(out_dir / rel, text)
 
 
-# what a model directory that no nanobert run wrote is made of (a hub download, another
-# tool's model): --overwrite replaces these and nothing else there
 # the folders of a sentence-transformers layout's modules (1_Pooling, 2_Normalize...), by
 # the module classes it names them after (a user's 2024_Analysis/ is none of them)
 ST_MODULE_DIR = (r"\d+_(Transformer|Pooling|Normalize|Dense|LayerNorm|Dropout|WordEmbeddings"
                  r"|WordWeights|WeightedLayerPooling|LSTM|CNN|BoW|Asym|StaticEmbedding|CLIPModel)")
+# what a model directory that no nanobert run wrote is made of (a hub download, another
+# tool's model): --overwrite replaces these and nothing else there
 MODEL_ARTIFACTS = re.compile(
     r"config\.json|generation_config\.json|(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"
     r"|(model\.safetensors|pytorch_model\.bin)\.index\.json|model(_quantized)?\.onnx"

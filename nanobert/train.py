@@ -560,9 +560,9 @@ class Trainer:
     def _checkpoint_on_interrupt(self):
         """Ctrl-C: the weights are those after the last finished step (before the first
         one, nothing is saved); a half-accumulated gradient is dropped, and the RNG goes
-        back to where that step left it. Inside a
-        step's after-step work (evaluation, the best model, a checkpoint), the checkpoint
-        is of the state before that work, marked to do it first on resume."""
+        back to where that step left it. Inside a step's after-step work (evaluation, the
+        best model, a checkpoint), the checkpoint is of the state before that work, marked
+        to do it first on resume."""
         if self.bar is not None:
             self.bar.close()
         if self.step == 0:   # nothing learnt to keep: the run is taken back (rundir.run)
