@@ -391,9 +391,12 @@ def st_files(hidden_size: int, pooling: str, max_seq_length: int, normalize: boo
             "pooling_mode_mean_tokens": pooling == "mean",
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False}
+    prompts = dict(prompts or {})
+    if prompts.pop("include_prompt", True) is False:
+        pool["include_prompt"] = False     # (instructor-style: the prompt is not pooled)
     st = {"__version__": {"sentence_transformers": "2.2.2", "nanobert": _version()},
           "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine",
-          **(prompts or {})}
+          **prompts}
 
     def dump(obj):
         return json.dumps(obj, indent=2) + "\n"
@@ -416,8 +419,12 @@ def save_embedding_model(model, tokenizer, out_dir, pooling: str = "mean",
     from .checkpoint import save_model, st_prompts   # (the starting model's prompts kept,
     if model.head is not None:                         # as sentence-transformers keeps them)
         raise NanobertError(f"an embedding model has no task head (this one has {model.head!r})")
-    files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize,
-                     st_prompts(getattr(model, "source_dir", None)))
+    from .embed import declared_include_prompt
+    source = getattr(model, "source_dir", None)
+    prompts = st_prompts(source)
+    if prompts:
+        prompts["include_prompt"] = declared_include_prompt(source)
+    files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize, prompts)
     save_model(model, out_dir, tokenizer=tokenizer, extra_files={**files, **(extra_files or {})})
 
 

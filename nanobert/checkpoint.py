@@ -40,11 +40,14 @@ def family_of(hf_config: dict, path) -> Family:
 
 
 def _normalise_names(state: dict, fam: Family) -> dict:
-    """Old checkpoints say LayerNorm.gamma/beta; base-model files lack the family prefix."""
+    """Old checkpoints say LayerNorm.gamma/beta; base-model files lack the family prefix;
+    some files name a tensor otherwise (`Family.other_names`)."""
     out = {}
     for name, t in state.items():
         name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
         name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+        for pattern, replacement in fam.other_names:
+            name = re.sub(pattern, replacement, name)
         out[name] = t
     if not any(n.startswith(fam.prefix) for n in out):
         out = {fam.prefix + n: t for n, t in out.items()}

@@ -135,11 +135,9 @@ def short_labels(labels, width: int = 24) -> list:
 def plot_confusion(gold, pred, labels, out_png):
     """The dev confusion matrix (rows: gold, columns: predicted), sized to the number of
     classes and the length of their names, so that 20 classes with long names still read."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from sklearn.metrics import confusion_matrix
-    from .files import atomic_path
+    from . import figures
+    plt = figures.pyplot()
     n = len(labels)
     cm = confusion_matrix(gold, pred, labels=list(range(n)))
     names = short_labels(labels)
@@ -159,10 +157,7 @@ def plot_confusion(gold, pred, labels, out_png):
                 ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=font,
                         color="white" if cm[i, j] > cm.max() / 2 else "black")
     ax.set_title(f"dev confusion matrix ({int(cm.sum())} examples)", fontsize=10)
-    fig.tight_layout()
-    with atomic_path(out_png) as tmp:   # ("tight": the names and the title are never cut)
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    figures.save(fig, out_png, layout=True, tight=True)   # (the names and title never cut)
     return cm
 
 

@@ -160,6 +160,50 @@ def declared_prompt(model_dir) -> Optional[str]:
     return (conf["prompts"][name] or None) if name is not None else None
 
 
+def declared_include_prompt(model_dir) -> bool:
+    """include_prompt of a checkpoint's Pooling config: false (instructor-style models)
+    leaves the prompt's tokens out of the pooled vector."""
+    pool_dir = _pooling_dir(Path(model_dir)) if model_dir is not None else None
+    path = pool_dir / "config.json" if pool_dir is not None else None
+    if path is None or not path.is_file():
+        return True
+    v = st_json(path, dict, "a JSON object of pooling settings").get("include_prompt", True)
+    if not isinstance(v, bool):
+        raise NanobertError(f"{path}: include_prompt must be true or false, got {v!r}")
+    return v
+
+
+def prepared_texts(model_dir, texts: Sequence[str], tokenizer=None) -> list:
+    """`texts` as sentence-transformers hands them to the tokenizer: after the default
+    prompt (E5-style 'query: '), lower-cased where its Transformer module says so. The
+    encoder and the server's token counts both read these. `tokenizer` (optional) says
+    the prompt note once."""
+    prompt = declared_prompt(model_dir)
+    if prompt:
+        if tokenizer is not None:
+            from .tokenizer import note_once
+            note_once(tokenizer, f"{model_dir}: every text is encoded after the prompt "
+                                 f"{prompt!r} its config_sentence_transformers.json makes "
+                                 "the default, as sentence-transformers does")
+        texts = [prompt + t for t in texts]
+    if declared_lowercase(model_dir):
+        texts = [t.lower() for t in texts]
+    return list(texts)
+
+
+def prompt_positions(model_dir, tokenizer) -> int:
+    """How many leading positions pooling leaves out: with include_prompt false, those of
+    the default prompt with the [CLS] before it, counted as sentence-transformers counts
+    them (the prompt tokenized alone, less a trailing special token); else 0."""
+    prompt = declared_prompt(model_dir)
+    if not prompt or declared_include_prompt(model_dir):
+        return 0
+    if declared_lowercase(model_dir):
+        prompt = prompt.lower()
+    ids = tokenizer.tk.encode(prompt).ids
+    return len(ids) - (bool(ids) and ids[-1] in set(tokenizer.special_ids))
+
+
 def declared_lowercase(model_dir) -> bool:
     """do_lower_case of a sentence-transformers checkpoint: its Transformer module
     lower-cases every text before the tokenizer sees it."""
@@ -227,26 +271,23 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     normalize = check_flag(normalize, "normalize")
     batch_size = check_count(batch_size or 1, "batch_size") if not texts else \
         check_count(batch_size, "batch_size")     # (none to batch: a server's empty call)
+    source = getattr(model, "source_dir", None)
     max_length = check_count(max_length, "max_length", none_ok=True) \
-        or declared_max_length(getattr(model, "source_dir", None)) or tokenizer.model_max_length
+        or declared_max_length(source) or tokenizer.model_max_length
     max_length = min(max_length, base.config.usable_positions)
-    prompt = declared_prompt(getattr(model, "source_dir", None))
-    if prompt:       # as sentence-transformers encodes by default (E5-style 'query: ')
-        from .tokenizer import note_once
-        note_once(tokenizer, f"{model.source_dir}: every text is encoded after the prompt "
-                             f"{prompt!r} its config_sentence_transformers.json makes the "
-                             "default, as sentence-transformers does")
-        texts = [prompt + t for t in texts]
-    if declared_lowercase(getattr(model, "source_dir", None)):   # as sentence-transformers
-        texts = [t.lower() for t in texts]
+    texts = prepared_texts(source, texts, tokenizer)
+    skip = prompt_positions(source, tokenizer)   # leading positions pooling leaves out
 
     def vector(out, mask):
-        if pooling == "cls":          # (first_only: the output holds the first tokens)
+        if skip:                      # include_prompt: false (the mask is the pooling's only)
+            mask = mask.clone()
+            mask[:, :skip] = 0
+        if pooling == "cls" and not skip:   # (first_only: the output holds the first tokens)
             v = out.last_hidden_state[:, 0].float()                   # (B, H)
         else:
             v = pool(out.last_hidden_state.float(), mask, pooling)    # (B, H)
         return torch.nn.functional.normalize(v, dim=-1) if normalize else v
-    vector.first_only = pooling == "cls"
+    vector.first_only = pooling == "cls" and not skip
 
     return encoder_vectors(model, tokenizer, texts, vector, batch_size=batch_size,
                            max_length=max_length, progress=progress)

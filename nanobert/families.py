@@ -48,6 +48,9 @@ class Family:
     # HF tensors transformers creates and saves for this BertConfig but never reads (none
     # of our parameters): skipped on load
     unused: Callable[[BertConfig], tuple] = lambda c: ()
+    # (HF regex, the HF name `rules` use): a tensor some files save under another name,
+    # renamed on load
+    other_names: tuple = ()
 
     def config_kwargs(self, hf_config: dict) -> dict:
         """config.json -> BertConfig keyword arguments, the MLM head's activation included."""
@@ -476,6 +479,10 @@ DEBERTA = Family(
     # the norm of relative embeddings it has none of (DebertaV2Encoder.get_rel_embedding)
     unused=lambda c: () if c.relative_attention else (
         "deberta.encoder.LayerNorm.weight", "deberta.encoder.LayerNorm.bias"),
+    # config.json legacy: false: transformers' other MLM head, the same layers (dense, act,
+    # LayerNorm, the tied decoder, a bias) under other names
+    other_names=((r"lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1."),
+                 (r"lm_predictions\.lm_head\.bias$", "cls.predictions.bias")),
 )
 
 # RoBERTa's layout, names and heads under another model_type and class prefix (the

@@ -27,7 +27,8 @@ import torch
 
 from .config import (Config, add_flags, at_least, checked, max_length_range, param,
                      positive, seed_range)
-from .files import IMAGE_SUFFIXES, NanobertError, atomic_path, check_output_file, note, some_of
+from . import figures
+from .files import IMAGE_SUFFIXES, NanobertError, check_output_file, note, some_of
 from .finetune import ColumnsConfig
 
 # ----------------------------------------------------------------------------------
@@ -134,18 +135,9 @@ MAX_FIGURE_INCHES = 60     # a side of a figure: 7,200 pixels at its 120 dpi
 MIN_TOKEN_INCHES = 0.1     # a heatmap row a token's label (7 points) can be read beside
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _save(fig, out):
-    out = Path(out)
-    with atomic_path(out) as tmp:   # (`out` was checked: _check_out)
-        fig.savefig(tmp, format=(out.suffix.lstrip(".").lower() or "png"), dpi=120,
-                    bbox_inches="tight")
+    out = Path(out)      # (`out` was checked: _check_out)
+    figures.save(fig, out, dpi=120, fmt=out.suffix.lstrip(".").lower() or "png", tight=True)
 
 
 def _norm(scale: str, vmax: float):
@@ -174,7 +166,7 @@ def plot_attention(tokens, probs, layers, heads, out, title: Optional[str] = Non
     heads = _indices(heads, probs.shape[1], "head")
     if len(tokens) != probs.shape[2]:
         raise ValueError(f"{len(tokens)} tokens for maps of {probs.shape[2]}")
-    plt = _pyplot()
+    plt = figures.pyplot()
     T = len(tokens)
     maps = [[probs[l, h] for h in heads] for l in layers]
     vmax = float(max(m.max() for row in maps for m in row))
@@ -206,7 +198,6 @@ def plot_attention(tokens, probs, layers, heads, out, title: Optional[str] = Non
              "token; they are drawn without token labels (choose fewer layers or heads, or a "
              "shorter text, to see them)")
     _save(fig, out)
-    plt.close(fig)
 
 
 def plot_cls_attention(tokens, cls_probs, out, title: Optional[str] = None, scale: str = "sqrt"):
@@ -215,7 +206,7 @@ def plot_cls_attention(tokens, cls_probs, out, title: Optional[str] = None, scal
     if cls_probs.ndim != 2 or cls_probs.shape[1] != len(tokens):
         raise ValueError(f"cls_probs must be (layers, T) for the {len(tokens)} tokens, as "
                          f"cls_attention gives them, got shape {cls_probs.shape}")
-    plt = _pyplot()
+    plt = figures.pyplot()
     L, T = cls_probs.shape
     font = 9 if T <= 40 else 7
     width = min(MAX_FIGURE_INCHES, max(5.0, 0.32 * T + 2.0))   # (512 tokens: 0.11 in each)
@@ -228,7 +219,6 @@ def plot_cls_attention(tokens, cls_probs, out, title: Optional[str] = None, scal
     ax.set_title(title or "[CLS] attention, averaged over heads")
     _colorbar(fig, im, ax, scale, float(cls_probs.max()))
     _save(fig, out)
-    plt.close(fig)
 
 
 def attention_args(p):
@@ -426,7 +416,7 @@ def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names
     if points.ndim != 2 or points.shape[1] != 2 or len(labels) != len(points):
         raise ValueError(f"points must be (n, 2) with a label each, got shape {points.shape} "
                          f"and {len(labels)} labels")
-    plt = _pyplot()
+    plt = figures.pyplot()
     label_names = label_names or {}
     fig, ax = plt.subplots(figsize=(7.5, 5.5), layout="constrained")
     cmap = plt.get_cmap("tab10")
@@ -441,7 +431,6 @@ def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names
     ax.set_xticks([])
     ax.set_yticks([])
     _save(fig, out)
-    plt.close(fig)
 
 
 @dataclass

@@ -892,10 +892,8 @@ def write_ablation(out: Path, rows: list, curves: dict, cfg: PretrainConfig):
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
             w.writerows(rows)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    from . import figures
+    fig, ax = figures.pyplot().subplots(figsize=(7, 4.5))
     for name, pts in curves.items():
         ax.plot([s for s, _ in pts], [v for _, v in pts], "o-", ms=3, label=f"{name} ([MASK]/rand/keep)")
     ax.set_xlabel("step")
@@ -903,7 +901,4 @@ def write_ablation(out: Path, rows: list, curves: dict, cfg: PretrainConfig):
     ax.set_title("masking strategy ablation")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    with atomic_path(out / "ablation.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    figures.save(fig, out / "ablation.png", layout=True)

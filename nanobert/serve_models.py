@@ -215,12 +215,21 @@ class Served:
         return tok.clip_long_pair(a, b, self.max_length - tok.tk.num_special_tokens_to_add(True))
 
     # ---- the tokenize threads --------------------------------------------------------
+    def read(self, texts) -> list:
+        """The texts as the model reads them: an embedding model's after its default
+        prompt, lower-cased if it says so (embed.prepared_texts), so that the counts, the
+        usage and the truncation flags are of what it reads."""
+        if self.task != "embed":
+            return list(texts)
+        from .embed import prepared_texts
+        return prepared_texts(self.path, texts)
+
     def count(self, texts, pairs=None) -> Counts:
-        encs = self.counter.encode_batch(texts, pairs, max_length=self.max_length)
+        encs = self.counter.encode_batch(self.read(texts), pairs, max_length=self.max_length)
         return Counts([len(e.ids) for e in encs], [bool(e.overflowing) for e in encs])
 
     def full_length(self, text, pair=None) -> int:
-        return len(self.counter.encode_batch([text], None if pair is None else [pair],
+        return len(self.counter.encode_batch(self.read([text]), None if pair is None else [pair],
                                              max_length=1 << 30)[0].ids)
 
     def tokens(self, texts, pairs=None) -> list:

@@ -813,10 +813,9 @@ def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
     on an axis of its own, so that neither flattens the other). The labels say what each
     loss is where the two differ (pretraining with NSP trains on MLM + NSP and evaluates
     MLM; distillation trains on its mix)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+    from . import figures
+    plt = figures.pyplot()
     recs = read_metrics(metrics_path)
     train = [r for r in recs if r.get("type") == "train"]
     evals = [r for r in recs if r.get("type") == "eval"]
@@ -842,10 +841,7 @@ def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
     lo, hi = ax.get_xlim()
     if hi - lo < 2:         # one step in all: whole steps either side of it
         ax.set_xlim((lo + hi) / 2 - 1, (lo + hi) / 2 + 1)
-    fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    figures.save(fig, out_png, layout=True)
 
 
 def _plot_eval_metrics(ax, evals: list, keys: list):

@@ -729,3 +729,57 @@ def test_a_default_prompt_is_put_before_every_text_as_sentence_transformers_does
     with pytest.raises(NanobertError, match="default_prompt_name 'passage' is none of its "
                                             "prompts \\('query', 'document'\\)"):
         Encoder(str(d)).encode(texts)
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls"])
+def test_include_prompt_false_leaves_the_prompt_out_of_the_pooled_vector(tmp_path, minilm_dir,
+                                                                          mode):
+    """Pooling's include_prompt: false (instructor-style): sentence-transformers pools
+    only the tokens after the default prompt; nanobert pooled them all. A model saved
+    from it keeps the setting with its prompts."""
+    from sentence_transformers import SentenceTransformer
+    import nanobert
+    from nanobert.biencoder import save_embedding_model
+    d = tmp_path / "ip"
+    shutil.copytree(minilm_dir, d)
+    st = json.loads((d / "config_sentence_transformers.json").read_text())
+    st.update(prompts={"query": "Represent the question: "}, default_prompt_name="query")
+    (d / "config_sentence_transformers.json").write_text(json.dumps(st))
+    pool = json.loads((d / "1_Pooling" / "config.json").read_text())
+    pool.update({k: False for k in pool if k.startswith("pooling_mode_")})
+    pool.update({f"pooling_mode_{'mean_tokens' if mode == 'mean' else 'cls_token'}": True,
+                 "include_prompt": False})
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(pool))
+    texts = ["A man is eating food.", "The sky is blue today, and nobody knows why."]
+    ours = Encoder(str(d)).encode(texts)
+    theirs = SentenceTransformer(str(d), device="cpu").encode(texts, normalize_embeddings=True)
+    assert np.abs(ours - theirs).max() < 1e-5
+    pool["include_prompt"] = True                           # the prompt pooled: another vector
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(pool))
+    assert np.abs(ours - Encoder(str(d)).encode(texts)).max() > 1e-2
+    pool["include_prompt"] = False
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(pool))
+    model, tok = nanobert.load(str(d), head=None)
+    save_embedding_model(model, tok, tmp_path / "out", pooling=mode)
+    saved = json.loads((tmp_path / "out" / "1_Pooling" / "config.json").read_text())
+    assert saved["include_prompt"] is False
+    np.testing.assert_allclose(Encoder(str(tmp_path / "out")).encode(texts), ours, atol=1e-5)
+    pool["include_prompt"] = "no"                            # not a boolean: refused
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(pool))
+    with pytest.raises(NanobertError, match="include_prompt must be true or false"):
+        Encoder(str(d)).encode(texts)
+
+
+def test_the_server_counts_the_tokens_of_the_default_prompt(tmp_path, minilm_dir):
+    """The server's token counts (usage, truncation, batch budget) are of what the model
+    reads: with a default prompt, the prompt's tokens too."""
+    from nanobert.serve_models import load_served
+    d = tmp_path / "mp"
+    shutil.copytree(minilm_dir, d)
+    st = json.loads((d / "config_sentence_transformers.json").read_text())
+    st.update(prompts={"query": "query: "}, default_prompt_name="query")
+    (d / "config_sentence_transformers.json").write_text(json.dumps(st))
+    texts = ["A man is eating food."]
+    plain, prompted = load_served(str(minilm_dir)), load_served(str(d))
+    assert prompted.count(texts).lengths[0] == plain.count(texts).lengths[0] + 2   # query, :
+    assert prompted.full_length(texts[0]) == plain.full_length(texts[0]) + 2

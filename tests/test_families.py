@@ -226,6 +226,24 @@ def test_deberta_other_settings(tmp_path):
         _compare(ref(**b), model(**b), None, b["attention_mask"])
 
 
+def test_deberta_mlm_head_of_legacy_false(tmp_path):
+    """config.json legacy: false: transformers' other DeBERTa MLM head (lm_predictions.
+    lm_head.*, the same layers) loads with its logits, where it was refused as a head
+    without weights; saved back in the legacy layout, transformers reads the same logits."""
+    config = deberta()
+    config.legacy = False
+    ref = _make_from(hf.DebertaV2ForMaskedLM, config)
+    ref.save_pretrained(tmp_path / "hf")
+    model = load_model(tmp_path / "hf").eval()
+    assert model.head == "mlm" and not [n for n in model.new_weights if n.startswith("mlm.")]
+    b = _batch("deberta-v2")
+    with torch.no_grad():
+        _compare(ref(**b), model(**b), "mlm", b["attention_mask"])
+        model.save_pretrained(tmp_path / "ours")
+        back = hf.DebertaV2ForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+        _compare(ref(**b), back(**b), "mlm", b["attention_mask"])
+
+
 @pytest.mark.parametrize("fam", [f for f, (_, heads) in FAMILIES.items() if "mlm" in heads])
 def test_untied_decoder_loads_and_saves(tmp_path, fam):
     """tie_word_embeddings=false: the checkpoint's own decoder matrix is used, and saved

@@ -348,3 +348,4 @@ def test_lengths_stop_at_the_positions_past_robertas_offset(tmp_path, capsys):
     assert sentence_vectors(model, wide, [long_text, "a"], kind="mean", max_length=None).shape \
         == (2, cfg.hidden_size)
     assert Encoder(model, wide, max_length=1000).encode(long_text).shape == (cfg.hidden_size,)
+

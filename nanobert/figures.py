@@ -1,0 +1,79 @@
+"""Writing figures: every plot of nanobert (training curves, attention maps, t-SNE,
+confusion matrices, the masking ablation) goes through `pyplot()` and `save()`.
+
+- matplotlib draws headless (Agg), so plots work over ssh and in CI;
+- text in a script DejaVu Sans lacks (CJK tokens, Arabic or Hindi label names) is drawn
+  with any installed font that has it, as matplotlib falls back along a family list;
+- a character no installed font has is named once, in one note, instead of a warning
+  from matplotlib for every glyph;
+- the file is written under a temporary name and renamed into place.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from pathlib import Path
+
+from .files import atomic_path, note
+
+# fonts with the scripts DejaVu Sans lacks, tried in this order where installed (then
+# any other "Noto Sans ..." font); matplotlib draws each glyph with the first that has it
+FALLBACK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans CJK TC",
+                  "Noto Sans CJK KR", "Source Han Sans", "WenQuanYi Zen Hei",
+                  "WenQuanYi Micro Hei", "Droid Sans Fallback", "Microsoft YaHei", "SimHei",
+                  "Yu Gothic", "Malgun Gothic", "PingFang SC", "Hiragino Sans",
+                  "Arial Unicode MS", "Noto Sans Arabic", "Noto Sans Devanagari",
+                  "Noto Sans Hebrew", "Noto Sans Thai")
+MAX_FALLBACKS = 16      # (each one tried is a font file matplotlib opens for a missing glyph)
+MISSING_GLYPH = re.compile(r"Glyph (\d+) .*missing from (?:current )?font")
+
+
+def font_families(installed) -> list:
+    """The font family list: DejaVu Sans (matplotlib's own), then the installed fonts
+    of `installed` (names) that draw other scripts."""
+    known = [f for f in FALLBACK_FONTS if f in installed]
+    noto = sorted(n for n in installed if n.startswith("Noto Sans") and n not in known
+                  and "Mono" not in n)
+    return ["DejaVu Sans", *(known + noto)[:MAX_FALLBACKS]]
+
+
+def pyplot():
+    """matplotlib.pyplot, headless, with the fonts of `font_families`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import font_manager
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    matplotlib.rcParams["font.family"] = font_families(installed)
+    # (a fallback font of one weight only: "Failed to find font weight normal", twice a plot)
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+    return plt
+
+
+def save(fig, out, dpi: int = 100, fmt: str = "png", layout: bool = False,
+         tight: bool = False) -> None:
+    """Write `fig` to `out` (atomically) and close it. `layout`: fig.tight_layout() first;
+    `tight`: crop to what is drawn (bbox_inches="tight": long names are never cut)."""
+    import matplotlib.pyplot as plt
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if layout:
+                fig.tight_layout()
+            with atomic_path(Path(out)) as tmp:
+                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight" if tight else None)
+        finally:
+            plt.close(fig)
+    missing = []
+    for w in caught:
+        m = MISSING_GLYPH.search(str(w.message))
+        if m is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif chr(int(m.group(1))) not in missing:
+            missing.append(chr(int(m.group(1))))
+    if missing:
+        note(f"{out}: {len(missing)} character(s) are drawn as boxes, no installed font has "
+             f"them ({''.join(missing[:10])}{'...' if len(missing) > 10 else ''}); install "
+             "a font that does (e.g. Noto Sans CJK for Chinese, Japanese, Korean) and plot "
+             "again")

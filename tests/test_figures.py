@@ -1,0 +1,36 @@
+"""How every plot is written: fonts for other scripts, one note for characters no font
+has, atomic saves."""
+from __future__ import annotations
+
+
+def test_plots_fall_back_to_installed_fonts_of_other_scripts():
+    """DejaVu Sans first (matplotlib's own), then the installed fonts that draw CJK,
+    Arabic, Devanagari...: a CJK token or label name is drawn, not a box."""
+    from nanobert.figures import MAX_FALLBACKS, font_families
+    installed = {"DejaVu Sans", "Noto Sans Arabic", "WenQuanYi Zen Hei", "Noto Sans Mono",
+                 "Noto Sans Tamil", "Liberation Serif", "Noto Sans CJK JP"}
+    assert font_families(installed) == ["DejaVu Sans", "Noto Sans CJK JP", "WenQuanYi Zen Hei",
+                                        "Noto Sans Arabic", "Noto Sans Tamil"]
+    assert font_families({"DejaVu Sans"}) == ["DejaVu Sans"]
+    many = {f"Noto Sans Script{i:03d}" for i in range(100)}
+    assert len(font_families(many)) == 1 + MAX_FALLBACKS
+
+
+def test_characters_no_font_has_are_named_once_in_a_note(tmp_path, capsys):
+    """matplotlib warned once per missing glyph (a CJK sentence: dozens of lines); the
+    plot now says once which characters are boxes and what to install."""
+    import warnings
+    from nanobert import figures
+    plt = figures.pyplot()
+    fig, ax = plt.subplots()
+    ax.set_title("\ue000\ue001\ue000 private-use characters")
+    ax.set_xticks([0, 1], ["\ue001", "ok"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # no warning gets through
+        figures.save(fig, tmp_path / "p.png", layout=True)
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "2 character(s) are drawn as boxes" in err
+    import re
+    assert sorted(re.search(r"has them \((.*?)\)", err).group(1)) == ["\ue000", "\ue001"]
+    assert str(tmp_path / "p.png") in err
+    assert (tmp_path / "p.png").stat().st_size > 0 and not plt.get_fignums()
