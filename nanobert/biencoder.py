@@ -605,6 +605,38 @@ def beir_split(beir, settings: dict, training: bool):
     return beir.select(split)
 
 
+# the judgments a fine-tuning run picks its best model by, first found (without --split)
+DEV_SPLITS = ("dev", "validation")
+
+
+def dev_judgments(train, dev, settings: dict):
+    """The BEIR --dev folder of a fine-tuning run at the judgments its best model is
+    chosen by: `split` when given; the training split when queries are held out of it
+    (--holdout); else the folder's dev (or validation) judgments before its test ones (a
+    model chosen by the test scores is no longer tested by them: BEIR's default for
+    `evaluate` is test). Notes say when the run trains on test judgments, or scores
+    the judgments it trains on. Tables are returned as they are."""
+    from .data import beir_splits
+    if not hasattr(dev, "qrels") or settings.get("split"):
+        return dev
+    trained = beir_split(train, settings, training=True) if hasattr(train, "qrels") else None
+    same = trained is not None and Path(trained.root or ".").resolve() == \
+        Path(dev.root or ".").resolve()
+    if trained is not None and trained.split == "test":
+        note(f"{trained.root}: no qrels/train.tsv, so the run trains on qrels/test.tsv, "
+             "BEIR's evaluation judgments: scores on them afterwards are not held out "
+             "(give --split to choose)")
+    if same and holdout_applies(dev, settings):
+        return dev
+    split = next((s for s in DEV_SPLITS if s in beir_splits(dev.root)), None)
+    chosen = dev.select(split)
+    if same and chosen.split == trained.split:
+        note(f"{dev.root}: the dev evaluation scores qrels/{chosen.split}.tsv, the judgments "
+             "the run trains on, so its scores are not held out; hold queries out with "
+             "--holdout 0.2 (or give a --dev folder of other queries)")
+    return chosen
+
+
 def scores_vary_check(rows, model, path, source=None):
     """Evaluation data scored by correlation needs two scores or more that differ (else
     the run failed at its first evaluation, naming no file)."""

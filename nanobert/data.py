@@ -605,6 +605,15 @@ def detect_format(path, plain_text: bool = False) -> str:
 
 SQUAD_START = re.compile(r'\s*\{\s*("version"\s*:\s*"[^"]*"\s*,\s*)?"data"\s*:\s*\[')
 # {"data": [...  or {"version": "v2.0", "data": [...
+SQUAD_KEYS = re.compile(r'"(paragraphs|qas)"\s*:')
+
+
+def _looks_like_squad(path, head: int = 1 << 16) -> bool:
+    """Does the file start as SQuAD JSON does: {"data": [ with "paragraphs" or "qas"
+    in its first 64 kB (a {"data": [records]} table is not QA data)?"""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read(head).lstrip("\ufeff")
+    return bool(SQUAD_START.match(text) and SQUAD_KEYS.search(text))
 
 
 def task_of_file(path) -> Optional[str]:
@@ -618,7 +627,7 @@ def task_of_file(path) -> Optional[str]:
         fmt = detect_format(path, plain_text=True)
         if fmt == "conll" and looks_like_conll(path):
             return "ner"
-        if fmt in ("json", "jsonl") and SQUAD_START.match(_first_content(path)[1]):
+        if fmt in ("json", "jsonl") and _looks_like_squad(path):
             return "qa"
         fields = _first_content(path)[1].split(_delimiter(path, fmt)) \
             if fmt in ("tsv", "csv") else []
@@ -1027,7 +1036,19 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
         return [Example(" ".join(s.words), line=s.line) for s in read_conll(path, False)]
     if fmt in ("jsonl", "msrp", "tsv", "csv"):
         return read_classification(path, require_label=False, **columns)
-    return read_text_lines(path)
+    return _without_column_name(read_text_lines(path), path)
+
+
+def _without_column_name(examples: list, path) -> list:
+    """Texts one a line whose first line is a text column's name alone (`sentence`, as
+    `cut -f1` of a GLUE file leaves it): that line is the column's header, not a text
+    (each output row had been the one after its input's), with a note."""
+    first = examples[0].text_a.strip() if len(examples) > 1 else ""
+    if first.lower() not in {c.lower() for c in TEXT_COLUMNS}:
+        return examples
+    note(f"{path}:{examples[0].line}: {first!r} read as the name of the text column (a "
+         "header), not as a text")
+    return examples[1:]
 
 
 BARE_NAME = re.compile(r"[\w#][\w#.-]*")   # a header name as CSV writers write it: text_a, #1

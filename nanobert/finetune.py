@@ -1089,6 +1089,8 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     from .train import Trainer
     settings = cfg.settings(task)
     train, dev, whole_train = _read_splits(task, cfg)
+    from .biencoder import dev_judgments
+    dev = dev_judgments(train, dev, settings)      # (a BEIR folder: its dev judgments)
     settings.update(pairs_setting(task, train))
     check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
     model, tok = _model_for(task, cfg, whole_train, settings["max_length"])
@@ -1515,9 +1517,22 @@ def _model_flags(p):
     add_flags(p, ColumnsConfig)
 
 
-def _columns(args, settings) -> dict:
-    """Columns named on the command line, else those the model was trained with."""
-    return ColumnsConfig.from_args(args).given() or settings.get("columns", {})
+def _with_columns(args, settings, read: Callable):
+    """read(columns): the columns named on the command line, else those the model was
+    trained with; a file those do not fit is refused naming them as the model's (the
+    user gave none: `no text column '3'` pointed nowhere)."""
+    given = ColumnsConfig.from_args(args).given()
+    saved = {} if given else settings.get("columns", {})
+    try:
+        return read(given or saved)
+    except NanobertError as e:
+        if not saved or "column" not in str(e):
+            raise
+        flag_of = {path[-1]: flag for path, _, flag in ColumnsConfig.flags()}
+        flags = " ".join(f"{flag_of.get(k, k)} {v}" for k, v in saved.items())
+        raise NanobertError(f"{e} (the model's columns, saved in its nanobert.json when it "
+                            f"was trained with {flags}; name this file's with those flags)") \
+            from None
 
 
 def evaluate_args(p):
@@ -1553,7 +1568,7 @@ def _evaluation_data(task: Task, args, model, settings: dict):
     text (single or pairs) it learnt. A pretrained model without a task head is
     evaluated as an embedding model (its encoder) where --data is embedding data."""
     def read():
-        return task.read(args.data, _columns(args, settings), True)
+        return _with_columns(args, settings, lambda cols: task.read(args.data, cols, True))
     if model.head == task.head:
         examples = read_for(task, args.model, read, args.data)
     else:
@@ -1619,9 +1634,8 @@ def _predict_inputs(task: Task, args, settings) -> list:
         if task.name == "qa" or (task.name == "ner" and D.looks_like_conll(args.input)):
             # (a ner model's --input of plain texts may be a table: its text column counts)
             check_column_flags(task.name, given, "prediction")
-        examples = read_for(task, args.model, lambda: task.inputs(args.input,
-                                                                   _columns(args, settings)),
-                            args.input)
+        examples = read_for(task, args.model, lambda: _with_columns(
+            args, settings, lambda cols: task.inputs(args.input, cols)), args.input)
         check_pairs(task, settings, examples, args.input, f"the model {args.model} was trained on")
         return examples
     texts = [(t, args.context) for t in args.texts] if args.context else args.texts

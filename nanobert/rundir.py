@@ -636,16 +636,19 @@ def _full_disk(out_dir: Path, e: BaseException):
 
 
 def _overwritten(out_dir: Path, written=None) -> list:
-    """The paths in `out_dir` that --overwrite deletes: a run's outputs (`RUN_OUTPUTS`) but
-    what was there when a run first took the directory, and the files runs recorded as
-    their own; in a model directory no run recorded, the model's files."""
+    """The paths in `out_dir` that --overwrite deletes (`_claim`'s three cases): a run's
+    outputs (`RUN_OUTPUTS`) but what was there when a run first took the directory, and
+    the files runs recorded as their own; in a model directory no run recorded, the
+    model's files; in any other directory, the files named as a run's outputs."""
     if not out_dir.is_dir():
         return []
     rec = read_run(out_dir)
-    if rec is None and not holds_a_run(out_dir):
-        return []
-    only, keep = (MODEL_ARTIFACTS, set()) if rec is None else (
-        RUN_OUTPUTS, set(foreign_entries(out_dir, rec)) | set(KEEP_ON_OVERWRITE))
+    if rec is not None:
+        only, keep = RUN_OUTPUTS, set(foreign_entries(out_dir, rec)) | set(KEEP_ON_OVERWRITE)
+    elif holds_a_run(out_dir) or _holds_runs(out_dir):
+        only, keep = MODEL_ARTIFACTS, set(KEEP_ON_OVERWRITE)
+    else:
+        only, keep = RUN_OUTPUTS, set(KEEP_ON_OVERWRITE)
     mine = dict((rec or {}).get("written") or {}, **(written or {}))
     return ([p for p in out_dir.iterdir() if p.name not in keep and only.fullmatch(p.name)
              and not TEMPORARY.fullmatch(p.name)]

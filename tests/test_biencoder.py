@@ -477,3 +477,36 @@ def test_regression_records_pairs_and_a_single_text_model_is_no_cross_encoder(tm
     with pytest.raises(NanobertError, match="trained on single texts .* not a cross-encoder"):
         nanobert.Reranker(tmp_path / "s")
     assert len(nanobert.Reranker(tmp_path / "p").score("a man", ["a dog", "food"])) == 2
+
+
+def test_a_fine_tuning_run_picks_its_best_model_by_dev_judgments_not_test(tmp_path, capsys):
+    """A BEIR --dev folder of train/dev/test judgments: the best model had been chosen by
+    the test scores (BEIR's default split for `evaluate`), with dev.tsv there. A folder
+    without train.tsv trained on its test judgments and scored them as dev, silently."""
+    from nanobert.data import read_beir
+    root = tmp_path / "b"
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": f"d{i}", "text": f"doc {i}"}) + "\n" for i in range(6)))
+    (root / "queries.jsonl").write_text("".join(
+        json.dumps({"_id": f"q{i}", "text": f"query {i}"}) + "\n" for i in range(6)))
+    for split, qs in (("train", (0, 1)), ("dev", (2, 3)), ("test", (4, 5))):
+        (root / "qrels" / f"{split}.tsv").write_text("".join(f"q{i}\td{i}\t1\n" for i in qs))
+    beir = read_beir(root)
+    assert beir.split == "test"                                   # evaluate's default
+    settings = {}
+    assert E.dev_judgments(beir, beir, settings).split == "dev"
+    assert E.dev_judgments(beir, beir, {"split": "test"}) is beir  # --split: as given
+    assert E.dev_judgments(beir, beir, {"holdout": 0.5}) is beir   # held-out train queries
+    rows = [TextRow(("q", "p"))]
+    assert E.dev_judgments(rows, rows, settings) is rows           # tables as they are
+    assert capsys.readouterr().err == ""
+    (root / "qrels" / "dev.tsv").rename(root / "qrels" / "validation.tsv")
+    assert E.dev_judgments(beir, read_beir(root), settings).split == "validation"
+    for name in ("train", "validation"):
+        (root / "qrels" / f"{name}.tsv").unlink()
+    only_test = read_beir(root)
+    assert E.dev_judgments(only_test, only_test, settings).split == "test"
+    err = capsys.readouterr().err
+    assert "no qrels/train.tsv, so the run trains on qrels/test.tsv" in err
+    assert "the dev evaluation scores qrels/test.tsv, the judgments the run trains on" in err

@@ -394,3 +394,35 @@ def test_an_unknown_label_lists_a_dozen_of_the_known_ones(tmp_path):
                             ", ".join(f"c{i:04d}" for i in range(12)) + ", ... (1000 in all))")
     with pytest.raises(NanobertError, match=r"\(the model knows a, b\)$"):
         D.check_labels(read_classification(p), {"a": 0, "b": 1}, p)
+
+
+def test_a_column_name_alone_on_the_first_line_is_a_header_not_a_text(tmp_path, capsys):
+    """`cut -f1 dev.tsv | nanobert predict --input -`: the GLUE header 'sentence' had been
+    predicted as the first text, every output row one below its input, silently."""
+    from nanobert.data import read_inputs
+    f = tmp_path / "in.txt"
+    f.write_text("sentence\ngood movie\nbad movie\n")
+    assert [e.text_a for e in read_inputs(f)] == ["good movie", "bad movie"]
+    assert f"{f}:1: 'sentence' read as the name of the text column" in capsys.readouterr().err
+    f.write_text("Text\nfine\n")
+    assert [e.text_a for e in read_inputs(f)] == ["fine"]
+    for kept in ("text\n", "sentences\ngood\n", "the text\ngood\n"):   # one line; not a name
+        f.write_text(kept)
+        assert [e.text_a for e in read_inputs(f)] == kept.split("\n")[:-1]
+    assert capsys.readouterr().err.count("read as the name") == 1
+
+
+def test_a_table_under_a_data_key_is_not_taken_for_squad(tmp_path):
+    """{"data": [{"text", "label"}]} was named 'QA data (SQuAD JSON ...)' in the hint of
+    its error; a pretty-printed SQuAD file (its first line '{') was not known as QA."""
+    from nanobert.data import task_of_file
+    f = tmp_path / "t.json"
+    f.write_text('{"data": [{"text": "fine", "label": 1}]}')
+    assert task_of_file(f) is None
+    squad = {"version": "1.1", "data": [{"title": "t", "paragraphs": [
+        {"context": "a b", "qas": [{"id": "1", "question": "a?",
+                                    "answers": [{"text": "a", "answer_start": 0}]}]}]}]}
+    f.write_text(json.dumps(squad))
+    assert task_of_file(f) == "qa"
+    f.write_text(json.dumps(squad, indent=2))
+    assert task_of_file(f) == "qa"

@@ -1166,3 +1166,28 @@ def test_a_classifier_of_unnamed_labels_is_evaluated_on_integer_labels(tiny_dir,
     words = write_tsv(tmp_path / "w.tsv", sentiment_rows(4, 1))        # good/bad: unknown
     assert cli.main(["evaluate", "--model", str(d), "--data", str(words)]) == 2
     assert "unknown label 'good'" in capsys.readouterr().err
+
+
+def test_columns_saved_with_a_model_that_a_file_lacks_are_named_as_the_models(tmp_path):
+    """A CoLA model trained with --text-column 3 read the CoLA test file (`index,
+    sentence`) as 'no text column '3'', a flag the user never gave predict."""
+    import argparse
+    from nanobert.finetune import _with_columns, get_task
+    f = tmp_path / "test.tsv"
+    f.write_text("index\tsentence\n0\tthe dog ran\n")
+    task = get_task("classify")
+    settings = {"columns": {"text_column": "3", "pair_column": "4"}}
+    none = argparse.Namespace(text_column=None, pair_column=None, label_column=None)
+    with pytest.raises(NanobertError) as e:
+        _with_columns(none, settings, lambda cols: task.inputs(f, cols))
+    assert str(e.value).startswith(f"{f}:1: no text column '3'")
+    assert str(e.value).endswith("(the model's columns, saved in its nanobert.json when it was "
+                                 "trained with --text-column 3 --text-pair-column 4; name "
+                                 "this file's with those flags)")
+    given = argparse.Namespace(text_column="sentence", pair_column=None, label_column=None)
+    assert [x.text_a for x in _with_columns(given, settings, lambda c: task.inputs(f, c))] \
+        == ["the dog ran"]
+    with pytest.raises(NanobertError) as e:      # given on the command line: as it was
+        _with_columns(argparse.Namespace(text_column="7", pair_column=None, label_column=None),
+                      settings, lambda cols: task.inputs(f, cols))
+    assert "saved in its nanobert.json" not in str(e.value)

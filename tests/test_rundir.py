@@ -157,6 +157,24 @@ def test_overwrite_never_clears_the_runs_own_inputs(tmp_path, data):
     assert data.exists()       # there before the first run: no run's to delete (foreign)
 
 
+def test_overwrite_refuses_an_input_it_would_clear_from_a_plain_directory(tmp_path, data):
+    """In a directory no run took, --overwrite replaces files named as a run's outputs (a
+    vocab.txt of the user's); one given as an input was moved aside first, and the run
+    said the file did not exist. It is refused, as in a run's directory."""
+    out = tmp_path / "wd"
+    out.mkdir()
+    (out / "vocab.txt").write_text("[PAD]\n")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(NanobertError) as e:
+        with run(out, "pretrain", fp(data), overwrite=True, reads=[data, out / "vocab.txt"]):
+            pass
+    assert str(e.value) == (f"--out {out}: holds the input {out / 'vocab.txt'}, which "
+                            "--overwrite would delete (choose another --out)")
+    assert sorted(os.listdir(out)) == ["notes.txt", "vocab.txt"]
+    with run(out, "pretrain", fp(data), overwrite=True, reads=[data, out / "notes.txt"]):
+        assert (out / "notes.txt").exists() and not (out / "vocab.txt").exists()
+
+
 def test_a_run_that_died_before_writing_a_model_blocks_nothing(tmp_path, data):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
