@@ -1382,6 +1382,7 @@ def read_squad(path, require_answers=True) -> list:
             raise data_error(path, 1, "not a SQuAD file (expected an object with a 'data' list)")
         out = [ex for a, article in enumerate(doc["data"])
                for ex in _squad_article(article, f"data[{a}]", path, require_answers, moved)]
+        _note_unanswerable(doc, path)
     elif fmt in ("tsv", "csv"):
         out = _table_questions(path, require_answers, moved)
     else:
@@ -1443,6 +1444,18 @@ def _no_empty_question(question: str, context: str, where: str):
     for what, text in ((" is empty", question), (": its context is empty", context)):
         if not text.strip():
             raise NanobertError(f"{where}{what} (fill it in or remove the question)")
+
+
+def _note_unanswerable(doc: dict, path):
+    """SQuAD v2.0's unanswerable questions (`is_impossible`), read for prediction: a model
+    of SQuAD v1.1 (nanobert's) answers every question, those too (training and evaluation
+    refuse them, as questions without answers)."""
+    n = sum(1 for a in doc["data"] if isinstance(a, dict)
+            for p in a.get("paragraphs") or [] if isinstance(p, dict)
+            for q in p.get("qas") or [] if isinstance(q, dict) and q.get("is_impossible") is True)
+    if n:
+        note(f"{path}: {n} question(s) are marked is_impossible (SQuAD v2.0: no answer in the "
+             "context); a SQuAD v1.1 model answers them too, with the best span it finds")
 
 
 def _squad_article(article, where, path, require_answers, moved: list) -> list:

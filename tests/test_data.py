@@ -426,3 +426,17 @@ def test_a_table_under_a_data_key_is_not_taken_for_squad(tmp_path):
     assert task_of_file(f) == "qa"
     f.write_text(json.dumps(squad, indent=2))
     assert task_of_file(f) == "qa"
+
+
+def test_squad_v2_unanswerable_questions_read_for_prediction_get_a_note(tmp_path, capsys):
+    from nanobert.data import read_squad
+    f = tmp_path / "v2.json"
+    f.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": [
+        {"context": "the cat sat", "qas": [
+            {"id": "a", "question": "who sat?", "answers": [{"text": "the cat", "answer_start": 0}],
+             "is_impossible": False},
+            {"id": "b", "question": "who flew?", "answers": [], "is_impossible": True}]}]}]}))
+    assert [q.id for q in read_squad(f, require_answers=False)] == ["a", "b"]
+    assert "1 question(s) are marked is_impossible" in capsys.readouterr().err
+    with pytest.raises(NanobertError, match="question 'b' has no answers .SQuAD v2.0"):
+        read_squad(f)
