@@ -982,11 +982,14 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
                 require_label=require_label)
     if fmt == "jsonl":
         out = _read_jsonl_examples(path, cols)
-    elif fmt in ("tsv", "csv") and not (text_column or label_column) and is_sts_original(path):
-        raise data_error(path, 1, "STS Benchmark rows (a similarity score and two sentences "
-                         "a line), not texts with class labels: finetune/evaluate --task "
-                         "regress, embed and rerank read them; name a column to read its "
-                         "sentences here (--text-column 5)")
+    elif fmt in ("tsv", "csv") and is_sts_original(path):
+        if not (text_column or label_column):
+            raise data_error(path, 1, "STS Benchmark rows (a similarity score and two "
+                             "sentences a line), not texts with class labels: finetune/"
+                             "evaluate --task regress, and finetune --task embed or rerank, "
+                             "read them; name a column to read its sentences here "
+                             "(--text-column 5)")
+        out = _read_sts_examples(path, cols)
     elif fmt in ("tsv", "csv", "msrp"):
         out = _read_table_examples(path, fmt, cols)
     else:
@@ -1663,6 +1666,40 @@ def _read_sts_original(path: Path, require_score: bool, columns: Optional[dict] 
             raise NanobertError(f"{e} (read as a row of the STS Benchmark layout, which has "
                                 "no header; a header names its columns: sentence1, sentence2, "
                                 "score)") from None
+    return out
+
+
+def _read_sts_examples(path: Path, cols: dict) -> list:
+    """`Example`s of an STS Benchmark release file read by columns given by 0-based index
+    (`embed --text-column 5`, `tsne --label-column 4`): each line split on tabs, quoting
+    off, the trailing fields some lines carry ignored, as the STS reader reads them (the
+    table reader refused those lines as ragged)."""
+    roles = ("text_column", "pair_column", "label_column")
+    given = {r: cols[r] for r in roles if cols.get(r)}
+    flags = {role: flag for role, _, flag in TEXT_ROLES}
+    flag_of = dict(zip(roles, (flags["text"], flags["pair"], flags["score"])))
+    bad = next((r for r in given if not is_column_index(given[r])), None)
+    if bad is not None or "text_column" not in given:
+        what = (f"{flag_of[bad]} {given[bad]}: it has no header to name a column by; give "
+                "its 0-based index" if bad else "give the text's column by 0-based index "
+                "(--text-column 5: sentence1)")
+        raise data_error(path, 1, f"the STS Benchmark layout (genre file year id score "
+                         f"sentence1 sentence2): {what}")
+    ia, ib, il = (int(given[r]) if r in given else None for r in roles)
+    if il is None and cols["require_label"]:
+        raise data_error(path, 1, "the STS Benchmark layout has no class labels; name the "
+                         "column to read as one (--label-column 4: the score)")
+    need = max(STS_FIELDS, *(i + 1 for i in (ia, ib, il) if i is not None))
+    out = []
+    for n, text in read_lines(path):
+        if not text.strip():
+            continue
+        fields = text.split("\t")
+        if len(fields) < need:
+            raise data_error(path, n, f"expected at least {need} tab-separated fields (genre "
+                             f"file year id score sentence1 sentence2), found {len(fields)}")
+        label = _label_str(fields[il], path, n, cols["require_label"]) if il is not None else None
+        out.append(Example(fields[ia], fields[ib] if ib is not None else None, label, n))
     return out
 
 

@@ -456,7 +456,8 @@ class Encoder:
             rerank = check_reranker(rerank)
             rerank_k = check_count(rerank_k, "rerank_k")
             if rerank_k < k:   # (it was raised without a word)
-                note(f"rerank_k {rerank_k} is under k {k}: the {k} nearest entries are reranked")
+                note(f"rerank_k (--rerank-k) {rerank_k} is under k (-k) {k}: the {k} nearest "
+                     "entries are reranked")
             first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
             return rerank.rerank_hits(query, first, k)
         if isinstance(corpus, (str, Path)):
@@ -682,6 +683,11 @@ def search_cmd(args):
         raise NanobertError("--rerank-k needs --rerank MODEL")
     reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
     enc = _encoder(args)
+    for q, e in zip(args.query, enc.tokenizer.tk.encode_batch(args.query,
+                                                             add_special_tokens=False)):
+        if not e.ids:     # (a zero-width space: a vector of [CLS] and [SEP], ranked by)
+            raise NanobertError(f"--query: no tokens in {q[:40]!r} (the tokenizer keeps none "
+                                "of its characters): nothing to search with")
     texts, emb = corpus_embeddings_cached(enc, args.corpus, verbose=True,
                                           text_column=args.text_column)
     results = enc.search(args.query, texts, k=args.k, corpus_embeddings=emb, rerank=reranker,

@@ -613,8 +613,10 @@ def _new_model(run: _Run, make_model=None):
         run.out.mkdir(parents=True, exist_ok=True)
         run.tok.save(run.out)  # the vocabulary, before any checkpoint (resume reads it back)
         k = cfg.trainer.grad_accum
+        from .info import summary
+        n = summary(model)["parameters"]["total"]    # those saved, as `nanobert info` counts
         run.say(f"model: {cfg.model_config or cfg.preset or 'student'}, "
-                f"{model.num_parameters():,} parameters, task {model.head}; objective "
+                f"{n:,} parameters, task {model.head}; objective "
                 f"{cfg.objective}, mask {cfg.mask_prob:g} split {split_name(cfg.split)}"
                 f"{' whole-word' if cfg.whole_word_mask else ''}; global batch {cfg.batch_size} "
                 f"({run.world} process(es) x {k} micro-batch(es) x {run.micro} rows) of "

@@ -99,8 +99,8 @@ def test_search_says_when_rerank_k_is_raised_to_k(minilm, reranker, capsys):
     enc = Encoder(minilm)
     capsys.readouterr()
     assert len(enc.search("cat", DOCS, k=3, rerank=reranker, rerank_k=1)) == 3
-    assert capsys.readouterr().err == ("nanobert: note: rerank_k 1 is under k 3: the 3 nearest "
-                                       "entries are reranked\n")
+    assert capsys.readouterr().err == ("nanobert: note: rerank_k (--rerank-k) 1 is under k "
+                                       "(-k) 3: the 3 nearest entries are reranked\n")
     enc.search("cat", DOCS, k=2, rerank=reranker, rerank_k=2)
     assert capsys.readouterr().err == ""
 

@@ -440,3 +440,24 @@ def test_squad_v2_unanswerable_questions_read_for_prediction_get_a_note(tmp_path
     assert "1 question(s) are marked is_impossible" in capsys.readouterr().err
     with pytest.raises(NanobertError, match="question 'b' has no answers .SQuAD v2.0"):
         read_squad(f)
+
+
+def test_an_sts_release_file_read_by_column_index_ignores_trailing_fields(tmp_path):
+    """`embed --text-column 5` on sts-dev.csv, as its error advised: refused at the first
+    line with 9 fields (a source named twice), which the STS reader reads by its first 7."""
+    from nanobert.data import read_classification, read_inputs
+    f = tmp_path / "sts-dev.csv"
+    f.write_text("main-captions\tMSRvid\t2012test\t0000\t5.000\tA man plays.\tA man is playing.\n"
+                 "main-news\theadlines\t2016\t0001\t1.5\tA \"quoted\" one.\tAnother.\tsrc\tsrc\n")
+    rows = read_inputs(f, {"text_column": "5"})
+    assert [(e.text_a, e.line) for e in rows] == [("A man plays.", 1), ('A "quoted" one.', 2)]
+    rows = read_classification(f, text_column="5", pair_column="6", label_column="4")
+    assert [(e.text_b, e.label) for e in rows] == [("A man is playing.", "5"), ("Another.", "1.5")]
+    with pytest.raises(NanobertError, match="--text-column sentence1: it has no header"):
+        read_inputs(f, {"text_column": "sentence1"})
+    with pytest.raises(NanobertError, match="no class labels; name the column to read as one"):
+        read_classification(f, text_column="5")
+    with pytest.raises(NanobertError, match=":1: expected at least 10 tab-separated fields"):
+        read_inputs(f, {"text_column": "9"})
+    with pytest.raises(NanobertError, match="finetune --task embed or rerank, read them"):
+        read_inputs(f)

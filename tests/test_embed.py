@@ -329,8 +329,10 @@ def test_texts_to_embed_from_any_table_labels_optional(tmp_path):
     two.write_text("sentence\tsource\nthe first\tweb\nthe second\tbook\n")
     assert read_texts(two) == ["the first", "the second"]
     plain = tmp_path / "plain.txt"
-    plain.write_text("text\nhello there\n")            # not a table: every line is a text
-    assert read_texts(plain) == ["text", "hello there"]
+    plain.write_text("text\nhello there\n")   # a column's name alone: its header (a note)
+    assert read_texts(plain) == ["hello there"]
+    plain.write_text("texts\nhello there\n")          # not a table: every line is a text
+    assert read_texts(plain) == ["texts", "hello there"]
     odd = tmp_path / "odd.csv"
     odd.write_text("a,label\nx,1\n")
     with pytest.raises(NanobertError, match="no text column"):
@@ -783,3 +785,13 @@ def test_the_server_counts_the_tokens_of_the_default_prompt(tmp_path, minilm_dir
     plain, prompted = load_served(str(minilm_dir)), load_served(str(d))
     assert prompted.count(texts).lengths[0] == plain.count(texts).lengths[0] + 2   # query, :
     assert prompted.full_length(texts[0]) == plain.full_length(texts[0]) + 2
+
+
+def test_search_refuses_a_query_of_no_tokens(tmp_path, capsys):
+    """A query of a zero-width space was ranked by with a vector of [CLS] and [SEP]."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("A man is eating food.\n")
+    for q in ("\u200b", "\u200b\u0301"):
+        assert main(["search", "--model", "minilm", "--corpus", str(corpus), "--query", q]) == 2
+        err = capsys.readouterr().err
+        assert f"--query: no tokens in {q!r}" in err and len(err.strip().splitlines()) == 1

@@ -349,3 +349,21 @@ def test_lengths_stop_at_the_positions_past_robertas_offset(tmp_path, capsys):
         == (2, cfg.hidden_size)
     assert Encoder(model, wide, max_length=1000).encode(long_text).shape == (cfg.hidden_size,)
 
+
+
+def test_maps_too_small_to_name_tokens_carry_no_tick_marks(tmp_path, monkeypatch, capsys):
+    """72 maps of 128 tokens set 128 unlabelled ticks per axis per map: 60 s of a
+    one-minute plot went into tick marks nobody sees. Labelled maps keep one per token."""
+    from nanobert import inspection
+    seen = []
+    monkeypatch.setattr(inspection, "_save", lambda fig, out: seen.append(fig))
+    rng = np.random.default_rng(0)
+    for T, layers, heads in ((128, range(6), range(12)), (6, [0], [0])):
+        probs = rng.random((6, 12, T, T)).astype(np.float32)
+        inspection.plot_attention([f"t{i}" for i in range(T)], probs, layers, heads,
+                                  tmp_path / "a.png")
+    big, small = seen
+    assert all(not ax.get_xticks().size and not ax.get_yticks().size
+               for ax in big.axes if ax.get_title().startswith("Layer"))
+    assert "leave no room to name each token" in capsys.readouterr().err
+    assert [t.get_text() for t in small.axes[0].get_xticklabels()] == [f"t{i}" for i in range(6)]

@@ -812,3 +812,18 @@ def test_tokenizer_without_mask_or_pad_token_is_refused_in_one_line(tmp_path, ca
                  str(tmp_path / "vocab.txt"), "--steps", "2", "--batch-size", "2", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"no {missing} token" in err[0] and not out.exists()
+
+
+def test_the_parameter_count_pretrain_prints_is_the_saved_models(tmp_path, capsys):
+    """pretrain printed 560,372 parameters where `info` and transformers count 543,860:
+    an MLM model's pooler is neither trained nor saved."""
+    import re
+    (tmp_path / "c.txt").write_text("the cat sat on the mat.\n\na dog ran in the park.\n" * 20)
+    out = tmp_path / "out"
+    assert main(["pretrain", "--corpus", str(tmp_path / "c.txt"), "--out", str(out),
+                 "--preset", "tiny", "--vocab-size", "60", "--steps", "1", "--batch-size", "2",
+                 "--seq-len", "16", "--no-progress"]) == 0
+    printed = int(re.search(r"([\d,]+) parameters", capsys.readouterr().out).group(1)
+                  .replace(",", ""))
+    from transformers import BertForMaskedLM
+    assert printed == BertForMaskedLM.from_pretrained(out).num_parameters()
