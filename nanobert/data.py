@@ -1001,8 +1001,7 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
         out = _without_no_gold(out, path)
     if not out:
         raise data_error(path, None, "no examples (only a header?)")
-    if require_label:
-        _note_empty_texts(out, path)
+    _note_empty_texts(out, path, "labelled example(s)" if require_label else "input(s)")
     return out
 
 

@@ -363,8 +363,10 @@ def test_an_empty_text_in_labelled_data_is_kept_with_a_note(tmp_path, capsys, na
     assert capsys.readouterr().err == (f"nanobert: note: {p}:{line}: 1 labelled example(s) "
                                        "with an empty text (kept; fill the cells or remove "
                                        "the rows if they were lost on the way)\n")
-    assert len(read_classification(p, require_label=False)) == 2   # an input file: no note
-    assert capsys.readouterr().err == ""
+    assert len(read_classification(p, require_label=False)) == 2   # an input file: inputs
+    assert capsys.readouterr().err == (f"nanobert: note: {p}:{line}: 1 input(s) with an empty "
+                                       "text (kept; fill the cells or remove the rows if they "
+                                       "were lost on the way)\n")
 
 
 def test_an_empty_question_or_context_is_refused(tmp_path):
@@ -461,3 +463,13 @@ def test_an_sts_release_file_read_by_column_index_ignores_trailing_fields(tmp_pa
         read_inputs(f, {"text_column": "9"})
     with pytest.raises(NanobertError, match="finetune --task embed or rerank, read them"):
         read_inputs(f)
+
+
+def test_inputs_with_an_empty_text_get_the_note_labelled_rows_get(tmp_path, capsys):
+    """embed/predict kept a table's empty-text rows silently (their vectors are those of
+    [CLS] [SEP]); training and tsne said so."""
+    from nanobert.data import read_inputs
+    f = tmp_path / "t.tsv"
+    f.write_text("sentence\tlabel\nhello\t1\n\t0\nworld\t\n")
+    assert [e.text_a for e in read_inputs(f)] == ["hello", "", "world"]
+    assert f"{f}:3: 1 input(s) with an empty text (kept" in capsys.readouterr().err
