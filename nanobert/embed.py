@@ -410,11 +410,13 @@ class Encoder:
     def encode(self, texts, batch_size: Optional[int] = None, normalize: Optional[bool] = None,
                show_progress: bool = False) -> np.ndarray:
         """One text -> a vector (H,); a list of texts -> an array (n, H), float32."""
+        if getattr(texts, "ndim", None) == 0 and hasattr(texts, "item"):
+            texts = texts.item()         # np.array("a text"): one text, as np.str_ is
         single = isinstance(texts, str)
         out = encode(self.model, self.tokenizer, [texts] if single else texts, self.pooling,
                      self.normalize if normalize is None else normalize,
                      self.batch_size if batch_size is None else batch_size,
-                     self.max_length, show_progress)
+                     self.max_length, check_flag(show_progress, "show_progress"))
         return out[0] if single else out
 
     def identity(self) -> str:

@@ -19,6 +19,8 @@ equal nanobert's to 1e-4; what a graph writes on padding positions is unspecifie
 """
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import io
 import re
@@ -153,14 +155,21 @@ def _exported(p: Path) -> bool:
                                                         and p.is_dir())
 
 
-def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
+def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> Path:
     """OUT is a new or empty directory, or an earlier export (replaced as a whole); never
-    the model itself, another model or run, or a folder of other files. `flag` is how
-    messages name it (the CLI's OUT, or export_onnx's argument)."""
+    the model itself, another model or run, a folder of other files, or the current
+    directory. `flag` is how messages name it (the CLI's OUT, or export_onnx's
+    argument). Returns it as a Path, `~` expanded (as model paths are)."""
     import os
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
         raise TypeError(f"{flag}: expected a directory (str or path), got {out_dir!r}")
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).expanduser()
+    here = Path.cwd().resolve()
+    if out_dir.exists() and out_dir.resolve() in (here, *here.parents):
+        raise NanobertError(f"{flag} {out_dir}: is the current directory (or holds it), "
+                            "which an export replaces as a whole: your shell would be left "
+                            f"in a deleted directory; give another {flag}, or run from "
+                            "its parent")
     if out_dir.suffix.lower() == ".onnx" and not out_dir.is_dir():
         raise NanobertError(f"{flag} {out_dir} names a file, but {flag} is a directory (the "
                             f"model files plus model.onnx): try {out_dir.with_suffix('')}")
@@ -182,6 +191,7 @@ def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> None:
     # an earlier export is replaced whole (no stale model_quantized.onnx), but never one
     # that holds the model being exported
     check_not_input(out_dir, [model_name], flag)
+    return out_dir
 
 
 def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
@@ -194,9 +204,14 @@ def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     from .quantize import dtype_name
     dtype = dtype_name(dtype)
     # (as the CLI's OUT: replacing a directory whole must not take a model or other files)
-    check_export_out(out_dir, getattr(model, "source_dir", None), "export_onnx(out_dir)")
+    out_dir = check_export_out(out_dir, getattr(model, "source_dir", None),
+                               "export_onnx(out_dir)")
+    source = getattr(model, "source_dir", None)
+    if tokenizer is None and source is not None:   # (else a folder nothing could read)
+        from .tokenizer import Tokenizer
+        with contextlib.suppress(NanobertError):   # (a source saved without one: none)
+            tokenizer = Tokenizer.from_dir(source)
     data = onnx_bytes(model)
-    out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
         save_model(model, tmp, tokenizer=tokenizer)
         _copy_side_files(getattr(model, "source_dir", None), tmp)
@@ -251,13 +266,12 @@ def export_args(p):
 def export_cmd(args):
     """Export a model to ONNX (dynamic batch and sequence axes; optional int8)."""
     from . import load
-    out = Path(args.out)
-    check_export_out(out, args.model)            # before loading or tracing anything
+    out = check_export_out(args.out, args.model)    # before loading or tracing anything
     model, tokenizer = load(args.model)
     source = getattr(model, "source_dir", None)  # 'minilm' or a hub name: now a directory
     if source is not None:
         check_not_input(out, [source], "OUT")
-    path = EXPORTERS[args.format](model, args.out, tokenizer, args.dtype)
+    path = EXPORTERS[args.format](model, out, tokenizer, args.dtype)
     also = f"{path.with_name('model.onnx')} and " if path.name != "model.onnx" else ""
     print(f"wrote {also}{path} (outputs: {', '.join(outputs_of(model))})")
     return 0

@@ -126,11 +126,12 @@ def spooled_stdin(path):
 
 
 def input_path(path) -> Path:
-    """`path` as a Path; an empty one (a flag given '', a variable left unset) is refused:
-    Path("") is ".", and the error named the current directory."""
+    """`path` as a Path, `~` expanded (as model paths are); an empty one (a flag given '',
+    a variable left unset) is refused: Path("") is ".", and the error named the current
+    directory."""
     if str(path) == "":
         raise NanobertError("an empty path was given where a file is expected")
-    return Path(path)
+    return Path(path).expanduser()
 
 
 def path_kind(path):
@@ -263,7 +264,11 @@ def atomic_path(target):
     (`usual_mode`), whatever wrote them. On a failure nothing is left: neither the
     temporary nor the folders made for `target`; what an earlier write of `target` that
     was killed (SIGKILL) left is cleared first (`clear_leftovers`)."""
-    target = Path(target)
+    # a link is written through (its target replaced, the link kept: the rename had put
+    # a directory in its place and left the link as a hidden leftover); '.' and '..' are
+    # named by what they stand for (a rename needs a name)
+    target = Path(target).expanduser()
+    target = target.resolve() if target.is_symlink() else Path(os.path.abspath(target))
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     tmp, done = None, False
     try:

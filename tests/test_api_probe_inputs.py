@@ -266,3 +266,12 @@ def test_a_trainer_field_given_to_a_job_config_says_where_it_goes():
     with pytest.raises(TypeError, match=r"^FinetuneConfig\(\) has no field bogus$"):
         FinetuneConfig(**base, bogus=1)
     assert FinetuneConfig.create(**base, lr=1e-5).trainer.lr == 1e-5
+
+
+def test_encode_takes_a_0d_array_as_one_text_and_checks_show_progress(minilm):
+    """np.array("a text") raised numpy's 'iteration over a 0-d array' (np.str_ was one
+    text); show_progress took any value where normalize is checked."""
+    enc = Encoder(minilm)
+    np.testing.assert_array_equal(enc.encode(np.array("a fine film")), enc.encode("a fine film"))
+    with pytest.raises(TypeError, match="show_progress must be True or False"):
+        enc.encode(["a"], show_progress="x")

@@ -192,3 +192,37 @@ def test_python_export_refuses_what_the_cli_refuses(tmp_path, one_thread):
                                                 "export's\\)"):
             export_onnx(model, out)
     assert (tmp_path / "new" / "notes.txt").read_text() == "mine" and (proj / "data").is_dir()
+
+
+def test_export_into_the_current_directory_a_link_or_home(tmp_path, monkeypatch, capsys,
+                                                          one_thread):
+    """`nanobert export MODEL .` traced the graph, then failed with a ValueError
+    traceback; a link as OUT was replaced by a directory (its target left empty, a hidden
+    copy of the link left over); '~/x' was written to ./~/x; a model exported from
+    Python without a tokenizer gave a folder nothing could read."""
+    from nanobert.cli import main
+    from nanobert.tokenizer import Tokenizer
+    tok = Tokenizer.train(["the film was good and fun"] * 3, vocab_size=40, min_frequency=1)
+    torch.manual_seed(0)
+    cfg = nanobert.preset("tiny", vocab_size=tok.vocab_size, hidden_size=32,
+                          num_attention_heads=4, intermediate_size=37, max_position_embeddings=40)
+    src = tmp_path / "src"
+    nanobert.Bert(cfg, "classify").save_pretrained(src, tokenizer=tok)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (".", str(here)):
+        assert main(["export", str(src), out, "--threads", "1"]) == 2
+        assert "is the current directory (or holds it)" in capsys.readouterr().err
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    assert main(["export", str(src), str(tmp_path / "link"), "--threads", "1"]) == 0
+    assert (tmp_path / "link").is_symlink() and (real / "model.onnx").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "link", "real", "src"]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model, _ = nanobert.load(src)
+    assert export_onnx(model, "~/home_out") == tmp_path / "home_out" / "model.onnx"
+    assert not (here / "~").exists()
+    assert Tokenizer.from_dir(tmp_path / "home_out").encode("the film").ids == \
+        tok.encode("the film").ids                     # the source's tokenizer, copied
