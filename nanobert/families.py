@@ -481,7 +481,8 @@ DEBERTA = Family(
         "deberta.encoder.LayerNorm.weight", "deberta.encoder.LayerNorm.bias"),
     # config.json legacy: false: transformers' other MLM head, the same layers (dense, act,
     # LayerNorm, the tied decoder, a bias) under other names
-    other_names=((r"lm_predictions\.lm_head\.(dense|LayerNorm)\.", r"cls.predictions.transform.\1."),
+    other_names=((r"lm_predictions\.lm_head\.(dense|LayerNorm)\.",
+                  r"cls.predictions.transform.\1."),
                  (r"lm_predictions\.lm_head\.bias$", "cls.predictions.bias")),
 )
 
