@@ -519,6 +519,16 @@ def validate_hf_config(hf: dict, path):
     if hf.get("is_decoder"):  # transformers then masks attention causally
         raise NanobertError(f"{path}: is_decoder is true (a left-to-right decoder); nanobert "
                             "encoders attend in both directions")
+    fam = BY_MODEL_TYPE.get(hf.get("model_type"))
+    if hf.get("type_vocab_size") == 0 and fam is not None and fam.segment_table:
+        raise NanobertError(f"{path}: type_vocab_size 0 (no segment embeddings) for a "
+                            f"{fam.name} model, which transformers builds but cannot run (its "
+                            "embeddings always add a segment's); make it 1 (RoBERTa's) or 2")
+    if hf.get("position_embedding_type") in ("relative_key", "relative_key_query"):
+        raise NanobertError(f"{path}: position_embedding_type "
+                            f"{hf['position_embedding_type']!r} (learnt relative positions) is "
+                            "not supported (absolute positions, RoPE, or DeBERTa's relative "
+                            "attention)")
     pad, vocab = hf.get("pad_token_id"), hf.get("vocab_size")
     if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab:
         raise NanobertError(f"{path}: pad_token_id {pad} is not below vocab_size {vocab}")

@@ -396,11 +396,19 @@ class StreamingCorpus:
     def __init__(self, files, tok, seq_len: int, val_fraction: float = 0.1, seed: int = 0,
                  buffer: int = 10000, rank: int = 0, world_size: int = 1):
         self.files, self.tok, self.seq_len, self.seed = list(files), tok, seq_len, seed
-        self.every = round(1 / val_fraction) if val_fraction > 0 else 0
+        self.every = round(1 / val_fraction) if val_fraction > 0 else 0   # (as below)
         self.buffer, self.rank, self.world_size = buffer, rank, world_size
 
     def _held_out(self, d: int) -> bool:
         return bool(self.every) and d % self.every == 0
+
+    @staticmethod
+    def training_documents(files, val_fraction: float) -> Iterator:
+        """The documents of `files` that are not held out (what a new vocabulary is
+        trained on, as in memory: validation text must not shape it)."""
+        every = round(1 / val_fraction) if val_fraction > 0 else 0
+        return (doc for d, doc in enumerate(iter_documents(files))
+                if not (every and d % every == 0))
 
     def _sequences(self, validation: bool) -> Iterator[np.ndarray]:
         """Packed id rows (no specials) of the training or validation documents, once."""

@@ -85,7 +85,10 @@ def _real_tokens(enc):
 
 def soft_target_kl(logits, target_probs, T: float) -> torch.Tensor:
     """KL(target ‖ softmax(logits / T)) per row, averaged, times T² (Hinton et al.: keeps
-    the gradient's size independent of T). logits, target_probs: (N, C)."""
+    the gradient's size independent of T). logits, target_probs: (N, C); 0 for N = 0 (a
+    batch with no masked token: its mean was NaN)."""
+    if not len(logits):
+        return logits.sum() * 0.0
     return F.kl_div(F.log_softmax(logits.float() / T, dim=-1), target_probs.float(),
                     reduction="batchmean") * T * T
 
@@ -222,17 +225,19 @@ def distill(cfg: DistillConfig) -> dict:
                                  attention_probs_dropout_prob=cfg.dropout)
 
     def make_model(tok):
+        from .info import saved_parameters
         torch.manual_seed(cfg.trainer.seed)
         student = Bert(config, "mlm")
-        if student.num_parameters() >= teacher.num_parameters():
-            note(f"the student ({config.num_hidden_layers} layers, {student.num_parameters():,} "
-                 f"parameters) is not smaller than the teacher ({teacher.num_parameters():,}): "
+        n, n_teacher = saved_parameters(student), saved_parameters(teacher)
+        if n >= n_teacher:
+            note(f"the student ({config.num_hidden_layers} layers, {n:,} "
+                 f"parameters) is not smaller than the teacher ({n_teacher:,}): "
                  "it will be no faster; pick a smaller one with --student-layers or "
                  "--student-preset")
         if cfg.init:
             with torch.no_grad():
                 copied = init_from_teacher(student, teacher)
-            print(f"student: {config.num_hidden_layers} layers, {student.num_parameters():,} "
+            print(f"student: {config.num_hidden_layers} layers, {n:,} "
                   f"parameters; {len(copied)} tensors initialised from the teacher")
         return student
 

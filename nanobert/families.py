@@ -51,6 +51,9 @@ class Family:
     # (HF regex, the HF name `rules` use): a tensor some files save under another name,
     # renamed on load
     other_names: tuple = ()
+    # transformers' embeddings index a token-type table (type_vocab_size 0 is a model it
+    # builds but cannot run); the others have none, or none when it is 0 (DeBERTa)
+    segment_table: bool = True
 
     def config_kwargs(self, hf_config: dict) -> dict:
         """config.json -> BertConfig keyword arguments, the MLM head's activation included."""
@@ -298,6 +301,7 @@ MPNET = Family(
     _mpnet_from_hf, _mpnet_to_hf,
     heads=("mlm", "classify", "regression", "token", "qa"),
     mlm_act=lambda kw: "gelu",   # MPNetLMHead applies GELU, whatever hidden_act says
+    segment_table=False,
 )
 
 # ---- DistilBERT: no segments, no pooler; a ReLU pre-classifier --------------------------
@@ -338,7 +342,7 @@ DISTILBERT = Family(
     ]),
     tuple(f"distilbert.transformer.layer.{{}}.attention.{x}" for x in ("q_lin", "k_lin", "v_lin")),
     _distil_from_hf, _distil_to_hf,
-    heads=("mlm", "classify", "regression", "token", "qa"),
+    heads=("mlm", "classify", "regression", "token", "qa"), segment_table=False,
 )
 
 # ---- ModernBERT: pre-LN, RoPE, GeGLU, no biases, local/global attention ---------------
@@ -411,6 +415,7 @@ MODERNBERT = Family(
     ("model.layers.{}.attn.Wqkv",),
     _modern_from_hf, _modern_to_hf,
     heads=("mlm", "classify", "regression", "token", "qa"), reads_pooling=True,
+    segment_table=False,
     # one ModernBertPredictionHead serves the classifier and the MLM: classifier_activation
     mlm_act=lambda kw: kw["pooler_act"],
 )
@@ -474,7 +479,7 @@ DEBERTA = Family(
     ]),
     tuple(f"deberta.encoder.layer.{{}}.attention.self.{x}_proj" for x in ("query", "key", "value")),
     _deberta_from_hf, _deberta_to_hf,
-    heads=("mlm", "classify", "regression", "token", "qa"),
+    heads=("mlm", "classify", "regression", "token", "qa"), segment_table=False,
     # norm_rel_ebd="layer_norm" without relative attention: transformers builds and saves
     # the norm of relative embeddings it has none of (DebertaV2Encoder.get_rel_embedding)
     unused=lambda c: () if c.relative_attention else (

@@ -20,7 +20,8 @@ def summary(model, tokenizer=None) -> dict:
               "head": count(model.parameters(), (bert,))}
     # a pooler this family's model for this task does not have (DistilBERT's and
     # ModernBERT's encoders, any token or QA model) is neither saved nor counted
-    unsaved = 0 if _pooler_saved(model) else counts.pop("pooler")
+    if not _pooler_saved(model):
+        counts.pop("pooler")
     return {
         "task": model.head or "encoder", "family": c.family,
         "layers": c.num_hidden_layers, "hidden": c.hidden_size,
@@ -30,11 +31,18 @@ def summary(model, tokenizer=None) -> dict:
         "attn_backend": c.attn_backend,
         "vocab_size": c.vocab_size if tokenizer is None else tokenizer.vocab_size,
         "labels": c.id2label if model.head in ("classify", "token") else None,
-        "parameters": dict(counts, total=model.num_parameters() - unsaved),
+        "parameters": dict(counts, total=saved_parameters(model)),
         # made on load, not in the checkpoint (a head, a pooler): seeded, untrained
         "new_weights": [n for n in getattr(model, "new_weights", [])
-                        if not (unsaved and n.startswith("bert.pooler."))],
+                        if _pooler_saved(model) or not n.startswith("bert.pooler.")],
     }
+
+
+def saved_parameters(model) -> int:
+    """The parameters a model's directory holds: all but a pooler its family's
+    transformers class for its task does not have (an MLM's), as `info` counts them."""
+    unsaved = 0 if _pooler_saved(model) else sum(p.numel() for p in model.bert.pooler.parameters())
+    return model.num_parameters() - unsaved
 
 
 def _pooler_saved(model) -> bool:

@@ -1039,6 +1039,14 @@ def pair_loss(pair_logits, pair_labels, reduction: str = "mean") -> torch.Tensor
     return F.cross_entropy(pair_logits.float(), pair_labels, reduction=reduction)
 
 
+def masked_lm_loss(logits, labels) -> torch.Tensor:
+    """MLM cross-entropy, (M, V) vs (M,) (-100: not scored), averaged over the scored
+    tokens; 0 (with its graph) where there are none (rows of [UNK] and special tokens
+    alone: the mean over no token was NaN, and the run stopped as diverged)."""
+    scored = (labels != -100).sum().clamp(min=1)       # (no host sync: a tensor)
+    return F.cross_entropy(logits, labels, reduction="sum") / scored
+
+
 @dataclass
 class Output:
     loss: Optional[torch.Tensor] = None
@@ -1121,11 +1129,11 @@ class Bert(nn.Module):
                     sel = sel[layout.index[sel].argsort()]
                 hs = h.flatten(0, -2)[sel] if not unpadded else h[sel]         # (M, H)
                 out.logits = self.mlm(hs)                                      # (M, V)
-                out.loss = F.cross_entropy(out.logits, flat[sel])
+                out.loss = masked_lm_loss(out.logits, flat[sel])
             else:
                 out.logits = layout.pad(self.mlm(h)) if unpadded else self.mlm(h)
                 if labels is not None:
-                    out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
+                    out.loss = masked_lm_loss(out.logits.flatten(0, 1), labels.flatten())
             if head == "pretraining":
                 out.pair_logits = self.pair(enc.pooler_output)                 # (B, 2)
                 if pair_labels is not None:

@@ -323,7 +323,7 @@ def mlm_loss_fn(world: int, objective: str = "mlm"):
             n = (batch["labels"] != IGNORE).sum().float()
             total = n.detach().clone()
             dist.all_reduce(total)
-            loss = loss * n * world / total
+            loss = loss * n * world / total.clamp(min=1)
         if pair_labels is not None:
             loss = loss + pair_loss(out.pair_logits, pair_labels)
         return loss
@@ -509,8 +509,7 @@ def _load_data(run: _Run):
 def _open_stream(run: _Run, cache_dir: Path):
     """--streaming: a tokenizer trained on a pass over the files (rank 0; saved where
     the other ranks read it), and the lazy corpus."""
-    from .corpus import (StreamingCorpus, corpus_files, iter_documents,
-                         note_vocabulary_size)
+    from .corpus import StreamingCorpus, corpus_files, note_vocabulary_size
     from .tokenizer import Tokenizer
     cfg = run.cfg
     files = corpus_files(cfg.corpus)
@@ -519,8 +518,8 @@ def _open_stream(run: _Run, cache_dir: Path):
         run.tok = Tokenizer.from_dir(shared)
     elif run.tok is None:
         run.say(f"training a WordPiece vocabulary of {cfg.vocab_size} (streaming)")
-        run.tok = Tokenizer.train((line for doc in iter_documents(files) for line in doc),
-                                  cfg.vocab_size)
+        run.tok = Tokenizer.train((line for doc in StreamingCorpus.training_documents(
+            files, cfg.val_fraction) for line in doc), cfg.vocab_size)
         note_vocabulary_size(run.tok, cfg.vocab_size)
         if run.world > 1:
             run.tok.save(shared)
@@ -550,9 +549,14 @@ def _validation_batches(run: _Run, masker: Masker) -> list:
         batches.append(dict(b, input_ids=ids, labels=labels))
     if not batches:
         raise NanobertError("no validation rows (corpus too small for --val-fraction?)")
-    run.say(f"validation: {sum(len(b['input_ids']) for b in batches)} rows, "
-            f"{sum(int((b['labels'] != IGNORE).sum()) for b in batches)} masked tokens "
-            "(fixed masks, 80/10/10)")
+    masked = sum(int((b["labels"] != IGNORE).sum()) for b in batches)
+    if not masked:   # (every evaluation scored loss 0, and the first model was kept as best)
+        raise NanobertError("the validation rows have no token that can be masked: their "
+                            "text is all [UNK] and special tokens (the tokenizer covers none of "
+                            "the held-out documents); use a tokenizer that covers the corpus, "
+                            "or train one (leave --tokenizer out), or --val-fraction 0")
+    run.say(f"validation: {sum(len(b['input_ids']) for b in batches)} rows, {masked} masked "
+            "tokens (fixed masks, 80/10/10)")
     return batches
 
 
@@ -613,8 +617,8 @@ def _new_model(run: _Run, make_model=None):
         run.out.mkdir(parents=True, exist_ok=True)
         run.tok.save(run.out)  # the vocabulary, before any checkpoint (resume reads it back)
         k = cfg.trainer.grad_accum
-        from .info import summary
-        n = summary(model)["parameters"]["total"]    # those saved, as `nanobert info` counts
+        from .info import saved_parameters
+        n = saved_parameters(model)            # those saved, as `nanobert info` counts them
         run.say(f"model: {cfg.model_config or cfg.preset or 'student'}, "
                 f"{n:,} parameters, task {model.head}; objective "
                 f"{cfg.objective}, mask {cfg.mask_prob:g} split {split_name(cfg.split)}"
@@ -631,7 +635,10 @@ def _model_writer(run: _Run):
 
     def save(m, out_dir):
         if run.rank == 0:
-            save_model(m, out_dir, tokenizer=run.tok, extra_files={"pretrain_args.json": info})
+            # (its tokenizer_config.json says the length the model reads: --seq-len 600
+            # gives 600 positions, and fill-mask refused a [MASK] past 512)
+            tok = run.tok.with_max_length(m.config.usable_positions)
+            save_model(m, out_dir, tokenizer=tok, extra_files={"pretrain_args.json": info})
     return save
 
 

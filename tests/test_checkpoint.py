@@ -468,10 +468,33 @@ def test_relative_key_position_embeddings_are_named_when_refused(tmp_path):
     save_file(state, str(d / "model.safetensors"))
     conf = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(dict(conf, position_embedding_type="relative_key")))
+    with pytest.raises(NanobertError, match=r"config.json: position_embedding_type "
+                                            r"'relative_key' \(learnt relative positions\) "
+                                            r"is not supported"):
+        load_model(d)
+    (d / "config.json").write_text(json.dumps(conf))     # the weights alone: named too
     with pytest.raises(NanobertError, match=r"relative position embeddings .*distance_embedding"
                                             r".*relative_key or relative_key_query\), which "
                                             r"nanobert does not support"):
         load_model(d)
+
+
+@pytest.mark.parametrize("model_type, refused", [("bert", True), ("roberta", True),
+                                                 ("albert", True), ("deberta-v2", False)])
+def test_no_segment_table_is_refused_where_transformers_needs_one(tmp_path, model_type,
+                                                                  refused):
+    """type_vocab_size 0 in a --config for BERT, RoBERTa or ALBERT pretrained a model that
+    transformers loads but fails to run (index_select on an empty segment table)."""
+    from nanobert.checkpoint import validate_hf_config
+    from nanobert.files import NanobertError
+    hf = {"model_type": model_type, "type_vocab_size": 0, "hidden_size": 32,
+          "num_attention_heads": 4}
+    if refused:
+        with pytest.raises(NanobertError, match=f"c.json: type_vocab_size 0 .* for a "
+                                                f"{model_type} model, which transformers"):
+            validate_hf_config(hf, "c.json")
+    else:
+        validate_hf_config(hf, "c.json")
 
 
 def test_a_size_given_to_load_is_named_when_the_weights_disagree(minilm_dir):

@@ -827,3 +827,50 @@ def test_the_parameter_count_pretrain_prints_is_the_saved_models(tmp_path, capsy
                   .replace(",", ""))
     from transformers import BertForMaskedLM
     assert printed == BertForMaskedLM.from_pretrained(out).num_parameters()
+
+
+def test_rows_with_nothing_to_mask_neither_stop_training_nor_pick_the_best_model(tmp_path,
+                                                                                capsys):
+    """Rows of [UNK] alone (a script the vocabulary lacks) have no token to mask: a batch
+    of them gave a NaN loss ('training diverged ... try a lower --lr'), and validation
+    rows of them scored loss 0 at every step, so the first model was kept as the best."""
+    import torch
+    import torch.nn.functional as F
+    from nanobert.model import masked_lm_loss
+    logits = torch.randn(5, 7, requires_grad=True)
+    none = masked_lm_loss(logits, torch.full((5,), -100))
+    none.backward()
+    assert none.item() == 0.0 and logits.grad.abs().sum() == 0
+    labels = torch.tensor([1, -100, 3, -100, 6])
+    assert torch.equal(masked_lm_loss(logits, labels), F.cross_entropy(logits, labels))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat",
+                                "sat", "on", "mat", "."]) + "\n")
+    corpus = tmp_path / "c.txt"      # half the rows are [UNK] alone
+    corpus.write_text("\n\n".join(["我们今天去公园散步。", "the cat sat on the mat ."] * 10))
+    args = ["pretrain", "--corpus", str(corpus), "--tokenizer", str(vocab), "--steps", "8",
+            "--batch-size", "1", "--seq-len", "16", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--val-fraction", "0"]) == 0
+    capsys.readouterr()
+    corpus.write_text("\n\n".join(["我们今天去公园散步。"] * 20))   # validation too
+    assert main([*args, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "the validation rows have no token that can be masked" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_saved_tokenizer_reads_as_far_as_the_model_and_streaming_vocabularies_skip_held_out(
+        tmp_path):
+    """--seq-len 600 gave the model 600 positions and its tokenizer_config.json 512 (so
+    fill-mask refused a [MASK] past 512); --streaming trained the vocabulary on the
+    held-out documents too, which the in-memory run keeps out of it."""
+    from nanobert.corpus import StreamingCorpus
+    (tmp_path / "c.txt").write_text("\n\n".join(f"doc {i} the cat sat." for i in range(25)))
+    kept = [" ".join(d) for d in StreamingCorpus.training_documents([tmp_path / "c.txt"], 0.1)]
+    assert len(kept) == 22 and not any(k.startswith(("doc 0 ", "doc 10 ", "doc 20 "))
+                                       for k in kept)
+    out = tmp_path / "out"
+    assert main(["pretrain", "--corpus", str(tmp_path / "c.txt"), "--out", str(out), "--preset",
+                 "tiny", "--vocab-size", "60", "--steps", "1", "--batch-size", "2",
+                 "--seq-len", "600", "--no-progress"]) == 0
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 600
