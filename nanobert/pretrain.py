@@ -301,8 +301,16 @@ def check_pretraining_tokenizer(tok, where):
 
 def _load_tokenizer(cfg: PretrainConfig, out):
     from .tokenizer import Tokenizer
-    if cfg.tokenizer:
-        return Tokenizer.from_dir(cfg.tokenizer)
+    if cfg.tokenizer:     # (a path, or a model's name: 'minilm', a hub name)
+        from .checkpoint import resolve
+        where = Path(cfg.tokenizer)
+        if not where.exists():
+            try:
+                where = resolve(cfg.tokenizer)
+            except NanobertError as e:
+                raise NanobertError(f"--tokenizer {cfg.tokenizer}: no such file or directory, "
+                                    f"nor a model name that can be had ({e})") from None
+        return Tokenizer.from_dir(where)
     if cfg.trainer.resume and (out / "tokenizer.json").is_file():
         return Tokenizer.from_dir(out)  # the vocabulary the run started with
     return None

@@ -874,3 +874,16 @@ def test_the_saved_tokenizer_reads_as_far_as_the_model_and_streaming_vocabularie
                  "tiny", "--vocab-size", "60", "--steps", "1", "--batch-size", "2",
                  "--seq-len", "600", "--no-progress"]) == 0
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 600
+
+
+def test_tokenizer_may_be_a_models_name(tmp_path, capsys):
+    """--tokenizer minilm (as --model minilm) was refused as a path that does not exist."""
+    (tmp_path / "c.txt").write_text("\n\n".join(f"the cat sat on mat number {i}." for i in range(20)))
+    args = ["pretrain", "--corpus", str(tmp_path / "c.txt"), "--preset", "tiny", "--steps", "1",
+            "--batch-size", "2", "--seq-len", "16", "--no-progress"]
+    assert main([*args, "--tokenizer", "minilm", "--out", str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["vocab_size"] == 30522
+    capsys.readouterr()
+    assert main([*args, "--tokenizer", str(tmp_path / "nothere"), "--out", str(tmp_path / "b")]) == 2
+    assert "--tokenizer " + str(tmp_path / "nothere") + ": no such file or directory" in \
+        capsys.readouterr().err
