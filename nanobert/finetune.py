@@ -1019,6 +1019,9 @@ class FinetuneConfig(Config):
                                     f"{' and '.join(tasks)}; {with_article(self.task)} run "
                                     "does not use it")
         check_column_flags(self.task, self.columns.given())
+        if self.task == "embed" and "head_lr_scale" in self.trainer.given_fields():
+            raise NanobertError("--head-lr-scale: an embed run trains no head (its output is "
+                                "the encoder's pooled vector), so it would change nothing")
 
     def settings(self, task: Task) -> dict:
         """What evaluate/predict need later: saved as nanobert.json beside the model."""
@@ -1055,6 +1058,12 @@ def finetune(config, *args, **fields) -> dict:
     from .config import as_flags
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
+    out = Path(cfg.trainer.out_dir).resolve()
+    for flag, model in (("--model", cfg.model), *(("--teacher", t) for t in cfg.teachers)):
+        if Path(str(model)).is_dir() and Path(str(model)).resolve() == out:
+            raise NanobertError(f"--out {cfg.trainer.out_dir}: is the input {model} ({flag}), "
+                                "which the run reads while it writes there; choose another "
+                                "--out")
     _check_beir_flags(cfg)
     for teacher in cfg.teachers:    # (as --model: named before the data is read)
         try:
@@ -1082,6 +1091,23 @@ def _check_beir_flags(cfg: FinetuneConfig):
     if given and cfg.task in ("embed", "rerank") and not D.is_beir_dir(cfg.train):
         raise NanobertError(f"--{given[0].replace('_', '-')}: only for a BEIR folder "
                             f"(corpus.jsonl, queries.jsonl, qrels/), and {cfg.train} is not one")
+    columns = cfg.columns.given()
+    if columns and D.is_beir_dir(cfg.train) and D.is_beir_dir(cfg.dev):
+        flag = next(flag for path, _, flag in ColumnsConfig.flags() if path[-1] in columns)
+        raise NanobertError(f"{flag}: BEIR folders have fixed fields (_id, title, text; "
+                            "qrels query-id, corpus-id, score), so it would change nothing")
+    for flag, given_path in (("--train", cfg.train), ("--dev", cfg.dev)):
+        _check_out_outside(cfg.trainer.out_dir, flag, given_path)
+
+
+def _check_out_outside(out, flag: str, folder) -> None:
+    """--out is not inside a data folder (a BEIR folder) the run reads: its checkpoints
+    would change the folder's content, and --resume would then find other data."""
+    src = Path(str(folder))
+    if src.is_dir() and src.resolve() in Path(out).resolve().parents:
+        raise NanobertError(f"--out {out}: is inside the {flag} folder {folder}, the run's "
+                            "data (its checkpoints would change it, and --resume would then "
+                            "find other data); choose a directory outside it")
 
 
 def _finetune(cfg: FinetuneConfig, task: Task) -> dict:

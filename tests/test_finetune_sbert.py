@@ -200,3 +200,26 @@ def test_a_dev_folder_of_other_queries_counts_all_its_queries(tmp_path):
     assert E.queries_used(other, settings, training=False) == len(other.qrels) == 19
     held = E.query_split(train, 0.3)[1]
     assert E.queries_used(train, settings, training=False) == len(held) < len(train.qrels)
+
+
+def test_flags_a_run_would_not_use_and_outputs_inside_its_data_are_refused(tmp_path, capsys):
+    """--out inside the BEIR --train folder: its checkpoint changed the folder's hash, so
+    --resume was refused and the training lost; --head-lr-scale on an embed run and
+    column flags on BEIR folders changed nothing, silently; --model X --out X (an empty
+    X) said to --resume a run that could never start."""
+    beir = beir_dir(tmp_path / "beir")
+    base = ["finetune", "--task", "embed", "--model", "minilm", "--train", str(beir),
+            "--dev", str(beir)]
+    (tmp_path / "empty").mkdir()
+    for extra, words in (
+            (["--out", str(beir / "run")], f"is inside the --train folder {beir}"),
+            (["--out", str(tmp_path / "o"), "--text-column", "x"], "--text-column: BEIR folders "
+             "have fixed fields"),
+            (["--out", str(tmp_path / "o"), "--head-lr-scale", "5"], "--head-lr-scale: an embed "
+             "run trains no head"),
+            (["--out", str(tmp_path / "empty"), "--model", str(tmp_path / "empty")],
+             "is the input " + str(tmp_path / "empty") + " (--model)")):
+        assert cli.main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
+    assert not (beir / "run").exists() and not (tmp_path / "o").exists()
