@@ -1242,9 +1242,15 @@ def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
             raise NanobertError(f"--pooling: a {task.name} model predicts per token "
                                 f"and pools nothing")
         return None
+    from .checkpoint import family_of, read_config
+    if task.name == "rerank" and given not in (None, "cls"):
+        model_dir = resolve(cfg.model)
+        if not family_of(read_config(model_dir), model_dir).reads_pooling:
+            raise NanobertError(f"--pooling {given}: a reranker is saved as a cross-encoder, "
+                                "which transformers and sentence-transformers run on [CLS] "
+                                "(they would score with other logits); use cls, or leave it out")
     if given or task.name == "rerank":
         return given
-    from .checkpoint import family_of, read_config
     from .embed import declared_pooling
     model_dir = resolve(cfg.model)
     declared = declared_pooling(model_dir)

@@ -223,3 +223,14 @@ def test_flags_a_run_would_not_use_and_outputs_inside_its_data_are_refused(tmp_p
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
     assert not (beir / "run").exists() and not (tmp_path / "o").exists()
+
+
+def test_a_reranker_pooled_by_the_mean_is_refused(tmp_path, capsys):
+    """--task rerank --pooling mean trained a cross-encoder that transformers and
+    sentence-transformers score on [CLS]: other logits there, against the docs."""
+    rows = tmp_path / "rr.tsv"
+    rows.write_text("query\tdocument\tlabel\nq one\td one\t1\nq two\td two\t0\n")
+    assert cli.main(["finetune", "--task", "rerank", "--model", "minilm", "--train", str(rows),
+                     "--dev", str(rows), "--out", str(tmp_path / "o"), "--pooling", "mean"]) == 2
+    assert "--pooling mean: a reranker is saved as a cross-encoder" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
