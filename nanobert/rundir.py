@@ -557,6 +557,7 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
     if overwrite and not resume:
         _check_inputs_kept(out_dir, reads, written)
     before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
+    made = [p for p in out_dir.absolute().parents if not p.exists()]   # (innermost first)
     out_dir.mkdir(parents=True, exist_ok=True)
     key = out_dir.resolve()
     held: list = []   # what --overwrite moved aside, until the run has written something
@@ -575,6 +576,9 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
             if not (_holds_runs(out_dir) or holds_a_run(out_dir) and not _unsaved(out_dir, e)):
                 _take_back(out_dir, before if before is None else before | {t.name for t in held})
                 put_back(out_dir, held)
+                for folder in made if before is None else ():   # (--out new/a/b: new/ too)
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
             elif record is None and before is not None and LOCK_FILE not in before:
                 (out_dir / LOCK_FILE).unlink(missing_ok=True)   # refused: no trace of it
             elif (full := _full_disk(out_dir, e)) is not None:

@@ -852,3 +852,12 @@ def test_a_new_run_never_writes_over_files_no_run_recorded(tmp_path, data):
             RUN_FILE, "notes.md"]
         (out / "vocab.txt").write_text("the run's")
     assert "vocab.txt" not in (read_run(out).get("foreign") or [])
+
+
+def test_a_run_that_fails_early_leaves_no_folders_it_made(tmp_path, data):
+    """--out new/a/b of a run refused before it wrote anything left new/ and new/a/."""
+    out = tmp_path / "new" / "a" / "b"
+    with pytest.raises(RuntimeError):
+        with run(out, "finetune", fp(data)):
+            raise RuntimeError("bad data")
+    assert not (tmp_path / "new").exists() and data.exists()
