@@ -158,7 +158,7 @@ def differences(old: dict, new: dict, limit: int = 3) -> list:
     named = {"task"} if old.get("task") != new.get("task") else set()   # said once, above
     out += [f"--{k.replace('_', '-')} {_shown(fa.get(k))} there, {_shown(fb.get(k))} now"
             for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k not in named]
-    return out[:limit]
+    return list(dict.fromkeys(out))[:limit]   # (one folder as --train and --dev: said once)
 
 
 def _sizes(x, y) -> str:

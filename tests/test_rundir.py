@@ -861,3 +861,11 @@ def test_a_run_that_fails_early_leaves_no_folders_it_made(tmp_path, data):
         with run(out, "finetune", fp(data)):
             raise RuntimeError("bad data")
     assert not (tmp_path / "new").exists() and data.exists()
+
+
+def test_a_difference_is_said_once(data):
+    """A folder given as --train and --dev, changed, was named twice in the refusal."""
+    from nanobert.rundir import differences
+    old = {"task": "embed", "data": [{"size": 1}, {"size": 1}], "names": ["b", "b"]}
+    new = {"task": "embed", "data": [{"size": 2}, {"size": 2}], "names": ["b", "b"]}
+    assert differences(old, new) == ["b has other content (1 bytes there, 2 now)"]
