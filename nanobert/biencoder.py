@@ -376,7 +376,7 @@ def mine_negatives(encode, beir, query_ids: list, n: int, skip: int = 0) -> dict
 
 
 def st_files(hidden_size: int, pooling: str, max_seq_length: int, normalize: bool = True,
-             prompts: Optional[dict] = None) -> dict:
+             prompts: Optional[dict] = None, include_prompt: bool = True) -> dict:
     """{relative path: text} of the sentence-transformers files of a bi-encoder: the
     classic layout (Transformer, Pooling, Normalize), which every sentence-transformers
     version from 2 on loads."""
@@ -391,12 +391,11 @@ def st_files(hidden_size: int, pooling: str, max_seq_length: int, normalize: boo
             "pooling_mode_mean_tokens": pooling == "mean",
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False}
-    prompts = dict(prompts or {})
-    if prompts.pop("include_prompt", True) is False:
+    if not include_prompt:
         pool["include_prompt"] = False     # (instructor-style: the prompt is not pooled)
     st = {"__version__": {"sentence_transformers": "2.2.2", "nanobert": _version()},
           "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine",
-          **prompts}
+          **(prompts or {})}
 
     def dump(obj):
         return json.dumps(obj, indent=2) + "\n"
@@ -422,9 +421,8 @@ def save_embedding_model(model, tokenizer, out_dir, pooling: str = "mean",
     from .embed import declared_include_prompt
     source = getattr(model, "source_dir", None)
     prompts = st_prompts(source)
-    if prompts:
-        prompts["include_prompt"] = declared_include_prompt(source)
-    files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize, prompts)
+    files = st_files(model.config.hidden_size, pooling, max_seq_length, normalize, prompts,
+                     include_prompt=not prompts or declared_include_prompt(source))
     save_model(model, out_dir, tokenizer=tokenizer, extra_files={**files, **(extra_files or {})})
 
 

@@ -396,25 +396,31 @@ class StreamingCorpus:
     def __init__(self, files, tok, seq_len: int, val_fraction: float = 0.1, seed: int = 0,
                  buffer: int = 10000, rank: int = 0, world_size: int = 1):
         self.files, self.tok, self.seq_len, self.seed = list(files), tok, seq_len, seed
-        self.every = round(1 / val_fraction) if val_fraction > 0 else 0   # (as below)
+        self.every = self._every(val_fraction)
         self.buffer, self.rank, self.world_size = buffer, rank, world_size
 
-    def _held_out(self, d: int) -> bool:
-        return bool(self.every) and d % self.every == 0
+    @staticmethod
+    def _every(val_fraction: float) -> int:
+        """Every how many documents one is held out (0: none)."""
+        return round(1 / val_fraction) if val_fraction > 0 else 0
+
+    @staticmethod
+    def _held_out(d: int, every: int) -> bool:
+        return bool(every) and d % every == 0
 
     @staticmethod
     def training_documents(files, val_fraction: float) -> Iterator:
         """The documents of `files` that are not held out (what a new vocabulary is
         trained on, as in memory: validation text must not shape it)."""
-        every = round(1 / val_fraction) if val_fraction > 0 else 0
+        every = StreamingCorpus._every(val_fraction)
         return (doc for d, doc in enumerate(iter_documents(files))
-                if not (every and d % every == 0))
+                if not StreamingCorpus._held_out(d, every))
 
     def _sequences(self, validation: bool) -> Iterator[np.ndarray]:
         """Packed id rows (no specials) of the training or validation documents, once."""
         keep = 0
         for d, doc in enumerate(iter_documents(self.files)):
-            if self._held_out(d) != validation:
+            if self._held_out(d, self.every) != validation:
                 continue
             if not validation:
                 keep += 1

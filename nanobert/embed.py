@@ -173,34 +173,30 @@ def declared_include_prompt(model_dir) -> bool:
     return v
 
 
-def prepared_texts(model_dir, texts: Sequence[str], tokenizer=None) -> list:
-    """`texts` as sentence-transformers hands them to the tokenizer: after the default
-    prompt (E5-style 'query: '), lower-cased where its Transformer module says so. The
-    encoder and the server's token counts both read these. `tokenizer` (optional) says
-    the prompt note once."""
-    prompt = declared_prompt(model_dir)
-    if prompt:
-        if tokenizer is not None:
-            from .tokenizer import note_once
-            note_once(tokenizer, f"{model_dir}: every text is encoded after the prompt "
-                                 f"{prompt!r} its config_sentence_transformers.json makes "
-                                 "the default, as sentence-transformers does")
-        texts = [prompt + t for t in texts]
-    if declared_lowercase(model_dir):
-        texts = [t.lower() for t in texts]
-    return list(texts)
+def declared_reading(model_dir) -> tuple:
+    """(prompt, lowercase): how a sentence-transformers checkpoint reads its texts, after
+    its default prompt (None: none), lower-cased or not (`prepared_texts`)."""
+    return declared_prompt(model_dir), declared_lowercase(model_dir)
 
 
-def prompt_positions(model_dir, tokenizer) -> int:
+def prepared_texts(texts: Sequence[str], reading: tuple) -> list:
+    """`texts` as sentence-transformers hands them to the tokenizer, by `reading`
+    (`declared_reading`): after the default prompt (E5-style 'query: '), lower-cased
+    where its Transformer module says so. The encoder and the server's token counts both
+    read these."""
+    prompt, lower = reading
+    texts = [prompt + t for t in texts] if prompt else list(texts)
+    return [t.lower() for t in texts] if lower else texts
+
+
+def prompt_positions(model_dir, tokenizer, reading: tuple) -> int:
     """How many leading positions pooling leaves out: with include_prompt false, those of
     the default prompt with the [CLS] before it, counted as sentence-transformers counts
     them (the prompt tokenized alone, less a trailing special token); else 0."""
-    prompt = declared_prompt(model_dir)
+    prompt, lower = reading
     if not prompt or declared_include_prompt(model_dir):
         return 0
-    if declared_lowercase(model_dir):
-        prompt = prompt.lower()
-    ids = tokenizer.tk.encode(prompt).ids
+    ids = tokenizer.tk.encode(prompt.lower() if lower else prompt).ids
     return len(ids) - (bool(ids) and ids[-1] in set(tokenizer.special_ids))
 
 
@@ -275,8 +271,14 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     max_length = check_count(max_length, "max_length", none_ok=True) \
         or declared_max_length(source) or tokenizer.model_max_length
     max_length = min(max_length, base.config.usable_positions)
-    texts = prepared_texts(source, texts, tokenizer)
-    skip = prompt_positions(source, tokenizer)   # leading positions pooling leaves out
+    reading = declared_reading(source)
+    if reading[0]:     # (said once a tokenizer)
+        from .tokenizer import note_once
+        note_once(tokenizer, f"{source}: every text is encoded after the prompt "
+                             f"{reading[0]!r} its config_sentence_transformers.json makes "
+                             "the default, as sentence-transformers does")
+    texts = prepared_texts(texts, reading)
+    skip = prompt_positions(source, tokenizer, reading)   # leading positions not pooled
 
     def vector(out, mask):
         if skip:                      # include_prompt: false (the mask is the pooling's only)

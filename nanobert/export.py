@@ -20,7 +20,6 @@ equal nanobert's to 1e-4; what a graph writes on padding positions is unspecifie
 from __future__ import annotations
 
 import contextlib
-
 import copy
 import io
 import re
@@ -204,9 +203,8 @@ def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     from .quantize import dtype_name
     dtype = dtype_name(dtype)
     # (as the CLI's OUT: replacing a directory whole must not take a model or other files)
-    out_dir = check_export_out(out_dir, getattr(model, "source_dir", None),
-                               "export_onnx(out_dir)")
     source = getattr(model, "source_dir", None)
+    out_dir = check_export_out(out_dir, source, "export_onnx(out_dir)")
     if tokenizer is None and source is not None:   # (else a folder nothing could read)
         from .tokenizer import Tokenizer
         with contextlib.suppress(NanobertError):   # (a source saved without one: none)
@@ -214,7 +212,7 @@ def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     data = onnx_bytes(model)
     with atomic_path(out_dir) as tmp:
         save_model(model, tmp, tokenizer=tokenizer)
-        _copy_side_files(getattr(model, "source_dir", None), tmp)
+        _copy_side_files(source, tmp)
         (tmp / "model.onnx").write_bytes(data)
         if dtype == "int8":
             quantize_onnx(tmp / "model.onnx", tmp / "model_quantized.onnx")

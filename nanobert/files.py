@@ -438,6 +438,19 @@ def check_not_input(out, inputs, flag: str = "--out", keep=()):
                                 f"would delete (choose another {flag})")
 
 
+def check_outside(out, folders, what: str, why: str, flag: str = "--out") -> None:
+    """`out` is neither one of `folders` ((flag, path) pairs: the directories a command
+    reads, a corpus, a BEIR folder, a model) nor inside one: what it writes there would
+    change what it reads. `what` names such a folder ("model directory"); `why` ends the
+    message."""
+    target = Path(out).expanduser().resolve()
+    for in_flag, given in folders:
+        d = Path(str(given)).expanduser()
+        if d.is_dir() and (d.resolve() == target or d.resolve() in target.parents):
+            where = "is" if d.resolve() == target else "is inside"
+            raise NanobertError(f"{flag} {out}: {where} the {in_flag} {what} {given}{why}")
+
+
 def check_output_file(path, flag: str = "--out", suffixes=None, inputs=()):
     """`path` can be written as a file (and, with `suffixes`, has one of them: an image
     format matplotlib can save, say), and is none of `inputs`."""

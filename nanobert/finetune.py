@@ -49,8 +49,8 @@ from . import data as D
 from .batching import forward_tokens, pad_rows, sorted_batches
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
-from .files import (ONE_LINE, NanobertError, check_output_dir, note, some_of, spooled_stdin,
-                    with_article)
+from .files import (ONE_LINE, NanobertError, check_output_dir, check_outside, note, some_of,
+                    spooled_stdin, with_article)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig
@@ -1096,18 +1096,9 @@ def _check_beir_flags(cfg: FinetuneConfig):
         flag = next(flag for path, _, flag in ColumnsConfig.flags() if path[-1] in columns)
         raise NanobertError(f"{flag}: BEIR folders have fixed fields (_id, title, text; "
                             "qrels query-id, corpus-id, score), so it would change nothing")
-    for flag, given_path in (("--train", cfg.train), ("--dev", cfg.dev)):
-        _check_out_outside(cfg.trainer.out_dir, flag, given_path)
-
-
-def _check_out_outside(out, flag: str, folder) -> None:
-    """--out is not inside a data folder (a BEIR folder) the run reads: its checkpoints
-    would change the folder's content, and --resume would then find other data."""
-    src = Path(str(folder))
-    if src.is_dir() and src.resolve() in Path(out).resolve().parents:
-        raise NanobertError(f"--out {out}: is inside the {flag} folder {folder}, the run's "
-                            "data (its checkpoints would change it, and --resume would then "
-                            "find other data); choose a directory outside it")
+    check_outside(cfg.trainer.out_dir, [("--train", cfg.train), ("--dev", cfg.dev)], "folder",
+                  ", the run's data (its checkpoints would change it, and --resume would then "
+                  "find other data); choose a directory outside it")
 
 
 def _finetune(cfg: FinetuneConfig, task: Task) -> dict:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .config import Config, add_flags, at_least, param, seed_range
-from .files import NanobertError, check_output_file, note, with_article, write_text
+from .files import NanobertError, check_output_file, check_outside, note, with_article, write_text
 from .finetune import ColumnsConfig
 
 TEMPLATE = " The sentiment is {}."
@@ -405,23 +405,14 @@ def compare_gpt2_args(p):
     p.add_argument("--json", action="store_true", help="also print the result as JSON")
 
 
-def check_outside_models(out, models: dict) -> None:
-    """The table is written outside the model directories the command reads: `--out
-    runs/sst2/model.safetensors` wrote it over the weights (a model destroyed, exit 0)."""
-    target = Path(out).resolve()
-    for flag, model in models.items():
-        d = Path(str(model)).expanduser()
-        if d.is_dir() and d.resolve() in target.parents:
-            raise NanobertError(f"--out {out}: is inside the {flag} model directory {model}; "
-                                "write the table elsewhere (its files are the model)")
-
-
 def compare_gpt2_cmd(args):
     """Accuracy of a fine-tuned BERT classifier vs GPT-2 zero-shot (LM loss of verdicts)."""
     cfg = CompareConfig.from_args(args)
     if args.out:
         check_output_file(args.out, "--out", inputs=[cfg.data])
-        check_outside_models(args.out, {"--bert": cfg.bert, "--gpt2": cfg.gpt2})
+        # (--out runs/sst2/model.safetensors wrote the table over the weights, exit 0)
+        check_outside(args.out, [("--bert", cfg.bert), ("--gpt2", cfg.gpt2)], "model directory",
+                      "; write the table elsewhere (its files are the model)")
     r = compare(cfg)
     table = markdown_table(r, Path(cfg.data).name)
     print(table, end="")

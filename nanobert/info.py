@@ -20,7 +20,8 @@ def summary(model, tokenizer=None) -> dict:
               "head": count(model.parameters(), (bert,))}
     # a pooler this family's model for this task does not have (DistilBERT's and
     # ModernBERT's encoders, any token or QA model) is neither saved nor counted
-    if not _pooler_saved(model):
+    pooler_saved = _pooler_saved(model)
+    if not pooler_saved:
         counts.pop("pooler")
     return {
         "task": model.head or "encoder", "family": c.family,
@@ -34,15 +35,15 @@ def summary(model, tokenizer=None) -> dict:
         "parameters": dict(counts, total=saved_parameters(model)),
         # made on load, not in the checkpoint (a head, a pooler): seeded, untrained
         "new_weights": [n for n in getattr(model, "new_weights", [])
-                        if _pooler_saved(model) or not n.startswith("bert.pooler.")],
+                        if pooler_saved or not n.startswith("bert.pooler.")],
     }
 
 
 def saved_parameters(model) -> int:
     """The parameters a model's directory holds: all but a pooler its family's
     transformers class for its task does not have (an MLM's), as `info` counts them."""
-    unsaved = 0 if _pooler_saved(model) else sum(p.numel() for p in model.bert.pooler.parameters())
-    return model.num_parameters() - unsaved
+    unsaved = () if _pooler_saved(model) else model.bert.pooler.parameters()
+    return model.num_parameters() - sum(p.numel() for p in unsaved)
 
 
 def _pooler_saved(model) -> bool:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
                      param)
-from .files import NanobertError, atomic_path, check_output_dir, note, write_text
+from .files import NanobertError, atomic_path, check_output_dir, check_outside, note, write_text
 from .masking import (IGNORE, SPLIT_DECIMALS, Masker, fixed_masks, parse_split, split_name,
                       word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
@@ -420,17 +420,10 @@ def check_outputs_outside_corpus(cfg: PretrainConfig, out: Path):
     if cache is not None:
         check_output_dir(cache, "--cache-dir")
     for flag, target in (("--out", out), ("--cache-dir", cache)):
-        if target is None:
-            continue
-        t = target.resolve()
-        for given in cfg.corpus:
-            src = Path(str(given))
-            if src.is_dir() and (t == src.resolve() or src.resolve() in t.parents):
-                where = "is" if t == src.resolve() else "is inside"
-                raise NanobertError(
-                    f"{flag} {target}: {where} the --corpus directory {given}, whose every "
-                    "file is read as text (the run's own files would become corpus); choose "
-                    "a directory outside it")
+        if target is not None:
+            check_outside(target, [("--corpus", c) for c in cfg.corpus], "directory",
+                          ", whose every file is read as text (the run's own files would "
+                          "become corpus); choose a directory outside it", flag)
 
 
 def _fingerprint(cfg: PretrainConfig, drop=()) -> dict:

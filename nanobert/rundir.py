@@ -415,7 +415,8 @@ BOOKKEEPING = {RUN_FILE, LOCK_FILE, *KEEP_ON_OVERWRITE}
 # ("written"), and nothing else
 RUN_OUTPUTS = re.compile(
     MODEL_ARTIFACTS.pattern + "|" + re.escape(RUN_FILE) + r"|pretrain_args\.json"
-    r"|ablation\.(md|csv|png)|split-[\d. eE+]+-[\d. eE+]+-[\d. eE+]+|confusion_matrix\.png|demo_results\.json")
+    r"|ablation\.(md|csv|png)|split-[\d. eE+]+-[\d. eE+]+-[\d. eE+]+|confusion_matrix\.png"
+    r"|demo_results\.json")
 
 
 def foreign_entries(out_dir: Path, rec) -> list:

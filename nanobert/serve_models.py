@@ -15,6 +15,7 @@ transformers checkpoint, an MLM) serves embeddings with its declared pooling.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -215,14 +216,18 @@ class Served:
         return tok.clip_long_pair(a, b, self.max_length - tok.tk.num_special_tokens_to_add(True))
 
     # ---- the tokenize threads --------------------------------------------------------
+    @functools.cached_property
+    def reading(self) -> tuple:
+        """How the model reads its texts (embed.declared_reading: an embedding model's
+        default prompt, lower-casing), from its files once."""
+        from .embed import declared_reading
+        return declared_reading(self.path) if self.task == "embed" else (None, False)
+
     def read(self, texts) -> list:
-        """The texts as the model reads them: an embedding model's after its default
-        prompt, lower-cased if it says so (embed.prepared_texts), so that the counts, the
-        usage and the truncation flags are of what it reads."""
-        if self.task != "embed":
-            return list(texts)
+        """The texts as the model reads them (embed.prepared_texts), so that the counts,
+        the usage and the truncation flags are of what it reads."""
         from .embed import prepared_texts
-        return prepared_texts(self.path, texts)
+        return prepared_texts(texts, self.reading)
 
     def count(self, texts, pairs=None) -> Counts:
         encs = self.counter.encode_batch(self.read(texts), pairs, max_length=self.max_length)

@@ -131,6 +131,14 @@ def test_an_overwrite_that_fails_before_a_model_leaves_the_old_run_as_it_was(tmp
     assert not [p for p in os.listdir(out) if p.startswith(".old-run")]
 
 
+def overwrite_refusal(out, command: str, data, read) -> str:
+    """The error of an --overwrite run into `out` that reads `data` and `read`."""
+    with pytest.raises(NanobertError) as e:
+        with run(out, command, fp(data), overwrite=True, reads=[data, read]):
+            pass
+    return str(e.value)
+
+
 def test_overwrite_never_clears_the_runs_own_inputs(tmp_path, data):
     """--overwrite was refused whenever --out held an input ('which clearing it would
     delete'), though it keeps the files no run wrote: only an input that it deletes (a
@@ -139,11 +147,9 @@ def test_overwrite_never_clears_the_runs_own_inputs(tmp_path, data):
     with run(out, "finetune", fp(data)):
         (out / "config.json").write_text("{}")
         (out / "vocab.txt").write_text("[PAD]\n")
-    with pytest.raises(NanobertError) as e:
-        with run(out, "finetune", fp(data), overwrite=True, reads=[data, out / "vocab.txt"]):
-            pass
-    assert str(e.value) == (f"--out {out}: holds the input {out / 'vocab.txt'}, which "
-                            "--overwrite would delete (choose another --out)")
+    assert overwrite_refusal(out, "finetune", data, out / "vocab.txt") == (
+        f"--out {out}: holds the input {out / 'vocab.txt'}, which --overwrite would delete "
+        "(choose another --out)")
     assert data.exists() and (out / "config.json").exists()
     with pytest.raises(NanobertError, match=f"--out {out}: is the input {out}"):
         with run(out, "finetune", fp(data), overwrite=True, reads=[out]):
@@ -165,11 +171,9 @@ def test_overwrite_refuses_an_input_it_would_clear_from_a_plain_directory(tmp_pa
     out.mkdir()
     (out / "vocab.txt").write_text("[PAD]\n")
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(NanobertError) as e:
-        with run(out, "pretrain", fp(data), overwrite=True, reads=[data, out / "vocab.txt"]):
-            pass
-    assert str(e.value) == (f"--out {out}: holds the input {out / 'vocab.txt'}, which "
-                            "--overwrite would delete (choose another --out)")
+    assert overwrite_refusal(out, "pretrain", data, out / "vocab.txt") == (
+        f"--out {out}: holds the input {out / 'vocab.txt'}, which --overwrite would delete "
+        "(choose another --out)")
     assert sorted(os.listdir(out)) == ["notes.txt", "vocab.txt"]
     with run(out, "pretrain", fp(data), overwrite=True, reads=[data, out / "notes.txt"]):
         assert (out / "notes.txt").exists() and not (out / "vocab.txt").exists()
