@@ -194,7 +194,7 @@ def prompt_positions(model_dir, tokenizer, reading: tuple) -> int:
     the default prompt with the [CLS] before it, counted as sentence-transformers counts
     them (the prompt tokenized alone, less a trailing special token); else 0."""
     prompt, lower = reading
-    if not prompt or declared_include_prompt(model_dir):
+    if declared_include_prompt(model_dir) or not prompt:   # (a bad value refused either way)
         return 0
     ids = tokenizer.tk.encode(prompt.lower() if lower else prompt).ids
     return len(ids) - (bool(ids) and ids[-1] in set(tokenizer.special_ids))

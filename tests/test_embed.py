@@ -770,6 +770,9 @@ def test_include_prompt_false_leaves_the_prompt_out_of_the_pooled_vector(tmp_pat
     (d / "1_Pooling" / "config.json").write_text(json.dumps(pool))
     with pytest.raises(NanobertError, match="include_prompt must be true or false"):
         Encoder(str(d)).encode(texts)
+    (d / "config_sentence_transformers.json").unlink()      # without a prompt too
+    with pytest.raises(NanobertError, match="include_prompt must be true or false"):
+        Encoder(str(d)).encode(texts)
 
 
 def test_the_server_counts_the_tokens_of_the_default_prompt(tmp_path, minilm_dir):
