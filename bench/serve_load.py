@@ -11,6 +11,9 @@ sentence-transformers<4 and uvicorn<0.33, which would replace this environment's
 Starlette app whose endpoint calls `SentenceTransformer.encode(texts,
 normalize_embeddings=True)` in the thread pool, as a FastAPI `def` endpoint does.
 
+On a machine with a GPU both servers place minilm on it (sentence-transformers' default
+and nanobert's), and --server-cpus gives them the same cores.
+
 Contestants alternate per setting (nanobert, peer, nanobert, peer ... with --rounds),
 so a change in the machine's load hits both. Besides wall-clock throughput, each row
 records the server process's CPU time per answered request: on a machine shared with
@@ -60,7 +63,9 @@ def peer_main(port: int, threads: int):
 
     from nanobert.checkpoint import resolve
     torch.set_num_threads(threads)
-    model = SentenceTransformer(str(resolve("minilm")), device="cpu")
+    # on the GPU where there is one, as sentence-transformers' default and nanobert's
+    model = SentenceTransformer(str(resolve("minilm")),
+                                device="cuda" if torch.cuda.is_available() else "cpu")
 
     async def embeddings(request):
         body = await request.json()
@@ -93,7 +98,9 @@ SERVE_FLAGS: list = []   # --serve-flag: added to every `nanobert serve` this sc
 
 def start(kind: str, threads: int, extra=(), cpus=None, models=("minilm",)) -> tuple:
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads),
+    paths = [str(ROOT), os.environ.get("PYTHONPATH")]   # (and packages installed beside)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, paths)),
+               OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     if kind == "nanobert":
         cmd = [sys.executable, "-m", "nanobert", "serve", *models, "--port", str(port),
@@ -137,6 +144,12 @@ def http_parser() -> str:
         return "httptools"
     except ImportError:
         return "h11"
+
+
+def gpu_name() -> str:
+    """The GPU both servers run on, where there is one (both place minilm there)."""
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else ""
 
 
 def load_average() -> str:
@@ -214,7 +227,7 @@ def request_bodies(sentences: list, size: int) -> list:
 
 
 def read_sentences() -> list:
-    lines = DATA.read_text("utf-8").splitlines()[1:]
+    lines = Path(DATA).read_text("utf-8").splitlines()[1:]
     return [line.split("\t")[0].strip() for line in lines if line.strip()]
 
 
@@ -397,6 +410,7 @@ def cpu_set(text: str) -> set:
 
 
 def main():
+    global DATA
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=positive_int, default=2000,
                     help="requests of 1 input per setting and server; of k inputs, 2/k as many "
@@ -421,12 +435,15 @@ def main():
     ap.add_argument("--serve-flag", action="append", default=[], metavar="FLAG",
                     help="a flag for every nanobert server started (repeat; e.g. "
                          "--serve-flag=--max-batch-time --serve-flag=100)")
+    ap.add_argument("--data", default=str(DATA),
+                    help="the SST-2 dev set (a .tsv of sentence and label, with a header)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_load.json"))
     ap.add_argument("--peer-server", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer_server:
         return peer_main(args.peer_server, args.threads)
     SERVE_FLAGS[:] = args.serve_flag
+    DATA = Path(args.data)
     if not DATA.is_file():
         print(f"skipped: {DATA} not found (the SST-2 dev set)")
         return 0
@@ -447,7 +464,8 @@ def main():
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} CPUs, load {load_average()} at start; servers "
                          f"pinned to CPUs {sorted(args.server_cpus) or 'all'}, "
-                         f"{args.threads} torch thread(s) each; nanobert {args.dtype}, peer float32",
+                         f"{args.threads} torch thread(s) each; nanobert {args.dtype}, peer float32"
+                         + (f"; both on {gpu_name()}" if gpu_name() else ""),
               "serve_flags": args.serve_flag,
               "event_loop": type(asyncio.get_event_loop_policy()).__module__,
               "http": http_parser(),

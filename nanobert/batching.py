@@ -17,6 +17,7 @@ Only for inference: training wants random batches, and sorting changes them.
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional, Sequence
 
 import torch
@@ -56,6 +57,15 @@ def sorted_batches(lengths: Sequence[int], batch_size: int, descending: bool = T
 CPU_FORWARD_TOKENS = 4096
 
 
+def to_inference_device(model, dtype: str = "float32"):
+    """A model loaded for inference by name (Predictor, Encoder, Reranker, `serve`) runs
+    on the GPU where there is one, as sentence-transformers places its models; its int8
+    layers are CPU kernels and stay. (CUDA_VISIBLE_DEVICES="" keeps everything on the CPU.)"""
+    if dtype == "float32" and torch.cuda.is_available():
+        model.cuda()
+    return model
+
+
 def forward_tokens(device) -> Optional[int]:
     """The `max_tokens` of `sorted_batches` for inference on `device`."""
     return CPU_FORWARD_TOKENS if torch.device(device).type == "cpu" else None
@@ -93,3 +103,97 @@ def pad_rows(rows: Sequence[Sequence], value=0, dtype=torch.long, length=None) -
     for i, r in enumerate(rows):
         out[i, :len(r)] = torch.as_tensor(list(r), dtype=dtype)
     return out
+
+
+# ----------------------------------------------------------------------------------
+# CUDA graphs for small batches
+
+# On a GPU a small batch is bound by launching its kernels, not by running them: minilm
+# over one sentence took 2.2 ms eagerly and 0.47 ms replayed as a CUDA graph, copies in
+# and out included (H200, 2026-11-29; BENCHMARKS.md). A batch of up to GRAPH_TOKENS
+# padded tokens is therefore padded up to a bucket of rows and length and run as the
+# graph captured for that bucket (once, at its first batch); larger batches are bound
+# by their FLOPs and run eagerly.
+GRAPH_ROWS = (1, 2, 4, 8, 16, 32)
+GRAPH_LENGTHS = (16, 32, 64, 128, 256, 512)
+GRAPH_TOKENS = 4096
+
+
+def graph_bucket(rows: int, length: int, positions: int) -> Optional[tuple]:
+    """(R, T): the smallest bucket of GRAPH_ROWS x GRAPH_LENGTHS that holds a batch of
+    `rows` x `length` within the model's `positions` and GRAPH_TOKENS; None: none does."""
+    R = next((r for r in GRAPH_ROWS if r >= rows), None)
+    T = next((t for t in GRAPH_LENGTHS if t >= length), None)
+    if R is None or T is None or T > positions or R * T > GRAPH_TOKENS:
+        return None
+    return R, T
+
+
+class CudaGraphs:
+    """Replays of `fn(**batch) -> (B, ...)` on a GPU, one graph per (`key`, bucket): the
+    batch (CPU tensors (B, T) of input_ids, attention_mask and more) is copied into the
+    graph's own (R, T) inputs, zero-padded (a padding row holds one real token, so that
+    no row is all masked), and the graph's first B output rows come back, as float32 on
+    the CPU (one thread replays at a time: the buffers are shared). `fn` must run
+    without host syncs (BertModel.forward(padded=True)); a `key` whose capture fails
+    runs eagerly from then on (run returns None)."""
+
+    def __init__(self, device: torch.device, weights: int):
+        self.device, self.weights = device, weights
+        self.graphs: dict = {}          # (key, autocast, R, T) -> (graph, inputs, output)
+        self.failed: set = set()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> Optional["CudaGraphs"]:
+        """The graphs of `model` (kept on it) where it is on a GPU, else None. Graphs
+        read the weights by address: a model moved away and back starts new ones."""
+        weight = next(model.parameters())
+        if weight.device.type != "cuda":
+            return None
+        graphs = getattr(model, "cuda_graphs", None)
+        if graphs is None or graphs.weights != weight.data_ptr():
+            graphs = model.cuda_graphs = CudaGraphs(weight.device, weight.data_ptr())
+        return graphs
+
+    def run(self, key, fn, batch: dict, positions: int) -> Optional[torch.Tensor]:
+        B, T = batch["input_ids"].shape
+        bucket = graph_bucket(B, T, positions)
+        key = (key, torch.is_autocast_enabled("cuda"))
+        if bucket is None or key in self.failed:
+            return None
+        with self.lock:
+            if key + bucket not in self.graphs:
+                try:
+                    self.graphs[key + bucket] = self._capture(fn, batch, *bucket)
+                except RuntimeError:    # an op that syncs, or one graphs cannot hold
+                    self.failed.add(key)
+                    return None
+        graph, inputs, out = self.graphs[key + bucket]
+        with self.lock, torch.cuda.device(self.device):   # (one replay at a time: shared buffers)
+            for name, t in inputs.items():
+                t.copy_(self._padded(name, batch[name], t.shape))
+            graph.replay()
+            return out[:B].float().cpu()
+
+    @staticmethod
+    def _padded(name: str, t: torch.Tensor, shape) -> torch.Tensor:
+        full = torch.zeros(shape, dtype=t.dtype)
+        full[:t.shape[0], :t.shape[1]] = t
+        if name == "attention_mask":
+            full[t.shape[0]:, 0] = 1
+        return full
+
+    def _capture(self, fn, batch: dict, R: int, T: int):
+        device = self.device
+        inputs = {k: self._padded(k, v, (R, T)).to(device) for k, v in batch.items()}
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):       # (warm-up off the capture: cuBLAS handles)
+            for _ in range(2):
+                fn(**inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(graph):
+            out = fn(**inputs)
+        return graph, inputs, out

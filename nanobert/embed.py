@@ -28,7 +28,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .batching import forward_tokens, restore_order, sorted_batches
+from .batching import (CudaGraphs, forward_tokens, restore_order, sorted_batches,
+                       to_inference_device)
 from .checkpoint import POOLINGS, declared_max_length, sbert_config, st_json, st_prompts
 from .config import at_least, checked, max_length_range
 from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note, spooled_stdin
@@ -237,9 +238,19 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
     batches = sorted_batches([len(e.ids) for e in encodings], batch_size,
                              max_tokens=forward_tokens(device))
+    # a small batch on a GPU: a CUDA graph of the padded forward (a `vector` with a key)
+    graphs = CudaGraphs.of(base) if getattr(vector, "key", None) is not None else None
+
+    def graphed(**batch):
+        return vector(base(**batch, padded=True), batch["attention_mask"])
 
     def forward(idx):
-        batch = {k: v.to(device) for k, v in tokenizer.pad([encodings[i] for i in idx]).items()}
+        batch = tokenizer.pad([encodings[i] for i in idx])
+        if graphs is not None:
+            out = graphs.run(vector.key, graphed, batch, base.config.usable_positions)
+            if out is not None:
+                return out
+        batch = {k: v.to(device) for k, v in batch.items()}
         out = base(**batch, first_only=getattr(vector, "first_only", False))
         return vector(out, batch["attention_mask"]).float().cpu()
     try:
@@ -290,6 +301,7 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
             v = pool(out.last_hidden_state.float(), mask, pooling)    # (B, H)
         return torch.nn.functional.normalize(v, dim=-1) if normalize else v
     vector.first_only = pooling == "cls" and not skip
+    vector.key = (pooling, normalize, skip)      # what a CUDA graph of it holds
 
     return encoder_vectors(model, tokenizer, texts, vector, batch_size=batch_size,
                            max_length=max_length, progress=progress)
@@ -379,6 +391,7 @@ class Encoder:
             if tokenizer is not None:      # given with a model name: used, not dropped
                 _check_tokenizer(tokenizer)
             model, own = load(model, head=None, dtype=dtype)
+            to_inference_device(model, dtype)
             if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
                 raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more "
                                  f"than the model's vocabulary of {model.config.vocab_size}")

@@ -46,7 +46,7 @@ import torch
 
 from . import biencoder as B
 from . import data as D
-from .batching import forward_tokens, pad_rows, sorted_batches
+from .batching import forward_tokens, pad_rows, sorted_batches, to_inference_device
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
 from .files import (ONE_LINE, NanobertError, check_output_dir, check_outside, note, some_of,
@@ -1387,9 +1387,7 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
                                           model.config.usable_positions))
     # (a model of few positions, without nanobert.json: a window must hold more than the stride)
     settings.setdefault("doc_stride", min(128, settings["max_length"] // 2))
-    if torch.cuda.is_available() and dtype == "float32":
-        model.cuda()
-    return model.eval(), tok, settings
+    return to_inference_device(model, dtype).eval(), tok, settings
 
 
 def default_max_length(d, tok, task: Task) -> int:

@@ -924,8 +924,11 @@ class BertModel(nn.Module):
             self.pos_bias = nn.Embedding(c.position_buckets, c.num_attention_heads)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None,
-                output_attentions=False, keep_unpadded=False, first_only=False) -> EncoderOutput:
+                output_attentions=False, keep_unpadded=False, first_only=False,
+                padded=False) -> EncoderOutput:
         # input_ids, attention_mask, token_type_ids: (B, T)
+        # padded: the padded layout whatever the backend (fixed shapes, no host sync: a
+        # CUDA graph, batching.CudaGraphs)
         # first_only: the caller reads pooler_output and each row's first real token
         # (last_hidden_state (B, 1, H)): unpadded, the last block runs past attention on
         # those rows alone (a sixth of minilm's products, on sentences of 25 tokens)
@@ -940,7 +943,8 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         positions = torch.arange(T, device=input_ids.device).expand(B, T) + self.config.position_offset
-        if self.config.unpadded:
+        unpadded = self.config.unpadded and not padded
+        if unpadded:
             layout = UnpaddedLayout(attention_mask)
             ids, pos, seg = (layout.unpad(t) for t in (input_ids, positions, token_type_ids))
         else:
@@ -948,21 +952,12 @@ class BertModel(nn.Module):
             ids, pos, seg = input_ids, positions, token_type_ids
         layout.positions = pos - self.config.position_offset
         x = self.emb(ids, pos, seg)                          # (B, T, H) or (N, H)
-        if self.config.unpadded and Linear.fast_path(x) and isinstance(self.blocks[0].attn.qkv, Linear):
+        if unpadded and Linear.fast_path(x) and isinstance(self.blocks[0].attn.qkv, Linear):
             x = layout.round_rows(x)                         # (N + spare, H)
         attentions = [] if output_attentions else None
-        rel = None
-        if self.config.relative_attention:
-            c = self.config
-            rel = (self.rel_norm(self.rel.weight),
-                   _relative_index(T, c.relative_buckets, c.max_relative_positions, x.device),
-                   c.relative_terms.split("|"))
-        if self.config.position_buckets:
-            c = self.config
-            buckets = _position_buckets(T, c.position_buckets, c.position_max_distance, x.device)
-            rel = self.pos_bias(buckets).permute(2, 0, 1).unsqueeze(0)     # (1, nh, T, T)
+        rel = self.relative_terms(T, x.device)
         mean = self.config.classifier_pooling == "mean"
-        shortcut = (first_only and self.config.unpadded and rel is None and not mean
+        shortcut = (first_only and unpadded and rel is None and not mean
                     and not output_attentions and layout.N > 0)
         last = self.config.num_hidden_layers - 1
         for layer in range(self.config.num_hidden_layers):
@@ -975,7 +970,7 @@ class BertModel(nn.Module):
             x = self.final_norm(x)
         if shortcut:                                         # (B, H): the first tokens
             return EncoderOutput(x.unsqueeze(1), self.pooler(x), attentions, layout)
-        if self.config.unpadded:
+        if unpadded:
             x = layout.real(x)                               # (N, H)
         pooled = self.pooler((layout.mean_tokens if mean else layout.first_tokens)(x))  # (B, H)
         if first_only:
@@ -983,6 +978,19 @@ class BertModel(nn.Module):
         elif not keep_unpadded:
             x = layout.pad(x)
         return EncoderOutput(x, pooled, attentions, layout)
+
+    def relative_terms(self, T: int, device):
+        """What every block's attention adds for relative positions over T tokens:
+        DeBERTa's (embeddings, index, terms), MPNet's bias (1, nh, T, T), else None."""
+        c = self.config
+        if c.relative_attention:
+            return (self.rel_norm(self.rel.weight),
+                    _relative_index(T, c.relative_buckets, c.max_relative_positions, device),
+                    c.relative_terms.split("|"))
+        if c.position_buckets:
+            buckets = _position_buckets(T, c.position_buckets, c.position_max_distance, device)
+            return self.pos_bias(buckets).permute(2, 0, 1).unsqueeze(0)     # (1, nh, T, T)
+        return None
 
     @torch.inference_mode()
     def warm_shapes(self, max_tokens: int) -> list:

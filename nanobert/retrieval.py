@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from .batching import to_inference_device
 from .files import NanobertError, note
 from .metrics import correlations
 from .threads import map_on_cores
@@ -254,6 +255,7 @@ class Reranker:
         _whole(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir)
         _check_pair_head(model_dir, self.model)
+        to_inference_device(self.model)
         saved = read_settings(resolve(model_dir), self.model.config.usable_positions)
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
             raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "

@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from .batching import to_inference_device
 from .files import NanobertError
 
 # model head -> what the server does with it; anything else embeds
@@ -338,7 +339,7 @@ class Served:
         d = {"name": self.name, "task": self.kind, "routes": self.paths,
              "path": str(self.path), "max_length": self.max_length,
              "hidden_size": self.hidden_size, "family": self.model.config.family,
-             "dtype": getattr(self.model, "dtype_name", "float32")}
+             "dtype": getattr(self.model, "dtype_name", "float32"), "device": self.device}
         if self.task in ("classify", "ner"):
             d["labels"] = self.labels
         if self.task == "embed":
@@ -354,7 +355,12 @@ class Served:
                  "qa": f"windows of {self.max_length}, stride {self.settings.get('doc_stride')}",
                  "regression": "one score"}[self.task]
         dtype = getattr(self.model, "dtype_name", "float32")
-        return f"{extra}; max {self.max_length} tokens; {dtype}; {self.path}"
+        return f"{extra}; max {self.max_length} tokens; {dtype} on {self.device}; {self.path}"
+
+    @property
+    def device(self) -> str:
+        """Where the model runs: "cpu", "cuda:0" (a GPU, where there is one)."""
+        return str(next(self.model.parameters()).device)
 
 
 def split_spec(spec: str) -> tuple:
@@ -395,7 +401,8 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
         from .embed import declared_max_length
         max_length = min(declared_max_length(path) or tokenizer.model_max_length,
                          model.config.usable_positions)
-        engine = nanobert.Encoder(model, tokenizer, max_length=max_length, name=name)
+        engine = nanobert.Encoder(to_inference_device(model, dtype), tokenizer,
+                                  max_length=max_length, name=name)
     # a note on stderr for every cut input would fill the log and keep every note said
     # (to say it once) for good; the answers and the metrics say what was cut
     engine.tokenizer.quiet = True

@@ -141,6 +141,23 @@ def test_unpadded_equals_padded_minilm(minilm):
     assert (b.layout.N, b.layout.spare) == (int(mask.sum()), 3)
 
 
+def test_padded_switch_runs_an_unpadded_model_padded_with_its_numbers(minilm):
+    """forward(padded=True), the fixed-shape path CUDA graphs capture, gives the unpadded
+    backend's hidden states and pooled output, and the padded layout's shapes."""
+    model, tok = minilm
+    batch = tok(["a short one.", "a somewhat longer sentence about nothing", "x", "two words"])
+    mask = batch["attention_mask"].bool()[..., None]
+    backend, model.config.attn_backend = model.config.attn_backend, "unpadded"
+    try:
+        with torch.inference_mode():
+            plain, padded = model.bert(**batch), model.bert(**batch, padded=True)
+    finally:
+        model.config.attn_backend = backend
+    assert type(padded.layout).__name__ == "Layout" and type(plain.layout).__name__ == "UnpaddedLayout"
+    assert ((plain.last_hidden_state - padded.last_hidden_state) * mask).abs().max() <= TOL
+    assert (plain.pooler_output - padded.pooler_output).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_spare_rows_change_nothing(pooling):
     """With and without the spare zero rows of the CPU fast path (round_rows): the same

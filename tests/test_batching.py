@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from nanobert.batching import inverse_order, pad_rows, restore_order, sorted_batches
+from nanobert.batching import (CudaGraphs, graph_bucket, inverse_order, pad_rows, restore_order,
+                               sorted_batches)
 
 
 def test_sorted_batches_group_similar_lengths_and_restore_order():
@@ -73,3 +74,71 @@ def test_token_capped_inference_equals_one_batch(minilm, monkeypatch):
         hook.remove()
     assert len(calls) > 4                                   # really cut into several batches
     np.testing.assert_allclose(capped, whole, atol=1e-5)
+
+
+def test_graph_buckets_hold_the_batch_within_the_positions_and_token_cap():
+    assert graph_bucket(1, 13, 512) == (1, 16)
+    assert graph_bucket(3, 16, 512) == (4, 16)
+    assert graph_bucket(8, 33, 512) == (8, 64)
+    assert graph_bucket(32, 128, 512) == (32, 128)
+    assert graph_bucket(33, 8, 512) is None           # more rows than any bucket
+    assert graph_bucket(1, 513, 1024) is None         # longer than any bucket
+    assert graph_bucket(1, 100, 120) is None          # the bucket (128) past the positions
+    assert graph_bucket(16, 300, 512) is None         # 16 x 512 over the token cap
+
+
+def test_graph_inputs_are_zero_padded_with_no_row_all_masked():
+    ids = torch.tensor([[101, 7, 102], [101, 102, 0]])
+    mask = (ids != 0).long()
+    full_ids = CudaGraphs._padded("input_ids", ids, (4, 8))
+    full_mask = CudaGraphs._padded("attention_mask", mask, (4, 8))
+    assert full_ids.tolist()[:2] == [[101, 7, 102, 0, 0, 0, 0, 0], [101, 102, 0, 0, 0, 0, 0, 0]]
+    assert full_ids[2:].eq(0).all() and full_ids.dtype == ids.dtype
+    assert full_mask.sum(1).tolist() == [3, 2, 1, 1]   # padding rows: one token each
+
+
+def test_no_graphs_for_a_model_on_the_cpu(minilm):
+    model, _ = minilm
+    assert CudaGraphs.of(model.bert) is None
+
+
+def test_graph_replays_pad_each_batch_into_its_bucket_and_give_the_eager_vectors(minilm,
+                                                                               monkeypatch):
+    """The bucketing, padding and replay of CudaGraphs, run on the CPU: a stand-in graph
+    recomputes `fn` on the bucket's inputs at each replay, as a CUDA graph does (the real
+    graphs: tests/test_cuda.py). Vectors equal the eager ones whichever batch used the
+    bucket before."""
+    import contextlib
+
+    import numpy as np
+
+    import nanobert
+    from nanobert import batching
+
+    class Replay:
+        def __init__(self, fn, inputs):
+            self.fn, self.inputs = fn, inputs
+            self.out = fn(**inputs).clone()
+
+        def replay(self):
+            self.out.copy_(self.fn(**self.inputs))
+
+    def capture(self, fn, batch, R, T):
+        inputs = {k: self._padded(k, v, (R, T)) for k, v in batch.items()}
+        graph = Replay(fn, inputs)
+        return graph, inputs, graph.out
+
+    model, tok = minilm
+    graphs = CudaGraphs(torch.device("cpu"), 0)
+    monkeypatch.setattr(CudaGraphs, "_capture", capture)
+    monkeypatch.setattr(CudaGraphs, "of", staticmethod(lambda m: graphs))
+    monkeypatch.setattr(batching.torch.cuda, "device", lambda d: contextlib.nullcontext())
+    enc = nanobert.Encoder((model, tok))
+    texts = ["The capital of France is Paris.", "short", "a much longer sentence, " * 5]
+    for batch in (texts + ["x"], texts, texts[:1], ["x"], texts * 3, [texts[1]] * 40):
+        got = enc.encode(batch, batch_size=len(batch))
+        monkeypatch.setattr(CudaGraphs, "of", staticmethod(lambda m: None))
+        want = enc.encode(batch, batch_size=len(batch))
+        monkeypatch.setattr(CudaGraphs, "of", staticmethod(lambda m: graphs))
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert sorted(k[-2:] for k in graphs.graphs) == [(1, 16), (4, 32), (16, 32)]

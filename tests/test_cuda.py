@@ -1,11 +1,13 @@
 """The CUDA paths, where a GPU is present (they run on the GPU machine; CI has none, so
 this module is skipped there): parity with transformers on the GPU for every attention
 backend, bf16 autocast, training steps (plain and under DDP with one process),
-torch.compile, and the flash-attn varlen path when flash-attn is installed."""
+torch.compile, the flash-attn varlen path when flash-attn is installed, models loaded by
+name placed on the GPU, embedding batches as CUDA graphs, and the server on the GPU."""
 from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -64,6 +66,85 @@ def test_cuda_agrees_with_cpu_for_every_backend(minilm_dir):
             m, _ = nanobert.load(minilm_dir, attn_backend=backend)
             out = m.cuda().eval().bert(**{k: v.cuda() for k, v in batch.items()}).last_hidden_state
             torch.testing.assert_close(out.cpu()[real], cpu[real], atol=2e-5, rtol=1e-4)
+
+
+def test_models_loaded_by_name_run_on_the_gpu_with_the_cpus_numbers(minilm_dir, tmp_path):
+    """Encoder, Reranker and Predictor loaded by name go to the GPU, as
+    sentence-transformers places its models; one given already loaded stays where it is."""
+    import json
+
+    import numpy as np
+
+    from nanobert.checkpoint import save_model
+    from nanobert.retrieval import Reranker, pair_logits
+    gpu = nanobert.Encoder(str(minilm_dir))
+    cpu = nanobert.Encoder(nanobert.load(minilm_dir, head=None))
+    assert next(gpu.model.parameters()).is_cuda and not next(cpu.model.parameters()).is_cuda
+    np.testing.assert_allclose(gpu.encode(TEXTS), cpu.encode(TEXTS), atol=1e-5)
+    model, tok = nanobert.load(minilm_dir, head="regression")
+    save_model(model, tmp_path / "cross", tokenizer=tok, extra_files={
+        "nanobert.json": json.dumps({"task": "rerank", "max_length": 64})})
+    reranker = Reranker(tmp_path / "cross")
+    assert next(reranker.model.parameters()).is_cuda
+    want = pair_logits(model, tok, [("who wrote it?", t) for t in TEXTS], 64)[:, 0].tolist()
+    assert reranker.score("who wrote it?", TEXTS) == pytest.approx(want, abs=1e-4)
+    assert next(nanobert.Predictor(tmp_path / "cross").model.parameters()).is_cuda
+
+
+@pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", False)])
+def test_small_batches_run_as_cuda_graphs_with_the_eager_numbers(minilm_dir, pooling, normalize):
+    """Batches of up to 4,096 padded tokens replay a CUDA graph per bucket of rows and
+    length: the CPU's vectors, whichever inputs ran in the bucket before (a shorter
+    text after a longer one, fewer rows after more), and larger batches run eagerly."""
+    import numpy as np
+    gpu = nanobert.Encoder(str(minilm_dir), pooling=pooling, normalize=normalize)
+    cpu = nanobert.Encoder(nanobert.load(minilm_dir, head=None), pooling=pooling,
+                           normalize=normalize)
+    calls = [TEXTS + ["x"], TEXTS, TEXTS[:1], ["x"], TEXTS[2:], TEXTS * 3, [TEXTS[1]] * 40]
+    for texts in calls:
+        got = gpu.encode(texts, batch_size=len(texts))
+        np.testing.assert_allclose(got, cpu.encode(texts), atol=1e-5)
+    graphs = gpu.model.bert.cuda_graphs if hasattr(gpu.model, "bert") else gpu.model.cuda_graphs
+    buckets = sorted(k[-2:] for k in graphs.graphs)
+    assert not graphs.failed and (1, 32) in buckets and (4, 32) in buckets, buckets
+    assert all(r <= 32 for r, _ in buckets)       # the 40 rows ran eagerly
+
+
+def test_the_server_answers_from_the_gpu_with_the_cpus_numbers(minilm_dir):
+    """`nanobert serve` on a GPU machine: the model on cuda (named on startup), the
+    answers those of the CPU's offline Encoder."""
+    import json
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+
+    import numpy as np
+    proc = subprocess.Popen([sys.executable, "-m", "nanobert", "serve", "minilm", "--port", "0",
+                             "--no-warmup"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("limits:"):
+            lines.append(proc.stdout.readline())
+            assert lines[-1] or proc.poll() is None, "".join(lines)
+        assert "on cuda:0" in "".join(lines), "".join(lines)
+        port = re.match(r"nanobert serve: http://[^ ]+:(\d+)$", lines[0]).group(1)
+        url = f"http://127.0.0.1:{port}/v1/embeddings"
+        for _ in range(300):
+            try:
+                req = urllib.request.Request(url, json.dumps({"input": TEXTS}).encode(),
+                                             {"content-type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    got = [d["embedding"] for d in json.load(r)["data"]]
+                break
+            except OSError:
+                time.sleep(0.1)
+        want = nanobert.Encoder(nanobert.load(minilm_dir, head=None)).encode(TEXTS)
+        np.testing.assert_allclose(np.array(got), want, atol=1e-5)
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def tiny_classifier(seed=0):
