@@ -818,7 +818,7 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
         raise NanobertError(f"{data.root or 'the BEIR folder'}: --holdout {holdout:g} holds out "
                             f"all {len(held)} judged queries: none is left to train on; use a "
                             "smaller --holdout")
-    n = settings.get("hard_negatives") or (3 if labelled else 0)
+    n = settings["hard_negatives"] = settings.get("hard_negatives") or (3 if labelled else 0)
     negatives = None
     if n >= len(data.corpus):   # (each query has one judged document or more)
         note(f"--hard-negatives {n}: {data.root or 'the corpus'} has {len(data.corpus)} "

@@ -30,7 +30,8 @@ import torch
 
 from .batching import (CudaGraphs, forward_tokens, restore_order, sorted_batches,
                        to_inference_device)
-from .checkpoint import POOLINGS, declared_max_length, sbert_config, st_json, st_prompts
+from .checkpoint import (POOLINGS, declared_max_length, sbert_config, st_json, st_prompts,
+                         st_top_folder)
 from .config import at_least, checked, max_length_range
 from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note, spooled_stdin
 from .model import first_real_tokens
@@ -285,9 +286,10 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     reading = declared_reading(source)
     if reading[0]:     # (said once a tokenizer)
         from .tokenizer import note_once
-        note_once(tokenizer, f"{source}: every text is encoded after the prompt "
-                             f"{reading[0]!r} its config_sentence_transformers.json makes "
-                             "the default, as sentence-transformers does")
+        where = st_top_folder(Path(source)) / "config_sentence_transformers.json"
+        note_once(tokenizer, f"{where}: every text is encoded after the prompt "
+                             f"{reading[0]!r} it makes the default, as sentence-transformers "
+                             "does")
     texts = prepared_texts(texts, reading)
     skip = prompt_positions(source, tokenizer, reading)   # leading positions not pooled
 
@@ -305,6 +307,26 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
 
     return encoder_vectors(model, tokenizer, texts, vector, batch_size=batch_size,
                            max_length=max_length, progress=progress)
+
+
+TASK_HEADS = {"classify": "sequence classifier (or cross-encoder)", "token": "token tagger",
+              "qa": "question-answering reader"}
+
+
+def note_task_head(model_dir) -> None:
+    """A note where a model read as an embedding model was fine-tuned for a task (its
+    config.json declares a classifier, tagger or reader head): its encoder's pooled
+    vector is used, which it was not trained to give (a cross-encoder given as
+    `--model` or `--retriever` in place of a bi-encoder, say)."""
+    from .checkpoint import family_of, read_config
+    hf = read_config(Path(model_dir))
+    fam = family_of(hf, Path(model_dir) / "config.json")
+    head = next((h for h in map(fam.head_of, hf.get("architectures") or []) if h in TASK_HEADS),
+                None)
+    if head is not None:
+        note(f"{model_dir}: a fine-tuned {TASK_HEADS[head]} (config.json's architectures), "
+             "read here as an embedding model: its encoder's pooled vectors, which it was not "
+             "trained to give")
 
 
 def default_pooling(model) -> str:
@@ -391,6 +413,7 @@ class Encoder:
             if tokenizer is not None:      # given with a model name: used, not dropped
                 _check_tokenizer(tokenizer)
             model, own = load(model, head=None, dtype=dtype)
+            note_task_head(model.source_dir)
             to_inference_device(model, dtype)
             if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
                 raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more "
@@ -399,6 +422,10 @@ class Encoder:
         else:
             model = _loaded_model(model, tokenizer, dtype)
         self.model, self.tokenizer = model.eval(), tokenizer
+        positions = getattr(model, "bert", model).config.usable_positions
+        if self.max_length is not None and self.max_length > positions:
+            note(f"max_length (--max-length) {self.max_length}: the model reads at most "
+                 f"{positions} tokens, so texts are cut there")
         self.pooling = self.pooling or default_pooling(model)
         if self.normalize is None:   # as the checkpoint's layout says (Normalize or not)
             self.normalize = declared_normalize(getattr(model, "source_dir", None))
@@ -442,11 +469,17 @@ class Encoder:
         source = getattr(self.model, "source_dir", None)
         if source is not None:
             source = Path(source).resolve()
-            parts.append(str(source))
-            for f in sorted(source.glob("*")):   # weights, config and tokenizer files
+            reading = declared_reading(source)
+            parts += [str(source), f"prompt={reading[0]!r}", f"lowercase={reading[1]}",
+                      f"include_prompt={declared_include_prompt(source)}"]
+            # weights, config and tokenizer files, the sentence-transformers modules'
+            # (1_Pooling/config.json) and, for a model in 0_Transformer/, its top folder's
+            top = st_top_folder(source)
+            files = {f for d in {source, top} for f in (*d.glob("*"), *d.glob("*/*"))}
+            for f in sorted(files):
                 if f.is_file() and f.suffix in (".safetensors", ".bin", ".json", ".txt", ".model"):
                     st = f.stat()
-                    parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+                    parts.append(f"{f.relative_to(top)}:{st.st_size}:{st.st_mtime_ns}")
         else:  # an in-memory model: hash its weights
             h = hashlib.sha256()
             for k, t in self.model.state_dict().items():

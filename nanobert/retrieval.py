@@ -22,6 +22,7 @@ computes them, so published figures can be compared:
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, Optional
 
 import numpy as np
@@ -255,6 +256,7 @@ class Reranker:
         _whole(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir)
         _check_pair_head(model_dir, self.model)
+        note_negative_second_label(model_dir, self.model)
         to_inference_device(self.model)
         saved = read_settings(resolve(model_dir), self.model.config.usable_positions)
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
@@ -299,6 +301,25 @@ class Reranker:
         scores = self.score(query, documents)
         order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
         return [(i, scores[i], documents[i]) for i in order]
+
+
+# label names that read as "not relevant": a two-label classifier whose second label is
+# one (QNLI's not_entailment, a match/mismatch pair) ranks the least relevant first
+NEGATIVE_LABEL = re.compile(r"^(not|non|no)([-_ ]|$)|neg|mismatch|contradict|irrelevant|"
+                            r"unrelated|^false$|^wrong$", re.I)
+
+
+def note_negative_second_label(model_dir, model) -> None:
+    """A note where a two-label classifier, which reranks by its second label's
+    probability, names that label as the negative class and its first one not."""
+    labels = model.config.id2label or {}
+    if model.head != "classify" or model.config.num_labels != 2 or len(labels) != 2:
+        return
+    first, second = (str(labels[i]) for i in sorted(labels))
+    if NEGATIVE_LABEL.search(second) and not NEGATIVE_LABEL.search(first):
+        note(f"{model_dir}: a two-label classifier reranks by its second label's probability, "
+             f"and its second label is {second!r} (its first {first!r}): the least relevant "
+             "documents would rank first; fine-tune it with the relevant label second")
 
 
 def _check_pair_head(model_dir, model) -> None:

@@ -397,6 +397,9 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
         engine = nanobert.Predictor(path, batch_size=1 << 30, dtype=dtype)
         settings = engine.settings
         max_length = settings["max_length"]
+        if settings.get("pairs") is not False:          # (it answers /rerank)
+            from .retrieval import note_negative_second_label
+            note_negative_second_label(path, engine.model)
     else:
         from .embed import declared_max_length
         max_length = min(declared_max_length(path) or tokenizer.model_max_length,

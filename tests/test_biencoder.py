@@ -213,6 +213,10 @@ def test_more_hard_negatives_than_documents_is_noted(monkeypatch, capsys):
                                        "documents, so a query gets fewer (its unjudged ones)\n")
     E.training_rows(None, beir, {"hard_negatives": 2, "model": "m", "max_length": 8}, True)
     assert capsys.readouterr().err == ""
+    # a reranker's default (3) is what its nanobert.json records, not the 0 it was given
+    settings = {"hard_negatives": 0, "model": "m", "max_length": 8}
+    E.training_rows(None, beir, settings, labelled=True)
+    assert settings["hard_negatives"] == 3
 
 
 @pytest.mark.parametrize("labelled", [False, True])   # embed, rerank

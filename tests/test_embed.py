@@ -220,6 +220,43 @@ def test_cache_key_follows_the_tokenizer_files(tiny_dir, tmp_path):
     assert Encoder(model).identity() in keys   # and unchanged files keep the key
 
 
+def test_cache_key_follows_the_pooling_folder_and_an_old_layouts_top_folder(minilm_dir, tmp_path,
+                                                                           capsys):
+    """search reused cached corpus vectors after 1_Pooling/config.json's include_prompt
+    changed, and, for a model in 0_Transformer/ (sentence-transformers before 2.0), after
+    the top folder's config_sentence_transformers.json made a prompt the default: 0.64
+    and 0.71 where 0.75 was right. Those files are in the key, and the prompt note names
+    the file that sets the prompt."""
+    d = tmp_path / "pm"
+    shutil.copytree(minilm_dir, d)
+    (d / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: "}, "default_prompt_name": "query"}))
+    pooling = d / "1_Pooling" / "config.json"
+    conf = json.loads(pooling.read_text())
+    keys = {Encoder(d).identity()}
+    conf["include_prompt"] = False
+    pooling.write_text(json.dumps(conf))
+    keys.add(Encoder(d).identity())
+    assert len(keys) == 2
+    old = tmp_path / "old"
+    (old / "0_Transformer").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "vocab.txt", "special_tokens_map.json", "sentence_bert_config.json"):
+        shutil.copy(minilm_dir / name, old / "0_Transformer" / name)
+    shutil.copytree(minilm_dir / "1_Pooling", old / "1_Pooling")
+    (old / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    top = old / "config_sentence_transformers.json"
+    top.write_text(json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": None}))
+    before = Encoder(old).identity()
+    top.write_text(json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": "query"}))
+    enc = Encoder(old)
+    assert enc.identity() != before
+    enc.encode(["x"])
+    assert f"{top}: every text is encoded after the prompt 'query: '" in capsys.readouterr().err
+
+
 def test_cache_falls_back_to_home(encoder, tmp_path, monkeypatch):
     import nanobert.embed as E
     corpus = tmp_path / "c.txt"
@@ -798,3 +835,27 @@ def test_search_refuses_a_query_of_no_tokens(tmp_path, capsys):
         assert main(["search", "--model", "minilm", "--corpus", str(corpus), "--query", q]) == 2
         err = capsys.readouterr().err
         assert f"--query: no tokens in {q!r}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_task_model_read_as_an_embedding_model_is_noted(minilm_dir, tmp_path, capsys):
+    """A cross-encoder given to `search --model`, `embed` or `--retriever` was pooled as
+    a bi-encoder without a word (the opposite mistake is refused)."""
+    import nanobert
+    from nanobert.checkpoint import save_model
+    model, tok = nanobert.load(minilm_dir, head="regression")
+    save_model(model, tmp_path / "cross", tokenizer=tok)
+    capsys.readouterr()
+    Encoder(str(minilm_dir))
+    assert capsys.readouterr().err == ""
+    Encoder(str(tmp_path / "cross")).encode("x")
+    assert "a fine-tuned sequence classifier (or cross-encoder) (config.json's architectures), " \
+           "read here as an embedding model" in capsys.readouterr().err
+
+
+def test_a_max_length_past_the_models_positions_is_noted(minilm_dir, capsys):
+    """--max-length 100000 was lowered to 512 without a word."""
+    Encoder(str(minilm_dir), max_length=512)
+    assert capsys.readouterr().err == ""
+    Encoder(str(minilm_dir), max_length=100000)
+    assert capsys.readouterr().err == ("nanobert: note: max_length (--max-length) 100000: the "
+                                       "model reads at most 512 tokens, so texts are cut there\n")

@@ -193,6 +193,29 @@ def test_reranker_scores_what_the_servers_rerank_scores(tiny_dir, tmp_path, one_
     assert [i for i, _, _ in ranked] == sorted(range(len(server)), key=lambda i: -server[i])
 
 
+@pytest.mark.parametrize("id2label, noted", [
+    ({0: "entailment", 1: "not_entailment"}, True),      # QNLI/RTE: the relevant label first
+    ({0: "match", 1: "mismatch"}, True),
+    ({0: "not_equivalent", 1: "equivalent"}, False),     # MRPC: the relevant label second
+    ({0: "no", 1: "yes"}, False),
+])
+def test_a_pair_classifier_whose_second_label_is_the_negative_one_is_noted(
+        tiny_dir, tmp_path, capsys, id2label, noted):
+    """A two-label classifier reranks by its second label's probability; a QNLI-style
+    model (entailment, not_entailment) ranked the least relevant first without a word.
+    Reranker and the server (which serves it on /rerank) say so."""
+    from nanobert.serve_models import load_served
+    path = head_dir(tiny_dir, tmp_path / "m", "classify",
+                    {"task": "classify", "max_length": 32, "pairs": True}, id2label)
+    capsys.readouterr()
+    R.Reranker(path)
+    offline = capsys.readouterr().err
+    load_served(str(path))
+    served = capsys.readouterr().err
+    says = f"its second label is {id2label[1]!r} (its first {id2label[0]!r})"
+    assert (says in offline and says in served) == noted, (offline, served)
+
+
 def test_reranker_refuses_what_the_server_does_not_rerank(tiny_dir, tmp_path):
     """Single-text classifiers and classifiers of more than two labels rank nothing on
     the server (no /rerank route); Reranker refuses them with a clear message."""
