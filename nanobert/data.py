@@ -1339,6 +1339,11 @@ def _read_json_ner(path: Path, require_tags: bool) -> list:
             out.append(Sentence(words, tags, n))
     if not out:
         raise data_error(path, None, "no sentences")
+    empty = [n for n, obj in objs if not obj.get(words_at)]
+    if empty:   # (in the middle of a file, a result a row would then be off by one)
+        note(f"{path}: {len(empty)} record{'s' * (len(empty) != 1)} with no tokens skipped "
+             f"(line {empty[0]}{', ...' * (len(empty) > 1)}): row i of the output is the i-th "
+             "sentence, not line i")
     return out
 
 

@@ -191,6 +191,9 @@ def read_texts(body: dict, name: str, limit: int, pairs: bool = False,
     if pairs and isinstance(t, list) and len(t) == 2 and (bad == 0 or _is_pair(items[0])):
         j = next(j for j, x in enumerate(t) if not isinstance(x, str))   # a pair's element
         raise unprocessable(f"{name}[{bad}][{j}]", f"must be text (a string), not {_kind(t[j])}")
+    if like_first is _is_pair:   # (a string, or a list of another length, after pairs)
+        raise unprocessable(f"{name}[{bad}]", f"must be a [text, pair] list like {name}[0]: "
+                            "all inputs either texts or [text, pair] lists")
     raise unprocessable(f"{name}[{bad}]", "must be a string" + (", and all inputs either "
                         "texts or [text, pair] lists" if pairs else ""))
 
@@ -370,9 +373,7 @@ class Server:
         path = path or "/" + route
         serving = [m for m in self.models.values() if route in m.routes]
         if name is None:
-            if not serving:
-                raise ApiError(404, f"no model served here does {path} "
-                                    f"(models: {self._list()})")
+            self.require_route(route, path)
             return min(serving, key=lambda m: m.fit(route, pairs))
         if name not in self.models:
             raise unprocessable("model", f"names no served model: {shown(name)} "
@@ -383,6 +384,14 @@ class Server:
                                          f"which does not serve {path} (it serves: "
                                          f"{', '.join(m.paths)})")
         return m
+
+    def require_route(self, route: str, path: Optional[str] = None) -> None:
+        """404 where no served model does `route`; the routes that read their inputs
+        before picking a model ask first, so that a client is not told to fix a body
+        that no model here would answer."""
+        if not any(route in m.routes for m in self.models.values()):
+            raise ApiError(404, f"no model served here does {path or '/' + route} "
+                                f"(models: {self._list()})")
 
     def taking(self, route: str, pairs: bool) -> list:
         """The names of the models that serve `route` and take text `pairs` (True) or
@@ -500,6 +509,7 @@ async def embed_inputs(server: Server, body: dict, field_name: str, normalize: b
 
 
 async def openai_embeddings(server: Server, body: dict) -> dict:
+    server.require_route("embed", "/v1/embeddings")
     fmt = read_str(body, "encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise unprocessable("encoding_format", f"must be 'float' or 'base64', got {shown(fmt)}")
@@ -538,6 +548,7 @@ async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, nam
 
 
 async def classify(server: Server, body: dict) -> dict:
+    server.require_route("classify")
     texts, pairs, _ = read_texts(body, "inputs", server.config.max_client_batch, pairs=True)
     m = server.pick(body, "classify", pairs is not None)
     check_pairs(server, m, pairs)
@@ -667,7 +678,7 @@ async def qa(server: Server, body: dict) -> dict:
     pairs, ids = read_questions(body, server.config.max_client_batch)
     truncate = read_bool(body, "truncate", True)
     try:
-        work = await server.tokenized(m.qa_windows, pairs)
+        work = await server.tokenized(m.qa_windows, pairs, truncate=truncate)
     except NanobertError as e:   # (questions are cut to fit: only the model's windows fail)
         raise unprocessable("model", f"{m.name}: {e}")
     cut = work.questions_cut

@@ -83,6 +83,8 @@ class QAWork:
             out[w.example] = out[w.example] or w.question_cut
         return out
 
+    truncated = questions_cut          # (what the truncation counter counts)
+
 
 @dataclass
 class NERWork:

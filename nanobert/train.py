@@ -758,10 +758,23 @@ class Trainer:
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self._restore_position(state)
+        self._check_best_saved()
         _set_rng_state(_saved_rng(state, tensors))
         if self._pending is not None:
             self._pending["rng"] = _rng_state()
         self._trim_log()
+
+    def _check_best_saved(self):
+        """The best model the checkpoint says was saved is in the run directory: a resumed
+        run whose best came before the interruption writes no model again, so without it
+        the run would finish, and say so, with no weights (a file deleted, a partial copy)."""
+        weights = self.out_dir / "model.safetensors"     # (what every writer saves)
+        if self.best is not None and self.save_fn is not None and self.is_main \
+                and not weights.is_file():
+            raise NanobertError(f"{weights}: missing, though the best model "
+                                f"(step {self.best['step']}) was saved there before the "
+                                "checkpoint: the resumed run would end without it; put it "
+                                "back, or start again with --overwrite")
 
     def _restore_position(self, state: dict):
         """Step, epoch, batch, the evaluations so far, the loss window; and a step whose

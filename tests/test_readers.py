@@ -844,3 +844,15 @@ def test_an_sts_benchmark_file_is_not_read_as_classes(tmp_path):
         p = write(tmp_path, name, rows)
         msg = error_of(D.read_classification, p)
         assert msg.startswith(f"{p}:1: STS Benchmark rows") and "--task regress" in msg, msg
+
+
+def test_json_records_without_tokens_are_skipped_with_a_note(tmp_path, capsys):
+    """A tagger's JSON Lines with {"tokens": []} in the middle: the record was dropped
+    without a word, and every later prediction sat one row up from its input."""
+    f = tmp_path / "words.jsonl"
+    f.write_text('{"tokens": ["Alice"]}\n{"tokens": []}\n{"tokens": ["Bob"]}\n')
+    sentences = D.read_conll(f, require_tags=False)
+    assert [(s.words, s.line) for s in sentences] == [(["Alice"], 1), (["Bob"], 3)]
+    assert capsys.readouterr().err == (f"nanobert: note: {f}: 1 record with no tokens skipped "
+                                       "(line 2): row i of the output is the i-th sentence, "
+                                       "not line i\n")

@@ -415,8 +415,10 @@ def test_qa_over_windows_equals_predict(server, models):
     # and few windows (one that left a token past the stride moved on a token at a time)
     long_q = "who lives in paris and " * 6 + "where?"
     offline = predict_qa(model, tok, [QAExample("0", long_q, context)], settings)[0]
+    cut_before = server.metric("nanobert_truncated_inputs_total")
     got = server.post("/qa", {"question": long_q, "context": context}).json()["results"][0]
     assert got["truncated"] is True and got["windows"] <= 2 * r["results"][0]["windows"]
+    assert server.metric("nanobert_truncated_inputs_total") == cut_before + 1   # (it was 0)
     assert (got["answer"], got["start"]) == (offline["answer"], offline["start"])
 
 
@@ -672,7 +674,8 @@ def test_concurrent_requests_share_batches(server):
     ("/rerank", {"query": "q", "documents": []}, 422,
      "field 'documents' must be a non-empty list of strings"),
     ("/embed", {"inputs": ["word " * 300], "truncate": False}, 422, "over the model's limit of 256"),
-    ("/classify", {"inputs": [["a", "b"], "c"]}, 422, "'inputs[1]'"),
+    ("/classify", {"inputs": [["a", "b"], "c"]}, 422,
+     "'inputs[1]' must be a [text, pair] list like inputs[0]"),
     ("/rerank", {"documents": ["a"]}, 422, "'query' is required"),
     ("/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, "'top_n'"),
     ("/qa", {"inputs": [{"question": "q"}]}, 422, "'inputs[0].context'"),
@@ -899,6 +902,8 @@ def test_queue_full_is_429_and_sigterm_drains(models):
         shapes = {onednn_rows(m) for m in range(Linear.SMALL_ROWS + 1, 257)}  # (MKL below)
         assert warm.startswith(f"warm-up: {len(shapes)} batch shapes in "), warm
         none = s.post("/classify", {"inputs": "x"})          # only an embedding model here
+        assert none.status_code == 404 and "no model served here" in none.text
+        none = s.post("/classify", {})                       # (not: inputs is required)
         assert none.status_code == 404 and "no model served here" in none.text
         # 128 batches of 256 tokens: seconds (32 of them took under 1 s on 2 cores)
         slow = {"inputs": ["a fairly long sentence to embed, " * 20] * 128}

@@ -552,6 +552,21 @@ def test_interrupt_in_the_best_model_save_resumes_to_the_same_model(tmp_path, nt
     assert_same_run(tmp_path / "ref", tmp_path / "cut")
 
 
+def test_a_resume_whose_best_model_is_gone_is_refused(tmp_path):
+    """The best model (step 3) saved, the run interrupted, then model.safetensors lost (a
+    partial copy, a cleanup): the resumed run saved nothing better and finished, saying
+    "model saved", with no weights in the directory. It is refused, naming the file."""
+    from nanobert.files import NanobertError
+    save_weights.interrupt_at = 2          # Ctrl-C in the second save (step 6's best)
+    with pytest.raises(KeyboardInterrupt):
+        exact_run(tmp_path / "cut")
+    save_weights.interrupt_at = None
+    (tmp_path / "cut" / "model.safetensors").unlink()
+    with pytest.raises(NanobertError, match=r"model.safetensors: missing, though the best "
+                                            r"model \(step 3\) was saved there"):
+        exact_run(tmp_path / "cut", resume=True)
+
+
 def interrupting(n_calls: int, fn):
     """`fn`, raising KeyboardInterrupt (Ctrl-C) on its n-th call instead."""
     calls = {"n": 0}
