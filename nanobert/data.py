@@ -1435,7 +1435,7 @@ def _jsonl_question(obj: dict, path, n, require_answers, moved: list) -> QAExamp
                          "'context' (JSON Lines of questions), or SQuAD JSON (an object with "
                          "a 'data' list)")
     qid = str(obj.get("id", n))
-    _no_empty_question(obj["question"], obj["context"], f"{path}:{n}: question {qid!r}")
+    no_empty_question(obj["question"], obj["context"], f"{path}:{n}: question {qid!r}")
     # (questions to answer: their gold answers are not read, nor refused when wrong)
     answers = (_answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}",
                         moved) if require_answers else [])
@@ -1444,7 +1444,7 @@ def _jsonl_question(obj: dict, path, n, require_answers, moved: list) -> QAExamp
     return QAExample(qid, obj["question"], obj["context"], answers)
 
 
-def _no_empty_question(question: str, context: str, where: str):
+def no_empty_question(question: str, context: str, where: str):
     """An empty question (or context) is a field lost on the way: the model would pick
     a span of the context with nothing asked (or answer from nothing), and training
     would teach it to."""
@@ -1482,7 +1482,7 @@ def _squad_article(article, where, path, require_answers, moved: list) -> list:
             qid = qa.get("id", f"{at}.qas[{q}]")
             if not isinstance(qid, (str, int)) or isinstance(qid, bool):
                 raise NanobertError(f"{path}: {at}.qas[{q}]: the question id must be a string")
-            _no_empty_question(question, context, f"{path}: question {str(qid)!r}")
+            no_empty_question(question, context, f"{path}: question {str(qid)!r}")
             answers = (_answers(qa.get("answers", []), context, f"{path}: question {str(qid)!r}",
                                 moved) if require_answers else [])
             if require_answers and not answers:

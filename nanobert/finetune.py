@@ -38,6 +38,7 @@ import json
 import math
 import random
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -1507,6 +1508,8 @@ def check_example(i: int, e):
         fields = {f"text {j}": t for j, t in enumerate(getattr(e, "texts", ()))}
     for field, text in fields.items():
         check_text(text, f"input {i}" if len(fields) == 1 else f"input {i}: {field}")
+    if isinstance(e, D.QAExample):    # (refused in a file too: nothing asked, or nowhere to look)
+        D.no_empty_question(e.question, e.context, f"input {i}: question {e.id!r}")
 
 
 # ----------------------------------------------------------------------------------
@@ -1575,7 +1578,7 @@ def evaluate_cmd(args):
     check_column_flags(task.name, ColumnsConfig.from_args(args).given(), "evaluation")
     examples = _evaluation_data(task, args, model, settings)
     result = evaluate_task(task.name, model, tok, examples, settings, args.batch_size,
-                           progress=not args.json)
+                           progress=not args.json and sys.stderr.isatty())   # (not in logs)
     if args.json:
         print(json.dumps(result))
     else:

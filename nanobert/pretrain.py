@@ -436,6 +436,8 @@ def _fingerprint(cfg: PretrainConfig, drop=()) -> dict:
     if cfg.model_config:
         files.append(Path(cfg.model_config))
     flags = {k: v for k, v in as_flags(cfg).items() if k not in drop}
+    if "mask_split" in flags:   # (80/10/10.0 is 80/10/10: the same run)
+        flags["mask_split"] = split_name(cfg.split)
     return fingerprint(cfg.objective, files, flags)
 
 

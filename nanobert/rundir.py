@@ -156,7 +156,7 @@ def differences(old: dict, new: dict, limit: int = 3) -> list:
             for i, (x, y) in enumerate(zip(a, b)) if x != y]
     fa, fb = old.get("flags", {}), new.get("flags", {})
     named = {"task"} if old.get("task") != new.get("task") else set()   # said once, above
-    out += [f"--{k.replace('_', '-')} {_shown(fa.get(k))} there, {_shown(fb.get(k))} now"
+    out += [_flag_difference(k, fa.get(k), fb.get(k))
             for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k not in named]
     return list(dict.fromkeys(out))[:limit]   # (one folder as --train and --dev: said once)
 
@@ -167,6 +167,16 @@ def _sizes(x, y) -> str:
     if sx == sy or not isinstance(sx, int) or not isinstance(sy, int):
         return ""
     return f" ({sx:,} bytes there, {sy:,} now)"
+
+
+def _flag_difference(key: str, there, now) -> str:
+    """'--lr 0.001 there, 0.005 now'; an on/off setting by its name, 'init on there, off
+    now', as its flag may be the negation (--no-init) of the setting's name."""
+    if isinstance(there, bool) or isinstance(now, bool):
+        def on(v):
+            return _shown(v) if not isinstance(v, bool) else "on" if v else "off"
+        return f"{key.replace('_', '-')} {on(there)} there, {on(now)} now"
+    return f"--{key.replace('_', '-')} {_shown(there)} there, {_shown(now)} now"
 
 
 def _shown(value) -> str:
@@ -721,7 +731,7 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
                             "run recorded and this run would write over; move them, choose "
                             "another directory, or replace them with --overwrite")
     if resume:
-        _check_resume(out_dir, rec, holds, fp)
+        _check_resume(out_dir, rec, holds, fp, command)
     elif holds and rec is not None and rec.get("damaged"):
         raise NanobertError(f"--out {out_dir} holds a run whose record cannot be used "
                             f"({out_dir / RUN_FILE}: {rec['damaged']}); start over with "
@@ -733,7 +743,7 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
     return foreign
 
 
-def _check_resume(out_dir: Path, rec, holds: bool, fp: dict):
+def _check_resume(out_dir: Path, rec, holds: bool, fp: dict, command: str = ""):
     """--resume continues only this run, from a whole checkpoint."""
     if rec is not None and rec.get("damaged"):
         raise NanobertError(f"--resume: {out_dir / RUN_FILE}: {rec['damaged']}; the run "
@@ -743,6 +753,11 @@ def _check_resume(out_dir: Path, rec, holds: bool, fp: dict):
     if rec is None and holds:
         raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
                             "recorded; start over with --overwrite or choose another --out")
+    other = (rec or {}).get("command")
+    if rec is not None and command and other and other != command:
+        # (its flags and files are another command's: listing them as changed misleads)
+        raise NanobertError(f"--resume: {out_dir} holds a {other} run, not a {command} one; "
+                            "resume it with that command, or start over with --overwrite")
     if rec is not None and not _same_run(rec.get("fingerprint"), fp):
         diff = "; ".join(differences(rec.get("fingerprint") or {}, fp)) or "unknown run"
         raise NanobertError(f"--resume: {out_dir} holds another run ({diff}); resume with "

@@ -160,7 +160,12 @@ def test_predictor_takes_encoders_batch_types_and_names_bad_inputs(dirs):
                               ({**good, "foo": 1}, ValueError, "input 0: unknown key 'foo'"),
                               ({"question": "q"}, ValueError, "input 0: no 'context'"),
                               ({**good, "question": BAD}, ValueError,
-                               "input 0: question is not valid Unicode")]:
+                               "input 0: question is not valid Unicode"),
+                              # (answered, where a file's empty question was refused)
+                              ({**good, "question": " "}, NanobertError,
+                               "input 0: question '0' is empty"),
+                              ({**good, "context": ""}, NanobertError,
+                               "input 0: question '0': its context is empty")]:
         with pytest.raises(error, match=words):
             qa.predict(bad)
     for bad in (None, 5, ["runs/x"]):

@@ -887,3 +887,16 @@ def test_tokenizer_may_be_a_models_name(tmp_path, capsys):
     assert main([*args, "--tokenizer", str(tmp_path / "nothere"), "--out", str(tmp_path / "b")]) == 2
     assert "--tokenizer " + str(tmp_path / "nothere") + ": no such file or directory" in \
         capsys.readouterr().err
+
+
+def test_splits_equal_as_numbers_are_the_same_run(tmp_path):
+    """--resume with --mask-split 80/10/10.0 on a run of the default 80/10/10 was refused
+    as another run, though the docs call splits equal as numbers the same."""
+    from nanobert.pretrain import PretrainConfig, _fingerprint
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b c\n")
+    runs = [_fingerprint(PretrainConfig.create(corpus=[str(corpus)], mask_split=s, max_steps=5))
+            for s in ("80/10/10", "80/10/10.0", "80.0/10/10", "80/10/10")]
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    other = PretrainConfig.create(corpus=[str(corpus)], mask_split="70/20/10", max_steps=5)
+    assert runs[0] != _fingerprint(other)

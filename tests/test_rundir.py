@@ -198,6 +198,30 @@ def test_overwrite_never_empties_a_directory_no_run_wrote(tmp_path, data):
     assert (out / "todo.txt").read_text() == "mine"
 
 
+def test_resume_into_another_commands_run_says_so(tmp_path, data):
+    """pretrain --resume on a finetune run listed the fine-tuning run's flags and files
+    as changes (naming a corpus with the size of the NER training file)."""
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with run(out, "finetune", fp(data)):
+            (out / "config.json").write_text("{}")
+            raise RuntimeError("killed")
+    with pytest.raises(NanobertError) as e:
+        with run(out, "pretrain", fp(data, lr=5e-3), resume=True):
+            pass
+    assert str(e.value) == (f"--resume: {out} holds a finetune run, not a pretrain one; resume "
+                            "it with that command, or start over with --overwrite")
+
+
+def test_an_on_off_setting_is_named_without_a_flag_it_may_not_have():
+    """--no-init changed on --resume was said as '--init True there, False now': no such
+    flag, and Python's booleans."""
+    from nanobert.rundir import differences
+    old = {"flags": {"init": True, "whole_word_mask": False, "lr": 0.001}}
+    new = {"flags": {"init": False, "whole_word_mask": True, "lr": 0.001}}
+    assert differences(old, new) == ["init on there, off now", "whole-word-mask off there, on now"]
+
+
 def test_resume_checks_the_fingerprint(tmp_path, data):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
