@@ -737,7 +737,8 @@ def integral_label(s: str) -> str:
 
 
 def _label_str(value, path, line, require: bool = True) -> Optional[str]:
-    """A label as a string; integral numbers (1, 1.0, "1.0", "01", "1e0") all become "1",
+    """A label as a string; integral numbers (1, 1.0, "1.0", "1e0") all become "1" ("01",
+    with a leading zero, is a code and stays "01"),
     so one class is one class whatever the file's writer did with its numbers. Without
     `require` (inputs to predict), a null or empty label is an unlabelled row: None."""
     if value is None and require:
@@ -1242,8 +1243,11 @@ def check_labels(examples, label2id: dict, path, source: str = "the model knows"
     the known ones after `source`: the model, or the training file they came from)."""
     for e in examples:
         if e.label is not None and e.label not in label2id:
+            number = str(int(e.label)) if CODE.fullmatch(e.label) else None
+            hint = (f"; with its leading zero {e.label!r} is read as a code, not the number "
+                    f"{number}" if number in label2id else "")
             raise data_error(path, e.line, f"unknown label {e.label!r} ({source} "
-                             f"{some_of(label2id)})")
+                             f"{some_of(label2id)}){hint}")
 
 
 # ----------------------------------------------------------------------------------

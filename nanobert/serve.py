@@ -655,8 +655,10 @@ def read_questions(body: dict, limit: int) -> tuple:
             key = unknown if len(unknown) <= 40 else unknown[:37] + "..."
             raise unprocessable(f"inputs[{i}].{key}", "is not a key of a QA input (a QA input "
                                 "has a question and a context, optionally an id)")
-        for key in ("question", "context"):
-            if not isinstance(it.get(key), str):
+        for key in ("question", "context"):   # (said as for the one-question form)
+            if it.get(key) is None:
+                raise unprocessable(f"inputs[{i}].{key}", "is required")
+            if not isinstance(it[key], str):
                 raise unprocessable(f"inputs[{i}].{key}", "must be a string")
         qid = it.get("id")
         if isinstance(qid, HugeInt):

@@ -396,6 +396,12 @@ def test_an_unknown_label_lists_a_dozen_of_the_known_ones(tmp_path):
                             ", ".join(f"c{i:04d}" for i in range(12)) + ", ... (1000 in all))")
     with pytest.raises(NanobertError, match=r"\(the model knows a, b\)$"):
         D.check_labels(read_classification(p), {"a": 0, "b": 1}, p)
+    # "01" is a code (leading zero), unlike "1.0" or "1e0": the refusal says why
+    codes = write(tmp_path, "codes.tsv", "sentence\tlabel\na\t1e0\nb\t01\n")
+    with pytest.raises(NanobertError) as e:
+        D.check_labels(read_classification(codes), {"0": 0, "1": 1}, codes)
+    assert str(e.value) == (f"{codes}:3: unknown label '01' (the model knows 0, 1); with its "
+                            "leading zero '01' is read as a code, not the number 1")
 
 
 def test_a_column_name_alone_on_the_first_line_is_a_header_not_a_text(tmp_path, capsys):

@@ -678,7 +678,9 @@ def test_concurrent_requests_share_batches(server):
      "'inputs[1]' must be a [text, pair] list like inputs[0]"),
     ("/rerank", {"documents": ["a"]}, 422, "'query' is required"),
     ("/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, "'top_n'"),
-    ("/qa", {"inputs": [{"question": "q"}]}, 422, "'inputs[0].context'"),
+    ("/qa", {"inputs": [{"question": "q"}]}, 422, "'inputs[0].context' is required"),
+    ("/qa", {"inputs": [{"question": 5, "context": "c"}]}, 422,
+     "'inputs[0].question' must be a string"),
     # a question over (32 - 3 - 8) // 2 tokens is cut (truncated: true), or refused
     ("/qa", {"question": "word " * 80, "context": "c", "truncate": False}, 422,
      "'question' has more than the 10 tokens the model's windows of 32 give a question "
