@@ -18,6 +18,7 @@ Only for inference: training wants random batches, and sorting changes them.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -57,10 +58,21 @@ def sorted_batches(lengths: Sequence[int], batch_size: int, descending: bool = T
 CPU_FORWARD_TOKENS = 4096
 
 
-def to_inference_device(model, dtype: str = "float32"):
+def to_inference_device(model, dtype: str = "float32", device=None):
     """A model loaded for inference by name (Predictor, Encoder, Reranker, `serve`) runs
-    on the GPU where there is one, as sentence-transformers places its models; its int8
-    layers are CPU kernels and stay. (CUDA_VISIBLE_DEVICES="" keeps everything on the CPU.)"""
+    on `device` ("cpu", "cuda:1"; a TypeError/ValueError naming it otherwise), by default
+    ("auto", None) on the GPU where there is one, as sentence-transformers places its
+    models; int8 layers are CPU kernels and stay. (CUDA_VISIBLE_DEVICES="" keeps the
+    default on the CPU.)"""
+    if device not in (None, "auto"):
+        from .config import check_device
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got "
+                            f"{type(device).__name__} {device!r}"[:200])
+        check_device("device", str(device))
+        if dtype != "float32" and torch.device(device).type != "cpu":
+            raise ValueError(f"device={str(device)!r}: int8 layers run on the CPU only")
+        return model.to(device)
     if dtype == "float32" and torch.cuda.is_available():
         model.cuda()
     return model
@@ -135,10 +147,14 @@ class CudaGraphs:
     graph's own (R, T) inputs, zero-padded (a padding row holds one real token, so that
     no row is all masked), and the graph's first B output rows come back, as float32 on
     the CPU (one thread replays at a time: the buffers are shared). `fn` must run
-    without host syncs (BertModel.forward(padded=True)); a `key` whose capture fails
-    runs eagerly from then on (run returns None)."""
+    without host syncs (BertModel.forward(padded=True)); a bucket whose capture fails
+    (an op that syncs, out of memory) runs eagerly from then on (run returns None).
+    Graphs read the weights by address: they are kept per model, outside it (a copy or
+    a pickle of the model carries none), and dropped when any weight has moved."""
 
-    def __init__(self, device: torch.device, weights: int):
+    _of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> its graphs
+
+    def __init__(self, device: torch.device, weights: tuple):
         self.device, self.weights = device, weights
         self.graphs: dict = {}          # (key, autocast, R, T) -> (graph, inputs, output)
         self.failed: set = set()
@@ -146,35 +162,36 @@ class CudaGraphs:
 
     @staticmethod
     def of(model: torch.nn.Module) -> Optional["CudaGraphs"]:
-        """The graphs of `model` (kept on it) where it is on a GPU, else None. Graphs
-        read the weights by address: a model moved away and back starts new ones."""
-        weight = next(model.parameters())
-        if weight.device.type != "cuda":
+        """The graphs of `model` where it is on a GPU, else None."""
+        first = next(model.parameters())
+        if first.device.type != "cuda":
             return None
-        graphs = getattr(model, "cuda_graphs", None)
-        if graphs is None or graphs.weights != weight.data_ptr():
-            graphs = model.cuda_graphs = CudaGraphs(weight.device, weight.data_ptr())
+        weights = tuple(p.data_ptr() for p in model.parameters())
+        graphs = CudaGraphs._of.get(model)
+        if graphs is None or graphs.weights != weights:     # (new, or moved: rebuilt)
+            graphs = CudaGraphs._of[model] = CudaGraphs(first.device, weights)
         return graphs
 
     def run(self, key, fn, batch: dict, positions: int) -> Optional[torch.Tensor]:
         B, T = batch["input_ids"].shape
         bucket = graph_bucket(B, T, positions)
-        key = (key, torch.is_autocast_enabled("cuda"))
+        cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        key = (key, cast) + (bucket or ())
         if bucket is None or key in self.failed:
             return None
         with self.lock:
-            if key + bucket not in self.graphs:
+            if key not in self.graphs:
                 try:
-                    self.graphs[key + bucket] = self._capture(fn, batch, *bucket)
-                except RuntimeError:    # an op that syncs, or one graphs cannot hold
+                    self.graphs[key] = self._capture(fn, batch, *bucket)
+                except RuntimeError:    # an op that syncs, or one graphs cannot hold; OOM
                     self.failed.add(key)
                     return None
-        graph, inputs, out = self.graphs[key + bucket]
-        with self.lock, torch.cuda.device(self.device):   # (one replay at a time: shared buffers)
-            for name, t in inputs.items():
-                t.copy_(self._padded(name, batch[name], t.shape))
-            graph.replay()
-            return out[:B].float().cpu()
+            graph, inputs, out = self.graphs[key]
+            with torch.cuda.device(self.device):   # (one replay at a time: shared buffers)
+                for name, t in inputs.items():
+                    t.copy_(self._padded(name, batch[name], t.shape))
+                graph.replay()
+                return out[:B].float().cpu()
 
     @staticmethod
     def _padded(name: str, t: torch.Tensor, shape) -> torch.Tensor:
@@ -189,11 +206,14 @@ class CudaGraphs:
         inputs = {k: self._padded(k, v, (R, T)).to(device) for k, v in batch.items()}
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):       # (warm-up off the capture: cuBLAS handles)
+        with torch.cuda.device(device), torch.cuda.stream(side):   # (warm-up: cuBLAS handles)
             for _ in range(2):
                 fn(**inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(device), torch.cuda.graph(graph):
+        # on its own stream of this model's GPU; thread_local: other threads' GPU work
+        # (an eager batch, another model) goes on during a capture
+        with torch.cuda.device(device), torch.cuda.graph(graph, stream=side,
+                                                         capture_error_mode="thread_local"):
             out = fn(**inputs)
         return graph, inputs, out

@@ -53,7 +53,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> tor
         return first_real_tokens(hidden, mask)
     if pooling == "max":
         return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
-    total = (hidden * m).sum(1)                                   # (B, H)
+    total = hidden.masked_fill(m == 0, 0).sum(1)                  # (B, H) (NaN padding: unread)
     count = m.sum(1).clamp(min=1)                                 # (B, 1)
     if pooling == "mean":
         return total / count
@@ -394,11 +394,14 @@ class Encoder:
         enc.encode("A man is eating food.")         # (384,) one vector
         enc.encode(["a", "b"], batch_size=32)       # (2, 384)
         enc.search("a person eats", ["...", "..."], k=5)   # [(index, score, text)]
-    """
+
+    A model given by name runs on the GPU where there is one; device="cpu" (or
+    "cuda:1") says where, as sentence-transformers' device does."""
 
     def __init__(self, model="minilm", tokenizer=None, pooling: Optional[str] = None,
                  normalize: Optional[bool] = None, batch_size: int = 64,
-                 max_length: Optional[int] = None, name: str = "", dtype: str = "float32"):
+                 max_length: Optional[int] = None, dtype: str = "float32",
+                 device: Optional[str] = None):
         from .quantize import dtype_name
         dtype = dtype_name(dtype)
         self.pooling = check_pooling(pooling) if pooling is not None else None
@@ -409,18 +412,19 @@ class Encoder:
             model, tokenizer = model               # Encoder(nanobert.load(...))
         if isinstance(model, (str, Path)):
             from . import load
-            name = name or str(model)
             if tokenizer is not None:      # given with a model name: used, not dropped
                 _check_tokenizer(tokenizer)
             model, own = load(model, head=None, dtype=dtype)
             note_task_head(model.source_dir)
-            to_inference_device(model, dtype)
+            to_inference_device(model, dtype, device)
             if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
                 raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more "
                                  f"than the model's vocabulary of {model.config.vocab_size}")
             tokenizer = tokenizer or own
         else:
             model = _loaded_model(model, tokenizer, dtype)
+            if device is not None:      # (a model passed in stays where it is, unless asked)
+                to_inference_device(model, dtype, device)
         self.model, self.tokenizer = model.eval(), tokenizer
         positions = getattr(model, "bert", model).config.usable_positions
         if self.max_length is not None and self.max_length > positions:
@@ -429,7 +433,7 @@ class Encoder:
         self.pooling = self.pooling or default_pooling(model)
         if self.normalize is None:   # as the checkpoint's layout says (Normalize or not)
             self.normalize = declared_normalize(getattr(model, "source_dir", None))
-        self.name = name or str(getattr(model, "source_dir", None) or "model")
+        self.name = str(getattr(model, "source_dir", None) or "model")
 
     @staticmethod
     def _max_length(value) -> Optional[int]:

@@ -434,8 +434,10 @@ class Layout:
         # bias (B, nh, T, T): added to the scores (DeBERTa); scale: of q·k, default 1/sqrt(hd)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))          # (B, nh, T, hd)
         keep = self.mask[:, None, None, :]                        # (B, 1, 1, T) keys
-        if window:
-            keep = keep & _band(self.T, window, q.device)         # (B, 1, T, T)
+        if window:   # (each query its own key too: a padding query past the band of the
+            # real tokens would see none, a row of NaN on CUDA that V carries onwards)
+            keep = (keep & _band(self.T, window, q.device)) | \
+                torch.eye(self.T, dtype=torch.bool, device=q.device)   # (B, 1, T, T)
         if bias is not None:  # one float mask: the bias where allowed, -inf-ish elsewhere
             keep = bias.masked_fill(~keep, torch.finfo(bias.dtype).min)
         probs = None
@@ -455,8 +457,8 @@ class Layout:
         return first_real_tokens(x, self.mask)
 
     def mean_tokens(self, x):  # the mean over each sequence's real tokens: (B, H)
-        m = self.mask.unsqueeze(-1).to(x.dtype)
-        return (x * m).sum(1) / m.sum(1)
+        m = self.mask.unsqueeze(-1)                               # (a padding NaN: not read)
+        return x.masked_fill(~m, 0).sum(1) / m.sum(1).to(x.dtype)
 
 
 class UnpaddedLayout(Layout):

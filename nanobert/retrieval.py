@@ -249,7 +249,8 @@ class Reranker:
     the probability of its second label, as the server's /rerank does. Refused: other
     heads, classifiers of more than two labels, models trained on single texts."""
 
-    def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None):
+    def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None,
+                 device: Optional[str] = None):
         import nanobert
         from .checkpoint import read_settings, resolve
         self.batch_size = _whole(batch_size, "batch_size")
@@ -257,7 +258,7 @@ class Reranker:
         self.model, self.tokenizer = nanobert.load(model_dir)
         _check_pair_head(model_dir, self.model)
         note_negative_second_label(model_dir, self.model)
-        to_inference_device(self.model)
+        to_inference_device(self.model, device=device)   # (the GPU where there is one)
         saved = read_settings(resolve(model_dir), self.model.config.usable_positions)
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
             raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "

@@ -407,7 +407,7 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
         max_length = min(declared_max_length(path) or tokenizer.model_max_length,
                          model.config.usable_positions)
         engine = nanobert.Encoder(to_inference_device(model, dtype), tokenizer,
-                                  max_length=max_length, name=name)
+                                  max_length=max_length)
     # a note on stderr for every cut input would fill the log and keep every note said
     # (to say it once) for good; the answers and the metrics say what was cut
     engine.tokenizer.quiet = True

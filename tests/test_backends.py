@@ -158,6 +158,28 @@ def test_padded_switch_runs_an_unpadded_model_padded_with_its_numbers(minilm):
     assert (plain.pooler_output - padded.pooler_output).abs().max() <= TOL
 
 
+def test_a_local_layers_padding_queries_see_a_key_and_real_rows_keep_their_numbers():
+    """ModernBERT's local layers on the padded layout (what CUDA graphs run): a padding
+    query more than window/2 past its row's last real token saw no key at all, a row of
+    NaN on CUDA that V carried into the real rows. Each query now also sees itself: the
+    padding rows are finite, the real ones equal the unpadded layout's."""
+    torch.manual_seed(0)
+    model = Bert(preset("modernbert-tiny", vocab_size=1000, max_position_embeddings=64,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        local_attention=4, global_every=3), None).eval()
+    batch = {"input_ids": torch.randint(5, 1000, (2, 24)),
+             "attention_mask": torch.tensor([[1] * 24, [1] * 3 + [0] * 21])}
+    mask = batch["attention_mask"].bool()[..., None]
+    with torch.inference_mode():
+        unpadded = model.bert(**batch).last_hidden_state
+        padded = model.bert(**batch, padded=True).last_hidden_state
+        for backend in ("sdpa", "eager"):
+            model.config.attn_backend = backend
+            assert torch.isfinite(model.bert(**batch).last_hidden_state).all()
+    assert torch.isfinite(padded).all()
+    assert ((padded - unpadded) * mask).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_spare_rows_change_nothing(pooling):
     """With and without the spare zero rows of the CPU fast path (round_rows): the same

@@ -859,3 +859,26 @@ def test_a_max_length_past_the_models_positions_is_noted(minilm_dir, capsys):
     Encoder(str(minilm_dir), max_length=100000)
     assert capsys.readouterr().err == ("nanobert: note: max_length (--max-length) 100000: the "
                                        "model reads at most 512 tokens, so texts are cut there\n")
+
+
+def test_the_device_is_chosen_as_sentence_transformers_does(minilm_dir, tmp_path):
+    """device= places a model given by name (default: the GPU where there is one); a
+    device this machine lacks or a wrong value is refused by name before encoding."""
+    import nanobert
+    from nanobert.checkpoint import save_model
+    from nanobert.files import NanobertError
+    from nanobert.retrieval import Reranker
+    enc = Encoder(str(minilm_dir), device="cpu")
+    assert next(enc.model.parameters()).device.type == "cpu" and enc.encode("x").shape == (384,)
+    for bad, error, words in [("gpu", NanobertError, "device: got 'gpu', expected auto, cpu"),
+                              (5, TypeError, "device must be a string"),
+                              ("cuda:7", NanobertError, "device cuda:7")]:
+        if bad == "cuda:7" and torch.cuda.device_count() > 7:
+            continue
+        with pytest.raises(error, match=words):
+            Encoder(str(minilm_dir), device=bad)
+    model, tok = nanobert.load(minilm_dir, head="regression")
+    save_model(model, tmp_path / "cross", tokenizer=tok)
+    assert next(Reranker(tmp_path / "cross", device="cpu").model.parameters()).device.type == "cpu"
+    with pytest.raises(NanobertError, match="device: got 'tpu'"):
+        Reranker(tmp_path / "cross", device="tpu")
