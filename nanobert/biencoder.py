@@ -885,7 +885,9 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
             qrels.setdefault(q, {})[f"d{i}"] = relevance_grade(r.score)
         return {"n_queries": len(qrels), **R.retrieval_metrics(qrels, run)}
     from .embed import Encoder
-    retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm", batch_size=batch_size)
+    device = str(next(model.parameters()).device)   # (the reranker's: a --device cpu run's)
+    retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm",
+                                        batch_size=batch_size, device=device)
     data = beir_split(data, settings, training=False)
     return R.evaluate_beir(retriever.encode, data, query_ids=scored_queries(data, settings),
                            rerank=scores, rerank_k=settings.get("rerank_k") or 100)
