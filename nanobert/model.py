@@ -437,7 +437,7 @@ class Layout:
         if window:   # (each query its own key too: a padding query past the band of the
             # real tokens would see none, a row of NaN on CUDA that V carries onwards)
             keep = (keep & _band(self.T, window, q.device)) | \
-                torch.eye(self.T, dtype=torch.bool, device=q.device)   # (B, 1, T, T)
+                _band(self.T, 0, q.device)                             # (B, 1, T, T)
         if bias is not None:  # one float mask: the bias where allowed, -inf-ish elsewhere
             keep = bias.masked_fill(~keep, torch.finfo(bias.dtype).min)
         probs = None
