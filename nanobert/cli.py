@@ -212,6 +212,15 @@ def _leave_processes(code: int):
         os._exit(code)
 
 
+def _flags_after_the_command(parser, argv: list) -> None:
+    """`nanobert --threads 2 finetune ...` said "COMMAND: invalid choice: '2'": a command's
+    flag before the command is named as such."""
+    first = argv[0].split("=", 1)[0] if argv else ""
+    if first.startswith("-") and first not in parser._option_string_actions:
+        parser.error(f"{first}: not a flag of nanobert itself; a command's flags go after "
+                     f"the command: nanobert COMMAND {first} ... (nanobert --help lists them)")
+
+
 def _command(argv) -> int:
     """main() without the torchrun teardown."""
     args = None
@@ -222,6 +231,7 @@ def _command(argv) -> int:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
             from .config import given_dests
             parser = build_parser()
+            _flags_after_the_command(parser, sys.argv[1:] if argv is None else list(argv))
             args = parser.parse_args(argv)
             args._given = given_dests(parser, argv)
             set_threads(args.threads)

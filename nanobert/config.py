@@ -229,7 +229,25 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
+        self._no_list_flag_twice(args)
         return super().parse_known_args(self._dash_values_joined(args), namespace)
+
+    def _no_list_flag_twice(self, args: list) -> None:
+        """A flag of several values given twice (`--corpus a.txt --corpus b.txt`): argparse
+        kept the last list, and the first was never read, not even checked to exist."""
+        seen = set()
+        for a in args:
+            if a == "--":
+                return
+            action = self._option_string_actions.get(a.split("=", 1)[0])
+            if action is None or action.nargs not in ("+", "*") or \
+                    isinstance(action, argparse._AppendAction):
+                continue
+            if action.dest in seen:
+                flag = action.option_strings[-1]
+                self.error(f"{flag}: given twice (only the last would be read); list every "
+                           f"value after one {flag}: {flag} A B")
+            seen.add(action.dest)
 
     def _dash_values_joined(self, args: list) -> list:
         """`--flag -value` as `--flag=-value`, where the flag takes one value and the

@@ -192,3 +192,27 @@ def test_a_job_without_out_dir_says_so_whatever_the_working_directory_holds(tmp_
                                                          train="a", dev="b"))
     with pytest.raises(NanobertError, match=r"^--out: an output directory is required"):
         nanobert.run_pretrain(nanobert.PretrainConfig.create(corpus="c"))
+
+
+def test_a_flag_of_several_values_given_twice_is_refused(capsys):
+    """`--corpus a.txt --corpus b.txt` and `--teacher A --teacher B` read only the last
+    list, and the first paths were never checked; `--teacher A B` is the way."""
+    for argv, flag in [(["pretrain", "--corpus", "a.txt", "--corpus", "b.txt", "--steps", "1"],
+                        "--corpus"),
+                       (["finetune", "--task", "classify", "--model", "minilm", "--train", "t",
+                         "--teacher", "x", "--teacher=y"], "--teacher")]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert capsys.readouterr().err == (f"nanobert: error: {flag}: given twice (only the last "
+                                           f"would be read); list every value after one {flag}: "
+                                           f"{flag} A B\n")
+
+
+def test_a_commands_flag_before_the_command_is_named(capsys):
+    """`nanobert --threads 2 finetune` said "COMMAND: invalid choice: '2'"."""
+    with pytest.raises(SystemExit) as e:
+        main(["--threads", "2", "info", "minilm"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("nanobert: error: --threads: not a flag of "
+                                              "nanobert itself; a command's flags go after")
