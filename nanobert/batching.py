@@ -175,9 +175,11 @@ class CudaGraphs:
     def run(self, key, fn, batch: dict, positions: int) -> Optional[torch.Tensor]:
         B, T = batch["input_ids"].shape
         bucket = graph_bucket(B, T, positions)
+        if bucket is None:
+            return None
         cast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-        key = (key, cast) + (bucket or ())
-        if bucket is None or key in self.failed:
+        key = (key, cast) + bucket
+        if key in self.failed:
             return None
         with self.lock:
             if key not in self.graphs:

@@ -737,9 +737,9 @@ def integral_label(s: str) -> str:
 
 
 def _label_str(value, path, line, require: bool = True) -> Optional[str]:
-    """A label as a string; integral numbers (1, 1.0, "1.0", "1e0") all become "1" ("01",
-    with a leading zero, is a code and stays "01"),
-    so one class is one class whatever the file's writer did with its numbers. Without
+    """A label as a string; integral numbers (1, 1.0, "1.0", "1e0") all become "1", so
+    one class is one class whatever the file's writer did with its numbers ("01", with a
+    leading zero, is a code and stays as it is: `integral_label`). Without
     `require` (inputs to predict), a null or empty label is an unlabelled row: None."""
     if value is None and require:
         raise data_error(path, line, "the label is null (every example needs a label)")

@@ -410,21 +410,21 @@ class Encoder:
         self.max_length = self._max_length(max_length)
         if isinstance(model, tuple) and len(model) == 2 and tokenizer is None:
             model, tokenizer = model               # Encoder(nanobert.load(...))
-        if isinstance(model, (str, Path)):
+        by_name = isinstance(model, (str, Path))
+        if by_name:
             from . import load
             if tokenizer is not None:      # given with a model name: used, not dropped
                 _check_tokenizer(tokenizer)
             model, own = load(model, head=None, dtype=dtype)
             note_task_head(model.source_dir)
-            to_inference_device(model, dtype, device)
             if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
                 raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more "
                                  f"than the model's vocabulary of {model.config.vocab_size}")
             tokenizer = tokenizer or own
         else:
             model = _loaded_model(model, tokenizer, dtype)
-            if device is not None:      # (a model passed in stays where it is, unless asked)
-                to_inference_device(model, dtype, device)
+        if by_name or device is not None:   # (a model passed in stays where it is, unless asked)
+            to_inference_device(model, dtype, device)
         self.model, self.tokenizer = model.eval(), tokenizer
         positions = getattr(model, "bert", model).config.usable_positions
         if self.max_length is not None and self.max_length > positions:
