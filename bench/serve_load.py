@@ -443,6 +443,8 @@ def main():
     if args.peer_server:
         return peer_main(args.peer_server, args.threads)
     SERVE_FLAGS[:] = args.serve_flag
+    if Path(args.data) != DATA and not Path(args.data).is_file():   # (asked for: not a skip)
+        ap.error(f"--data {args.data}: no such file (the SST-2 dev set, a .tsv)")
     DATA = Path(args.data)
     if not DATA.is_file():
         print(f"skipped: {DATA} not found (the SST-2 dev set)")
