@@ -116,9 +116,23 @@ def test_the_package_imports_no_torch_and_keeps_its_api():
 
 
 # what the console script does (`from nanobert.cli import main; sys.exit(main())`), saying
-# when the import is done: a Ctrl-C from then on lands in main()
-STARTER = ("import sys; from nanobert.cli import main; print('started', flush=True); "
-           "sys.exit(main(sys.argv[1:]))")
+# when main() has taken the signals over (its first step): a Ctrl-C from then on is main's.
+# Announcing it after the import instead left a race: on a busy CI machine the Ctrl-C came
+# before main() was called, a plain KeyboardInterrupt in the starter line itself.
+STARTER = """
+import contextlib, sys
+from nanobert import cli
+loading = cli._while_loading
+
+@contextlib.contextmanager
+def announced():
+    with loading():
+        print('started', flush=True)
+        yield
+
+cli._while_loading = announced
+sys.exit(cli.main(sys.argv[1:]))
+"""
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.2, 0.4])
