@@ -454,7 +454,8 @@ class RetrievalConfig(Config):
                            "the query id): not trained on, the only ones evaluated",
                            fraction(open_hi=True))
     split: Optional[str] = param(None, "BEIR: the qrels split (default: train for training; "
-                                 "else test, dev, validation, train, whichever exists)")
+                                 "for --dev: dev, validation, test, train, the first that "
+                                 "exists)")
     retriever: str = param("minilm", "rerank on a BEIR folder: the embedding model that "
                            "retrieves the candidates")
     rerank_k: int = param(100, "rerank on a BEIR folder: candidates reranked per query",

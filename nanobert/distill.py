@@ -161,8 +161,12 @@ class DistillConfig(PretrainConfig):
         if not (self.kl_weight or self.mlm_weight or self.cos_weight):
             raise NanobertError("--kl-weight, --mlm-weight and --cos-weight are all 0: the "
                                 "student would learn nothing; give at least one a weight > 0")
-        default_t = next(f.default for f in dataclasses.fields(self) if f.name == "temperature")
-        if not self.kl_weight and self.temperature != default_t:
+        self.check_given()
+
+    def check_given(self):
+        """--temperature without --kl-weight refused at any value, its default too (a
+        given `--temperature 2` passed without a word)."""
+        if not self.kl_weight and "temperature" in self.given_fields():
             raise NanobertError(f"--temperature {self.temperature:g}: only with --kl-weight > 0 "
                                 "(it softens the soft targets, which --kl-weight 0 leaves out)")
 

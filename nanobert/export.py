@@ -257,13 +257,17 @@ def export_args(p):
                    help="what to export to")
     p.add_argument("--dtype", default="float32", type=dtype_flag, choices=("float32", "int8"),
                    help="int8: also write model_quantized.onnx (ONNX Runtime dynamic int8)")
-    p.add_argument("--int8", dest="dtype", action="store_const", const="int8",
-                   help="the same as --dtype int8")
+    p.add_argument("--int8", action="store_true", help="the same as --dtype int8")
 
 
 def export_cmd(args):
     """Export a model to ONNX (dynamic batch and sequence axes; optional int8)."""
     from . import load
+    if getattr(args, "int8", False):
+        if "dtype" in getattr(args, "_given", ()) and args.dtype != "int8":
+            raise NanobertError(f"--int8 and --dtype {args.dtype} ask for different "
+                                "models: give one of them")
+        args.dtype = "int8"
     out = check_export_out(args.out, args.model)    # before loading or tracing anything
     model, tokenizer = load(args.model)
     source = getattr(model, "source_dir", None)  # 'minilm' or a hub name: now a directory

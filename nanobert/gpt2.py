@@ -271,6 +271,12 @@ class CompareConfig(Config):
 
     nested = {"columns": None}
 
+    def check_given(self):
+        """--seed with --sample first refused (the first n are taken: no seed changes them)."""
+        if self.sample == "first" and "seed" in self.given_fields():
+            raise NanobertError(f"--seed {self.seed}: only with --sample balanced (--sample "
+                                "first takes the first --n examples, whatever the seed)")
+
     def __post_init__(self):
         super().__post_init__()
         if isinstance(self.verdicts, (list, tuple)):
@@ -291,6 +297,7 @@ class CompareConfig(Config):
         if filled.count("\0") != 1:
             raise NanobertError(f"--template: got {self.template!r}, {expected}")
         self.words = words
+        self.check_given()
 
 
 def _sample(cfg: CompareConfig) -> tuple:

@@ -454,9 +454,11 @@ class TsneConfig(Config):
     nested = {"columns": None}
 
 
-def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None, **fields):
+def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None,
+                check_labels=None, **fields):
     """Sample, embed, measure: {'indices', 'labels', 'vectors', 'silhouette'}. The
-    settings are a TsneConfig, or its fields as keywords (n=400, vector='cls', ...)."""
+    settings are a TsneConfig, or its fields as keywords (n=400, vector='cls', ...).
+    `check_labels(labels)`, if given, sees the sample's labels before any embedding."""
     from .finetune import read_labelled
     cfg = (config or TsneConfig()).replace(**fields)
     ex = read_labelled(data_path, **cfg.columns.given())
@@ -467,6 +469,8 @@ def tsne_report(model, tokenizer, data_path, config: Optional[TsneConfig] = None
     texts = [ex["texts"][i] for i in idx]
     pairs = [ex["pairs"][i] for i in idx]
     labels = [ex["labels"][i] for i in idx]
+    if check_labels is not None:
+        check_labels(labels)
     vecs = sentence_vectors(model, tokenizer, texts, pairs, cfg.vector, cfg.batch_size,
                             cfg.max_length)
     score = silhouette(vecs, labels, cfg.metric, data_path)
@@ -538,8 +542,9 @@ def tsne_cmd(args):
     check_output_file(args.out, "--out", IMAGE_SUFFIXES, [args.data])  # before minutes of t-SNE
     parse_label_names(args.label_names)
     model, tokenizer = load(args.model)
-    rep = tsne_report(model, tokenizer, args.data, cfg)
-    names = _label_names(args.label_names, model, rep["labels"])
+    names = {}   # checked against the sample's labels before minutes of embedding
+    rep = tsne_report(model, tokenizer, args.data, cfg, check_labels=lambda labels:
+                      names.update(_label_names(args.label_names, model, labels)))
     points = tsne(rep["vectors"], cfg.seed, cfg.perplexity)
     name = Path(str(args.model)).name or str(args.model)
     what = {"cls": "[CLS]", "pooled": "pooled [CLS]", "mean": "mean-pooled"}[args.vector]

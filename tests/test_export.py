@@ -157,6 +157,13 @@ def test_cli_int8_flag_and_the_deploy_doc_feed(tmp_path, capsys, one_thread):
         onnx_bytes(model.bert)
     with pytest.raises(NanobertError, match="dtype 'int4'"):
         export_onnx(model, tmp_path / "x", dtype="int4")
+    # --int8 with --dtype float32 (either order) wrote int8 without a word: refused
+    for flags in (["--dtype", "float32", "--int8"], ["--int8", "--dtype", "fp32"]):
+        assert main(["export", str(src), str(tmp_path / "both"), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == ("nanobert: error: --int8 and --dtype float32 ask for different models: "
+                       "give one of them"), err
+        assert not (tmp_path / "both").exists()
 
 
 def test_python_export_refuses_what_the_cli_refuses(tmp_path, one_thread):

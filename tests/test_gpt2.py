@@ -212,6 +212,13 @@ def test_compare_gpt2_cli_bad_flags(tiny_bert, tiny_gpt2, sentiment_tsv, capsys)
                "--data", str(sentiment_tsv), "--verdicts", "only"])
     assert rc == 2
     assert "--verdicts" in capsys.readouterr().err
+    # --seed beside --sample first changed nothing, at any value (its default too)
+    for seed in ("0", "7"):
+        assert main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+                     "--data", str(sentiment_tsv), "--sample", "first", "--seed", seed]) == 2
+        assert f"--seed {seed}: only with --sample balanced" in capsys.readouterr().err
+    with pytest.raises(NanobertError, match="--seed 7: only with --sample balanced"):
+        compare(tiny_bert, tiny_gpt2, sentiment_tsv, n=2, sample="first", seed=7)
 
 
 def test_missing_transformers_is_a_clear_error(tiny_gpt2, monkeypatch):

@@ -367,3 +367,18 @@ def test_maps_too_small_to_name_tokens_carry_no_tick_marks(tmp_path, monkeypatch
                for ax in big.axes if ax.get_title().startswith("Layer"))
     assert "leave no room to name each token" in capsys.readouterr().err
     assert [t.get_text() for t in small.axes[0].get_xticklabels()] == [f"t{i}" for i in range(6)]
+
+
+def test_tsne_refuses_an_unknown_label_name_before_embedding(tiny_dir, labelled_tsv, tmp_path,
+                                                             capsys, monkeypatch):
+    """--label-names naming a label the data lacks was refused only after the sample was
+    embedded (14 s on minilm); now before any embedding."""
+    import nanobert.inspection as I
+    embedded = []
+    monkeypatch.setattr(I, "sentence_vectors", lambda *a, **k: embedded.append(1))
+    out = tmp_path / "t.png"
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "10", "--label-names", "0=neg,7=other"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nanobert: error: --label-names: label '7' is not in the data"), err
+    assert embedded == [] and not out.exists()
