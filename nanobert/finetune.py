@@ -1686,6 +1686,10 @@ def _check_predict_sources(args) -> None:
                             "--input FILE give the second texts (qa: the contexts) in the file")
     if not args.texts and not args.input:
         raise NanobertError("give texts on the command line or --input FILE")
+    blank = next((i for i, t in enumerate(args.texts or ()) if not t.strip()), None)
+    if blank is not None:   # (`predict "$TEXT"` with TEXT unset: no input, yet an answer)
+        raise NanobertError(f"TEXT argument {blank + 1} is empty: give the text to predict on "
+                            "(a file's blank lines are skipped; the command line's are refused)")
     named = ColumnsConfig.from_args(args).given()
     columns = [flag for path, _, flag in ColumnsConfig.flags() if path[-1] in named]
     if columns and not args.input:

@@ -41,6 +41,16 @@ def test_predict_without_inputs_says_so_before_loading(tmp_path, capsys):
                                        "--input FILE\n")
 
 
+@pytest.mark.parametrize("texts", [[""], ["a text", "  "]])
+def test_predict_refuses_an_empty_text_argument_before_loading(tmp_path, capsys, texts):
+    """`predict ""` (a TEXT from an unset shell variable) answered with a label for
+    nothing; a file's blank lines are skipped with a note, the command line's refused."""
+    assert main(["predict", "--model", str(tmp_path / "none"), *texts]) == 2
+    assert capsys.readouterr().err == (f"nanobert: error: TEXT argument {len(texts)} is empty: "
+                                       "give the text to predict on (a file's blank lines are "
+                                       "skipped; the command line's are refused)\n")
+
+
 @pytest.mark.parametrize("flag", ["--text-column", "--text-pair-column", "--label-column"])
 def test_predict_refuses_column_flags_without_an_input_file(tmp_path, capsys, flag):
     """The columns of --input FILE: with TEXT arguments they were dropped without a word."""
