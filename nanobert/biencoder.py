@@ -797,10 +797,12 @@ def embed_pooling(model_name, given: Optional[str] = None) -> str:
     return declared or "mean"
 
 
-def _start_encoder(name, max_length):
-    """The embedding function of the starting model (to mine hard negatives with)."""
+def _start_encoder(name, max_length, device=None):
+    """The embedding function of the starting model (to mine hard negatives with), on
+    the run's --device ("auto" or None: a GPU where there is one)."""
     from .embed import Encoder
-    encoder = Encoder(name, max_length=max_length)
+    device = None if device in (None, "auto") else device
+    encoder = Encoder(name, max_length=max_length, device=device)
     return encoder.encode
 
 
@@ -826,7 +828,8 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
              "documents, so a query gets fewer (its unjudged ones)")
     if n:
         print(f"mining {n} hard negative(s) per query with the starting model", flush=True)
-        negatives = mine_negatives(_start_encoder(settings["model"], settings["max_length"]),
+        negatives = mine_negatives(_start_encoder(settings["model"], settings["max_length"],
+                                                  settings.get("device")),
                                    data, train_q, n)
     return beir_rows(data, train_q, negatives, labelled=labelled)
 

@@ -1113,7 +1113,11 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
     model, tok = _model_for(task, cfg, whole_train, settings["max_length"])
     check_known_labels(task.name, dev, model, cfg.dev, f"the training file {cfg.train} has")
-    items = task.features(tok, train, settings, label2id(model))
+    settings["device"] = cfg.trainer.device      # (where hard negatives are mined; not saved)
+    try:
+        items = task.features(tok, train, settings, label2id(model))
+    finally:
+        settings.pop("device")
     batches, steps_per_epoch = task.batcher(items, cfg, tok.pad_id or 0)
     _report(task, train, dev, items, model, cfg, steps_per_epoch, settings)
     # the new head from the run's seed (the loader started it from seed 0; a new pooler

@@ -219,6 +219,27 @@ def test_more_hard_negatives_than_documents_is_noted(monkeypatch, capsys):
     assert settings["hard_negatives"] == 3
 
 
+def test_hard_negatives_are_mined_on_the_runs_device(monkeypatch):
+    """Mining ignored --device: a `--device cpu` run mined with the GPU where there was one."""
+    import nanobert.embed
+    beir = Beir({"d1": ("", "one"), "d2": ("", "two"), "d3": ("", "three")},
+                {"q1": "first"}, {"q1": {"d1": 1}}, root="/data/beir")
+    made = []
+
+    class Recorder:
+        def __init__(self, name, max_length=None, device=None):
+            made.append(device)
+            self.encode = None
+    monkeypatch.setattr(nanobert.embed, "Encoder", Recorder)
+    monkeypatch.setattr(E, "mine_negatives", lambda enc, b, qs, n: {"q1": ["d2"]})
+    for device, given in (("cpu", "cpu"), ("cuda:1", "cuda:1"), ("auto", None), (None, None)):
+        settings = {"hard_negatives": 1, "model": "m", "max_length": 8}
+        if device:
+            settings["device"] = device
+        E.training_rows(None, beir, settings, labelled=True)
+        assert made[-1] == given
+
+
 @pytest.mark.parametrize("labelled", [False, True])   # embed, rerank
 def test_a_holdout_that_holds_out_no_query_is_refused_before_mining(monkeypatch, labelled):
     """--holdout 0.001 on a few queries held none out: training mined the hard negatives

@@ -155,6 +155,7 @@ def test_rerank_trains_loads_in_transformers_and_reranks_search(tiny_dir, tmp_pa
         "--out", out, "--epochs", "3", "--batch-size", "8", "--max-length", "32", "--lr", "2e-3", "--no-progress")
     m = json.loads(run(capsys, "evaluate", "--model", out, "--data", data, "--json")[-1])
     assert m["mrr_at_10"] > 0.9
+    assert "device" not in json.loads((out / "nanobert.json").read_text())   # (mining's only)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(out)
     assert hf.config.num_labels == 1
     corpus = tmp_path / "corpus.txt"
