@@ -592,7 +592,10 @@ def detect_format(path, plain_text: bool = False) -> str:
     if "\t" in first:
         return "tsv"
     if "," in first:
-        return "csv"
+        # a .tsv file with no tab: a CSV named .tsv when its first line is a row of bare
+        # names (`sentence,label`), else one column of texts that hold commas
+        bare = all(BARE_NAME.fullmatch(_unquoted(h.strip())) for h in first.split(","))
+        return "tsv" if path.suffix.lower() == ".tsv" and not bare else "csv"
     if path.suffix.lower() in (".tsv", ".csv"):  # a one-column file: its header names it
         return path.suffix.lower()[1:]
     if len(first.split()) >= 2 or s.startswith("-DOCSTART-"):

@@ -445,3 +445,24 @@ def test_a_column_index_given_as_an_int_names_the_column(tmp_path):
     got = D.read_classification(p, text_column=3, label_column=1)
     assert [(e.text_a, e.label) for e in got] == [("Our friends will buy this.", "1"),
                                                   ("They drank the pub.", "0")]
+
+
+def test_a_tsv_without_tabs_is_one_column_unless_its_first_line_is_a_csv_header(tmp_path):
+    """A one-column .tsv of texts holding commas was split on its commas (its error named
+    two columns, 'smart' and 'witty and touching'); a CSV named .tsv (a header of bare
+    names) is still read as CSV."""
+    from nanobert.data import detect_format, read_classification
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("text\nsmart, witty and touching\nthe cat, the dog\n")
+    assert detect_format(texts) == "tsv"
+    assert [e.text_a for e in read_classification(texts, require_label=False)] == \
+        ["smart, witty and touching", "the cat, the dog"]
+    headless = tmp_path / "headless.tsv"
+    headless.write_text("smart, witty and touching\nthe cat, the dog\n")
+    with pytest.raises(NanobertError, match="columns: 'smart, witty and touching'"):
+        read_classification(headless, require_label=False)
+    misnamed = tmp_path / "misnamed.tsv"
+    misnamed.write_text("sentence,label\nhello world,1\nbad film,0\n")
+    assert detect_format(misnamed) == "csv"
+    assert [(e.text_a, e.label) for e in read_classification(misnamed)] == \
+        [("hello world", "1"), ("bad film", "0")]
