@@ -216,6 +216,10 @@ def distill(cfg: DistillConfig) -> dict:
     else:
         _check_same_vocabulary(cfg.tokenizer, cfg.teacher)
     config = student_config(teacher, cfg.student_layers, cfg.student_preset)
+    if cfg.student_preset is None:   # (the run's identity for --resume: the layers it has,
+        # given or by default; a resume with --student-layers 1 was refused after a run of
+        # the default 1)
+        cfg = cfg.replace(student_layers=config.num_hidden_layers)
     from .pretrain import check_seq_len
     check_seq_len(cfg.seq_len, teacher.config, f"the teacher's ({cfg.teacher})")
     check_seq_len(cfg.seq_len, config, "the student's")

@@ -199,3 +199,30 @@ def test_distill_refuses_flags_it_would_drop_or_crash_on(tmp_path, capsys):
                             *extra]) == 0, capsys.readouterr().err
         assert json.loads((out / "config.json").read_text())["hidden_size"] == 256
 
+
+
+def test_a_resume_that_names_the_default_student_layers_is_the_same_run(tmp_path, capsys):
+    """A run with the default student (half the teacher's layers) resumed with
+    --student-layers at that count was refused as another run (None against 1); the run's
+    identity holds the layers the student has. Another count is still refused."""
+    from nanobert.cli import main
+    lines = [" ".join(WORDS[(i * 3 + j) % len(WORDS)] for j in range(9)) + "." for i in range(40)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(l + ("\n" if i % 5 == 4 else "") for i, l in enumerate(lines)))
+    tok = nanobert.Tokenizer.train(lines, vocab_size=80)
+    torch.manual_seed(0)
+    teacher = nanobert.Bert(nanobert.preset("tiny", vocab_size=tok.vocab_size,
+                                            max_position_embeddings=64), "mlm")
+    teacher.save_pretrained(tmp_path / "teacher", tokenizer=tok)
+    out = tmp_path / "student"
+    base = ["distill", "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus),
+            "--out", str(out), "--batch-size", "2", "--seq-len", "24", "--max-eval-rows", "4",
+            "--no-progress", "--threads", "1"]
+    base += ["--steps", "1"]
+    assert main(base) == 0, capsys.readouterr().err
+    layers = json.loads((out / "config.json").read_text())["num_hidden_layers"]
+    capsys.readouterr()
+    assert main(base + ["--resume", "--student-layers", str(layers)]) == 0, \
+        capsys.readouterr().err
+    assert main(base + ["--resume", "--student-layers", str(layers + 1)]) == 2
+    assert f"(--student-layers {layers} there, {layers + 1} now)" in capsys.readouterr().err
