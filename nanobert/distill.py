@@ -166,6 +166,7 @@ class DistillConfig(PretrainConfig):
     def check_given(self):
         """--temperature without --kl-weight refused at any value, its default too (a
         given `--temperature 2` passed without a word)."""
+        super().check_given()
         if not self.kl_weight and "temperature" in self.given_fields():
             raise NanobertError(f"--temperature {self.temperature:g}: only with --kl-weight > 0 "
                                 "(it softens the soft targets, which --kl-weight 0 leaves out)")
