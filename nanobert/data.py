@@ -1185,11 +1185,28 @@ def label_set(examples, path=None) -> list:
 
 def label_order(names) -> list:
     """Class names in a training set's order: numerically when all are integers, else
-    alphabetically (so with two, the second is the 'positive' one: 1, positive)."""
+    alphabetically (with two, the second is the 'positive' one, 1 or positive, unless
+    the first names it negated: `positive_label`)."""
     try:
         return sorted(names, key=int)
     except ValueError:
         return sorted(names)
+
+
+NEGATED = re.compile(r"(?:not|non|no|un)[ _-]?(.+)", re.IGNORECASE)
+
+
+def positive_label(names) -> str:
+    """Of two class names, the one a binary F1 is the F1 of: the one the other negates
+    (duplicate beside not_duplicate, equivalent, hate beside non-hate, irony, acceptable
+    beside unacceptable: the class GLUE and TweetEval report), else the second in
+    `label_order` (1, positive, pos, True, yes)."""
+    first, second = label_order(names)
+    for negated, other in ((first, second), (second, first)):
+        m = NEGATED.fullmatch(negated)
+        if m and m.group(1).lower() == other.lower():
+            return other
+    return second
 
 
 def _one_kind(examples, labels: set, numbers: dict, missing: set, where):

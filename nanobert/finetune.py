@@ -491,10 +491,14 @@ def classify_evaluate(model, tok, examples, settings, batch_size=64, progress=Fa
     l2i = label2id(model)
     probs = predict_classify(model, tok, examples, settings["max_length"], batch_size, progress)
     gold = [l2i[e.label] for e in examples]
-    # two labels: f1 is the 'positive' label's (1, positive), whatever id the model gives
-    # it (a checkpoint's own order is kept when fine-tuned again)
-    positive = l2i[D.label_order(list(l2i))[-1]] if len(l2i) == 2 else 1
-    return classification_metrics(gold, probs.argmax(-1).tolist(), len(l2i), positive)
+    # two labels: f1 is the 'positive' label's (1, positive, duplicate beside
+    # not_duplicate), whatever id the model gives it (a checkpoint's own order is kept
+    # when fine-tuned again); `f1_label` names it
+    if len(l2i) != 2:
+        return classification_metrics(gold, probs.argmax(-1).tolist(), len(l2i))
+    name = D.positive_label(list(l2i))
+    return {**classification_metrics(gold, probs.argmax(-1).tolist(), 2, l2i[name]),
+            "f1_label": name}
 
 
 def ner_evaluate(model, tok, sentences, settings, batch_size=64, progress=False) -> dict:

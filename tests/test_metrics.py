@@ -173,3 +173,40 @@ def test_squad_an_unanswered_question_scores_zero_even_against_an_empty_gold():
     golds = {"x": ["the"], "y": ["A."]}
     assert squad_metrics({}, golds) == {"exact_match": 0.0, "f1": 0.0}
     assert squad_metrics({"x": "", "y": "an"}, golds)["exact_match"] == 100.0   # answered
+
+
+@pytest.mark.parametrize("names, positive", [
+    (["0", "1"], "1"), (["negative", "positive"], "positive"), (["False", "True"], "True"),
+    (["no", "yes"], "yes"), (["not_duplicate", "duplicate"], "duplicate"),
+    (["equivalent", "not_equivalent"], "equivalent"), (["non_irony", "irony"], "irony"),
+    (["non-hate", "hate"], "hate"), (["unacceptable", "acceptable"], "acceptable"),
+    (["ham", "spam"], "spam")])
+def test_the_binary_f1_is_of_the_class_the_other_negates_else_the_second(names, positive):
+    """f1 was the F1 of the label sorting last: with the names Hugging Face gives GLUE's
+    QQP and MRPC or TweetEval (not_duplicate, non-hate), the F1 of the negative class."""
+    from nanobert.data import positive_label
+    assert positive_label(names) == positive == positive_label(names[::-1])
+
+
+def test_evaluate_reports_the_f1_of_duplicate_and_names_it(monkeypatch):
+    """A QQP-style model (labels duplicate / not_duplicate): f1 is duplicate's, as GLUE
+    reports it, and `f1_label` says so."""
+    import sys
+    import types
+    import torch
+    from nanobert.data import Example
+    from nanobert.finetune import classify_evaluate
+    F = sys.modules["nanobert.finetune"]    # (nanobert.finetune, the name, is the function)
+    from sklearn.metrics import f1_score
+    model = types.SimpleNamespace(config=types.SimpleNamespace(
+        id2label={0: "duplicate", 1: "not_duplicate"}))
+    gold = ["duplicate", "not_duplicate", "duplicate", "not_duplicate", "not_duplicate"]
+    pred = [0, 1, 1, 0, 1]                     # ids the stand-in model predicts
+    monkeypatch.setattr(F, "predict_classify", lambda *a, **k: torch.nn.functional.one_hot(
+        torch.tensor(pred), 2).float())
+    m = classify_evaluate(model, None, [Example(t, label=g) for t, g in zip("abcde", gold)],
+                          {"max_length": 8})
+    names = [["duplicate", "not_duplicate"][i] for i in pred]
+    assert m["f1_label"] == "duplicate"
+    assert m["f1"] == pytest.approx(f1_score(gold, names, pos_label="duplicate"))
+    assert m["f1"] != pytest.approx(f1_score(gold, names, pos_label="not_duplicate"))
