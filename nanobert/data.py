@@ -161,10 +161,14 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
         text = need(text_column, "text")
     else:
         text = _text_column(names)
-        if text is None:
+        if text is None:   # (a missing label column said at once: one run, not two)
+            no_label = require_label and not label_column and \
+                first_column(names, LABEL_COLUMNS) is None
             raise data_error(path, line, f"no text column (expected one of sentence, sentence1, "
                              f"text, text_a, question, question1; columns: {shown}); "
-                             "name it with --text-column")
+                             "name it with --text-column" + (
+                                 " (and the label column with --label-column: none is "
+                                 "named 'label' either)" if no_label else ""))
     if pair_column:
         pair = need(pair_column, "text pair")
     else:

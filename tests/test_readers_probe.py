@@ -466,3 +466,19 @@ def test_a_tsv_without_tabs_is_one_column_unless_its_first_line_is_a_csv_header(
     assert detect_format(misnamed) == "csv"
     assert [(e.text_a, e.label) for e in read_classification(misnamed)] == \
         [("hello world", "1"), ("bad film", "0")]
+
+
+def test_a_header_naming_neither_text_nor_label_says_both_at_once(tmp_path):
+    """IMDB's `review,sentiment`: the missing text column was said, and after a second run
+    the missing label column; both are said in one line (predict needs no label)."""
+    from nanobert.data import read_classification
+    data = tmp_path / "imdb.csv"
+    data.write_text("review,sentiment\ngreat film,positive\nbad film,negative\n")
+    with pytest.raises(NanobertError, match=r"imdb.csv:1: no text column .*name it with "
+                                            r"--text-column \(and the label column with "
+                                            r"--label-column: none is named 'label' either\)$"):
+        read_classification(data)
+    with pytest.raises(NanobertError, match=r"name it with --text-column$"):
+        read_classification(data, require_label=False)
+    with pytest.raises(NanobertError, match=r"name it with --text-column$"):
+        read_classification(data, label_column="sentiment")
