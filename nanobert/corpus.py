@@ -178,7 +178,7 @@ def tokenize_documents(docs: Sequence, tok, chunk: int = 2048) -> TokenizedCorpu
         doc_starts.append(len(flat_sents))
     ids, lengths = [], []
     for i in range(0, len(flat_sents), chunk):
-        for enc in tok.tk.encode_batch(flat_sents[i:i + chunk], add_special_tokens=False):
+        for enc in tok.plain(flat_sents[i:i + chunk], add_special_tokens=False):
             ids.extend(enc.ids)
             lengths.append(len(enc.ids))
     sents = np.zeros(len(lengths) + 1, np.int64)

@@ -199,7 +199,7 @@ def prompt_positions(model_dir, tokenizer, reading: tuple) -> int:
     prompt, lower = reading
     if declared_include_prompt(model_dir) or not prompt:   # (a bad value refused either way)
         return 0
-    ids = tokenizer.tk.encode(prompt.lower() if lower else prompt).ids
+    ids = tokenizer.plain([prompt.lower() if lower else prompt])[0].ids
     return len(ids) - (bool(ids) and ids[-1] in set(tokenizer.special_ids))
 
 
@@ -771,8 +771,8 @@ def search_cmd(args):
         raise NanobertError("--rerank-k needs --rerank MODEL")
     reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
     enc = _encoder(args)
-    for q, e in zip(args.query, enc.tokenizer.tk.encode_batch(args.query,
-                                                             add_special_tokens=False)):
+    for q, e in zip(args.query, enc.tokenizer.plain(args.query,
+                                                      add_special_tokens=False)):
         if not e.ids:     # (a zero-width space: a vector of [CLS] and [SEP], ranked by)
             raise NanobertError(f"--query: no tokens in {q[:40]!r} (the tokenizer keeps none "
                                 "of its characters): nothing to search with")

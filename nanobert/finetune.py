@@ -1463,6 +1463,12 @@ class Predictor:
         self.task = TASKS[self.settings["task"]]
         self.name = str(model_dir)
 
+    def __getstate__(self):     # (the task record holds functions: pickled by its name)
+        return {**self.__dict__, "task": self.task.name}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, task=TASKS[state["task"]])
+
     def predict(self, inputs):
         single, items = predict_batch(inputs)
         examples = [self.task.make_input(i, x) for i, x in enumerate(items)]
@@ -1490,8 +1496,11 @@ def predict_batch(inputs) -> tuple:
     tuple, a QA dict is one input. A set is refused: its results could not be matched."""
     import numpy as np
     from collections.abc import Set
+
+    from .tokenizer import refuse_table
     if isinstance(inputs, list):
         return False, inputs
+    refuse_table(inputs, "inputs")
     if isinstance(inputs, np.ndarray):
         return False, inputs.tolist() if inputs.ndim else [inputs.item()]
     if isinstance(inputs, Set):

@@ -252,7 +252,7 @@ def check_has_tokens(tokenizer, text: str, pair: Optional[str] = None) -> None:
     blank text, but one of characters the tokenizer drops (a zero-width space, lone
     combining marks, control characters), which left a map of [CLS] and [SEP] alone."""
     for flag, t in (("--text", text), ("--pair", pair)):
-        if t is None or tokenizer.tk.encode_batch([t], add_special_tokens=False)[0].ids:
+        if t is None or tokenizer.plain([t], add_special_tokens=False)[0].ids:
             continue
         what = ("empty text" if not t.strip() else
                 f"no tokens in {t[:40]!r} (the tokenizer keeps none of its characters)")

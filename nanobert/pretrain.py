@@ -689,7 +689,7 @@ def mask_positions(tok, text: str) -> tuple:
     if len(where):
         return enc, where
     mask = tok.id_to_token(tok.mask_id)
-    full = tok.tk.encode(text).ids if mask in text else []
+    full = tok.plain([text])[0].ids if mask in text else []
     if tok.mask_id in full:   # there is one, past the length the model reads
         raise NanobertError(
             f"the {mask} in {_shown(text)} is token {full.index(tok.mask_id) + 1} of "

@@ -212,7 +212,7 @@ class Served:
                 return a, None
             # encode_batch, not encode: only it lets go of the GIL (encode held the whole
             # server, /health too, for the 3 s of a megabyte of punctuation)
-            whole = tok.tk.encode_batch([a], add_special_tokens=False)[0]
+            whole = tok.plain([a], add_special_tokens=False)[0]
             return tok.token_prefix(a, whole, self.max_length + 1)[0], None
         if len(a) * len(b) <= (4 * self.max_length) ** 2:      # few overflowing pieces
             return a, b

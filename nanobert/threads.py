@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Iterator
@@ -85,10 +86,17 @@ _POOLS_LOCK = threading.Lock()
 
 
 def _forget_pools_after_fork():
-    """A forked child has none of its parent's threads: it makes its own pools."""
+    """A forked child has none of its parent's threads: it makes its own pools, and runs
+    torch on one thread. (torch's OpenMP team does not survive a fork: a child of a
+    parent that had run a multi-threaded operator waited forever in its first one,
+    loading a model being enough; torch's own DataLoader workers take one thread too.
+    Start processes with "spawn" for more.)"""
     global _POOLS_LOCK
     _POOLS.clear()
     _POOLS_LOCK = threading.Lock()
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(1)
 
 
 if hasattr(os, "register_at_fork"):
@@ -101,8 +109,32 @@ def _core_pool(n: int) -> ThreadPoolExecutor:
     on one thread)."""
     with _POOLS_LOCK:
         if n not in _POOLS:
-            _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="nanobert-core")
+            _POOLS[n] = _one_thread_workers(n)
         return _POOLS[n]
+
+
+def _one_thread_workers(n: int) -> ThreadPoolExecutor:
+    """n worker threads, started now, each running torch on one thread. A thread takes
+    torch's process-wide count when it first uses torch and keeps it, so the count is 1
+    while they start and set back once all have: set to 1 around every call instead, it
+    leaked to threads that the caller's program started meanwhile (kept 1 for life), and
+    setting it back undid a count the program had set since."""
+    import torch
+    started = threading.Barrier(n + 1)
+
+    def start():
+        torch.get_num_threads()       # (this thread's count, taken now: 1)
+        started.wait()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pool = ThreadPoolExecutor(n, thread_name_prefix="nanobert-core", initializer=start)
+        for _ in range(n):            # (each waits in `start` for the others: n threads)
+            pool.submit(int)
+        started.wait()
+    finally:
+        torch.set_num_threads(before)
+    return pool
 
 
 def _pooled(fn: Callable, items: Iterable, n: int, inference: bool) -> Iterator:
@@ -111,11 +143,9 @@ def _pooled(fn: Callable, items: Iterable, n: int, inference: bool) -> Iterator:
     def run(item):
         with torch.inference_mode() if inference else torch.no_grad():
             return fn(item)
-    # one thread: each worker reads it when it runs its first operator, and keeps it
-    torch.set_num_threads(1)
     futures = []
     try:
-        pool = _core_pool(n)
+        pool = _core_pool(n)      # (its threads run torch on one thread each)
         futures = [pool.submit(run, item) for item in items]
         for f in futures:
             yield f.result()
@@ -123,7 +153,6 @@ def _pooled(fn: Callable, items: Iterable, n: int, inference: bool) -> Iterator:
         for f in futures:        # after a failure: nothing left running or to run
             f.cancel()
         wait(futures)
-        torch.set_num_threads(n)
 
 
 def token_parts(lengths: list, n: int) -> list:

@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import heapq
 import json
+import os
 import re
 import threading
+import weakref
 from collections import Counter
 from pathlib import Path
 from collections.abc import Mapping
@@ -314,10 +316,50 @@ def check_texts(texts, name: str = "texts") -> list:
             "it has no order, so the results could not be matched to the texts"
         raise TypeError(f"{name} must be a list of strings, got a {type(texts).__name__} "
                         f"({why}); pass a list")
+    refuse_table(texts, name)
     texts = list(texts)
     for i, t in enumerate(texts):
         check_text(t, f"{name}[{i}]")
     return texts
+
+
+def refuse_table(value, name: str) -> None:
+    """A TypeError for a pandas DataFrame given as texts or inputs: iterated, it gives its
+    column names, which were read as the texts (one vector for "text") without a word."""
+    if hasattr(value, "columns") and hasattr(value, "iloc"):
+        raise TypeError(f"{name} must be a list of strings, got a {type(value).__name__} (its "
+                        "column names would be read as the texts); pass one column, "
+                        "df['text'], or df['text'].tolist()")
+
+
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()      # every Tokenizer (`_hold_for_fork`)
+
+
+def _hold_for_fork() -> None:
+    """Before os.fork: take every Tokenizer's lock, so that no call of a wrapped tokenizer
+    is under way in another thread (a forked child would wait for its lock forever, or
+    find the tokenizer's state copied half-changed); given back on both sides after. A
+    lock held past 10 s (by the thread that forks, say) is left to the child anew."""
+    _HELD.clear()
+    for tok in list(_LIVE):
+        if tok._lock.acquire(timeout=10):
+            _HELD.append(tok)
+
+
+def _release_after_fork(child: bool = False) -> None:
+    held = set(map(id, _HELD))
+    for tok in list(_LIVE):
+        if id(tok) in held:
+            tok._lock.release()
+        elif child:           # (its lock may be held by a thread the child does not have)
+            tok._lock = threading.Lock()
+    _HELD.clear()
+
+
+_HELD: list = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hold_for_fork, after_in_parent=_release_after_fork,
+                        after_in_child=lambda: _release_after_fork(child=True))
 
 
 class Tokenizer:
@@ -327,8 +369,11 @@ class Tokenizer:
         tk.no_padding()
         self.tk = tk
         # truncation is a setting of the tokenizer, switched on around each call: threads
-        # that share one Tokenizer (a server's batch split over the cores) take turns
+        # that share one Tokenizer (a server's batch split over the cores) take turns, and
+        # every call of the wrapped tokenizer holds the lock (`plain`), so none sees
+        # another thread's truncation
         self._lock = threading.Lock()
+        _LIVE.add(self)
         self.model_max_length = model_max_length
         bert = _bert_normalizer(tk)  # what the tokenizer does wins over what it was told
         self.lowercase = bool(bert["lowercase"]) if bert else lowercase and _lowercases(tk)
@@ -427,7 +472,8 @@ class Tokenizer:
         its saved tokenizer_config.json gives transformers and sentence-transformers) is
         `max_length`; it shares the wrapped tokenizer, which neither changes."""
         import copy
-        other = copy.copy(self)     # (a new lock: __getstate__ / __setstate__)
+        other = copy.copy(self)
+        other._lock = self._lock    # (one wrapped tokenizer: one lock for its truncation)
         other.model_max_length = int(max_length)
         return other
 
@@ -452,6 +498,16 @@ class Tokenizer:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        _LIVE.add(self)
+
+    def plain(self, texts, add_special_tokens: bool = True, is_pretokenized: bool = False) -> list:
+        """The wrapped tokenizer's encodings of `texts` (str, or (a, b) pairs), whole: never
+        truncated by another thread's call under way (which switches truncation on for
+        the shared tokenizer: a reranker's long pairs were cut at other tokens, 7.8e-3
+        off, when threads shared it)."""
+        with self._lock:
+            return self.tk.encode_batch(list(texts), add_special_tokens=add_special_tokens,
+                                        is_pretokenized=is_pretokenized)
 
     def encode(self, text: str, pair: Optional[str] = None, max_length: Optional[int] = None):
         """One `tokenizers.Encoding` (ids, type_ids, tokens, offsets, word_ids...)."""
@@ -488,7 +544,7 @@ class Tokenizer:
         keeps budget + 1 tokens, and the other side one token more than that (which keeps
         the order of the two) or than the budget leaves it, whichever is more (a side of
         many characters can have few tokens)."""
-        ea, eb = self.tk.encode_batch([a, b], add_special_tokens=False)
+        ea, eb = self.plain([a, b], add_special_tokens=False)
         swap = len(ea.ids) > len(eb.ids)          # a ties with b as the shorter side
         (s, es), (l, el) = ((b, eb), (a, ea)) if swap else ((a, ea), (b, eb))
         s, kept = self.token_prefix(s, es, budget + 1)
@@ -511,7 +567,7 @@ class Tokenizer:
         cuts.sort(key=lambda j: (words[j] == words[j - 1], j))
         for j in cuts[:tries]:
             prefix = text[:offsets[j][0]]
-            if self.tk.encode(prefix, add_special_tokens=False).ids == enc.ids[:j]:
+            if self.plain([prefix], add_special_tokens=False)[0].ids == enc.ids[:j]:
                 return prefix, j
         return text, n
 
@@ -736,7 +792,7 @@ def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: st
     cut = [i for i, e in enumerate(encodings) if e.overflowing]
     if not cut:
         return None
-    full = tok.tk.encode_batch([inputs[i] for i in cut], is_pretokenized=is_pretokenized)
+    full = tok.plain([inputs[i] for i in cut], is_pretokenized=is_pretokenized)
     lengths = [len(f.ids) for f in full]
     worst = max(range(len(cut)), key=lambda j: lengths[j])
     example = inputs[cut[worst]]

@@ -363,3 +363,33 @@ def test_a_teacher_that_does_not_exist_is_named_before_the_data_is_read(tmp_path
     assert capsys.readouterr().err == (f"nanobert: error: --teacher {tmp_path / 'nothere'}: no "
                                        "such model directory\n")
     assert not out.exists()
+
+
+class FakeFrame:
+    """What matters of a pandas DataFrame here (pandas is not a dependency): iterating it
+    gives its column names."""
+    columns = ["text"]
+    iloc = None
+
+    def __iter__(self):
+        return iter(self.columns)
+
+
+def test_a_dataframe_is_refused_not_read_as_its_column_names(classifier):
+    """encode(df), Predictor.predict(df), search(.., df): one result for "text", the
+    column's name, without a word (a dict is refused for the same reason). A Predictor
+    pickles now too (spawn pools, joblib), with the same answers."""
+    import pickle
+    from nanobert import Encoder, Predictor
+    model = classifier / "clf"
+    (model / "nanobert.json").write_text(json.dumps({"task": "classify", "max_length": 16}))
+    pred = Predictor(str(model))
+    enc = Encoder(str(model), device="cpu")
+    for call, name in ((lambda: enc.encode(FakeFrame()), "texts"),
+                       (lambda: pred.predict(FakeFrame()), "inputs"),
+                       (lambda: enc.search("good", FakeFrame()), "corpus")):
+        with pytest.raises(TypeError, match=f"^{name} must be a list of strings, got a "
+                                            r"FakeFrame \(its column names would be read"):
+            call()
+    again = pickle.loads(pickle.dumps(pred))
+    assert again.predict(["a good film", "dull"]) == pred.predict(["a good film", "dull"])

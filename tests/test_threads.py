@@ -195,3 +195,100 @@ def test_omp_num_threads_sets_the_default_count(monkeypatch, value, expected):
     finally:
         torch.set_num_threads(n)
 
+
+
+def in_a_forked_child(work, seconds: int = 60) -> int:
+    """Fork; the child runs work() and exits 0 when it returns True; the parent waits at
+    most `seconds` (a hung child is killed) and returns the child's exit status (-1: hung)."""
+    import os
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            ok = bool(work())
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.time() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WEXITSTATUS(status)
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return -1
+        time.sleep(0.05)
+
+
+def test_a_forked_child_runs_torch_on_one_thread(two_threads, minilm_dir):
+    """After the parent had run multi-threaded operators (loading a model is enough), a
+    forked child's first multi-threaded operator waited forever (torch's OpenMP team does
+    not survive a fork): every Encoder, Reranker or Predictor call in a `fork` pool hung.
+    The child now runs torch on one thread, and gets the parent's numbers."""
+    enc = Encoder(minilm_dir, device="cpu")
+    x = torch.randn(600, 600)
+    (x @ x).sum()
+    texts = ["a man is eating food.", "the sky is blue today", "a cat", "short"] * 3
+    want = enc.encode(texts, batch_size=4)
+    assert in_a_forked_child(lambda: torch.get_num_threads() == 1 and np.allclose(
+        enc.encode(texts, batch_size=4), want, atol=1e-6)) == 0
+    assert torch.get_num_threads() == 2          # (the parent's count is its own)
+
+
+def test_a_fork_while_another_thread_tokenizes_leaves_the_child_a_free_tokenizer(minilm):
+    """A fork while another thread was inside the tokenizer copied its lock held (and the
+    tokenizer half-set): the child waited on it forever. The fork now waits for the call
+    under way to end."""
+    _, tok = minilm
+    inside, leave = threading.Event(), threading.Event()
+
+    def tokenizing():
+        with tok.truncating(16):
+            inside.set()
+            leave.wait(5)
+    t = threading.Thread(target=tokenizing)
+    t.start()
+    inside.wait(5)
+    threading.Timer(0.5, leave.set).start()     # the call ends while the fork waits for it
+    status = in_a_forked_child(lambda: len(tok.encode_batch(["hello world"] * 2)[0].ids) == 4,
+                               seconds=30)
+    t.join()
+    assert status == 0
+    assert tok.encode_batch(["hello world"])[0].ids      # (the parent's lock was given back)
+
+
+def test_the_thread_count_of_other_threads_is_left_alone(two_threads):
+    """map_on_cores set torch's process-wide count to 1 for the length of each call: a
+    thread that the program started meanwhile kept 1 thread for life, and a count the
+    program set meanwhile was undone at the end of the call."""
+    seen = []
+
+    def fn(i):
+        if i == 0:        # a thread of the program's own, started during the call
+            t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+            t.start()
+            t.join()
+        return torch.get_num_threads()
+    with torch.no_grad():
+        assert list(threads.map_on_cores(fn, [0, 1])) == [1, 1]      # the workers: one each
+    assert seen == [2] and torch.get_num_threads() == 2
+    older = []
+    go = threading.Event()
+
+    def old_worker():
+        torch.get_num_threads()
+        go.wait(5)
+        with torch.no_grad():
+            older.append(list(threads.map_on_cores(lambda i: i, [1, 2])))
+    w = threading.Thread(target=old_worker)
+    w.start()
+    torch.set_num_threads(1)                  # the program goes one-threaded meanwhile
+    go.set()
+    w.join()
+    fresh = []
+    t = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    assert older == [[1, 2]] and fresh == [1]

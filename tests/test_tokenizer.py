@@ -362,3 +362,23 @@ def test_a_tokenizer_that_keeps_case_is_not_said_to_lower_case(tmp_path):
         assert tok.lowercase is lower
         tok.save(d / "out")
         assert json.loads((d / "out" / "tokenizer_config.json").read_text())["do_lower_case"] is lower
+
+
+def test_a_long_pair_is_cut_the_same_while_another_thread_truncates(minilm_dir):
+    """The clip of a pair far over the limit encoded with the shared tokenizer outside its
+    lock: while another thread's call had truncation on, it was worked out from truncated
+    encodings and the pair was cut at other tokens (a reranker's scores 7.8e-3 off)."""
+    import threading
+    tok = Tokenizer.from_dir(minilm_dir)
+    a = "the film is long and slow " * 60
+    b = "a gorgeous witty film with great acting " * 40
+    alone = tok.encode_batch([a], [b], max_length=128)[0].ids
+    got = {}
+    with tok.truncating(128):        # another thread's call under way
+        t = threading.Thread(target=lambda: got.update(
+            ids=tok.encode_batch([a], [b], max_length=128)[0].ids))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive()          # it waits for that call to end
+    t.join(30)
+    assert got["ids"] == alone
