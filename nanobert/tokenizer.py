@@ -347,6 +347,10 @@ def _hold_for_fork() -> None:
 
 
 def _release_after_fork(child: bool = False) -> None:
+    if child:   # the tokenizers library's thread pool is not in the child: its next
+        # parallel call would wait forever where TOKENIZERS_PARALLELISM says true (as the
+        # command line sets it); the library reads the variable at each call
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     held = set(map(id, _HELD))
     for tok in list(_LIVE):
         if id(tok) in held:

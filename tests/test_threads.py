@@ -222,12 +222,18 @@ def in_a_forked_child(work, seconds: int = 60) -> int:
         time.sleep(0.05)
 
 
-def test_a_forked_child_runs_torch_on_one_thread(two_threads, minilm_dir):
+@pytest.mark.parametrize("parallel_tokenizer", ["true", None])
+def test_a_forked_child_runs_torch_on_one_thread(two_threads, minilm_dir, monkeypatch,
+                                                 parallel_tokenizer):
     """After the parent had run multi-threaded operators (loading a model is enough), a
     forked child's first multi-threaded operator waited forever (torch's OpenMP team does
     not survive a fork): every Encoder, Reranker or Predictor call in a `fork` pool hung.
-    The child now runs torch on one thread, and gets the parent's numbers."""
+    The child now runs torch on one thread, and gets the parent's numbers. So does the
+    tokenizers library's pool, where TOKENIZERS_PARALLELISM=true (the command line's)."""
+    if parallel_tokenizer:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", parallel_tokenizer)
     enc = Encoder(minilm_dir, device="cpu")
+    enc.tokenizer.encode_batch([f"text number {i}" for i in range(64)])   # (its pool runs)
     x = torch.randn(600, 600)
     (x @ x).sum()
     texts = ["a man is eating food.", "the sky is blue today", "a cat", "short"] * 3
