@@ -124,14 +124,14 @@ def _one_thread_workers(n: int) -> ThreadPoolExecutor:
 
     def start():
         torch.get_num_threads()       # (this thread's count, taken now: 1)
-        started.wait()
+        started.wait(60)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         pool = ThreadPoolExecutor(n, thread_name_prefix="nanobert-core", initializer=start)
         for _ in range(n):            # (each waits in `start` for the others: n threads)
             pool.submit(int)
-        started.wait()
+        started.wait(60)              # (a thread that never starts: an error, not a hang)
     finally:
         torch.set_num_threads(before)
     return pool
