@@ -161,12 +161,9 @@ def test_cosine_term_is_left_out_at_weight_0():
     assert torch.isfinite(loss) and torch.allclose(alone, s_out.loss)
 
 
-def test_distill_refuses_flags_it_would_drop_or_crash_on(tmp_path, capsys):
-    """--student-layers with --student-preset was dropped without a word ('student: 2
-    layers'), --temperature with --kl-weight 0 changed nothing, and a student of another
-    hidden size trained (--cos-weight 0) to a traceback; each flag is refused in one line
-    before any work, or the run works."""
-    from nanobert.cli import main
+def distill_argv(tmp_path) -> tuple:
+    """(argv, out) of a one-step `distill` of a tiny random teacher on a small corpus of
+    documents, all written under tmp_path."""
     lines = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(10)) + "." for i in range(60)]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(l + ("\n" if i % 6 == 5 else "") for i, l in enumerate(lines)))
@@ -176,9 +173,19 @@ def test_distill_refuses_flags_it_would_drop_or_crash_on(tmp_path, capsys):
                                             max_position_embeddings=64), "mlm")
     teacher.save_pretrained(tmp_path / "teacher", tokenizer=tok)
     out = tmp_path / "student"
-    base = ["distill", "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus),
+    return ["distill", "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus),
             "--out", str(out), "--steps", "1", "--batch-size", "2", "--seq-len", "24",
-            "--max-eval-rows", "4", "--no-progress"]
+            "--max-eval-rows", "4", "--no-progress"], out
+
+
+def test_distill_refuses_flags_it_would_drop_or_crash_on(tmp_path, capsys):
+    """--student-layers with --student-preset was dropped without a word ('student: 2
+    layers'), --temperature with --kl-weight 0 changed nothing, and a student of another
+    hidden size trained (--cos-weight 0) to a traceback; each flag is refused in one line
+    before any work, or the run works."""
+    from nanobert.cli import main
+    base, out = distill_argv(tmp_path)
+
 
     def refusal(extra):
         rc = main(base + extra)
@@ -200,25 +207,13 @@ def test_distill_refuses_flags_it_would_drop_or_crash_on(tmp_path, capsys):
         assert json.loads((out / "config.json").read_text())["hidden_size"] == 256
 
 
-
 def test_a_resume_that_names_the_default_student_layers_is_the_same_run(tmp_path, capsys):
     """A run with the default student (half the teacher's layers) resumed with
     --student-layers at that count was refused as another run (None against 1); the run's
     identity holds the layers the student has. Another count is still refused."""
     from nanobert.cli import main
-    lines = [" ".join(WORDS[(i * 3 + j) % len(WORDS)] for j in range(9)) + "." for i in range(40)]
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(l + ("\n" if i % 5 == 4 else "") for i, l in enumerate(lines)))
-    tok = nanobert.Tokenizer.train(lines, vocab_size=80)
-    torch.manual_seed(0)
-    teacher = nanobert.Bert(nanobert.preset("tiny", vocab_size=tok.vocab_size,
-                                            max_position_embeddings=64), "mlm")
-    teacher.save_pretrained(tmp_path / "teacher", tokenizer=tok)
-    out = tmp_path / "student"
-    base = ["distill", "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus),
-            "--out", str(out), "--batch-size", "2", "--seq-len", "24", "--max-eval-rows", "4",
-            "--no-progress", "--threads", "1"]
-    base += ["--steps", "1"]
+    base, out = distill_argv(tmp_path)
+    base += ["--threads", "1"]
     assert main(base) == 0, capsys.readouterr().err
     layers = json.loads((out / "config.json").read_text())["num_hidden_layers"]
     capsys.readouterr()
