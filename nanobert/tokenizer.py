@@ -336,27 +336,28 @@ _LIVE: "weakref.WeakSet" = weakref.WeakSet()      # every Tokenizer (`_hold_for_
 
 
 def _hold_for_fork() -> None:
-    """Before os.fork: take every Tokenizer's lock, so that no call of a wrapped tokenizer
-    is under way in another thread (a forked child would wait for its lock forever, or
-    find the tokenizer's state copied half-changed); given back on both sides after. A
-    lock held past 10 s (by the thread that forks, say) is left to the child anew."""
+    """Before os.fork: take every Tokenizer's lock (once: copies made by `with_max_length`
+    share one), so that no call of a wrapped tokenizer is under way in another thread (a
+    forked child would wait for its lock forever, or find the tokenizer's state copied
+    half-changed); given back on both sides after. A lock held past 10 s (by the thread
+    that forks, say) is left to the child anew."""
     _HELD.clear()
-    for tok in list(_LIVE):
-        if tok._lock.acquire(timeout=10):
-            _HELD.append(tok)
+    for lock in {id(tok._lock): tok._lock for tok in list(_LIVE)}.values():
+        if lock.acquire(timeout=10):
+            _HELD.append(lock)
 
 
 def _release_after_fork(child: bool = False) -> None:
+    for lock in _HELD:
+        lock.release()
     if child:   # the tokenizers library's thread pool is not in the child: its next
         # parallel call would wait forever where TOKENIZERS_PARALLELISM says true (as the
         # command line sets it); the library reads the variable at each call
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    held = set(map(id, _HELD))
-    for tok in list(_LIVE):
-        if id(tok) in held:
-            tok._lock.release()
-        elif child:           # (its lock may be held by a thread the child does not have)
-            tok._lock = threading.Lock()
+        held, fresh = set(map(id, _HELD)), {}
+        for tok in list(_LIVE):   # (a lock not taken may be held by a thread the child
+            if id(tok._lock) not in held:   # does not have; copies keep sharing one)
+                tok._lock = fresh.setdefault(id(tok._lock), threading.Lock())
     _HELD.clear()
 
 

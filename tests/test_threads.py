@@ -298,3 +298,14 @@ def test_the_thread_count_of_other_threads_is_left_alone(two_threads):
     t.start()
     t.join()
     assert older == [[1, 2]] and fresh == [1]
+
+
+def test_a_fork_takes_a_lock_shared_by_tokenizer_copies_once(minilm):
+    """A tokenizer and its `with_max_length` copy share one lock: the fork took it for the
+    first and waited 10 s for it for the second, and the child's copy got a lock of its own."""
+    _, tok = minilm
+    other = tok.with_max_length(64)
+    started = time.time()
+    status = in_a_forked_child(lambda: other._lock is tok._lock and len(
+        other.encode_batch(["hello world"])[0].ids) == 4, seconds=30)
+    assert status == 0 and time.time() - started < 5
