@@ -699,7 +699,7 @@ def _read_table(path: Path, delimiter: str, quoting: bool):
     spreadsheet); a lone field written out (`""`, as csv.writer and pandas write an empty
     text in a one-column table) is a row, so that row i of a one-column table's output
     stays row i of the file."""
-    lines = ((n, text + "\n") for n, text in read_lines(path))
+    lines = read_lines(path, keep_ends=True)   # (a CR inside a quoted field stays a CR)
     state = {"n": 0, "raw": []}
 
     def feed():

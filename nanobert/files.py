@@ -61,8 +61,10 @@ def note(msg: str):
     print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
 
 
-def read_lines(path):
-    """Yield (line_number, text) of a UTF-8 text file, without line endings. A leading
+def read_lines(path, keep_ends: bool = False):
+    """Yield (line_number, text) of a UTF-8 text file, without line endings (with them
+    as written where `keep_ends`: what a CSV reader needs to keep a CR or CRLF inside
+    a quoted field as it was). A leading
     byte-order mark is dropped; a UTF-16 file (what spreadsheets save as 'Unicode text')
     is read when it starts with its byte-order mark; bad UTF-8 is reported with its line
     number, and so is a NUL byte (binary data, or UTF-16 without its mark, which decodes
@@ -91,11 +93,11 @@ def read_lines(path):
         else:
             f.seek(0)
             lines = _utf8_lines(path, f)
-        for n, text in lines:
+        for n, text, end in lines:
             if "\x00" in text:
                 raise data_error(path, n, "binary data (NUL byte), not a text file (UTF-16 "
                                  "without a byte-order mark? save it as UTF-8)")
-            yield n, text
+            yield n, text + end if keep_ends else text
 
 
 STDIN = "-"   # --input - : the standard input
@@ -178,11 +180,12 @@ COMPRESSED = (  # magic bytes at the start of a file (bzip2: "BZh", a level, a b
     (re.compile(rb"\x28\xb5\x2f\xfd"), "zstd"))
 
 
-def _one_line_ending(text: str) -> str:
-    """`text` without the one line ending (LF, CRLF or CR) it ends with."""
-    if text.endswith("\n"):
-        text = text[:-1]
-    return text[:-1] if text.endswith("\r") else text
+def _line_ending(text: str) -> str:
+    """The one line ending (LF, CRLF, CR or none) `text` ends with."""
+    for end in ("\r\n", "\n", "\r"):
+        if text.endswith(end):
+            return end
+    return ""
 
 
 def _utf8_lines(path, f):
@@ -197,9 +200,11 @@ def _utf8_lines(path, f):
             raise data_error(path, line, f"not valid UTF-8 ({e.reason} at byte {at})")
         if n == 0:
             text = text.lstrip("\ufeff")
-        for part in _one_line_ending(text).split("\r"):
+        end = _line_ending(text)
+        parts = text[:len(text) - len(end)].split("\r")
+        for i, part in enumerate(parts, 1):
             n += 1
-            yield n, part
+            yield n, part, end if i == len(parts) else "\r"
 
 
 def _utf16_lines(path, f):
@@ -210,11 +215,11 @@ def _utf16_lines(path, f):
     except UnicodeDecodeError as e:
         line = raw[:e.start].decode("utf-16", errors="replace").count("\n") + 1
         raise data_error(path, line, f"not valid UTF-16 ({e.reason})")
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if lines and lines[-1] == "":
+    lines = re.split(r"(\r\n|\n|\r)", text)   # [line, ending, line, ending, ..., last]
+    if lines[-1] == "":
         lines.pop()
-    for n, line in enumerate(lines, 1):
-        yield n, line
+    for n, i in enumerate(range(0, len(lines), 2), 1):
+        yield n, lines[i], lines[i + 1] if i + 1 < len(lines) else ""
 
 
 # The hidden temporaries of nanobert's writes: .NAME.nanobert-tmp-PID-xxxxxxxx while a

@@ -242,8 +242,13 @@ def checkpoint_step(out_dir: Path):
 
 
 def holds_a_run(out_dir: Path) -> bool:
-    """A model or a checkpoint in the directory itself."""
-    return any((out_dir / name).exists() for name in MODEL_FILES)
+    """A model or a checkpoint in the directory itself (an empty folder is neither: it
+    is only a name a run would write over)."""
+    def held(path: Path) -> bool:
+        if path.is_dir() and not path.is_symlink():
+            return any(path.iterdir())
+        return path.exists() or path.is_symlink()
+    return any(held(out_dir / name) for name in MODEL_FILES)
 
 
 def _holds_runs(out_dir: Path) -> bool:

@@ -1215,16 +1215,17 @@ def make_app(server: Server):
     # with an empty body, left a client that does not follow it without an answer
     routes = [StarletteRoute(path, handle, methods=[r.method]) for r in ROUTES
               for handle in [endpoint(server, r)] for path in (r.path, r.path + "/")]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=cors(server.config.cors_origins),
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=cors(server.config.cors_origins, server.metrics),
                     exception_handlers={HTTPException: http_error})
     app.router.redirect_slashes = False   # /embed// was a 307 to /embed/ with an empty body
     return app
 
 
-def cors(origins: tuple) -> list:
+def cors(origins: tuple, metrics: Optional[Metrics] = None) -> list:
     """Starlette's CORS middleware when origins are allowed: it answers the browser's
-    preflight OPTIONS itself (no API key is sent with one) and adds the
-    Access-Control-Allow-* headers; without origins, browsers keep other pages out."""
+    preflight OPTIONS itself (no API key is sent with one; counted in `metrics` under
+    the route "(preflight)") and adds the Access-Control-Allow-* headers; without
+    origins, browsers keep other pages out."""
     if not origins:
         return []
     from starlette.middleware import Middleware
@@ -1235,6 +1236,8 @@ def cors(origins: tuple) -> list:
         error, not Starlette's plain text."""
         def preflight_response(self, request_headers):
             answer = super().preflight_response(request_headers)
+            if metrics is not None:
+                metrics.requests.labels("(preflight)", str(answer.status_code)).inc()
             if answer.status_code < 400:
                 return answer
             return json_response(ApiError(answer.status_code, "CORS preflight refused: "
@@ -1362,6 +1365,8 @@ def raw_error(protocol, status: int, message: str):
     head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
                 b"connection: close\r\n\r\n" % len(body))
     protocol.transport.write(b"".join(head) + body)
+    if protocol.metrics is not None:     # (no route: the request line itself is at fault)
+        protocol.metrics.requests.labels("(malformed)", str(status)).inc()
     # a lingering close, as nginx does: the answer is sent and the sending side shut, but
     # what the client still sends is read (and dropped) for LINGER_S seconds; closed at
     # once, the unread bytes made the kernel reset the connection, and the client lost
@@ -1375,15 +1380,17 @@ def raw_error(protocol, status: int, message: str):
 LINGER_S = 2.0
 
 
-def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES):
-    """uvicorn's HTTP protocol (httptools) with `HeaderLimits`; "auto" (no limits) where
-    httptools is not installed."""
+def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES,
+                  metrics: Optional[Metrics] = None):
+    """uvicorn's HTTP protocol (httptools) with `HeaderLimits`, its refusals counted in
+    `metrics`; "auto" (no limits) where httptools is not installed."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return "auto"
     return type("TimedHeaders", (HeaderLimits, HttpToolsProtocol),
-                {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes})
+                {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes,
+                 "metrics": metrics})
 
 
 class HeaderLimits:
@@ -1398,6 +1405,7 @@ class HeaderLimits:
     answered as plain HTTP/1.1, as RFC 9110 lets a server do (UpgradeIgnored)."""
     header_timeout: float = 30.0
     max_header_bytes: int = MAX_HEADER_BYTES
+    metrics = None             # the server's Metrics: refusals counted as route "(malformed)"
     header_timer = None
     header_bytes = 0           # bytes of reads that ended inside the headers
     header_size = 0            # what the parser read of them: the URL and each header
@@ -1724,7 +1732,7 @@ def serve_cmd(args):
     uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",
                         timeout_graceful_shutdown=config.drain_timeout,
                         timeout_keep_alive=KEEP_ALIVE_S,
-                        access_log=False, http=http_protocol(config.body_timeout))
+                        access_log=False, http=http_protocol(config.body_timeout, metrics=server.metrics))
     import logging
     logging.getLogger("uvicorn.error").addFilter(not_drain_deadline)   # (after its log setup)
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that

@@ -204,6 +204,26 @@ def test_lone_cr_line_endings_are_line_breaks(tmp_path):
         "byte at byte 3)"
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16"])
+def test_a_line_break_inside_a_quoted_field_is_kept_as_written(tmp_path, encoding):
+    """csv.writer keeps 'one\rtwo' and 'three\r\nfour' inside quotes; read line by line
+    with universal newlines they came back as 'one\ntwo' and 'three\nfour', so predict
+    echoed another text than the file's."""
+    import csv
+    import io
+    rows = [("sentence", "label"), ("one\rtwo", 1), ("three\r\nfour", 0), ("plain", 1)]
+    for delimiter, name in (("\t", "q.tsv"), (",", "q.csv")):
+        buf = io.StringIO(newline="")
+        csv.writer(buf, delimiter=delimiter).writerows(rows)
+        p = write(tmp_path, name, buf.getvalue().encode(encoding))
+        assert [(e.text_a, e.label, e.line) for e in D.read_classification(p)] == \
+            [("one\rtwo", "1", 2), ("three\r\nfour", "0", 4), ("plain", "1", 6)]
+    from nanobert.files import read_lines
+    mixed = write(tmp_path, "m.txt", "a\r\nb\rc\n\nd".encode(encoding))
+    assert list(read_lines(mixed, keep_ends=True)) == [
+        (1, "a\r\n"), (2, "b\r"), (3, "c\n"), (4, "\n"), (5, "d")]
+
+
 @pytest.mark.parametrize("kind", ["gzip", "bz2", "lzma", "zip"])
 def test_compressed_files_are_named_not_called_bad_utf8(tmp_path, kind):
     import bz2

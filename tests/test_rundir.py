@@ -882,6 +882,25 @@ def test_a_new_run_never_writes_over_files_no_run_recorded(tmp_path, data):
     assert "vocab.txt" not in (read_run(out).get("foreign") or [])
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_empty_checkpoint_folder_is_no_model(tmp_path, data, resume):
+    """`mkdir OUT/checkpoint` was "a model": the refusal advised --resume, which then
+    said the model was no run's. It is a name the run would write over, as a file is."""
+    out = tmp_path / "out"
+    (out / "checkpoint").mkdir(parents=True)
+    with pytest.raises(NanobertError) as e:
+        with run(out, "finetune", fp(data), resume=resume):
+            pass
+    assert str(e.value) == (f"--out {out} holds checkpoint, which no run recorded and this "
+                            "run would write over; move them, choose another directory, or "
+                            "replace them with --overwrite")
+    (out / "checkpoint" / "state.json").write_text("{}")     # not empty: a checkpoint
+    with pytest.raises(NanobertError, match="already holds a model" if not resume else
+                       "holds a model that no nanobert run recorded"):
+        with run(out, "finetune", fp(data), resume=resume):
+            pass
+
+
 def test_a_run_that_fails_early_leaves_no_folders_it_made(tmp_path, data):
     """--out new/a/b of a run refused before it wrote anything left new/ and new/a/."""
     out = tmp_path / "new" / "a" / "b"

@@ -809,7 +809,10 @@ def raw_http(port: int, request: bytes, then: bytes = b"") -> bytes:
 def test_malformed_http_and_endless_headers_are_json_errors(server):
     """Malformed HTTP is a JSON 400 (it was uvicorn's plain text); a request line and
     headers over 64 kB are a 431 (httptools kept them all: an endless header grew the
-    server by 70 MB in 2 s)."""
+    server by 70 MB in 2 s). Both are counted in /metrics, under the route "(malformed)"."""
+    counted = {status: f'nanobert_requests_total{{route="(malformed)",status="{status}"}}'
+               for status in (400, 431)}
+    before = {status: server.metric(name) for status, name in counted.items()}
     for request in (b"GARBAGE\r\n\r\n", b"POST /embed HTTP/1.1\r\nHost: x\r\n"
                                           b"Content-Length: abc\r\n\r\n{}"):
         head, _, body = raw_http(server.port, request).partition(b"\r\n\r\n")
@@ -824,6 +827,8 @@ def test_malformed_http_and_endless_headers_are_json_errors(server):
         head, _, body = (raw_http(server.port, start, then=rest) if pause else
                          raw_http(server.port, start + rest)).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 431") and b"over 65536 bytes" in body
+    assert {status: server.metric(name) - before[status]
+            for status, name in counted.items()} == {400: 2, 431: 3}
     # a transfer coding other than chunked: gzip was ignored, the body read as it came
     head, _, body = raw_http(server.port, b"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: "
                              b"Bearer " + KEY.encode() + b"\r\nTransfer-Encoding: gzip, "
@@ -1134,6 +1139,8 @@ def test_cors_preflight_and_headers_only_for_allowed_origins():
             "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
         assert refused.status_code == 400                      # JSON, like every error
         assert "CORS preflight refused" in refused.json()["error"]["message"]
+        assert [s.metric(f'nanobert_requests_total{{route="(preflight)",status="{status}"}}')
+                for status in (200, 400)] == [2, 1]
     finally:
         s.close()
 
