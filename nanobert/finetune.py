@@ -631,7 +631,13 @@ def ner_inputs(path, columns=None) -> list:
     CoNLL without its tag column), whose tokens were tagged one by one as texts."""
     if (D.looks_like_conll(path) or D.holds_token_lists(path, columns)
             or (not any((columns or {}).values()) and D.token_lines(path))):
-        return D.read_conll(path, require_tags=False)
+        sentences = D.read_conll(path, require_tags=False)
+        if len(sentences) == 1 and len(sentences[0].words) > 1 and D.looks_like_conll(path):
+            # ('My blood type is O' a line: each line's last word taken for a tag)
+            note(f"{path}: read as CoNLL columns (a token and its tag a line), so its "
+                 f"{len(sentences[0].words)} lines are one sentence; for one text a line, "
+                 "give a table with a 'text' column or JSON Lines")
+        return sentences
     examples = D.read_inputs(path, columns)
     pair = next((e for e in examples if e.text_b is not None), None)
     if pair is None:

@@ -634,6 +634,24 @@ class FakeTagger(torch.nn.Module):
         return type("O", (), {"logits": logits})()
 
 
+def test_plain_lines_taken_for_conll_as_one_sentence_get_a_note(tmp_path, capsys):
+    """Sentences that each end in 'O' look like CoNLL columns (a token, its tag): the
+    file became one sentence of their first words, answered with exit 0 and nothing said.
+    A file read so as one sentence of several lines is named; real CoNLL stays quiet."""
+    from nanobert.finetune import ner_inputs
+    plain = tmp_path / "o2.txt"
+    plain.write_text("My blood type is O\nHer blood type is O\n")
+    assert [s.words for s in ner_inputs(plain)] == [["My", "Her"]]
+    assert capsys.readouterr().err == (
+        f"nanobert: note: {plain}: read as CoNLL columns (a token and its tag a line), so "
+        "its 2 lines are one sentence; for one text a line, give a table with a 'text' "
+        "column or JSON Lines\n")
+    conll = tmp_path / "t.conll"
+    conll.write_text("John B-PER\nsaid O\n\nhello O\n")
+    assert [s.words for s in ner_inputs(conll)] == [["John", "said"], ["hello"]]
+    assert capsys.readouterr().err == ""
+
+
 def test_ner_predict_on_conll_words_gives_the_tags_evaluate_scores(minilm, tmp_path):
     """`predict --input FILE.conll` tags the file's words as `evaluate` does (the tag of a
     word is its first sub-word's). Before, the sentence was joined by spaces and split
