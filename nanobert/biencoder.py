@@ -287,6 +287,13 @@ def holdout_split(beir, settings: dict) -> tuple:
         raise NanobertError(f"{getattr(beir, 'root', None) or 'the BEIR folder'}: --holdout "
                             f"{holdout:g} holds out none of its {len(beir.qrels)} judged queries "
                             "(a query is held out by a hash of its id); use a larger --holdout")
+    if holdout and not any(g > 0 for q in held for g in beir.qrels[q].values()):
+        # (as a folder with nothing relevant is refused: every metric would be 0)
+        raise NanobertError(f"{getattr(beir, 'root', None) or 'the BEIR folder'}: --holdout "
+                            f"{holdout:g} holds out {len(held)} judged quer"
+                            f"{'ies' if len(held) != 1 else 'y'} with no relevant document "
+                            "(every grade 0 or less): every metric would be 0; use a larger "
+                            "--holdout")
     return train_q, held
 
 
@@ -667,7 +674,11 @@ def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) 
     pred = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
     gold = [r.score for r in rows]
     mse = sum((p - g) ** 2 for p, g in zip(pred, gold)) / len(gold)
-    return {**R.row_correlations(rows, pred, "score"), "mse": mse}
+    try:
+        return {**R.row_correlations(rows, pred, "score"), "mse": mse}
+    except R.UndefinedCorrelation as e:
+        e.defined = {"mse": mse}         # (a dev evaluation keeps it beside the NaNs)
+        raise
 
 
 def score_predict(model, tok, rows, settings, batch_size=64) -> list:

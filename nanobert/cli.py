@@ -192,12 +192,25 @@ def _error(message) -> None:
 def main(argv=None) -> int:
     """Run one command. Everything heavy (torch, the commands' modules) is imported in
     here: a Ctrl-C at any moment is one line, never a traceback."""
+    _escape_what_output_cannot_show()
     code = _command(argv)
     try:
         _leave_processes(code)
     except KeyboardInterrupt:   # a second Ctrl-C as the command ends: it has ended
         code = code or 130
     return code
+
+
+def _escape_what_output_cannot_show():
+    """A character stdout's encoding lacks (an emoji, with PYTHONIOENCODING=ascii or a
+    Latin-1 locale) is written as a backslash escape: results stopped half-printed in
+    a UnicodeEncodeError traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):   # (a stream already closed or detached)
+                pass
 
 
 def _leave_processes(code: int):

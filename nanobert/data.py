@@ -63,6 +63,8 @@ class QAExample:
     context: str
     answers: list = field(default_factory=list)   # [(text, char_start)]
     title: str = ""
+    line: Optional[int] = None    # of a JSON Lines record or table row
+    id_given: bool = True         # False: the file gave none, and `id` is the line number
 
 
 # ----------------------------------------------------------------------------------
@@ -1111,7 +1113,8 @@ def read_text_lines(path) -> list:
     columns is refused: read as text, each of its lines would be taken for an input."""
     path = input_path(path)
     n, first = _first_content(path)
-    if path.suffix.lower() in JSON_SUFFIXES and first.lstrip().startswith('"'):
+    if first.lstrip().startswith('"') and (path.suffix.lower() in JSON_SUFFIXES or (
+            not path.suffix and _all_json_strings(path))):   # (--input -: no suffix to go by)
         return _json_string_lines(path)
     if _is_json_file(path, first):
         line, what = _json_trouble(path)
@@ -1131,6 +1134,19 @@ def read_text_lines(path) -> list:
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
+def _all_json_strings(path) -> bool:
+    """Is every non-blank line one JSON string (`"a text"`, escapes and all)?"""
+    for _, t in read_lines(path):
+        if not t.strip():
+            continue
+        try:
+            if not isinstance(json.loads(t), str):
+                return False
+        except (ValueError, RecursionError):
+            return False
+    return True
+
+
 def _json_string_lines(path) -> list:
     """`Example`s of a JSON Lines file of bare strings (one JSON string a line, as pandas'
     `Series.to_json(orient="records", lines=True)` writes): the decoded strings, not
@@ -1147,6 +1163,7 @@ def _json_string_lines(path) -> list:
             raise data_error(path, k, "is not a JSON string (the file's first line is one: "
                              "expected one JSON string a line, or JSON Lines objects with a "
                              "text field)")
+        refuse_surrogates(value, path, k)
         out.append(Example(value, line=k))
     return out
 
@@ -1172,6 +1189,8 @@ def label_set(examples, path=None) -> list:
         if frac is not None:
             raise data_error(where, frac.line, f"label {frac.label!r} is a real number: the "
                              "labels look like scores; fine-tune them with --task regress")
+    _one_spelling(examples, visible_form, where, "differ only in invisible characters or in "
+                  "how an accent is encoded: one class or two? write each class one way")
     _one_spelling(examples, str.casefold, where,
                   "differ only in capitals: one class or two? write each class one way")
     if len(labels) < 2:
@@ -1230,6 +1249,14 @@ def _one_kind(examples, labels: set, numbers: dict, missing: set, where):
     raise data_error(where, odd.line, f"label {odd.label!r} is {kind} but other labels are "
                      f"{kinds} (e.g. {min(common)!r}): mixed label types; write every class "
                      "one way")
+
+
+def visible_form(s: str) -> str:
+    """A label as it reads: composed (NFC: an é typed as e + a combining accent is the
+    one é) and without format characters (a zero-width space or joiner, a soft hyphen,
+    a byte-order mark: what a copy from a web page leaves)."""
+    import unicodedata
+    return "".join(c for c in unicodedata.normalize("NFC", s) if unicodedata.category(c) != "Cf")
 
 
 def _one_spelling(examples, key, where, how: str):
@@ -1425,17 +1452,29 @@ def read_squad(path, require_answers=True) -> list:
                          "question and context")
     if not out:
         raise data_error(path, None, "no questions")
-    seen = set()
-    for ex in out:  # predictions and scores are keyed by id: a repeat would hide a question
-        if ex.id in seen:
-            raise data_error(path, None, f"question id {ex.id!r} is used twice (ids must be "
-                                         "unique: answers are matched to questions by id)")
-        seen.add(ex.id)
+    _ids_once(out, path)
     if moved:
         note(f"{path}: {len(moved)} answer{'s were' if len(moved) > 1 else ' was'} not at "
              f"{'their' if len(moved) > 1 else 'its'} answer_start, and taken at the nearest "
              f"occurrence of the text (first: {moved[0]})")
     return out
+
+
+def _ids_once(examples: list, path):
+    """Predictions and scores are keyed by id: a repeat would hide a question. A
+    question without an id takes its line number, which another may give as its own."""
+    seen = {}
+    for ex in examples:
+        first = seen.setdefault(ex.id, ex)
+        if first is ex:
+            continue
+        lines = [x.line for x in (first, ex) if x.line is not None]
+        where = f" (lines {lines[0]} and {lines[1]})" if len(lines) == 2 else ""
+        lacking = next((x for x in (first, ex) if not x.id_given), None)
+        why = (f"; line {lacking.line} has no id and takes its line number as its id: give "
+               "it one" if lacking is not None else "")
+        raise data_error(path, ex.line, f"question id {ex.id!r} is used twice{where}{why} (ids "
+                         "must be unique: answers are matched to questions by id)")
 
 
 def _table_questions(path: Path, require_answers: bool, moved: list) -> list:
@@ -1451,7 +1490,7 @@ def _table_questions(path: Path, require_answers: bool, moved: list) -> list:
     i, a = column_named(names, "id"), column_named(names, "answer")
     out = []
     for n, rec in rows:
-        obj = {"question": rec[q], "context": rec[c], "id": (rec[i] if i else "") or n,
+        obj = {"question": rec[q], "context": rec[c], "id": rec[i] if i else None,
                "answers": [rec[a]] if a and rec[a] else []}
         out.append(_jsonl_question(obj, path, n, require_answers, moved))
     return out
@@ -1462,14 +1501,15 @@ def _jsonl_question(obj: dict, path, n, require_answers, moved: list) -> QAExamp
         raise data_error(path, n, "expected an object with string fields 'question' and "
                          "'context' (JSON Lines of questions), or SQuAD JSON (an object with "
                          "a 'data' list)")
-    qid = str(obj.get("id", n))
+    given = obj.get("id") not in (None, "")
+    qid = str(obj["id"] if given else n)
     no_empty_question(obj["question"], obj["context"], f"{path}:{n}: question {qid!r}")
     # (questions to answer: their gold answers are not read, nor refused when wrong)
     answers = (_answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}",
                         moved) if require_answers else [])
     if require_answers and not answers:
         raise data_error(path, n, f"question {qid!r} has no answers")
-    return QAExample(qid, obj["question"], obj["context"], answers)
+    return QAExample(qid, obj["question"], obj["context"], answers, line=n, id_given=given)
 
 
 def no_empty_question(question: str, context: str, where: str):

@@ -215,6 +215,7 @@ def _utf16_lines(path, f):
     except UnicodeDecodeError as e:
         line = raw[:e.start].decode("utf-16", errors="replace").count("\n") + 1
         raise data_error(path, line, f"not valid UTF-16 ({e.reason})")
+    text = text.lstrip("\ufeff")   # (a second mark: a UTF-8 file with one, iconv'ed to UTF-16)
     lines = re.split(r"(\r\n|\n|\r)", text)   # [line, ending, line, ending, ..., last]
     if lines[-1] == "":
         lines.pop()

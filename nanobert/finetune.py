@@ -519,12 +519,18 @@ def classify_check(examples, model, path, source="the model knows"):
 
 
 def ner_check(sentences, model, path, source="the model knows"):
+    """Tags the model knows, and some entity to score: with none, precision, recall and
+    F1 are 0 whatever the model tags (as the training data needs one, `ner_labels`)."""
     known = set(model.config.id2label.values())
     for s in sentences:
         for i, t in enumerate(s.tags):
-            if t not in known:
-                raise D.data_error(path, s.line_of(i), f"unknown tag {t!r} ({source} "
-                                   f"{some_of(known)})")
+            if t not in known:   # (named by its type: an S-ORG or IOB1 I-ORG is read as B-ORG)
+                types = sorted({k[2:] for k in known if k != "O"})
+                raise D.data_error(path, s.line_of(i), f"unknown entity type {t[2:]!r} "
+                                   f"({source.replace('knows', 'tags')} {some_of(types)})")
+    if not any(t != "O" for s in sentences for t in s.tags):
+        raise D.data_error(path, None, "no entities (every tag is O): precision, recall and "
+                           "F1 would be 0 whatever the model tags")
 
 
 def classify_predict(model, tok, examples, settings, batch_size=64) -> list:
@@ -1116,13 +1122,13 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     """The run itself, inside the output directory's life cycle (nanobert.rundir)."""
     from .train import Trainer
     settings = cfg.settings(task)
-    train, dev, whole_train = _read_splits(task, cfg)
+    train, dev, whole_train, whole_dev = _read_splits(task, cfg)
     from .biencoder import dev_judgments
     dev = dev_judgments(train, dev, settings)      # (a BEIR folder: its dev judgments)
     settings.update(pairs_setting(task, train))
     check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
     model, tok = _model_for(task, cfg, whole_train, settings["max_length"])
-    check_known_labels(task.name, dev, model, cfg.dev, f"the training file {cfg.train} has")
+    check_dev(task, dev, whole_dev, model, cfg)
     settings["device"] = cfg.trainer.device      # (where hard negatives are mined; not saved)
     try:
         items = task.features(tok, train, settings, label2id(model))
@@ -1219,7 +1225,22 @@ def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
     whole = read_for(task, None, lambda: task.read(cfg.train, cols, True), cfg.train)
     train = select_examples(whole, cfg.max_train_examples, seed)
     dev = read_for(task, None, lambda: task.read(cfg.dev, cols, True), cfg.dev)
-    return train, select_examples(dev, cfg.max_dev_examples, seed), whole
+    return train, select_examples(dev, cfg.max_dev_examples, seed), whole, dev
+
+
+def check_dev(task: Task, dev, whole_dev, model, cfg: FinetuneConfig):
+    """The dev examples can be scored; where only the --max-dev-examples sample cannot
+    (its scores all one value, no entity), the error says so, not the file."""
+    source = f"the training file {cfg.train} has"
+    try:
+        check_known_labels(task.name, dev, model, cfg.dev, source)
+    except NanobertError as e:
+        if dev is whole_dev or not isinstance(dev, list):
+            raise
+        check_known_labels(task.name, whole_dev, model, cfg.dev, source)
+        drawn = f"{len(dev)} dev example{'s' * (len(dev) != 1)}"
+        raise NanobertError(f"{e} (only in the {drawn} drawn by --max-dev-examples "
+                            f"{cfg.max_dev_examples}, not in the whole file: draw more)") from None
 
 
 POOLED_HEADS = ("classify", "regression")   # heads on one vector per text (pair)
@@ -1309,7 +1330,7 @@ def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int)
             return task.evaluate(model, tok, dev, settings, max(batch_size, 64), False)
         except UndefinedCorrelation as e:
             note(f"{e}: counted as NaN")
-            return dict.fromkeys(e.METRICS, float("nan"))
+            return {**dict.fromkeys(e.METRICS, float("nan")), **getattr(e, "defined", {})}
     return evaluate
 
 

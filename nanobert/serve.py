@@ -633,8 +633,10 @@ def read_questions(body: dict, limit: int) -> tuple:
     `Predictor.predict`."""
     from .finetune import QA_KEYS           # (SQuAD's title and answers: accepted, unread)
     if body.get("inputs") is None:          # absent or null: one question
-        return [(read_str(body, "question", required=True),
-                 read_str(body, "context", required=True))], [None]
+        pairs = [(read_str(body, "question", required=True),
+                  read_str(body, "context", required=True))]
+        _none_empty(body, pairs)
+        return pairs, [None]
     both = next((k for k in ("question", "context") if body.get(k) is not None), None)
     if both is not None:
         raise unprocessable(both, "was sent with 'inputs': send either inputs (a list of "
@@ -668,7 +670,18 @@ def read_questions(body: dict, limit: int) -> tuple:
             raise unprocessable(f"inputs[{i}].id", "must be a string or an integer")
         out.append((it["question"], it["context"]))
         ids.append(None if qid is None else str(qid))
+    _none_empty(body, out)
     return out, ids
+
+
+def _none_empty(body: dict, pairs: list):
+    """An empty (or blank) question or context is refused, as `predict` and `Predictor`
+    refuse it (data.no_empty_question): the model would pick a span for nothing asked."""
+    for i, pair in enumerate(pairs):
+        for key, text in zip(("question", "context"), pair):
+            if not text.strip():
+                field = key if body.get("inputs") is None else f"inputs[{i}].{key}"
+                raise unprocessable(field, "is empty (fill it in or remove the question)")
 
 
 def _question_field(body: dict, i: int) -> str:

@@ -577,8 +577,11 @@ class Trainer:
     def _record(self, rec: dict):
         if not self.is_main:
             return
+        # an undefined metric (NaN: a correlation of one value) is null: bare NaN is no JSON
+        rec = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+               for k, v in rec.items()}
         with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps(rec, allow_nan=False) + "\n")
 
     def _reset_window(self):
         """Loss and throughput are averaged over the steps between two log records."""
@@ -832,8 +835,9 @@ def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
     recs = read_metrics(metrics_path)
     train = [r for r in recs if r.get("type") == "train"]
     evals = [r for r in recs if r.get("type") == "eval"]
-    numeric = [k for k in (evals[0] if evals else {}) if k not in ("type", "step", "epoch")
-               and isinstance(evals[0][k], (int, float))]
+    numeric = [k for k in dict.fromkeys(k for r in evals for k in r)
+               if k not in ("type", "step", "epoch")
+               and any(isinstance(r.get(k), (int, float)) for r in evals)]
     losses = [k for k in numeric if k == "loss" or k.endswith("_loss")]
     keys = [k for k in numeric if k not in losses]
     # (one step axis for both panels: a single evaluation had a panel of its own, 12.3 to 13.7)
@@ -842,7 +846,7 @@ def plot_training_curve(metrics_path, out_png, train_label: str = "train loss",
     ax = axes[0][0]
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label=train_label)
     for k in losses:
-        xy = [(r["step"], r[k]) for r in evals if k in r]
+        xy = [(r["step"], math.nan if r[k] is None else r[k]) for r in evals if k in r]
         ax.plot(*zip(*xy), "o-", label=eval_label if k == "loss" else "eval " + k.replace("_", " "))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -864,9 +868,11 @@ def _plot_eval_metrics(ax, evals: list, keys: list):
     from matplotlib.ticker import MaxNLocator
     series = {}
     for k in keys:
-        xy = (tuple(r["step"] for r in evals if k in r), tuple(r[k] for r in evals if k in r))
+        # (null: undefined at that evaluation, a gap in the line)
+        xy = (tuple(r["step"] for r in evals if k in r),
+              tuple(math.nan if r[k] is None else r[k] for r in evals if k in r))
         series.setdefault(xy, []).append(k)
-    unit = {xy: all(-1 <= v <= 1 for v in xy[1]) for xy in series}
+    unit = {xy: all(-1 <= v <= 1 for v in xy[1] if not math.isnan(v)) for xy in series}
     other = ax.twinx() if not all(unit.values()) and any(unit.values()) else None
     lines = []
     for n, ((steps, values), names) in enumerate(series.items()):

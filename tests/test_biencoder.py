@@ -263,6 +263,23 @@ def test_a_holdout_that_holds_out_no_query_is_refused_before_mining(monkeypatch,
         E.queries_used(beir, settings, training=True)
 
 
+def test_a_holdout_of_queries_with_nothing_relevant_is_refused():
+    """Held-out queries judged only 0 scored every metric 0 (exit 0, no note), and
+    training kept its first model; a folder with nothing relevant is refused so."""
+    beir = Beir({f"d{i}": ("", f"doc {i}") for i in range(4)},
+                {f"q{i}": f"query {i}" for i in range(40)},
+                {f"q{i}": {"d1": 1} for i in range(40)}, root="/data/beir")
+    held = E.query_split(beir, 0.3)[1]
+    assert 0 < len(held) < 40
+    E.holdout_split(beir, {"holdout": 0.3})                         # relevant ones: fine
+    for q in held:
+        beir.qrels[q] = {"d1": 0}
+    with pytest.raises(NanobertError, match=rf"^/data/beir: --holdout 0.3 holds out {len(held)} "
+                                            r"judged queries with no relevant document \(every "
+                                            r"grade 0 or less\): every metric would be 0"):
+        E.scored_queries(beir, {"holdout": 0.3})
+
+
 def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
     import sentence_transformers as st
     from nanobert.embed import encode

@@ -212,3 +212,16 @@ def test_a_reader_that_goes_away_is_status_141(tiny, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     assert main(["info", str(tiny / "base")]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_output_an_encoding_cannot_show_is_escaped(tiny, monkeypatch, capsys):
+    """With PYTHONIOENCODING=ascii (or a Latin-1 locale), a result holding an emoji
+    stopped the printing half-way in a UnicodeEncodeError traceback."""
+    import io
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["search", "--model", str(tiny / "base"), "--corpus", str(tiny / "texts.txt"),
+                 "--query", "the film \U0001f600", "-k", "1"]) == 0
+    out.flush()
+    printed = out.buffer.getvalue().decode("ascii")
+    assert printed.startswith("query: the film \\U0001f600\n") and "1. " in printed

@@ -205,19 +205,33 @@ def test_ner_label_set_has_b_and_i_of_every_type():
 
 def test_an_unknown_tag_is_named_at_its_own_line(tmp_path):
     """A tag the model does not know is reported at the line that holds it (it was the
-    line of its sentence's first word); in JSON Lines a sentence is one line."""
+    line of its sentence's first word); in JSON Lines a sentence is one line. Data with
+    no entity cannot be scored."""
     from types import SimpleNamespace
     from nanobert import data as D
     from nanobert.finetune import ner_check
     model = SimpleNamespace(config=SimpleNamespace(id2label={0: "O", 1: "B-PER", 2: "I-PER"}))
     conll = tmp_path / "dev.txt"
     conll.write_text("a O\nb O\n\nc O\nd O\ne O\nf B-XYZ\n\n")
-    with pytest.raises(NanobertError, match=r"dev.txt:7: unknown tag 'B-XYZ'"):
+    with pytest.raises(NanobertError, match=r"dev.txt:7: unknown entity type 'XYZ' \(the "
+                                            r"model tags PER\)"):
         ner_check(D.read_conll(conll), model, conll)
     jsonl = tmp_path / "dev.jsonl"
     jsonl.write_text('{"tokens": ["a"], "tags": ["O"]}\n{"tokens": ["c", "f"], "tags": ["O", "B-XYZ"]}\n')
-    with pytest.raises(NanobertError, match=r"dev.jsonl:2: unknown tag 'B-XYZ'"):
+    with pytest.raises(NanobertError, match=r"dev.jsonl:2: unknown entity type 'XYZ'"):
         ner_check(D.read_conll(jsonl), model, jsonl)
+    # named by its type: the file's S-ORG (BIOES) or IOB1 I-ORG is read as B-ORG, a tag
+    # the file does not hold
+    for tags in ("Google S-ORG\nhired O\n", "Alice B-PER\nhired O\nGoogle I-ORG\n"):
+        conll.write_text(tags)
+        with pytest.raises(NanobertError, match=r"unknown entity type 'ORG'"):
+            ner_check(D.read_conll(conll), model, conll)
+    # with no entity at all, precision, recall and F1 are 0 whatever the model tags
+    conll.write_text("the O\ncat O\n\na O\n")
+    with pytest.raises(NanobertError) as e:
+        ner_check(D.read_conll(conll), model, conll)
+    assert str(e.value) == (f"{conll}: no entities (every tag is O): precision, recall and "
+                            "F1 would be 0 whatever the model tags")
 
 
 def test_ner_labels_go_on_the_first_subword(minilm):
@@ -1209,3 +1223,24 @@ def test_columns_saved_with_a_model_that_a_file_lacks_are_named_as_the_models(tm
         _with_columns(argparse.Namespace(text_column="7", pair_column=None, label_column=None),
                       settings, lambda cols: task.inputs(f, cols))
     assert "saved in its nanobert.json" not in str(e.value)
+
+
+def test_a_dev_sample_that_cannot_be_scored_names_the_flag(tmp_path):
+    """--max-dev-examples 1 drew one row of an STS file whose scores vary: the error
+    blamed the file ("every score is 4.5"). It now says the sample is at fault."""
+    from types import SimpleNamespace
+    from nanobert.data import TextRow
+    from nanobert.finetune import check_dev, get_task
+    dev = tmp_path / "dev.tsv"
+    rows = [TextRow(("a", "b"), s, n, dev) for n, s in ((2, 4.5), (3, 0.5), (4, 3.0))]
+    cfg = SimpleNamespace(train="train.tsv", dev=dev, max_dev_examples=1)
+    task = get_task("regress")
+    check_dev(task, rows, rows, None, cfg)                       # the whole file: fine
+    with pytest.raises(NanobertError) as e:
+        check_dev(task, rows[:1], rows, None, cfg)
+    assert str(e.value).startswith(f"{dev}: every score is 4.5: ") and str(e.value).endswith(
+        "(only in the 1 dev example drawn by --max-dev-examples 1, not in the whole file: "
+        "draw more)")
+    with pytest.raises(NanobertError) as e:                      # the file itself: as it was
+        check_dev(task, rows[:1], rows[:1], None, cfg)
+    assert "--max-dev-examples" not in str(e.value)

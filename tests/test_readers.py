@@ -523,10 +523,21 @@ def test_squad_repeated_question_ids_are_refused(tmp_path):
     rows = [dict(id="a1", question=q, context="Ann met Bob.", answers=[a])
             for q, a in [("Who?", "Bob"), ("Who met?", "Ann")]]
     p = jsonl(tmp_path, rows)
-    assert error_of(D.read_squad, p).startswith(f"{p}: question id 'a1' is used twice")
+    assert error_of(D.read_squad, p).startswith(f"{p}:2: question id 'a1' is used twice "
+                                                "(lines 1 and 2) (ids must be unique")
     no_ids = jsonl(tmp_path, [{"question": "Who?", "context": "Ann met Bob.", "answers": ["Bob"]}] * 2,
                    name="n.jsonl")
     assert [e.id for e in D.read_squad(no_ids)] == ["1", "2"]   # line numbers stand in
+    # ... and may be another row's id, written once: the error says where the twin came from
+    # (it named no line, and an id the user wrote once "used twice"); a null id is none
+    both = jsonl(tmp_path, [dict(rows[0], id="2"), dict(rows[1], id=None)], name="b.jsonl")
+    assert error_of(D.read_squad, both) == (
+        f"{both}:2: question id '2' is used twice (lines 1 and 2); line 2 has no id and takes "
+        "its line number as its id: give it one (ids must be unique: answers are matched to "
+        "questions by id)")
+    table = write(tmp_path, "t.tsv", "id\tquestion\tcontext\tanswer\n3\tWho?\tAnn met Bob.\tBob\n"
+                                     "\tWho met?\tAnn met Bob.\tAnn\n")
+    assert "line 3 has no id and takes its line number" in error_of(D.read_squad, table)
 
 
 # ---- CoNLL ----------------------------------------------------------------------------
@@ -876,3 +887,32 @@ def test_json_records_without_tokens_are_skipped_with_a_note(tmp_path, capsys):
     assert capsys.readouterr().err == (f"nanobert: note: {f}: 1 record with no tokens skipped "
                                        "(line 2): row i of the output is the i-th sentence, "
                                        "not line i\n")
+
+
+def test_unusual_text_in_the_less_common_readers(tmp_path):
+    """A bare JSON string with a lone surrogate escape was a traceback (the other JSON
+    readers name it); JSON strings piped in (--input -, a file without a suffix) were
+    read as plain text, quotes and escapes included; a UTF-16 file with a second
+    byte-order mark (iconv of a UTF-8 file that had one) kept it in its header."""
+    bad = write(tmp_path, "s.jsonl", '"a man eats"\n"\\ud800"\n')
+    assert error_of(D.read_inputs, bad) == f"{bad}:2: the JSON string is not valid Unicode " \
+        "(a lone surrogate escape)"
+    piped = write(tmp_path, "stdin", '"a man eats"\n\n"caf\\u00e9"\n')
+    assert [(e.text_a, e.line) for e in D.read_inputs(piped)] == [("a man eats", 1), ("caf\u00e9", 3)]
+    plain = write(tmp_path, "stdin2", '"Hello," she said\n"ok"\n')   # not all JSON: text
+    assert [e.text_a for e in D.read_inputs(plain)] == ['"Hello," she said', '"ok"']
+    two_marks = write(tmp_path, "b.tsv", "\ufeffsentence\tlabel\ngood\t1\nbad\t0\n", "utf-16")
+    assert [e.label for e in D.read_classification(two_marks)] == ["1", "0"]
+
+
+@pytest.mark.parametrize("twin", ["pos\u200b", "pos\u00ad", "\ufeffpos"])
+def test_labels_that_differ_only_in_what_cannot_be_seen_are_refused(tmp_path, twin):
+    """'pos' and 'pos' + a zero-width space became two classes in silence ('Pos' was
+    refused as ambiguous); so did an é written composed and decomposed."""
+    p = write(tmp_path, "t.tsv", f"text\tlabel\na\tpos\nb\tneg\nc\t{twin}\n")
+    assert error_of(D.label_set, D.read_classification(p), p) == (
+        f"{p}:4: labels 'pos' and {twin!r} differ only in invisible characters or in how an "
+        "accent is encoded: one class or two? write each class one way")
+    p = write(tmp_path, "e.tsv", "text\tlabel\na\tn\u00e9g\nb\tpos\nc\tne\u0301g\n")
+    assert "differ only in invisible characters" in error_of(D.label_set,
+                                                            D.read_classification(p), p)

@@ -55,6 +55,7 @@ def test_an_exception_leaves_the_run_unfinished(tmp_path, data):
     with pytest.raises(RuntimeError):
         with run(out, "pretrain", fp(data)):
             (out / "checkpoint").mkdir()              # something to resume
+            (out / "checkpoint" / "state.json").write_text("{}")
             raise RuntimeError("killed")
     with pytest.raises(NanobertError, match="pretrain run"):
         require_finished(out)
@@ -107,6 +108,7 @@ def test_an_overwrite_that_fails_before_a_model_leaves_the_old_run_as_it_was(tmp
     with run(out, "finetune", fp(data), written={}):
         (out / "config.json").write_text('{"old": 1}')
         (out / "checkpoint").mkdir()
+        (out / "checkpoint" / "state.json").write_text("{}")   # (an empty folder is no run)
         (out / "checkpoint" / "state.json").write_text("{}")
         (out / "data").mkdir()
         (out / "data" / "split.csv").write_text("old split")
@@ -412,6 +414,7 @@ def test_a_full_disk_before_the_first_checkpoint_takes_the_run_back(tmp_path, da
     with pytest.raises(type(error)):
         with run(out, "finetune", fp(data)):
             (out / "checkpoint").mkdir()              # something to resume
+            (out / "checkpoint" / "state.json").write_text("{}")
             raise error
     assert read_run(out)["status"] == "running"
 
@@ -640,6 +643,7 @@ def test_overwrite_keeps_files_added_after_the_first_run(tmp_path, data):
         for name in ("config.json", "model.safetensors", "metrics.jsonl", "training_curve.png"):
             (out / name).write_text("x")
         (out / "checkpoint").mkdir()
+        (out / "checkpoint" / "state.json").write_text("{}")   # (an empty folder is no run)
         (out / "checkpoint" / "state.json").write_text("{}")
     (out / "analysis.md").write_text("mine")
     (out / "plots").mkdir()

@@ -681,6 +681,11 @@ def test_concurrent_requests_share_batches(server):
     ("/qa", {"inputs": [{"question": "q"}]}, 422, "'inputs[0].context' is required"),
     ("/qa", {"inputs": [{"question": 5, "context": "c"}]}, 422,
      "'inputs[0].question' must be a string"),
+    # an empty question or context, refused as predict and Predictor refuse it (was a 200)
+    ("/qa", {"question": "  ", "context": "abc def"}, 422, "'question' is empty"),
+    ("/qa", {"question": "who?", "context": ""}, 422, "'context' is empty"),
+    ("/qa", {"inputs": [{"question": "q", "context": "c"}, {"question": "", "context": "c"}]},
+     422, "'inputs[1].question' is empty"),
     # a question over (32 - 3 - 8) // 2 tokens is cut (truncated: true), or refused
     ("/qa", {"question": "word " * 80, "context": "c", "truncate": False}, 422,
      "'question' has more than the 10 tokens the model's windows of 32 give a question "

@@ -351,6 +351,11 @@ def test_a_nan_metric_is_never_the_best(tmp_path):
                    evaluate=lambda m: {"accuracy": next(scores)},
                    save=lambda m, d: saved.append(d)).fit()
     assert best["accuracy"] == 0.6 and len(saved) == 1
+    # metrics.jsonl is JSON: an undefined metric is null (bare NaN broke strict parsers)
+    text = (tmp_path / "metrics.jsonl").read_text()
+    assert "NaN" not in text
+    evals = [r for r in map(json.loads, text.splitlines()) if r["type"] == "eval"]
+    assert [r["accuracy"] for r in evals] == [None, 0.6, None]
 
 
 def test_a_run_whose_every_metric_is_nan_says_no_model_was_kept(tmp_path):
@@ -366,7 +371,8 @@ def test_a_run_whose_every_metric_is_nan_says_no_model_was_kept(tmp_path):
     assert saved == [] and (tmp_path / "checkpoint" / "state.json").is_file()
 
 
-def test_a_dev_set_scored_alike_counts_as_nan_and_training_goes_on(tmp_path, capsys):
+def test_a_dev_set_scored_alike_counts_as_nan_and_training_goes_on(tmp_path, capsys,
+                                                                    monkeypatch):
     """A regression model that collapsed to one score (a high learning rate) stopped the
     run with exit 2, blaming the dev file; `nanobert evaluate` still refuses it."""
     from types import SimpleNamespace
@@ -383,6 +389,12 @@ def test_a_dev_set_scored_alike_counts_as_nan_and_training_goes_on(tmp_path, cap
     assert capsys.readouterr().err == (f"nanobert: note: {tmp_path / 'dev.tsv'}: the model gives "
                                        "every pair the same score (2.0000); correlation is "
                                        "undefined: counted as NaN\n")
+    # a regression model's MSE is defined all the same, and kept
+    from nanobert import biencoder, retrieval
+    monkeypatch.setattr(retrieval, "pair_scores", lambda *a, **k: [2.0, 2.0])
+    task = SimpleNamespace(evaluate=biencoder.regress_evaluate)
+    got = _dev_evaluation(task, None, dev, {"max_length": 8}, 8)(None)
+    assert got["mse"] == 1.0 and math.isnan(got["spearman"])
 
 
 def test_config_rejects_bad_values_with_the_flag_name():
