@@ -515,7 +515,18 @@ def qa_evaluate(model, tok, examples, settings, batch_size=64, progress=False) -
 
 
 def classify_check(examples, model, path, source="the model knows"):
-    D.check_labels(examples, label2id(model), path, source)
+    """Labels the model knows; a file of one class is scored, with a note on what its
+    scores cannot say (scikit-learn warns of it; its warnings are not shown)."""
+    l2i = label2id(model)
+    D.check_labels(examples, l2i, path, source)
+    labels = {e.label for e in examples}
+    if len(labels) == 1 and len(l2i) > 1:
+        (label,) = labels
+        positive = D.positive_label(list(l2i)) if len(l2i) == 2 else None
+        f1 = (f", and f1 (of {positive!r}, which it lacks) is 0" if positive not in
+              (None, label) else "")
+        note(f"{path}: every example is labelled {label!r}: mcc is 0 whatever the model "
+             f"predicts (it needs two classes){f1}")
 
 
 def ner_check(sentences, model, path, source="the model knows"):
@@ -699,6 +710,17 @@ def row_batches(features, cfg, pad_id: int) -> tuple:
                             "other rows' positives in its batch; with one row a batch there "
                             "are none and the loss is 0 at every step: train on 2 rows a batch "
                             "or more, or give each row a hard negative (a third column)")
+    if features.scores is None and len(features.cols) == 2:
+        # rows sharing an anchor or a positive are no negatives of each other (false
+        # negatives, left out): when all rows share one, no row has any
+        shared = next((what for what, col in zip(("anchor", "positive"), features.cols)
+                       if len({tuple(e.ids) for e in col}) == 1), None)
+        if shared is not None:
+            raise NanobertError(f"{cfg.train}: every training row has the same {shared}, so no "
+                                "row is a negative of another (the mnrl loss leaves out rows "
+                                "that share an anchor or a positive) and the loss is 0 at "
+                                "every step: give rows of other anchors and positives, or "
+                                "each row a hard negative (a third column)")
 
     def plan(lengths, epoch):
         return epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)

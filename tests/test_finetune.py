@@ -1244,3 +1244,42 @@ def test_a_dev_sample_that_cannot_be_scored_names_the_flag(tmp_path):
     with pytest.raises(NanobertError) as e:                      # the file itself: as it was
         check_dev(task, rows[:1], rows[:1], None, cfg)
     assert "--max-dev-examples" not in str(e.value)
+
+
+@pytest.mark.parametrize("rows, shared", [
+    ([("what do cats eat", "cats eat fish"), ("what do cats eat", "cats like mice")], "anchor"),
+    ([("what do cats eat", "cats eat fish"), ("where is paris", "cats eat fish")], "positive")])
+def test_embed_rows_with_no_negative_anywhere_are_refused(minilm, rows, shared):
+    """Rows sharing an anchor (or a positive) are no negatives of each other: when every
+    row shares one, the mnrl loss was 0 at every step, and the run saved the model it
+    started from with exit 0 (one row a batch was already refused so)."""
+    from types import SimpleNamespace
+    from nanobert.biencoder import RowBatches
+    from nanobert.data import TextRow
+    from nanobert.finetune import row_batches
+    _, tok = minilm
+    cfg = SimpleNamespace(batch_size=8, train="pairs.tsv", group_by_length=False,
+                          trainer=SimpleNamespace(seed=1))
+    features = RowBatches(tok, [TextRow(r) for r in rows], 32)
+    with pytest.raises(NanobertError, match=rf"^pairs.tsv: every training row has the same "
+                                            rf"{shared}, so no row is a negative of another"):
+        row_batches(features, cfg, 0)
+    other = RowBatches(tok, [TextRow(r) for r in rows + [("where is rome", "in italy")]], 32)
+    assert row_batches(other, cfg, 0)[1] == 1              # one batch of three rows
+
+
+def test_a_file_of_one_class_is_scored_with_a_note(capsys):
+    """accuracy 1.0 beside f1 0.0 and mcc 0.0, with nothing said (scikit-learn's
+    'ill-defined' warnings are not shown): a note says what the scores cannot say."""
+    from types import SimpleNamespace
+    from nanobert.data import Example
+    from nanobert.finetune import classify_check
+    model = SimpleNamespace(config=SimpleNamespace(id2label={0: "neg", 1: "pos"}))
+    classify_check([Example("a", label="neg"), Example("b", label="neg")], model, "n.tsv")
+    assert capsys.readouterr().err == (
+        "nanobert: note: n.tsv: every example is labelled 'neg': mcc is 0 whatever the model "
+        "predicts (it needs two classes), and f1 (of 'pos', which it lacks) is 0\n")
+    classify_check([Example("a", label="pos")], model, "p.tsv")
+    assert capsys.readouterr().err.endswith("predicts (it needs two classes)\n")
+    classify_check([Example("a", label="pos"), Example("b", label="neg")], model, "t.tsv")
+    assert capsys.readouterr().err == ""
