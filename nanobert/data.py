@@ -620,8 +620,16 @@ SQUAD_KEYS = re.compile(r'"(paragraphs|qas)"\s*:')
 def _looks_like_squad(path, head: int = 1 << 16) -> bool:
     """Does the file start as SQuAD JSON does: {"data": [ with "paragraphs" or "qas"
     in its first 64 kB (a {"data": [records]} table is not QA data)?"""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read(head).lstrip("\ufeff")
+    parts, size = [], 0
+    try:
+        for _, line in read_lines(path):   # (UTF-16 too, as the readers take it)
+            parts.append(line)
+            size += len(line) + 1
+            if size >= head:
+                break
+    except NanobertError:                  # not text: no SQuAD file
+        return False
+    text = "\n".join(parts)[:head]
     return bool(SQUAD_START.match(text) and SQUAD_KEYS.search(text))
 
 

@@ -66,7 +66,7 @@ def read_lines(path, keep_ends: bool = False):
     as written where `keep_ends`: what a CSV reader needs to keep a CR or CRLF inside
     a quoted field as it was). A leading
     byte-order mark is dropped; a UTF-16 file (what spreadsheets save as 'Unicode text')
-    is read when it starts with its byte-order mark; bad UTF-8 is reported with its line
+    or UTF-32 file is read when it starts with its byte-order mark; bad UTF-8 is reported with its line
     number, and so is a NUL byte (binary data, or UTF-16 without its mark, which decodes
     as 'valid' UTF-8 with a NUL between letters). Lines end in LF, CRLF or a lone CR (old
     Mac and some spreadsheet exports), as Python's universal newlines read them. A
@@ -88,7 +88,9 @@ def read_lines(path, keep_ends: bool = False):
         if packed:
             raise data_error(path, None, f"compressed ({packed}), not a text file; decompress "
                              "it first and pass the result")
-        if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        if head[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff"):
+            lines = _utf16_lines(path, f, "utf-32")
+        elif head[:2] in (b"\xff\xfe", b"\xfe\xff"):
             lines = _utf16_lines(path, f)
         else:
             f.seek(0)
@@ -207,14 +209,15 @@ def _utf8_lines(path, f):
             yield n, part, end if i == len(parts) else "\r"
 
 
-def _utf16_lines(path, f):
+def _utf16_lines(path, f, encoding: str = "utf-16"):
+    """The lines of a UTF-16 (or UTF-32) file that starts with its byte-order mark."""
     f.seek(0)
     raw = f.read()
     try:
-        text = raw.decode("utf-16")
+        text = raw.decode(encoding)
     except UnicodeDecodeError as e:
-        line = raw[:e.start].decode("utf-16", errors="replace").count("\n") + 1
-        raise data_error(path, line, f"not valid UTF-16 ({e.reason})")
+        line = raw[:e.start].decode(encoding, errors="replace").count("\n") + 1
+        raise data_error(path, line, f"not valid {encoding.upper()} ({e.reason})")
     text = text.lstrip("\ufeff")   # (a second mark: a UTF-8 file with one, iconv'ed to UTF-16)
     lines = re.split(r"(\r\n|\n|\r)", text)   # [line, ending, line, ending, ..., last]
     if lines[-1] == "":

@@ -903,6 +903,11 @@ def test_unusual_text_in_the_less_common_readers(tmp_path):
     assert [e.text_a for e in D.read_inputs(plain)] == ['"Hello," she said', '"ok"']
     two_marks = write(tmp_path, "b.tsv", "\ufeffsentence\tlabel\ngood\t1\nbad\t0\n", "utf-16")
     assert [e.label for e in D.read_classification(two_marks)] == ["1", "0"]
+    # UTF-32 with its mark (ff fe 00 00) was read as UTF-16 and refused as binary data
+    for enc in ("utf-32", "utf-32-be"):
+        data = "sentence\tlabel\nbon\u00e9\t1\nbad\t0\n".encode(enc)
+        u32 = write(tmp_path, "u.tsv", data if enc == "utf-32" else b"\x00\x00\xfe\xff" + data)
+        assert [e.text_a for e in D.read_classification(u32)] == ["bon\u00e9", "bad"]
 
 
 @pytest.mark.parametrize("twin", ["pos\u200b", "pos\u00ad", "\ufeffpos"])
