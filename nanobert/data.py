@@ -922,11 +922,22 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
                                  "with cat? keep one header, or every one is read as a row)")
             if len(fields) != len(header):
                 more = (f" (a {sep} inside a text? such a field must be quoted)"
-                        if len(fields) > len(header) else "")
+                        if len(fields) > len(header) else _lone_cr_hint(path, n))
                 raise data_error(path, n, f"expected {len(header)} fields like the header, "
                                  f"found {len(fields)}{more}")
             yield n, fields
     return hline, header, rows()
+
+
+def _lone_cr_hint(path, n: int) -> str:
+    """Why a row is short, where it is so: it ends in a lone CR (a line break in that
+    text) in a file whose lines end in LF."""
+    ends = {k: t[len(t.rstrip("\r\n")):] for k, t in itertools.takewhile(
+        lambda line: line[0] <= n + 1, read_lines(path, keep_ends=True))}
+    if ends.get(n) == "\r" and any(e.endswith("\n") for e in ends.values()):
+        return (" (it ends in a lone CR, which breaks a line: a line break inside the text? "
+                "remove it, or quote the field)")
+    return ""
 
 
 HEADER_SAMPLE = 1000    # rows read ahead to tell an unknown header from a first row of data

@@ -199,6 +199,11 @@ def test_lone_cr_line_endings_are_line_breaks(tmp_path):
     mixed = write(tmp_path, "m.txt", b"a\r\nb\rc\n\nd")
     from nanobert.files import read_lines
     assert list(read_lines(mixed)) == [(1, "a"), (2, "b"), (3, "c"), (4, ""), (5, "d")]
+    # in a file of LF lines, a lone CR inside a row's text breaks it: said so
+    short = write(tmp_path, "s.tsv", b"sentence\tlabel\ngood\rfilm\t1\nbad\t0\n")
+    assert error_of(D.read_classification, short) == (
+        f"{short}:2: expected 2 fields like the header, found 1 (it ends in a lone CR, which "
+        "breaks a line: a line break inside the text? remove it, or quote the field)")
     bad = write(tmp_path, "bad.txt", b"ok\rcaf\xe9\r")
     assert error_of(list, read_lines(bad)) == f"{bad}:2: not valid UTF-8 (invalid continuation " \
         "byte at byte 3)"
