@@ -681,9 +681,10 @@ def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) 
         raise
 
 
-def score_predict(model, tok, rows, settings, batch_size=64) -> list:
+def score_predict(model, tok, rows, settings, batch_size=64, progress=False) -> list:
     """{"text"[, "pair"], "score"} per row: the regression output or the reranker's logit."""
-    scores = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
+    scores = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size,
+                           progress)
     return [{"text": a, **({"pair": b} if b is not None else {}), "score": s}
             for (a, b), s in zip(_row_pairs(rows), scores)]
 
@@ -758,12 +759,13 @@ EMBED_SETTINGS = ("pooling", "loss", "scale", "mini_batch_size", "hard_negatives
 RERANK_SETTINGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k", "model")
 
 
-def embed_predict(model, tok, rows, settings, batch_size=64) -> list:
+def embed_predict(model, tok, rows, settings, batch_size=64, progress=False) -> list:
     """Pairs: {"text", "pair", "cosine"}; single texts: {"text", "embedding"}."""
     from .embed import encode
 
     def vectors(texts):
-        return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size)
+        return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size,
+                      progress=progress)
     a = vectors([r.texts[0] for r in rows])
     if all(len(r.texts) == 1 for r in rows):
         return [{"text": r.texts[0], "embedding": [round(float(x), 6) for x in v]}

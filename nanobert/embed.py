@@ -671,7 +671,7 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
             if verbose:
                 print(f"using cached embeddings {c}", file=sys.stderr)
             return texts, emb
-    emb = encoder.encode(texts)
+    emb = encoder.encode(texts, show_progress=verbose and sys.stderr.isatty())
     for c in candidates:
         try:
             with atomic_path(c) as tmp:
@@ -729,7 +729,7 @@ def embed_cmd(args):
     with spooled_stdin(args.input) as path:
         texts = read_texts(path, args.text_column)
     enc = _encoder(args)
-    emb = enc.encode(texts)
+    emb = enc.encode(texts, show_progress=sys.stderr.isatty())   # (a bar on a terminal only)
     with atomic_path(args.out) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, emb)

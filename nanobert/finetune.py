@@ -374,12 +374,13 @@ def text_entities(texts, items, owners, logits, id2label: dict) -> list:
             for text, (offsets, words), p in zip(texts, tokens, preds)]
 
 
-def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64) -> list:
+def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64,
+                          progress=False) -> list:
     """Entities of pre-split sentences (a CoNLL file's words, or a list of words from
     Python): the words are exactly the ones given, tokenized as training and `evaluate`
     tokenize them, so the word tags are the ones `evaluate` scores. Character spans are
     in the words joined by single spaces (the "text" of the result)."""
-    preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size)
+    preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size, progress)
     preds = [bridged(p, len(s.words), model.config.id2label) for s, p in zip(sentences, preds)]
     out = []
     for s, p in zip(sentences, preds):
@@ -544,30 +545,32 @@ def ner_check(sentences, model, path, source="the model knows"):
                            "F1 would be 0 whatever the model tags")
 
 
-def classify_predict(model, tok, examples, settings, batch_size=64) -> list:
-    probs = predict_classify(model, tok, examples, settings["max_length"], batch_size)
+def classify_predict(model, tok, examples, settings, batch_size=64, progress=False) -> list:
+    probs = predict_classify(model, tok, examples, settings["max_length"], batch_size, progress)
     conf, idx = probs.max(-1)
     return [{"text": e.text_a, **({"pair": e.text_b} if e.text_b is not None else {}),
              "label": model.config.id2label[i], "probability": c}
             for e, c, i in zip(examples, conf.tolist(), idx.tolist())]
 
 
-def ner_predict(model, tok, examples, settings, batch_size=64) -> list:
+def ner_predict(model, tok, examples, settings, batch_size=64, progress=False) -> list:
     """Entities of texts (D.Example: the tokenizer splits the words) and of pre-split
     sentences (D.Sentence, from a CoNLL file: its words, as `evaluate` reads them)."""
     def predict(split, es):
         if split:
             texts = [" ".join(s.words) for s in es]
-            ents = predict_ner_sentences(model, tok, es, settings["max_length"], batch_size)
+            ents = predict_ner_sentences(model, tok, es, settings["max_length"], batch_size,
+                                         progress)
         else:
             texts = [e.text_a for e in es]
-            ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size)
+            ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size,
+                                    progress)
         return [{"text": t, "entities": e} for t, e in zip(texts, ents)]
     return in_groups(examples, lambda e: isinstance(e, D.Sentence), predict)
 
 
-def qa_predict(model, tok, examples, settings, batch_size=64) -> list:
-    preds = predict_qa(model, tok, examples, settings, batch_size)
+def qa_predict(model, tok, examples, settings, batch_size=64, progress=False) -> list:
+    preds = predict_qa(model, tok, examples, settings, batch_size, progress)
     out = [{"id": e.id, "question": e.question, **p} for e, p in zip(examples, preds)]
     for r in out:
         if not math.isfinite(r["score"]):   # an empty context: no span (JSON has no -inf)
@@ -1772,6 +1775,8 @@ def predict_cmd(args):
         examples = _predict_inputs(task, args, settings)
     if not examples:
         raise NanobertError("nothing to predict")
-    for r in task.predict(model, tok, examples, settings, args.batch_size):
+    # (a bar on a terminal only, cleared when done)
+    for r in task.predict(model, tok, examples, settings, args.batch_size,
+                          progress=sys.stderr.isatty()):
         print(json.dumps(r) if args.json else task.show(one_line(r)))
     return 0

@@ -193,16 +193,18 @@ def row_correlations(rows: list, pred, what: str) -> dict:
 # Cross-encoders: scoring (query, document) pairs
 
 
-def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64) -> list:
+def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64,
+                progress: bool = False) -> list:
     """The one logit of a cross-encoder / regression model for each (text, text_pair)
     (text_pair may be None), in input order."""
     if not pairs:
         return []
-    return pair_logits(model, tok, pairs, max_length, batch_size)[:, 0].tolist()
+    return pair_logits(model, tok, pairs, max_length, batch_size, progress)[:, 0].tolist()
 
 
 @torch.inference_mode()
-def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64):
+def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64,
+                progress: bool = False):
     """The logits of a sequence head for each (text, text_pair) (text_pair may be None):
     a float32 tensor (n, outputs), in input order."""
     from .batching import forward_tokens, restore_order, sorted_batches
@@ -220,7 +222,11 @@ def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int 
         batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
         return model(**batch).logits.float().cpu()
     try:
-        out = list(map_on_cores(forward, groups, cpu=device.type == "cpu"))
+        out = map_on_cores(forward, groups, cpu=device.type == "cpu")
+        if progress:
+            from tqdm.auto import tqdm
+            out = tqdm(out, total=len(groups), desc="scoring", unit="batch", leave=False)
+        out = list(out)
     finally:
         model.train(was_training)
     return restore_order(groups, torch.cat(out))

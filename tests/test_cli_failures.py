@@ -225,3 +225,18 @@ def test_output_an_encoding_cannot_show_is_escaped(tiny, monkeypatch, capsys):
     out.flush()
     printed = out.buffer.getvalue().decode("ascii")
     assert printed.startswith("query: the film \\U0001f600\n") and "1. " in printed
+
+
+def test_long_work_shows_a_bar_on_a_terminal_only(tiny, tmp_path, monkeypatch, capsys):
+    """`embed` of a large file and `search`'s corpus embedding ran for minutes without
+    a word; on a terminal a bar now shows (cleared when done), in a log nothing."""
+    for terminal in (True, False):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+        assert main(["embed", "--model", str(tiny / "base"), "--input", str(tiny / "texts.txt"),
+                     "--out", str(tmp_path / f"e{terminal}.npy")]) == 0
+        assert ("encoding" in capsys.readouterr().err) == terminal
+        corpus = tmp_path / f"c{terminal}.txt"
+        corpus.write_text((tiny / "texts.txt").read_text())
+        assert main(["search", "--model", str(tiny / "base"), "--corpus", str(corpus),
+                     "--query", "the film", "-k", "1"]) == 0
+        assert ("encoding" in capsys.readouterr().err) == terminal
