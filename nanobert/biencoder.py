@@ -671,7 +671,8 @@ def _row_pairs(rows) -> list:
 
 
 def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) -> dict:
-    pred = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size)
+    pred = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size,
+                         progress)
     gold = [r.score for r in rows]
     mse = sum((p - g) ** 2 for p, g in zip(pred, gold)) / len(gold)
     try:
@@ -744,7 +745,7 @@ def embed_evaluate(model, tok, data, settings, batch_size=64, progress=False) ->
         # during training the model still declared its starting checkpoint's (minilm: 256),
         # and the dev scores in metrics.jsonl differed from `evaluate` on the saved model
         return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size,
-                      max_length=settings.get("max_length"))
+                      max_length=settings.get("max_length"), progress=progress)
     if isinstance(data, list) and data[0].score is not None:
         return R.evaluate_sts(vectors, data)
     if isinstance(data, list):
@@ -887,7 +888,7 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     `rerank_k` per (held-out) query, reranked, then the retrieval metrics."""
 
     def scores(pairs):
-        return R.pair_scores(model, tok, pairs, settings["max_length"], batch_size)
+        return R.pair_scores(model, tok, pairs, settings["max_length"], batch_size, progress)
     if isinstance(data, list):
         if data[0].score is None or len(data[0].texts) != 2:
             raise NanobertError("reranker evaluation needs (query, document, label) rows")
