@@ -563,6 +563,27 @@ HEAD_PARAMS = {"mlm": ("mlm.",), "pretraining": ("mlm.", "pair."),
                "qa": ("qa.",)}
 
 
+class UnsupportedHead(NanobertError):
+    """A head class config.json declares that nanobert does not have for the family
+    (an ELECTRA discriminator's ElectraForPreTraining, BertForMultipleChoice)."""
+    def __init__(self, message: str, architecture: str):
+        super().__init__(message)
+        self.architecture = architecture
+
+
+def load_for_reading(name_or_dir):
+    """(model, tokenizer) for the commands that read the encoder, not a head (info,
+    attention, tsne): a checkpoint whose head nanobert lacks is read as its encoder,
+    with a note, as embed and finetune read it."""
+    from . import load
+    try:
+        return load(name_or_dir)
+    except UnsupportedHead as e:
+        note(f"{resolve(name_or_dir)}: its head ({e.architecture}) is not one nanobert has: "
+             "its encoder is read")
+        return load(name_or_dir, head=None)
+
+
 def infer_head(hf_config: dict, fam: Family, names, path="config.json"):
     """(head, the architecture that declares it or None) of a checkpoint: the head of
     the first class in `architectures` nanobert has for the family; without one, what
@@ -579,9 +600,10 @@ def infer_head(hf_config: dict, fam: Family, names, path="config.json"):
     other = [a for a in archs if HEAD_CLASS.fullmatch(a)]
     if other:
         known = ", ".join(dict.fromkeys(fam.architecture(h) for h in (None,) + fam.heads))
-        raise NanobertError(f"{path}: architectures names {other[0]}, a head nanobert does "
-                            f"not support for {fam.name} models (supported: {known}); "
-                            "load(..., head=None) gives its encoder")
+        raise UnsupportedHead(f"{path}: architectures names {other[0]}, a head nanobert does "
+                              f"not support for {fam.name} models (supported: {known}); its "
+                              "encoder is read by info, attention, tsne, embed, search and "
+                              "finetune (from Python: load(..., head=None))", other[0])
     names = set(names)
     if fam.hf_name("qa.weight", "qa") in names:
         return "qa", None
@@ -628,7 +650,10 @@ def _labels_override(kw: dict, overrides: dict) -> dict:
 
 class OtherLabels(ValueError):
     """A label count asked for that the checkpoint's classifier contradicts (finetune
-    then trains a new head on the encoder)."""
+    then trains a new head on the encoder); `outputs`: the classifier's."""
+    def __init__(self, message: str, outputs: int):
+        super().__init__(message)
+        self.outputs = outputs
 
 
 def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
@@ -640,7 +665,7 @@ def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
     if head == "regression" and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != 1:
         raise OtherLabels(f"load(head='regression'): the checkpoint's classifier has "
                           f"{w.shape[0]} outputs, a regression head one; load it with head=None "
-                          "to train a new head on the encoder")
+                          "to train a new head on the encoder", w.shape[0])
     if not given or head not in ("classify", "token"):
         return
     if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != config.num_labels:
@@ -648,7 +673,7 @@ def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
         raise OtherLabels(f"load({given[0]}={shown}): asks for {config.num_labels} "
                           f"label{'s' if config.num_labels != 1 else ''}, but the "
                           f"checkpoint's {head} head has {w.shape[0]} outputs; load it with "
-                          "head=None to train a new head on the encoder")
+                          "head=None to train a new head on the encoder", w.shape[0])
 
 
 def load_model(name_or_dir, head="auto", **config_overrides) -> Bert:
@@ -698,7 +723,8 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
         config = dataclasses.replace(config, id2label={i: f"LABEL_{i}"
                                                        for i in range(config.num_labels)})
     model = Bert(config, head)
-    if model.head in MLM_HEADS and hf.get("tie_word_embeddings") is False:
+    if model.head in MLM_HEADS and (hf.get("tie_word_embeddings") is False
+                                    or _decoder_of_its_own(state, fam, model.head, model_dir)):
         untie_decoder(model)
     # a size given to load() is not the file's to answer for: the shapes are named as both
     sizes = {k: v for k, v in config_overrides.items() if k not in ("attn_backend", "head")}
@@ -763,6 +789,21 @@ def decoder_is_tied(model: Bert) -> bool:
     """Whether the model has an MLM decoder that is the word embedding matrix (as HF's
     default tie_word_embeddings=true has it), not a matrix of its own."""
     return model.head in MLM_HEADS and model.mlm.word_embeddings is model.bert.emb.tok
+
+
+def _decoder_of_its_own(state: dict, fam: Family, head, model_dir) -> bool:
+    """Does the file hold a decoder matrix other than its word embeddings, though its
+    config.json leaves tie_word_embeddings at true? transformers 5 then uses the file's
+    decoder (with a warning): so does nanobert, with a note (it tied them, silently)."""
+    decoder = state.get(fam.decoder + ".weight")
+    words = state.get(fam.hf_name("bert.emb.tok.weight", head) or "")
+    if not (isinstance(decoder, torch.Tensor) and isinstance(words, torch.Tensor)) \
+            or decoder.shape != words.shape or torch.equal(decoder, words):
+        return False
+    note(f"{model_dir}: config.json ties the MLM decoder to the word embeddings, but the "
+         f"file holds a decoder matrix of its own ({fam.decoder}.weight): it is used, as "
+         "transformers uses it (and saved untied)")
+    return True
 
 
 def untie_decoder(model: Bert):

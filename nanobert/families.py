@@ -269,9 +269,15 @@ MPNET_PAD = 1   # the padding id transformers' MPNet assumes (its embeddings' pa
 
 def _mpnet_from_hf(d):
     kw = _labels(d, _common_config(d))
+    if d.get("relative_attention_num_buckets", 32) != 32:
+        # (transformers' MPNet buckets offsets into 32 whatever it says: more rows are
+        # never read, fewer fail)
+        raise ValueError(f"relative_attention_num_buckets="
+                         f"{d['relative_attention_num_buckets']!r} is not supported (MPNet "
+                         "buckets relative positions into 32 in transformers; only 32 is)")
     # transformers' MPNetEmbeddings count positions after id 1 whatever pad_token_id says
     kw.update(family="mpnet", type_vocab_size=0, position_offset=MPNET_PAD + 1,
-              position_buckets=d.get("relative_attention_num_buckets", 32), mlm_act="gelu")
+              position_buckets=32, mlm_act="gelu")
     return kw
 
 
@@ -423,6 +429,9 @@ MODERNBERT = Family(
 # ---- DeBERTa-v2/v3: disentangled attention over relative positions ---------------------
 
 
+DEBERTA_DEFAULTS = {"share_att_key": False, "conv_kernel_size": 0}   # what transformers reads
+
+
 def _deberta_from_hf(d):
     kw = _labels(d, _common_config(d))
     terms = d.get("pos_att_type") or []
@@ -436,8 +445,15 @@ def _deberta_from_hf(d):
         ("pooler_hidden_size", d.get("pooler_hidden_size", kw["hidden_size"]) != kw["hidden_size"]),
     ]
     for key, bad in unsupported:
-        if bad:
-            raise ValueError(f"{key}={d.get(key)!r} is not supported for deberta-v2")
+        if bad:   # (a key left out takes transformers' default: say which)
+            shown = (f"{key}={d[key]!r}" if key in d else
+                     f"{key} missing (transformers then takes {key}={DEBERTA_DEFAULTS[key]!r})")
+            raise ValueError(f"{shown} is not supported for deberta-v2")
+    if d.get("attention_head_size", kw["hidden_size"] // kw["num_attention_heads"]) \
+            != kw["hidden_size"] // kw["num_attention_heads"]:
+        raise ValueError(f"attention_head_size={d['attention_head_size']!r} is not supported for "
+                         "deberta-v2 (only hidden_size / num_attention_heads, "
+                         f"{kw['hidden_size'] // kw['num_attention_heads']})")
     max_rel = d.get("max_relative_positions", -1)
     kw.update(family="deberta-v2", type_vocab_size=d.get("type_vocab_size", 0),
               position_embedding_type="absolute" if d.get("position_biased_input", True) else "none",

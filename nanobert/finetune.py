@@ -1153,6 +1153,7 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     settings.update(pairs_setting(task, train))
     check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
     model, tok = _model_for(task, cfg, whole_train, settings["max_length"])
+    fit_default_length(settings, model, cfg)
     check_dev(task, dev, whole_dev, model, cfg)
     settings["device"] = cfg.trainer.device      # (where hard negatives are mined; not saved)
     try:
@@ -1336,12 +1337,26 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
     else:
         try:
             model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
-        except OtherLabels:   # a classifier of another label count: a new head too
-            model, tok = _new_head_on(cfg.model, task.head, overrides)
-    if model.config.usable_positions < max_length:
+        except OtherLabels as e:   # a classifier of another label count: a new head too
+            model, tok = _new_head_on(cfg.model, task.head, overrides, outputs=e.outputs)
+    if model.config.usable_positions < max_length and cfg.max_length is not None:
         raise NanobertError(f"--max-length {max_length} is longer than the model's "
                             f"{model.config.usable_positions} positions")
     return model, tok
+
+
+def fit_default_length(settings: dict, model, cfg: FinetuneConfig):
+    """The task's default --max-length (128; qa 384), not given, cut to a model that
+    reads fewer positions, with a note (it was refused as if the user had asked for
+    it); a qa run's default --doc-stride with it (half the window at most)."""
+    positions = model.config.usable_positions
+    if cfg.max_length is not None or settings["max_length"] <= positions:
+        return
+    note(f"{cfg.model} reads at most {positions} positions: --max-length {positions} "
+         f"(the default, {settings['max_length']}, is longer)")
+    settings["max_length"] = positions
+    if "doc_stride" in settings and "doc_stride" not in cfg.given_fields():
+        settings["doc_stride"] = min(settings["doc_stride"], positions // 2)
 
 
 def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int):
@@ -1398,11 +1413,11 @@ def _head_labels(model_name, head) -> Optional[list]:
         return None
 
 
-def _new_head_on(model_dir, head: str, overrides: dict, their_labels=None):
+def _new_head_on(model_dir, head: str, overrides: dict, their_labels=None, outputs=None):
     """(model, tokenizer): `model_dir`'s encoder under a new `head` for the training
-    data's labels (its own head has other labels: another count, or `their_labels`,
-    other names); the head's weights are new (listed in new_weights, so they start from
-    the run's seed)."""
+    data's labels (its own head has other labels: another count of `outputs`, or
+    `their_labels`, other names); the head's weights are new (listed in new_weights, so
+    they start from the run's seed)."""
     import dataclasses
     import nanobert
     base, tok = nanobert.load(model_dir, head=None)
@@ -1411,11 +1426,11 @@ def _new_head_on(model_dir, head: str, overrides: dict, their_labels=None):
         note(f"{model_dir}: its classifier's labels ({some_of(their_labels)}) are not the "
              f"training data's ({some_of(ours)}): a new head is trained on its encoder")
     elif head == "regression":
-        note(f"{model_dir}: its classifier has {base.config.num_labels} outputs, a score one: "
-             "a new head is trained on its encoder")
-    else:
-        note(f"{model_dir}: its classifier has {base.config.num_labels} labels, the training "
-             f"data {len(ours)}: a new head is trained on its encoder")
+        note(f"{model_dir}: its classifier has {outputs} outputs, a score one: a new head is "
+             "trained on its encoder")
+    else:   # (the classifier's own count: config.json's num_labels may be a default)
+        note(f"{model_dir}: its classifier has {outputs} output{'s' * (outputs != 1)}, the "
+             f"training data {len(ours)} labels: a new head is trained on its encoder")
     model = nanobert.Bert(dataclasses.replace(base.config, **overrides), head)
     model.bert.load_state_dict(base.bert.state_dict())
     model.new_weights = [n for n, _ in model.named_parameters() if not n.startswith("bert.")]

@@ -60,8 +60,8 @@ def info_args(p):
 
 def info_cmd(args):
     """Show a model's configuration, parameter count by part and vocabulary size."""
-    from . import load
-    model, tokenizer = load(args.model)
+    from .checkpoint import load_for_reading
+    model, tokenizer = load_for_reading(args.model)
     s = summary(model, tokenizer)
     if args.json:
         print(json.dumps(s))

@@ -263,13 +263,13 @@ def check_has_tokens(tokenizer, text: str, pair: Optional[str] = None) -> None:
 
 def attention_cmd(args):
     """Attention heatmaps for chosen layers and heads, or [CLS] attention across layers."""
-    from . import load
+    from .checkpoint import load_for_reading
     if args.cls and (args.heads is not None or args.layers is not None):
         flag = "--heads" if args.heads is not None else "--layers"
         raise NanobertError(f"{flag} does not apply with --cls (its map averages every head "
                             "of every layer); leave one of them out")
     check_output_file(args.out, "--out", IMAGE_SUFFIXES)
-    model, tokenizer = load(args.model)
+    model, tokenizer = load_for_reading(args.model)
     check_has_tokens(tokenizer, args.text, args.pair)
     try:   # a pair needs one token more than one text: [CLS] a [SEP] b [SEP]
         tokenizer.check_max_length(args.max_length, pair=args.pair is not None)
@@ -537,11 +537,11 @@ def tsne_cmd(args):
 
     A label-balanced sample of a labelled file is embedded, reduced to 2-D with t-SNE
     (fixed seed) and plotted; the silhouette score is measured in the original space."""
-    from . import load
+    from .checkpoint import load_for_reading
     cfg = TsneConfig.from_args(args)
     check_output_file(args.out, "--out", IMAGE_SUFFIXES, [args.data])  # before minutes of t-SNE
     parse_label_names(args.label_names)
-    model, tokenizer = load(args.model)
+    model, tokenizer = load_for_reading(args.model)
     names = {}   # checked against the sample's labels before minutes of embedding
     rep = tsne_report(model, tokenizer, args.data, cfg, check_labels=lambda labels:
                       names.update(_label_names(args.label_names, model, labels)))

@@ -944,7 +944,7 @@ class BertModel(nn.Module):
             attention_mask = torch.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        positions = torch.arange(T, device=input_ids.device).expand(B, T) + self.config.position_offset
+        positions = self.positions(attention_mask)                     # (B, T)
         unpadded = self.config.unpadded and not padded
         if unpadded:
             layout = UnpaddedLayout(attention_mask)
@@ -980,6 +980,17 @@ class BertModel(nn.Module):
         elif not keep_unpadded:
             x = layout.pad(x)
         return EncoderOutput(x, pooled, attentions, layout)
+
+    def positions(self, attention_mask):
+        # attention_mask (B, T) -> the position of each token (B, T): 0, 1, 2... from the
+        # first column, or, in the families that count from pad_token_id + 1 (RoBERTa,
+        # MPNet), from each row's first real token as transformers counts them there (a
+        # left-padded row's first token is at the offset too; the pads' are unread)
+        B, T = attention_mask.shape
+        offset = self.config.position_offset
+        if not offset:
+            return torch.arange(T, device=attention_mask.device).expand(B, T)
+        return (attention_mask.long().cumsum(1) - 1).clamp(min=0) + offset
 
     def relative_terms(self, T: int, device):
         """What every block's attention adds for relative positions over T tokens:

@@ -117,9 +117,17 @@ def test_unsupported_head_class_is_refused(tmp_path, tok, capsys):
                                             "BertForMultipleChoice"):
         nanobert.load(d)
     assert nanobert.load(d, head=None)[0].head is None     # its encoder, when asked for
-    assert main(["info", str(d)]) == 2
+    # the commands that read the encoder read it, with a note (an ELECTRA discriminator's
+    # ElectraForPreTraining was refused by info and attention, though embed and finetune
+    # took it; the refusal's only advice was a Python call)
+    assert main(["info", str(d)]) == 0
+    out, err = capsys.readouterr()
+    assert err == (f"nanobert: note: {d}: its head (BertForMultipleChoice) is not one "
+                   "nanobert has: its encoder is read\n") and "task         encoder" in out
+    assert main(["fill-mask", "--model", str(d), "a [MASK] b"]) == 2   # a head it needs
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "BertForMultipleChoice" in err
+    assert "its encoder is read by info, attention, tsne, embed, search and finetune" in err
 
 
 def test_plain_architectures_still_load(tmp_path, tok):

@@ -3,6 +3,8 @@ one nanobert model with the same outputs, and save back into a directory that
 transformers loads with the same outputs."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers as hf
@@ -106,9 +108,12 @@ def _make(fam, task, seed=0):
     return _make_from(heads[task], config, seed)
 
 
+PAD_ID_1 = ("roberta", "xlm-roberta", "camembert", "mpnet")   # their padding id: 1
+
+
 def _batch(fam):
     b = random_batch(B=4, T=20, vocab=99, seed=2, min_len=5)
-    if fam in ("roberta", "xlm-roberta", "camembert", "mpnet"):   # padding id 1
+    if fam in PAD_ID_1:
         b["token_type_ids"].zero_()
         b["input_ids"][b["attention_mask"] == 0] = 1
     if fam in ("distilbert", "modernbert", "deberta-v2", "mpnet"):
@@ -147,6 +152,31 @@ def test_family_parity(tmp_path, fam, task, backend):
     batch = _batch(fam)
     with torch.no_grad():
         _compare(ref_model(**batch), model(**batch), task, batch["attention_mask"])
+
+
+@pytest.mark.parametrize("backend", ["eager", "unpadded"])
+@pytest.mark.parametrize("fam", sorted(FAMILIES))
+def test_family_parity_on_left_padded_rows(tmp_path, fam, backend):
+    """Padding before the tokens (a decoder tokenizer's, or a collator's): the families
+    that count positions from pad_token_id + 1 (RoBERTa's, MPNet) count them from each
+    row's first real token, as transformers does; they were counted from the first
+    column, every real token's hidden state off by up to 3."""
+    ref_model = _make(fam, None)
+    ref_model.save_pretrained(tmp_path)
+    model = load_model(tmp_path, attn_backend=backend).eval()
+    batch = _batch(fam)
+    mask = batch["attention_mask"]
+    T = mask.shape[1]
+    left = torch.arange(T)[None] >= (T - mask.sum(1))[:, None]          # (B, T)
+    assert not left[:, 0].all()
+    shifted = {}
+    for k, v in batch.items():
+        moved = torch.full_like(v, 1 if k == "input_ids" and fam in PAD_ID_1 else 0)
+        moved[left] = v[mask.bool()]
+        shifted[k] = moved
+    shifted["attention_mask"] = left.long()
+    with torch.no_grad():
+        _compare(ref_model(**shifted), model(**shifted), None, shifted["attention_mask"])
 
 
 @pytest.mark.parametrize("fam,task", [(f, t) for f, t in CASES if t in (None, "mlm", "classify")]
@@ -244,10 +274,13 @@ def test_deberta_mlm_head_of_legacy_false(tmp_path):
         _compare(ref(**b), back(**b), "mlm", b["attention_mask"])
 
 
+@pytest.mark.parametrize("flag", ["false", "left at true"])
 @pytest.mark.parametrize("fam", [f for f, (_, heads) in FAMILIES.items() if "mlm" in heads])
-def test_untied_decoder_loads_and_saves(tmp_path, fam):
+def test_untied_decoder_loads_and_saves(tmp_path, fam, flag, capsys):
     """tie_word_embeddings=false: the checkpoint's own decoder matrix is used, and saved
-    back (with the flag) so that transformers reads the same logits."""
+    back (with the flag) so that transformers reads the same logits. So is a decoder
+    matrix of its own in a file whose config.json leaves the flag at true (transformers 5
+    uses it; nanobert tied it to the embeddings, silently: MLM logits off by 16)."""
     make_config, heads = FAMILIES[fam]
     config = make_config()
     config.tie_word_embeddings = False
@@ -255,7 +288,12 @@ def test_untied_decoder_loads_and_saves(tmp_path, fam):
     ref = heads["mlm"](config).eval()
     assert not torch.equal(ref.get_output_embeddings().weight, ref.get_input_embeddings().weight)
     ref.save_pretrained(tmp_path / "hf")
+    if flag == "left at true":
+        saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+        saved["tie_word_embeddings"] = True
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(saved))
     model = load_model(tmp_path / "hf").eval()
+    assert ("a decoder matrix of its own" in capsys.readouterr().err) == (flag != "false")
     batch = _batch(fam)
     with torch.no_grad():
         _compare(ref(**batch), model(**batch), "mlm", batch["attention_mask"])
@@ -324,3 +362,18 @@ def test_saved_bos_and_eos_ids_are_the_tokenizers(tmp_path):
     model.save_pretrained(tmp_path / "bare")                   # no tokenizer: RoBERTa's own
     conf = json.loads((tmp_path / "bare" / "config.json").read_text())
     assert (conf["bos_token_id"], conf["eos_token_id"]) == (0, 2)
+
+
+def test_mpnet_with_other_than_32_buckets_is_refused(tmp_path):
+    """transformers' MPNet buckets relative positions into 32 whatever
+    relative_attention_num_buckets says (64: outputs 2.6 apart; 16: an IndexError there):
+    refused in one line rather than answered otherwise."""
+    from nanobert.files import NanobertError
+    config = FAMILIES["mpnet"][0]()
+    config.relative_attention_num_buckets = 64
+    hf.MPNetModel(config).save_pretrained(tmp_path)
+    with pytest.raises(NanobertError) as e:
+        load_model(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'config.json'}: relative_attention_num_buckets=64 is "
+                            "not supported (MPNet buckets relative positions into 32 in "
+                            "transformers; only 32 is)")

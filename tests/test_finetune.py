@@ -458,7 +458,7 @@ def test_a_classifier_of_other_labels_gets_a_new_head_on_its_encoder(tiny_dir, t
     assert cli.main(["finetune", "--task", "classify", "--model", str(first), "--train",
                      str(three), "--dev", str(three), "--out", str(second), "--lr", "1e-12"]
                     + flags) == 0
-    assert (f"nanobert: note: {first}: its classifier has 2 labels, the training data 3: a "
+    assert (f"nanobert: note: {first}: its classifier has 2 outputs, the training data 3 labels: a "
             "new head is trained on its encoder") in capsys.readouterr().err
     before, _ = nanobert.load(first)
     after, _ = nanobert.load(second)
@@ -1283,3 +1283,28 @@ def test_a_file_of_one_class_is_scored_with_a_note(capsys):
     assert capsys.readouterr().err.endswith("predicts (it needs two classes)\n")
     classify_check([Example("a", label="pos"), Example("b", label="neg")], model, "t.tsv")
     assert capsys.readouterr().err == ""
+
+
+def test_the_default_length_fits_a_model_of_fewer_positions(tiny_dir, tmp_path, capsys):
+    """A model of 64 positions: the default --max-length 128, never given, was refused as
+    if the user had asked for it; it is cut to the model's 64 (qa: 384, and its default
+    doc stride to half of that). An explicit --max-length 128 is still refused."""
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(8, 0))
+    common = ["--model", str(tiny_dir), "--train", str(train), "--dev", str(train),
+              "--epochs", "1", "--no-progress"]
+    assert cli.main(["finetune", "--task", "classify", "--out", str(tmp_path / "a")] + common) == 0
+    assert (f"note: {tiny_dir} reads at most 64 positions: --max-length 64 (the default, 128, "
+            "is longer)") in capsys.readouterr().err
+    assert json.loads((tmp_path / "a" / "nanobert.json").read_text())["max_length"] == 64
+    assert cli.main(["finetune", "--task", "classify", "--out", str(tmp_path / "b"),
+                     "--max-length", "128"] + common) == 2
+    assert "--max-length 128 is longer than the model's 64 positions" in capsys.readouterr().err
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"id": str(i), "question": "who lives in rome ?",
+                                      "context": "anna lives in rome .", "answers": ["anna"]})
+                          + "\n" for i in range(4)))
+    assert cli.main(["finetune", "--task", "qa", "--model", str(tiny_dir), "--train", str(qa),
+                     "--dev", str(qa), "--out", str(tmp_path / "q"), "--epochs", "1",
+                     "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "q" / "nanobert.json").read_text())
+    assert (saved["max_length"], saved["doc_stride"]) == (64, 32)
