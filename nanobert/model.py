@@ -944,7 +944,7 @@ class BertModel(nn.Module):
             attention_mask = torch.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        positions = self.positions(attention_mask)                     # (B, T)
+        positions = self.positions(input_ids)                          # (B, T)
         unpadded = self.config.unpadded and not padded
         if unpadded:
             layout = UnpaddedLayout(attention_mask)
@@ -981,16 +981,17 @@ class BertModel(nn.Module):
             x = layout.pad(x)
         return EncoderOutput(x, pooled, attentions, layout)
 
-    def positions(self, attention_mask):
-        # attention_mask (B, T) -> the position of each token (B, T): 0, 1, 2... from the
-        # first column, or, in the families that count from pad_token_id + 1 (RoBERTa,
-        # MPNet), from each row's first real token as transformers counts them there (a
-        # left-padded row's first token is at the offset too; the pads' are unread)
-        B, T = attention_mask.shape
+    def positions(self, input_ids):
+        # input_ids (B, T) -> the position of each token (B, T): 0, 1, 2... from the first
+        # column, or, in the families that count from pad_token_id + 1 (RoBERTa, MPNet),
+        # as transformers counts them there: the tokens that are not the padding id, from
+        # the offset (a left-padded row's first token too); padding at offset - 1
+        B, T = input_ids.shape
         offset = self.config.position_offset
         if not offset:
-            return torch.arange(T, device=attention_mask.device).expand(B, T)
-        return (attention_mask.long().cumsum(1) - 1).clamp(min=0) + offset
+            return torch.arange(T, device=input_ids.device).expand(B, T)
+        real = (input_ids != offset - 1).long()
+        return real.cumsum(1) * real + (offset - 1)
 
     def relative_terms(self, T: int, device):
         """What every block's attention adds for relative positions over T tokens:

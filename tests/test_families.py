@@ -160,7 +160,8 @@ def test_family_parity_on_left_padded_rows(tmp_path, fam, backend):
     """Padding before the tokens (a decoder tokenizer's, or a collator's): the families
     that count positions from pad_token_id + 1 (RoBERTa's, MPNet) count them from each
     row's first real token, as transformers does; they were counted from the first
-    column, every real token's hidden state off by up to 3."""
+    column, every real token's hidden state off by up to 3. Like transformers, they
+    count the tokens that are not the padding id."""
     ref_model = _make(fam, None)
     ref_model.save_pretrained(tmp_path)
     model = load_model(tmp_path, attn_backend=backend).eval()
@@ -177,6 +178,11 @@ def test_family_parity_on_left_padded_rows(tmp_path, fam, backend):
     shifted["attention_mask"] = left.long()
     with torch.no_grad():
         _compare(ref_model(**shifted), model(**shifted), None, shifted["attention_mask"])
+    if fam in PAD_ID_1:   # the padding id inside the real tokens: no position, there too
+        first_real = left.long().argmax(1)
+        shifted["input_ids"][0, first_real[0] + 1] = 1
+        with torch.no_grad():
+            _compare(ref_model(**shifted), model(**shifted), None, shifted["attention_mask"])
 
 
 @pytest.mark.parametrize("fam,task", [(f, t) for f, t in CASES if t in (None, "mlm", "classify")]
