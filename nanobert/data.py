@@ -24,6 +24,7 @@ import csv
 import itertools
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -1132,9 +1133,12 @@ def read_text_lines(path) -> list:
     columns is refused: read as text, each of its lines would be taken for an input."""
     path = input_path(path)
     n, first = _first_content(path)
-    if first.lstrip().startswith('"') and (path.suffix.lower() in JSON_SUFFIXES or (
-            not path.suffix and _all_json_strings(path))):   # (--input -: no suffix to go by)
-        return _json_string_lines(path)
+    if first.lstrip().startswith('"'):
+        if path.suffix.lower() in JSON_SUFFIXES:
+            return _json_string_lines(path)
+        strings = None if path.suffix else _json_string_lines(path, strict=False)
+        if strings is not None:          # (--input -: no suffix to go by, only the lines)
+            return strings
     if _is_json_file(path, first):
         line, what = _json_trouble(path)
         raise data_error(path, line, f"{what} (expected one text a line, or JSON Lines with "
@@ -1153,23 +1157,11 @@ def read_text_lines(path) -> list:
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
-def _all_json_strings(path) -> bool:
-    """Is every non-blank line one JSON string (`"a text"`, escapes and all)?"""
-    for _, t in read_lines(path):
-        if not t.strip():
-            continue
-        try:
-            if not isinstance(json.loads(t), str):
-                return False
-        except (ValueError, RecursionError):
-            return False
-    return True
-
-
-def _json_string_lines(path) -> list:
+def _json_string_lines(path, strict: bool = True) -> Optional[list]:
     """`Example`s of a JSON Lines file of bare strings (one JSON string a line, as pandas'
     `Series.to_json(orient="records", lines=True)` writes): the decoded strings, not
-    their quotes and escapes."""
+    their quotes and escapes. A line that is no JSON string is an error, or without
+    `strict` (a file that may be plain text) None."""
     out = []
     for k, t in read_lines(path):
         if not t.strip():
@@ -1179,11 +1171,14 @@ def _json_string_lines(path) -> list:
         except (ValueError, RecursionError):
             value = None
         if not isinstance(value, str):
+            if not strict:
+                return None
             raise data_error(path, k, "is not a JSON string (the file's first line is one: "
                              "expected one JSON string a line, or JSON Lines objects with a "
                              "text field)")
-        refuse_surrogates(value, path, k)
         out.append(Example(value, line=k))
+    for e in out:    # (once every line is known to be one: else, unstrict, plain text)
+        refuse_surrogates(e.text_a, path, e.line)
     return out
 
 
@@ -1274,7 +1269,6 @@ def visible_form(s: str) -> str:
     """A label as it reads: composed (NFC: an é typed as e + a combining accent is the
     one é) and without format characters (a zero-width space or joiner, a soft hyphen,
     a byte-order mark: what a copy from a web page leaves)."""
-    import unicodedata
     return "".join(c for c in unicodedata.normalize("NFC", s) if unicodedata.category(c) != "Cf")
 
 

@@ -649,10 +649,11 @@ def ner_inputs(path, columns=None) -> list:
     words `evaluate` reads and the entities' spans are in the words joined by spaces. So
     does a file of one token a line and blank lines between sentences (`D.token_lines`:
     CoNLL without its tag column), whose tokens were tagged one by one as texts."""
-    if (D.looks_like_conll(path) or D.holds_token_lists(path, columns)
+    conll = D.looks_like_conll(path)
+    if (conll or D.holds_token_lists(path, columns)
             or (not any((columns or {}).values()) and D.token_lines(path))):
         sentences = D.read_conll(path, require_tags=False)
-        if len(sentences) == 1 and len(sentences[0].words) > 1 and D.looks_like_conll(path):
+        if conll and len(sentences) == 1 and len(sentences[0].words) > 1:
             # ('My blood type is O' a line: each line's last word taken for a tag)
             note(f"{path}: read as CoNLL columns (a token and its tag a line), so its "
                  f"{len(sentences[0].words)} lines are one sentence; for one text a line, "
@@ -1152,8 +1153,8 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     dev = dev_judgments(train, dev, settings)      # (a BEIR folder: its dev judgments)
     settings.update(pairs_setting(task, train))
     check_pairs(task, settings, dev, cfg.dev, f"the training file {cfg.train} has")
-    model, tok = _model_for(task, cfg, whole_train, settings["max_length"])
-    fit_default_length(settings, model, cfg)
+    model, tok = _model_for(task, cfg, whole_train)
+    fit_length(settings, model, cfg)
     check_dev(task, dev, whole_dev, model, cfg)
     settings["device"] = cfg.trainer.device      # (where hard negatives are mined; not saved)
     try:
@@ -1312,7 +1313,7 @@ def sentence_pooling(task: Task, cfg: FinetuneConfig) -> Optional[str]:
     return declared
 
 
-def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
+def _model_for(task: Task, cfg: FinetuneConfig, train: list):
     """The model with the task's head (labels from the training data `train`) and its
     tokenizer."""
     import nanobert
@@ -1339,19 +1340,20 @@ def _model_for(task: Task, cfg: FinetuneConfig, train: list, max_length: int):
             model, tok = nanobert.load(cfg.model, head=task.head, **overrides)
         except OtherLabels as e:   # a classifier of another label count: a new head too
             model, tok = _new_head_on(cfg.model, task.head, overrides, outputs=e.outputs)
-    if model.config.usable_positions < max_length and cfg.max_length is not None:
-        raise NanobertError(f"--max-length {max_length} is longer than the model's "
-                            f"{model.config.usable_positions} positions")
     return model, tok
 
 
-def fit_default_length(settings: dict, model, cfg: FinetuneConfig):
-    """The task's default --max-length (128; qa 384), not given, cut to a model that
-    reads fewer positions, with a note (it was refused as if the user had asked for
-    it); a qa run's default --doc-stride with it (half the window at most)."""
+def fit_length(settings: dict, model, cfg: FinetuneConfig):
+    """--max-length within the model's positions: a longer one given is refused; the
+    task's default (128; qa 384), not given, is cut to them with a note (it was refused
+    as if the user had asked for it), and a qa run's default --doc-stride with it (half
+    the window at most)."""
     positions = model.config.usable_positions
-    if cfg.max_length is not None or settings["max_length"] <= positions:
+    if settings["max_length"] <= positions:
         return
+    if cfg.max_length is not None:
+        raise NanobertError(f"--max-length {cfg.max_length} is longer than the model's "
+                            f"{positions} positions")
     note(f"{cfg.model} reads at most {positions} positions: --max-length {positions} "
          f"(the default, {settings['max_length']}, is longer)")
     settings["max_length"] = positions
