@@ -862,7 +862,7 @@ async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "
-                            "(--payload-limit)")
+                            "(--payload-limit)", headers={"Connection": "close"})
     try:
         async with asyncio.timeout(timeout):
             raw = await _receive(request, limit, bodies)
@@ -1380,17 +1380,66 @@ def raw_error(protocol, status: int, message: str):
     protocol.transport.write(b"".join(head) + body)
     if protocol.metrics is not None:     # (no route: the request line itself is at fault)
         protocol.metrics.requests.labels("(malformed)", str(status)).inc()
-    # a lingering close, as nginx does: the answer is sent and the sending side shut, but
-    # what the client still sends is read (and dropped) for LINGER_S seconds; closed at
-    # once, the unread bytes made the kernel reset the connection, and the client lost
-    # the answer
-    protocol.lingering = True
-    if protocol.transport.can_write_eof():
-        protocol.transport.write_eof()
-    protocol.loop.call_later(LINGER_S, protocol.transport.close)
+    protocol.transport.linger()
+
+
+class LingeringTransport:
+    """A connection's transport whose close() lingers while the client may still be
+    sending, as nginx's lingering close does: the answer is sent and the sending side
+    shut, and what the client still sends is read and dropped until it stops for
+    LINGER_S seconds (at most LINGER_MAX_S). Closed at once with unread bytes, the kernel
+    reset the connection and the client lost the answer: a 413, 401, 404 or 415 sent
+    before the body was read, to a client that asked for `Connection: close` (urllib,
+    HTTP/1.0 proxies) or sent a chunked body over the limit, came back as "connection
+    reset by peer"."""
+
+    def __init__(self, transport, protocol):
+        self._transport, self._protocol = transport, protocol
+        self._closing, self._timer, self._until = False, None, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    def close(self):
+        if self._closing:
+            return
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle.more_body and not self._transport.is_closing():
+            return self.linger()       # the request's body is still arriving
+        self._closing = True
+        self._cancel()
+        self._transport.close()
+
+    def linger(self):
+        """Shut the sending side (after what is written) and drop what arrives."""
+        if self._closing:
+            return
+        self._closing = True
+        self._protocol.lingering = True
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+        self._transport.resume_reading()
+        self._until = self._protocol.loop.time() + LINGER_MAX_S
+        self.heard()
+
+    def heard(self):
+        """Data arrived while lingering: close LINGER_S s after the last of it."""
+        loop = self._protocol.loop
+        self._cancel()
+        wait = min(LINGER_S, self._until - loop.time())
+        self._timer = loop.call_later(max(wait, 0.0), self._transport.close)
+
+    def _cancel(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 LINGER_S = 2.0
+LINGER_MAX_S = 10.0
 
 
 def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES,
@@ -1429,13 +1478,14 @@ class HeaderLimits:
                                # the requests before it on the connection
 
     def connection_made(self, transport):
-        super().connection_made(transport)
+        super().connection_made(LingeringTransport(transport, self))
         if not isinstance(self.parser, UpgradeIgnored):
             self.parser = UpgradeIgnored(self, self.parser)
         _start_header_timer(self, self.header_timeout)
 
     def data_received(self, data):
         if self.lingering:
+            self.transport.heard()
             return
         super().data_received(data)
         # still in the headers after this data: all of it was headers

@@ -844,6 +844,29 @@ def test_malformed_http_and_endless_headers_are_json_errors(server):
     assert server.http.get("/health", headers=big_but_fine).status_code == 200
 
 
+def test_an_early_answer_on_a_closing_connection_reaches_the_client(server):
+    """An answer written before the body was read (413, 401, 404), on a connection that
+    then closes (the client asked for `Connection: close`, as urllib and HTTP/1.0 proxies
+    do, or the body is chunked past the limit): closed at once with the body unread, the
+    kernel reset the connection and the client got "connection reset by peer" instead of
+    the answer. The server now lingers, reading and dropping the rest of the body."""
+    body = b"x" * 3_000_000
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+    for path, headers, status in [(b"/embed", auth, b"413"), (b"/embed", b"", b"401"),
+                                  (b"/nowhere", auth, b"404")]:
+        request = (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                   + headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        head, _, answer = raw_http(server.port, request).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 " + status), head
+        assert json.loads(answer)["error"]["message"]
+    chunks = b"".join(b"10000\r\n" + b"y" * 0x10000 + b"\r\n" for _ in range(48))
+    head, _, answer = raw_http(server.port, b"POST /embed HTTP/1.1\r\nHost: x\r\n" + auth
+                               + b"Transfer-Encoding: chunked\r\n\r\n" + chunks
+                               + b"0\r\n\r\n").partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and b"limit" in answer
+    assert server.http.get("/health").status_code == 200
+
+
 def test_a_request_asking_for_an_upgrade_is_answered_as_http_1_1(server):
     """`Connection: Upgrade` with `Upgrade: h2c` (what `curl --http2` sends on http://)
     or a WebSocket handshake: the parser took the body and every pipelined request after
