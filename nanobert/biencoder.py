@@ -316,8 +316,12 @@ def scored_queries(beir, settings: dict) -> Optional[list]:
     if settings.get("holdout") and not holdout_applies(beir, settings):
         note(f"{beir.root or 'the BEIR folder'}: not the folder the model was trained on, so "
              f"its holdout {settings['holdout']:g} does not apply: every judged query is scored")
-        return None
-    return holdout_split(beir, settings)[1] or None
+        held = []
+    else:
+        held = holdout_split(beir, settings)[1]
+    if beir.sample:        # (--max-dev-examples: n of them)
+        return beir.sampled(held or list(beir.qrels))
+    return held or None
 
 
 def queries_used(beir, settings: dict, training: bool) -> int:
@@ -326,9 +330,9 @@ def queries_used(beir, settings: dict, training: bool) -> int:
     other than the training one is scored whole."""
     beir = beir_split(beir, settings, training)
     if not training and not holdout_applies(beir, settings):
-        return len(query_split(beir)[0])
+        return len(beir.sampled(query_split(beir)[0]))
     train_q, held = holdout_split(beir, settings)
-    return len(train_q) if training else len(held)
+    return len(beir.sampled(train_q if training else held))
 
 
 def beir_rows(beir, query_ids: list, negatives: Optional[dict] = None, labelled=False) -> list:
@@ -835,6 +839,7 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
         raise NanobertError(f"{data.root or 'the BEIR folder'}: --holdout {holdout:g} holds out "
                             f"all {len(held)} judged queries: none is left to train on; use a "
                             "smaller --holdout")
+    train_q = data.sampled(train_q)       # (--max-train-examples: n of them)
     n = settings["hard_negatives"] = settings.get("hard_negatives") or (3 if labelled else 0)
     negatives = None
     if n >= len(data.corpus):   # (each query has one judged document or more)
@@ -848,10 +853,12 @@ def training_rows(tok, data, settings, labelled: bool) -> list:
     return beir_rows(data, train_q, negatives, labelled=labelled)
 
 
-def relevance_grade(label: float) -> int:
-    """A (query, document) row's label as a relevance grade: a 0-1 label is relevant or
-    not; larger labels are grades (0, 1, 2, 3...)."""
-    return int(label > 0) if label <= 1 else int(label)
+def relevance_grade(label: float):
+    """A (query, document) row's label as its relevance, nDCG's (linear) gain: the label
+    as it is (0, 1, 2, 3; soft labels such as 0.9 and 0.5 too, as scikit-learn's
+    ndcg_score takes them: they had been cut to integers, 4.8 and 4.1 one grade and 0.9,
+    0.5, 0.1 all 1); 0 or less is not relevant."""
+    return 0 if label <= 0 else int(label) if float(label).is_integer() else float(label)
 
 
 def rerank_check(rows, model, path, source=None):
@@ -882,6 +889,14 @@ def _ranked_queries(rows) -> set:
     return {q for q, g in grades.items() if len(g) > 1}
 
 
+def row_id(i: int, n: int) -> str:
+    """The document id of row i of n id-less rows, for the ranking's tie rule (ids
+    descending, trec_eval's): rows of equal scores rank in file order. Ids "d9" and
+    "d10" had ranked by their strings (d9 first), so the metrics changed with the order
+    of the rows when two documents scored alike (two texts equal up to --max-length)."""
+    return f"d{n - 1 - i:0{len(str(n))}d}"
+
+
 def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -> dict:
     """(query, document, label) rows: the documents of each query ranked by the model,
     nDCG@10 / MRR@10 against the labels. A BEIR folder: the retriever's top
@@ -899,8 +914,9 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
         run, qrels = {}, {}
         for i, (r, s) in enumerate(zip(data, pred)):
             q = qids.setdefault(r.texts[0], f"q{len(qids)}")
-            run.setdefault(q, {})[f"d{i}"] = s
-            qrels.setdefault(q, {})[f"d{i}"] = relevance_grade(r.score)
+            d = row_id(i, len(data))
+            run.setdefault(q, {})[d] = s
+            qrels.setdefault(q, {})[d] = relevance_grade(r.score)
         return {"n_queries": len(qrels), **R.retrieval_metrics(qrels, run)}
     from .embed import Encoder
     device = str(next(model.parameters()).device)   # (the reranker's: a --device cpu run's)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import random
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -1230,18 +1231,26 @@ def label_order(names) -> list:
         return sorted(names)
 
 
-NEGATED = re.compile(r"(?:not|non|no|un)[ _-]?(.+)", re.IGNORECASE)
+NEGATIONS = ("not", "non", "no", "un", "in", "im", "il", "ir", "dis")   # prefixes
+
+
+def negates(label: str, other: str) -> bool:
+    """Is `label` the negation of `other`: a prefix of NEGATIONS, then `other` (after a
+    space, '_' or '-'): not_duplicate, non-hate, unacceptable, incorrect, disagree."""
+    label, other = label.casefold(), other.casefold()
+    return any(label.startswith(p) and label[len(p):].lstrip(" _-") == other and other
+               for p in NEGATIONS)
 
 
 def positive_label(names) -> str:
     """Of two class names, the one a binary F1 is the F1 of: the one the other negates
     (duplicate beside not_duplicate, equivalent, hate beside non-hate, irony, acceptable
-    beside unacceptable: the class GLUE and TweetEval report), else the second in
+    beside unacceptable, correct beside incorrect, agree beside disagree: the class GLUE
+    and TweetEval report), else the second in
     `label_order` (1, positive, pos, True, yes)."""
     first, second = label_order(names)
     for negated, other in ((first, second), (second, first)):
-        m = NEGATED.fullmatch(negated)
-        if m and m.group(1).lower() == other.lower():
+        if negates(negated, other):
             return other
     return second
 
@@ -1949,6 +1958,15 @@ class Beir:
     split: str = ""
     root: Optional[Path] = None
     checked: bool = False   # its judged documents checked against the corpus (select)
+    sample: Optional[tuple] = None  # (n, seed): a run uses a seeded n of its queries
+
+    def sampled(self, query_ids: list) -> list:
+        """The queries of `query_ids` a run uses: all, or a seeded choice of `sample`'s n
+        (--max-train-examples / --max-dev-examples), kept in their order."""
+        if not self.sample or self.sample[0] >= len(query_ids):
+            return query_ids
+        n, seed = self.sample
+        return [query_ids[i] for i in sorted(random.Random(seed).sample(range(len(query_ids)), n))]
 
     def doc_text(self, doc_id) -> str:
         """What gets embedded for the document `doc_id` (the function `doc_text`)."""
@@ -1970,7 +1988,8 @@ class Beir:
             raise NanobertError(f"{self.root}: no qrels for split {split!r} "
                                 f"(available: {', '.join(splits)})")
         qrels = read_qrels(self.root / "qrels" / f"{split}.tsv", self.queries)
-        return Beir(self.corpus, self.queries, qrels, split, self.root).select(None)
+        return Beir(self.corpus, self.queries, qrels, split, self.root,
+                    sample=self.sample).select(None)
 
 
 def doc_text(title: str, text: str) -> str:

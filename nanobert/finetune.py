@@ -61,7 +61,10 @@ from .train import TrainConfig
 
 
 def select_examples(examples: list, n, seed: int) -> list:
-    """At most n examples, a seeded random choice (kept in file order)."""
+    """At most n examples, a seeded random choice (kept in file order); of a BEIR folder,
+    n of the queries it would use (chosen once its split and holdout are known)."""
+    if n and hasattr(examples, "qrels"):
+        return dataclasses.replace(examples, sample=(n, seed))
     if not n or n >= len(examples):
         return examples
     keep = sorted(random.Random(seed).sample(range(len(examples)), n))

@@ -208,6 +208,7 @@ def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int 
     """The logits of a sequence head for each (text, text_pair) (text_pair may be None):
     a float32 tensor (n, outputs), in input order."""
     from .batching import forward_tokens, restore_order, sorted_batches
+    from .tokenizer import note_once, truncation_note
     if not pairs:
         return torch.zeros(0, model.config.num_labels)
     was_training = model.training
@@ -215,6 +216,10 @@ def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int 
     device = next(model.parameters()).device
     second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
     encs = tok.encode_batch([a for a, _ in pairs], second, max_length=max_length)
+    if not tok.quiet:   # (once per tokenizer: search --rerank calls this for each query)
+        inputs = [a for a, _ in pairs] if second is None else list(zip([a for a, _ in pairs], second))
+        note_once(tok, truncation_note(tok, encs, inputs, max_length,
+                                       "texts" if second is None else "pairs"), key="pair_logits")
     groups = sorted_batches([len(e.ids) for e in encs], batch_size,
                             max_tokens=forward_tokens(device))
 

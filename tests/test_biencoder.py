@@ -280,6 +280,35 @@ def test_a_holdout_of_queries_with_nothing_relevant_is_refused():
         E.scored_queries(beir, {"holdout": 0.3})
 
 
+def test_max_examples_on_a_beir_folder_take_a_seeded_subset_of_its_queries():
+    """--max-train-examples / --max-dev-examples on a BEIR folder crashed ("'Beir' object
+    is not subscriptable"); they now take n of the queries the run would use: of the
+    training queries (after --holdout and --split), and of the scored ones."""
+    from nanobert.finetune import select_examples
+    beir = Beir({f"d{i}": ("", f"doc {i}") for i in range(4)},
+                {f"q{i}": f"query {i}" for i in range(40)},
+                {f"q{i}": {f"d{i % 4}": 1} for i in range(40)}, root="/data/beir")
+    settings = {"holdout": 0.3, "hard_negatives": 0, "model": "m", "max_length": 8}
+    train_q, held = E.query_split(beir, 0.3)
+    train = select_examples(beir, 5, seed=3)
+    assert train is not beir and train.sample == (5, 3) and beir.sample is None
+    rows = E.training_rows(None, train, dict(settings), labelled=False)
+    queries = [r.texts[0] for r in rows]
+    assert len(rows) == 5 and set(queries) <= {beir.queries[q] for q in train_q}
+    again = E.training_rows(None, select_examples(beir, 5, seed=3), dict(settings), False)
+    assert [r.texts for r in again] == [r.texts for r in rows]          # seeded
+    other = E.training_rows(None, select_examples(beir, 5, seed=4), dict(settings), False)
+    assert [r.texts for r in other] != [r.texts for r in rows]
+    assert E.queries_used(train, settings, training=True) == 5
+    dev = select_examples(beir, 2, seed=3)
+    scored = E.scored_queries(dev, settings)
+    assert len(scored) == 2 and set(scored) <= set(held)
+    assert E.queries_used(dev, settings, training=False) == 2
+    assert len(E.scored_queries(dev, {})) == 2                          # no holdout: of all
+    assert E.scored_queries(beir, {}) is None                           # no sample: all
+    assert select_examples(beir, 99, seed=3).sampled(train_q) == train_q   # n over: all
+
+
 def test_sentence_transformers_loads_our_layout(minilm, tmp_path):
     import sentence_transformers as st
     from nanobert.embed import encode
@@ -458,6 +487,48 @@ def test_reranking_dev_rows_must_rank_something(tmp_path, capsys, monkeypatch):
     assert seen == [("q2", "b"), ("q2", "c")] and got["ndcg_at_10"] == pytest.approx(1.0)
     f.write_text("query\tdocument\tlabel\nq1\ta\t2\nq1\tb\t3\n")
     check(E.read_rerank_data(f), None, f)          # grades 2 and 3
+
+
+def test_reranking_rows_keep_soft_labels_and_rank_ties_in_file_order(tmp_path, monkeypatch):
+    """Row labels are nDCG's gains as they are: soft labels (0.9, 0.5, 0.1) had all been
+    read 1 and refused as "every ranking would score 1.0", and 4.8 and 4.1 had been one
+    grade. Tied scores rank in file order: with ids d9, d10 the string order had ranked
+    row 10 above row 9, so the metrics changed when the rows were reordered."""
+    from sklearn.metrics import ndcg_score
+    from nanobert.finetune import get_task
+    f = tmp_path / "soft.tsv"
+    f.write_text("query\tdocument\tlabel\nv\ta\t0.9\nv\tb\t0.5\nv\tc\t0.1\n")
+    get_task("rerank").check(E.read_rerank_data(f), None, f)           # not refused
+    given = [0.2, 0.7, 0.1]                                               # b, a, c
+    monkeypatch.setattr(E.R, "pair_scores", lambda model, tok, pairs, *a: given[:len(pairs)])
+    got = E.rerank_evaluate(None, None, E.read_rerank_data(f), {"max_length": 16})
+    assert got["ndcg_at_10"] == pytest.approx(ndcg_score([[0.9, 0.5, 0.1]], [given], k=10))
+    f.write_text("query\tdocument\tlabel\nv\ta\t4.8\nv\tb\t4.1\nv\tc\t0\n")
+    got = E.rerank_evaluate(None, None, E.read_rerank_data(f), {"max_length": 16})
+    assert got["ndcg_at_10"] == pytest.approx(ndcg_score([[4.8, 4.1, 0]], [given], k=10))
+    assert E.relevance_grade(2.0) == 2 and E.relevance_grade(-1) == 0
+    # eleven rows, the last two tied: the earlier row ranks first, whichever it is
+    rows = "".join(f"q\tdoc {i}\t0\n" for i in range(9))
+    for relevant_first, want in ((True, 1.0), (False, 0.5)):
+        tied = ("q\tyes\t1\nq\tno\t0\n" if relevant_first else "q\tno\t0\nq\tyes\t1\n")
+        f.write_text("query\tdocument\tlabel\n" + rows + tied)
+        monkeypatch.setattr(E.R, "pair_scores",
+                            lambda model, tok, pairs, *a: [0.0] * 9 + [1.0, 1.0])
+        got = E.rerank_evaluate(None, None, E.read_rerank_data(f), {"max_length": 16})
+        assert got["mrr_at_10"] == want
+    assert [E.row_id(i, 11) for i in (0, 9, 10)] == ["d10", "d01", "d00"]
+
+
+def test_pair_scores_say_what_max_length_cut(minilm_dir, capsys):
+    """evaluate of a regression model or a reranker, and search --rerank, cut pairs at
+    the model's length without a word (classify and embed evaluation said it)."""
+    model, tok = nanobert.load(minilm_dir, head="regression")
+    long = " ".join(["word"] * 40)
+    E.R.pair_scores(model, tok, [("short", "pair"), (long, long)], 16)
+    err = capsys.readouterr().err
+    assert "1 of 2 pairs is longer than 16 tokens and was cut" in err
+    E.R.pair_scores(model, tok, [(long, None)], 16)                  # once per tokenizer
+    assert capsys.readouterr().err == ""
 
 
 def test_mnrl_with_one_row_a_batch_is_refused(tiny_dir, tmp_path, capsys):

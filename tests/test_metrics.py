@@ -180,7 +180,10 @@ def test_squad_an_unanswered_question_scores_zero_even_against_an_empty_gold():
     (["no", "yes"], "yes"), (["not_duplicate", "duplicate"], "duplicate"),
     (["equivalent", "not_equivalent"], "equivalent"), (["non_irony", "irony"], "irony"),
     (["non-hate", "hate"], "hate"), (["unacceptable", "acceptable"], "acceptable"),
-    (["ham", "spam"], "spam")])
+    (["ham", "spam"], "spam"), (["correct", "incorrect"], "correct"),
+    (["agree", "disagree"], "agree"), (["appropriate", "inappropriate"], "appropriate"),
+    (["legal", "illegal"], "legal"), (["relevant", "irrelevant"], "relevant"),
+    (["not", "note"], "note")])
 def test_the_binary_f1_is_of_the_class_the_other_negates_else_the_second(names, positive):
     """f1 was the F1 of the label sorting last: with the names Hugging Face gives GLUE's
     QQP and MRPC or TweetEval (not_duplicate, non-hate), the F1 of the negative class."""
