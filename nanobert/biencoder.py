@@ -935,6 +935,14 @@ def evaluate_flags(p):
     from .config import add_flags
     skip = [n for n in RetrievalConfig.__dataclass_fields__ if n not in EVALUATE_FLAGS]
     add_flags(p, RetrievalConfig, skip=skip, **dict.fromkeys(EVALUATE_FLAGS))
+    unset = "unset: what the model was trained with"     # (not finetune's defaults)
+    for action in p._actions:
+        if action.dest == "split":
+            action.help = ("BEIR: the qrels split (default: the model's --split when it was "
+                           "trained with one; train when it held queries out; else test, dev, "
+                           "validation, train, the first that exists)")
+        elif action.dest in EVALUATE_FLAGS:
+            action.help = f"{action.help} ({unset})"
 
 
 RERANK_ONLY = ("retriever", "rerank_k")   # (of EVALUATE_FLAGS: a reranker's first stage)

@@ -193,6 +193,19 @@ def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> Path:
     return out_dir
 
 
+def need_onnx(dtype: str) -> None:
+    """The optional packages an ONNX export needs, or one line on installing them (a
+    traceback from torch, "Module onnx is not installed!", had said it)."""
+    import importlib
+    for name in ("onnx",) + (("onnxruntime",) if dtype == "int8" else ()):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise NanobertError(f"export needs the package {name}"
+                                f"{' (int8: onnx and onnxruntime)' if dtype == 'int8' else ''}: "
+                                "pip install 'nanobert[onnx]'") from None
+
+
 def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     """Write the model directory `out_dir` with model.onnx (and model_quantized.onnx for
     dtype "int8"), with the source directory's nanobert.json and sentence-transformers
@@ -202,6 +215,7 @@ def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:
     from .checkpoint import save_model
     from .quantize import dtype_name
     dtype = dtype_name(dtype)
+    need_onnx(dtype)
     # (as the CLI's OUT: replacing a directory whole must not take a model or other files)
     source = getattr(model, "source_dir", None)
     out_dir = check_export_out(out_dir, source, "export_onnx(out_dir)")
@@ -269,6 +283,7 @@ def export_cmd(args):
                                 "models: give one of them")
         args.dtype = "int8"
     out = check_export_out(args.out, args.model)    # before loading or tracing anything
+    need_onnx(args.dtype)
     model, tokenizer = load(args.model)
     source = getattr(model, "source_dir", None)  # 'minilm' or a hub name: now a directory
     if source is not None:

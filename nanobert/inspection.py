@@ -398,7 +398,8 @@ def silhouette(vectors: np.ndarray, labels, metric: str = "cosine", where="the s
     return float(silhouette_score(vectors, list(labels), metric=metric))
 
 
-def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarray:
+def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0,
+         _name: str = "perplexity") -> np.ndarray:
     """(n, H) -> (n, 2) with scikit-learn's t-SNE (PCA init, fixed seed)."""
     from sklearn.manifold import TSNE
     vectors = np.asarray(vectors)
@@ -408,7 +409,7 @@ def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.nda
     if n < 5:
         raise NanobertError(f"t-SNE needs at least 5 examples, got {n}")
     if perplexity > (n - 1) / 3:
-        note(f"--perplexity {perplexity:g}: {(n - 1) / 3:.4g} used, the most t-SNE takes for "
+        note(f"{_name} {perplexity:g}: {(n - 1) / 3:.4g} used, the most t-SNE takes for "
              f"{n} examples ((n - 1) / 3)")
         perplexity = (n - 1) / 3
     return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
@@ -545,7 +546,7 @@ def tsne_cmd(args):
     names = {}   # checked against the sample's labels before minutes of embedding
     rep = tsne_report(model, tokenizer, args.data, cfg, check_labels=lambda labels:
                       names.update(_label_names(args.label_names, model, labels)))
-    points = tsne(rep["vectors"], cfg.seed, cfg.perplexity)
+    points = tsne(rep["vectors"], cfg.seed, cfg.perplexity, _name="--perplexity")
     name = Path(str(args.model)).name or str(args.model)
     what = {"cls": "[CLS]", "pooled": "pooled [CLS]", "mean": "mean-pooled"}[args.vector]
     title = (f"t-SNE of {what} vectors, {name}, {Path(args.data).name}\n"

@@ -224,11 +224,12 @@ def _read_hf_config(path: str) -> dict:
     return hf
 
 
-def _read_model_config(path: str, **overrides):
+def _read_model_config(path: str, vocab_size: Optional[int] = None, **overrides):
     """The BertConfig of a Hugging Face config.json (`--config`) of any family nanobert
     builds, read as `nanobert.load` reads a checkpoint's: its model_type picks the family
     (an ALBERT config gives an ALBERT, a DeBERTa-v2 one a DeBERTa-v2), whose own key names
-    are read. `overrides` are BertConfig fields. A model_type nanobert cannot build, or a
+    are read. `vocab_size` is the tokenizer's, which replaces the file's (None: not known
+    yet, the flags' check). `overrides` are BertConfig fields. A model_type nanobert cannot build, or a
     bad file, is a one-line error naming --config."""
     from .checkpoint import hf_config_kwargs, validate_hf_config
     from .families import BY_MODEL_TYPE
@@ -243,9 +244,10 @@ def _read_model_config(path: str, **overrides):
     except NanobertError as e:
         raise NanobertError(f"--config {e}") from None
     given = hf.get("vocab_size")
-    if "vocab_size" in overrides and given not in (None, overrides["vocab_size"]):
-        note(f"--config {path}: vocab_size {given} is replaced by the tokenizer's "
-             f"{overrides['vocab_size']}")
+    if vocab_size is not None and given not in (None, vocab_size):
+        note(f"--config {path}: vocab_size {given} is replaced by the tokenizer's {vocab_size}")
+    # (replaced by the tokenizer's, so a file may leave it out)
+    hf = {**hf, "vocab_size": vocab_size or given or 2}
     try:
         # (the padding id is the tokenizer's: None until it is known)
         return BertConfig(**dict(hf_config_kwargs(hf, BY_MODEL_TYPE[model_type]),

@@ -1725,8 +1725,11 @@ def banner(server: Server) -> str:
     c = server.config
     host = f"[{c.host}]" if ":" in c.host else c.host      # an IPv6 address, as a URL writes it
     lines = [f"nanobert serve: http://{host}:{c.port}", "models:"]
-    for m in server.models.values():
-        lines.append(f"  {m.name:<16} {m.kind:<9} {m.summary()}")
+    models = list(server.models.values())
+    name_w = max([16] + [len(m.name) for m in models])   # (columns as wide as their longest)
+    kind_w = max([9] + [len(m.kind) for m in models])
+    for m in models:
+        lines.append(f"  {m.name:<{name_w}} {m.kind:<{kind_w}} {m.summary()}")
     lines.append("routes:")
     for r in served_routes(server):
         lines.append(f"  {r.method:<5}{r.path:<16} {r.help}")

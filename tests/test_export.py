@@ -3,6 +3,8 @@ Runtime, on shapes other than the one traced; the int8 graph stays close; what t
 exporter does not cover is refused in one line."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -125,6 +127,25 @@ def test_export_refuses_a_bad_out_before_loading(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and why in err and "OUT" in err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_export_without_the_onnx_packages_says_how_to_install_them(tmp_path, capsys,
+                                                                   monkeypatch):
+    """Without the onnx extra, export ended in a traceback from torch ("Module onnx is
+    not installed!"), and --dtype int8 without onnxruntime in a ModuleNotFoundError."""
+    from nanobert.cli import main
+    for missing, args in [("onnx", []), ("onnxruntime", ["--dtype", "int8"])]:
+        with monkeypatch.context() as m:
+            m.setitem(sys.modules, missing, None)          # (import raises ImportError)
+            assert main(["export", "minilm", str(tmp_path / "out"), *args]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0, err
+            assert f"export needs the package {missing}" in err
+            assert "pip install 'nanobert[onnx]'" in err
+            with pytest.raises(NanobertError, match=f"needs the package {missing}"):
+                export_onnx(small_model("bert", "classify"), tmp_path / "api", dtype=args[-1]
+                            if args else "float32")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "api").exists()
 
 
 def test_cli_int8_flag_and_the_deploy_doc_feed(tmp_path, capsys, one_thread):

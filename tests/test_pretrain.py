@@ -489,6 +489,13 @@ def test_a_config_or_preset_changed_by_the_run_is_noted(tmp_path, capsys):
     from nanobert.files import NanobertError
     with pytest.raises(NanobertError, match="--seq-len 128 exceeds --config .* 64 positions"):
         PretrainConfig(corpus=["c"], model_config=str(tmp_path / "config.json"), seq_len=128)
+    # a config.json without vocab_size (the tokenizer's replaces it) was refused as
+    # "missing key(s) vocab_size"
+    del hf["vocab_size"]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    c = _model_config(PretrainConfig(corpus=["c"], model_config=str(tmp_path / "config.json"),
+                                     seq_len=32), tok)
+    assert c.vocab_size == tok.vocab_size and capsys.readouterr().err == ""
 
 
 def ablation_argv(corpus_dir, out, steps, splits, *extra) -> list:
