@@ -97,13 +97,17 @@ class Terminated(KeyboardInterrupt):
 
 
 _SIGNALLED: list = []   # Ctrl-C / SIGTERM that came while the command ran
+_RETURNED: list = []    # the command has returned: its work is done
 
 
 def _interrupt(signum, frame):
     """Ctrl-C or SIGTERM while the command runs: a KeyboardInterrupt (Terminated), as
     Python raises for Ctrl-C, and the signal noted. Raised inside an import, the exception
     can be lost (Python ignores it in importlib's lock callbacks) and the command runs on;
-    the note still makes it end as interrupted (`_command`)."""
+    the note still makes it end as interrupted (`_command`). Once the command has
+    returned, its outputs are whole: the signal is ignored."""
+    if _RETURNED:
+        return
     _SIGNALLED.append(signum)
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
@@ -193,12 +197,29 @@ def main(argv=None) -> int:
     """Run one command. Everything heavy (torch, the commands' modules) is imported in
     here: a Ctrl-C at any moment is one line, never a traceback."""
     _escape_what_output_cannot_show()
-    code = _command(argv)
+    try:
+        code = _command(argv)
+    except KeyboardInterrupt:   # a second Ctrl-C while the first was being answered
+        code = 130
     try:
         _leave_processes(code)
     except KeyboardInterrupt:   # a second Ctrl-C as the command ends: it has ended
         code = code or 130
     return code
+
+
+def run() -> None:
+    """The `nanobert` program: main(), then the interpreter's teardown with Ctrl-C and
+    SIGTERM ignored. The command has ended and its outputs are whole; a signal in the
+    teardown (torch's exit callbacks take up to a second) printed a traceback, or killed
+    a finished run with status 130 or 143."""
+    try:
+        code = main()
+    finally:   # (--help and usage errors leave main by SystemExit)
+        with contextlib.suppress(ValueError, OSError):   # (not the main thread)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def _escape_what_output_cannot_show():
@@ -238,6 +259,7 @@ def _command(argv) -> int:
     """main() without the torchrun teardown."""
     args = None
     _SIGNALLED.clear()
+    _RETURNED.clear()
     try:
         with _while_loading():
             from .threads import set_threads
@@ -252,6 +274,7 @@ def _command(argv) -> int:
             code = args.func(args) or 0
             if _SIGNALLED:   # its KeyboardInterrupt was lost in an import: it ran on
                 raise Terminated() if _SIGNALLED[-1] == signal.SIGTERM else KeyboardInterrupt()
+            _RETURNED.append(True)
         return code
     except NanobertError as e:
         _error(e)
@@ -274,4 +297,4 @@ def _command(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

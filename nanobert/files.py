@@ -11,6 +11,7 @@ import errno
 import glob
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -279,11 +280,15 @@ def atomic_path(target):
     target = Path(target).expanduser()
     target = target.resolve() if target.is_symlink() else Path(os.path.abspath(target))
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
-    tmp, done = None, False
+    folder, done = None, False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         clear_leftovers(target.parent, target.name)
-        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(target.name), dir=target.parent)) / "t"
+        # named before it is made: a Ctrl-C between mkdtemp's making it and the name
+        # coming back had left it behind
+        folder = target.parent / (temp_prefix(target.name) + secrets.token_hex(6))
+        folder.mkdir(mode=0o700)
+        tmp = folder / "t"
         yield tmp
         usual_mode(tmp)
         if target.is_dir() and tmp.is_dir():
@@ -295,8 +300,8 @@ def atomic_path(target):
             os.replace(tmp, target)
         done = True
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp.parent, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         for folder in made if not done else ():      # the innermost first
             with contextlib.suppress(OSError):
                 folder.rmdir()

@@ -769,6 +769,11 @@ def _check_resume(out_dir: Path, rec, holds: bool, fp: dict, command: str = ""):
                             "the same data and flags, or start over with --overwrite")
     if (out_dir / "checkpoint").exists():
         check_checkpoint(out_dir / "checkpoint")
+    if rec is not None and not (out_dir / "checkpoint" / "state.json").is_file():
+        # (killed while it read its data or loaded its model; the trainer said it only
+        # where a metrics log was started, and a directory with no run is said above)
+        note(f"--resume: the run in {out_dir} has no checkpoint to continue from (it "
+             "stopped before saving one); starting it again from step 0")
     repair_log(out_dir / "metrics.jsonl")
 
 

@@ -491,10 +491,6 @@ class Trainer:
             self._load_checkpoint()
             print(f"resuming from {self.ckpt_dir} at step {self.step}/{self.total_steps}")
         else:
-            if self.cfg.resume and (self.out_dir / "metrics.jsonl").exists():
-                # (a run that stopped before its first checkpoint; a directory that
-                # holds no run at all was said so by nanobert.rundir)
-                print(f"no checkpoint in {self.ckpt_dir}; starting from scratch")
             seed_everything(self.cfg.seed)
             if self.is_main:
                 (self.out_dir / "metrics.jsonl").write_text("")

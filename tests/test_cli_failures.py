@@ -151,6 +151,19 @@ def test_ctrl_c_while_torch_is_imported(delay):
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "nanobert: interrupted", err
 
 
+def as_the_command(monkeypatch, command):
+    """cli.main runs `command(args)` as the command its arguments name."""
+    import argparse
+
+    from nanobert import cli
+
+    def parser():
+        p = argparse.ArgumentParser()
+        p.set_defaults(func=command, threads=1)
+        return p
+    monkeypatch.setattr(cli, "build_parser", parser)
+
+
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "interrupted"),
                                                 (signal.SIGTERM, 143, "terminated")])
 def test_an_interrupt_lost_inside_the_command_still_ends_it_as_interrupted(
@@ -159,8 +172,6 @@ def test_an_interrupt_lost_inside_the_command_still_ends_it_as_interrupted(
     raises its KeyboardInterrupt inside an import, where Python can drop it (importlib's
     lock callbacks ignore exceptions) and the command runs on. Here a command loses it on
     purpose: it must still end as interrupted, with its status."""
-    import argparse
-
     from nanobert import cli
 
     def command(args):
@@ -172,11 +183,7 @@ def test_an_interrupt_lost_inside_the_command_still_ends_it_as_interrupted(
         print("ran on")
         return 0
 
-    def parser():
-        p = argparse.ArgumentParser()
-        p.set_defaults(func=command, threads=1)
-        return p
-    monkeypatch.setattr(cli, "build_parser", parser)
+    as_the_command(monkeypatch, command)
     assert cli.main([]) == code
     out, err = capsys.readouterr()
     assert out == "ran on\n" and err == f"nanobert: {word}\n"
@@ -197,6 +204,38 @@ def test_a_second_ctrl_c_as_the_command_ends_is_no_traceback(monkeypatch, capsys
     monkeypatch.setattr(cli, "_command", lambda argv: 2)
     assert cli.main([]) == 2                 # a failure keeps its own status
 
+
+
+def test_a_signal_after_the_command_returned_is_ignored(monkeypatch, capsys):
+    """A Ctrl-C or SIGTERM just after the command's work was done (its output whole):
+    inside the command's last steps it made a finished command 'interrupted' (130); in
+    the interpreter's teardown (torch's exit callbacks) it printed a traceback, or killed
+    a finished run with status 130/143. The `nanobert` program (cli.run) ignores them
+    from the moment the command returns; a second Ctrl-C while the first is answered
+    ends with 130, without a traceback."""
+    from nanobert import cli
+
+    def command(args):
+        cli._RETURNED.append(True)      # (as _command marks it, just before it returns)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)                  # (the handler runs here: ignored)
+        print("done")
+        return 0
+
+    as_the_command(monkeypatch, command)
+    assert cli.main([]) == 0
+    assert capsys.readouterr() == ("done\n", "")
+    monkeypatch.setattr(cli, "_command", lambda argv: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli.main([]) == 130
+    # the program: signals ignored in the teardown (seen from an exit callback)
+    probe = ("import atexit, signal, sys; from nanobert.cli import run; "
+             "atexit.register(lambda: print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "
+             "signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)); "
+             "sys.argv = ['nanobert', '--version']; run()")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "True True", out
+    assert 'nanobert = "nanobert.cli:run"' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_a_reader_that_goes_away_is_status_141(tiny, monkeypatch, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 import tempfile
 
 import numpy as np
@@ -395,6 +396,26 @@ def test_atomic_writes_get_the_mode_a_new_file_gets(tmp_path, umask):
              for p in tmp_path.rglob("*") if p.is_file()}
     assert "model/model.safetensors" in modes and len(modes) == 10, modes
     assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))
+
+
+def test_a_ctrl_c_as_the_temporary_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """A Ctrl-C (or SIGTERM) between making the hidden temporary and keeping its name left
+    the temporary behind (.a.png.nanobert-tmp-...): the signal now waits until the name
+    is kept, and the write's cleanup removes it."""
+    import signal
+    from nanobert.files import atomic_path
+    made = os.mkdir
+
+    def interrupted(path, *a, **kw):
+        made(path, *a, **kw)
+        if "nanobert-tmp" in os.path.basename(path):
+            os.kill(os.getpid(), signal.SIGINT)  # lands right after the folder exists
+            time.sleep(0.5)
+    monkeypatch.setattr(os, "mkdir", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(tmp_path / "a.png") as tmp:
+            tmp.write_text("never")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_failed_atomic_write_leaves_nothing(tmp_path):

@@ -663,7 +663,8 @@ def test_overwrite_keeps_files_added_after_the_first_run(tmp_path, data):
     assert (out / "2024_Analysis" / "report.txt").read_text() == "mine"
 
 
-def test_a_resume_with_other_threads_says_the_bits_will_differ(tmp_path, data, capsys):
+def test_a_resume_with_other_threads_says_the_bits_will_differ(tmp_path, data, capsys,
+                                                               monkeypatch):
     out = tmp_path / "out"
     n = torch.get_num_threads()
     try:
@@ -672,6 +673,9 @@ def test_a_resume_with_other_threads_says_the_bits_will_differ(tmp_path, data, c
             with run(out, "finetune", fp(data)):
                 (out / "config.json").write_text("{}")
                 raise RuntimeError("killed")
+        (out / "checkpoint").mkdir()              # (one to continue from)
+        (out / "checkpoint" / "state.json").write_text("{}")
+        monkeypatch.setattr("nanobert.rundir.check_checkpoint", lambda ckpt: None)
         with run(out, "finetune", fp(data), resume=True):       # the same threads: quiet
             pass
         assert capsys.readouterr().err == ""
@@ -853,14 +857,23 @@ def test_a_demo_from_before_demo_records_is_its_own(tmp_path, data):
     assert earlier_demo(out) is None
 
 
-def test_a_resume_with_nothing_to_continue_says_it_starts_anew(tmp_path, data, capsys):
+def test_a_resume_with_nothing_to_continue_says_it_starts_anew(tmp_path, data, capsys,
+                                                                monkeypatch):
     """`pretrain --resume --out <a mistyped directory>` started a new run in silence."""
     out = tmp_path / "typo"
     with run(out, "finetune", fp(data), resume=True):
         (out / "config.json").write_text("{}")
     assert capsys.readouterr().err == (f"nanobert: note: --resume: {out} holds no run to "
                                        "continue; starting a new one\n")
-    with run(out, "finetune", fp(data), resume=True):        # a finished run: quiet
+    with run(out, "finetune", fp(data), resume=True):   # a run, but no checkpoint: said
+        pass
+    assert capsys.readouterr().err == (f"nanobert: note: --resume: the run in {out} has no "
+                                       "checkpoint to continue from (it stopped before saving "
+                                       "one); starting it again from step 0\n")
+    (out / "checkpoint").mkdir()
+    (out / "checkpoint" / "state.json").write_text("{}")
+    monkeypatch.setattr("nanobert.rundir.check_checkpoint", lambda ckpt: None)
+    with run(out, "finetune", fp(data), resume=True):         # one to continue from: quiet
         pass
     assert capsys.readouterr().err == ""
 

@@ -247,24 +247,6 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
     assert any(not torch.equal(p, q) for p, q in zip(m1.parameters(), tiny_model(dropout=0.0).parameters()))
 
 
-def test_resume_without_a_checkpoint_says_so_once(tmp_path, capsys):
-    """--resume into a directory that holds no run: nanobert.rundir says so, and the
-    trainer said "no checkpoint ...; starting from scratch" after it (the same thing
-    twice). It still says it for a run that stopped before its first checkpoint."""
-    def run(out):
-        cfg = TrainConfig(out_dir=str(out), epochs=1, lr=5e-3, seed=7, resume=True,
-                          progress=False)
-        Trainer(tiny_model(0), cfg, batches, steps_per_epoch=2).fit()
-    run(tmp_path / "new")
-    assert "no checkpoint" not in capsys.readouterr().out
-    stopped = tmp_path / "stopped"
-    stopped.mkdir()
-    (stopped / "metrics.jsonl").write_text("")     # what a run writes as it starts
-    run(stopped)
-    assert f"no checkpoint in {stopped / 'checkpoint'}; starting from scratch" in \
-        capsys.readouterr().out
-
-
 def test_interrupt_and_resume_gives_the_same_loss_curve(tmp_path):
     def run(out, loss_fn=None, resume=False, model_seed=0):
         cfg = TrainConfig(out_dir=str(out), epochs=3, lr=5e-3, grad_accum=2, log_every=1,
