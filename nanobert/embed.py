@@ -308,7 +308,7 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     normalize = check_flag(normalize, "normalize")
     batch_size = check_count(batch_size or 1, "batch_size") if not texts else \
         check_count(batch_size, "batch_size")     # (none to batch: a server's empty call)
-    max_length = check_count(max_length, "max_length", none_ok=True) \
+    max_length = Encoder._max_length(max_length) \
         or declared.max_length or tokenizer.model_max_length
     max_length = min(max_length, base.config.usable_positions)
     reading = declared.reading
@@ -543,6 +543,9 @@ class Encoder:
             first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
             return rerank.rerank_hits(query, first, k)
         if isinstance(corpus, (str, Path)):
+            if corpus_embeddings is not None:   # (they were dropped without a word)
+                raise ValueError("corpus_embeddings is for a corpus given as a list of texts; "
+                                 "a corpus file's embeddings are computed and cached beside it")
             texts, corpus_embeddings = corpus_embeddings_cached(self, corpus)
         else:
             texts = check_texts(corpus, "corpus")
@@ -564,7 +567,12 @@ class Encoder:
         if given.ndim != 2 or given.shape != (len(texts), width):
             raise ValueError(f"corpus_embeddings must have shape ({len(texts)}, {width}): one "
                              f"row per corpus text, this model's width; got {given.shape}")
+        if given.dtype.kind not in "fiu":     # (None, complex: NaN scores, or a warning)
+            raise ValueError(f"corpus_embeddings must be real numbers, got dtype {given.dtype}")
         given = given.astype(np.float32, copy=False)
+        if not np.isfinite(given).all():      # (as a cached file's are checked)
+            row = int(np.flatnonzero(~np.isfinite(given).all(1))[0])
+            raise ValueError(f"corpus_embeddings row {row} holds NaN or infinity")
         if self.normalize:   # top_k takes a dot product for normalised vectors
             given = given / np.linalg.norm(given, axis=-1, keepdims=True).clip(1e-12)
         return given

@@ -408,6 +408,10 @@ def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0,
     n = vectors.shape[0]
     if n < 5:
         raise NanobertError(f"t-SNE needs at least 5 examples, got {n}")
+    if not np.isfinite(vectors).all():
+        raise NanobertError("t-SNE: the vectors hold NaN or infinity")
+    if np.ptp(vectors, axis=0).max() == 0:   # (scikit-learn's TSNE crashed the process)
+        raise NanobertError(f"t-SNE: all {n} vectors are the same: nothing to lay out")
     if perplexity > (n - 1) / 3:
         note(f"{_name} {perplexity:g}: {(n - 1) / 3:.4g} used, the most t-SNE takes for "
              f"{n} examples ((n - 1) / 3)")

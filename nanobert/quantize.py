@@ -138,6 +138,25 @@ class Int8Linear(nn.Module):
         y.view(-1, self.out_features).addmm_(big.reshape(-1, big.shape[-1]), self.w_outliers)
         return y
 
+    # Pickled as plain tensors (int8 values, scales, bias) and packed again when read:
+    # multiprocessing's pickler (spawn workers) shares tensors through torch's reductions,
+    # which fail on the packed quantized weight ("cannot call qscheme on UnknownQuantizer":
+    # a spawn Pool of int8 Encoders hung, its workers dying one after another)
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        w, bias = torch.ops.quantized.linear_unpack(self.packed)
+        state["packed"] = (w.int_repr(), w.q_per_channel_scales(), bias)
+        return state
+
+    def __setstate__(self, state):
+        q, scale, bias = state["packed"]
+        with warnings.catch_warnings():  # torch marks its quantized tensors deprecated
+            warnings.simplefilter("ignore")
+            qw = torch._make_per_channel_quantized_tensor(
+                q, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
+            state = dict(state, packed=torch.ops.quantized.linear_prepack(qw, bias))
+        super().__setstate__(state)
+
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"int8 (|q| <= {self.levels}), {len(self.outliers)} fp32 channels")

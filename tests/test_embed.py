@@ -490,7 +490,7 @@ def test_encoder_refuses_the_max_lengths_the_cli_refuses_in_its_words(minilm, ca
     assert not np.allclose(enc.encode("hi there"), enc.encode(""))   # text left: [CLS] hi [SEP]
 
 
-def test_encode_and_search_refuse_bad_inputs_by_name(encoder):
+def test_encode_and_search_refuse_bad_inputs_by_name(encoder, tmp_path):
     model, tok = encoder.model, encoder.tokenizer
     for texts, words in [(None, "texts must be a list of strings, got NoneType"), (3, "got int"),
                          ([3], r"texts\[0\] must be a string"), (["a", None], r"texts\[1\]")]:
@@ -507,6 +507,19 @@ def test_encode_and_search_refuse_bad_inputs_by_name(encoder):
         encoder.search(3, ["b"])
     with pytest.raises(ValueError, match=r"corpus_embeddings must have shape \(2, 384\)"):
         encoder.search("a", ["b", "c"], corpus_embeddings=np.zeros((3, 384), np.float32))
+    # NaN, None or complex vectors gave NaN scores in no order (a cached file is checked so)
+    for bad, says in [(np.full((2, 384), np.nan), "row 0 holds NaN"),
+                      (np.array([[None] * 384] * 2), "real numbers, got dtype object"),
+                      (np.ones((2, 384), complex), "real numbers, got dtype complex128")]:
+        with pytest.raises(ValueError, match=says):
+            encoder.search("a", ["b", "c"], corpus_embeddings=bad)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("b\nc\n")
+    with pytest.raises(ValueError, match="corpus_embeddings is for a corpus given as a list"):
+        encoder.search("a", corpus, corpus_embeddings=np.zeros((2, 384)))   # (dropped before)
+    for short in (1, 2, 3):   # (as Encoder(max_length=): 1 turned truncation off, 2 = [CLS] [SEP])
+        with pytest.raises(NanobertError, match=f"max_length: got {short}, expected an integer >= 4"):
+            encode(model, tok, ["a fine film"], max_length=short)
     assert encoder.encode(("a b", "c")).shape == encoder.encode(np.array(["a b", "c"])).shape
 
 

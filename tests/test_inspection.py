@@ -203,6 +203,17 @@ def test_tsne_cli(tiny_dir, labelled_tsv, tmp_path, capsys):
     assert "none.tsv" in capsys.readouterr().err
 
 
+def test_tsne_of_identical_or_nan_vectors_is_refused():
+    """scikit-learn's TSNE crashed the interpreter (segmentation fault) on vectors that are
+    all the same, what a collapsed model or identical texts give."""
+    from nanobert.inspection import tsne
+    with pytest.raises(NanobertError, match="all 10 vectors are the same"):
+        tsne(np.ones((10, 384)))
+    with pytest.raises(NanobertError, match="NaN or infinity"):
+        tsne(np.full((10, 4), np.nan))
+    assert tsne(np.random.default_rng(0).normal(size=(10, 4)), perplexity=3).shape == (10, 2)
+
+
 def test_tsne_small_samples_say_why(tiny_dir, tmp_path, capsys):
     # every example its own label, or 2 rows: scikit-learn's ValueError was a traceback
     def error(rows, *flags):

@@ -110,6 +110,25 @@ def test_minilm_int8_embeddings_and_layers(minilm, one_thread):
     assert (mean[0] - mean[1]).abs().max() > 1e-5               # really quantized
 
 
+def test_an_int8_model_travels_to_spawn_workers(minilm, one_thread):
+    """multiprocessing's pickler (what a spawn Pool sends its workers) shares tensors
+    through torch's reductions, which failed on the packed int8 weights ("cannot call
+    qscheme on UnknownQuantizer"): a spawn Pool of int8 Encoders hung. Int8Linear pickles
+    as plain tensors and packs them again."""
+    import pickle
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions)
+    from multiprocessing.reduction import ForkingPickler
+    model, tok = minilm
+    q = quantize(copy.deepcopy(model), tok)
+    batch = tok(SENTENCES)
+    with torch.inference_mode():
+        want = q.bert(**batch).last_hidden_state
+        for dump in (ForkingPickler.dumps, pickle.dumps, copy.deepcopy):
+            back = copy.deepcopy(q) if dump is copy.deepcopy else pickle.loads(dump(q))
+            assert isinstance(back.bert.blocks[0].up, Int8Linear)
+            assert torch.equal(back.bert(**batch).last_hidden_state, want)
+
+
 def test_load_dtype(minilm_dir, one_thread):
     model, _ = nanobert.load(minilm_dir, head=None, dtype="int8")
     assert model.dtype_name == "int8" and not model.training
