@@ -771,7 +771,8 @@ def search_cmd(args):
         raise NanobertError("--query: empty query text")
     if args.rerank_k is not None and not args.rerank:   # else dropped without a word
         raise NanobertError("--rerank-k needs --rerank MODEL")
-    reranker = Reranker(args.rerank, batch_size=args.batch_size) if args.rerank else None
+    reranker = Reranker(args.rerank, batch_size=args.batch_size,   # (--dtype: both models)
+                        dtype=args.dtype) if args.rerank else None
     enc = _encoder(args)
     for q, e in zip(args.query, enc.tokenizer.plain(args.query,
                                                       add_special_tokens=False)):

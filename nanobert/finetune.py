@@ -1446,12 +1446,13 @@ def _new_head_on(model_dir, head: str, overrides: dict, their_labels=None, outpu
 # Loading a fine-tuned directory, and predicting with it from Python
 
 
-def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
+def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False, device=None):
     """(model in eval mode, tokenizer, settings) of a directory written by finetune;
     dtype "int8": its block Linear layers in int8 (nanobert.quantize). With `encoder`
     (evaluate), a model whose head no task has (a pretrained checkpoint's MLM head:
     bert-base-uncased, `pretrain` output) and without nanobert.json comes back as an
-    embedding model: its encoder, as `nanobert embed` and `search` run it."""
+    embedding model: its encoder, as `nanobert embed` and `search` run it. `device`: as
+    nanobert.batching.to_inference_device takes it (None: the GPU where there is one)."""
     import nanobert
     d = resolve(model_dir)
     model, tok = nanobert.load(d, dtype=dtype)
@@ -1468,7 +1469,7 @@ def load_finetuned(model_dir, dtype: str = "float32", encoder: bool = False):
                                           model.config.usable_positions))
     # (a model of few positions, without nanobert.json: a window must hold more than the stride)
     settings.setdefault("doc_stride", min(128, settings["max_length"] // 2))
-    return to_inference_device(model, dtype).eval(), tok, settings
+    return to_inference_device(model, dtype, device).eval(), tok, settings
 
 
 def default_max_length(d, tok, task: Task) -> int:
@@ -1523,15 +1524,17 @@ class Predictor:
         Predictor("runs/squad").predict({"question": "...", "context": "..."})["answer"]
 
     One input in, one result out; a list in, a list out. The results are the objects
-    `nanobert predict --json` prints."""
+    `nanobert predict --json` prints. `device` ("cpu", "cuda:1"; default: the GPU where
+    there is one) and `dtype` ("int8": CPU) as for Encoder and Reranker."""
 
-    def __init__(self, model_dir, batch_size: int = 64, dtype: str = "float32"):
+    def __init__(self, model_dir, batch_size: int = 64, dtype: str = "float32", device=None):
         from .embed import check_count
         if not isinstance(model_dir, (str, Path)):
             raise TypeError("Predictor(model_dir): expected a fine-tuned model's directory "
                             f"(str or path), got {type(model_dir).__name__}")
         self.batch_size = check_count(batch_size, "batch_size")
-        self.model, self.tokenizer, self.settings = load_finetuned(model_dir, dtype)
+        self.model, self.tokenizer, self.settings = load_finetuned(model_dir, dtype,
+                                                                   device=device)
         self.task = TASKS[self.settings["task"]]
         self.name = str(model_dir)
 

@@ -258,18 +258,19 @@ class Reranker:
     --task rerank` output, a regression model, a sentence-transformers CrossEncoder
     directory) scores by its logit; a pair classifier of two labels (MRPC's, say) by
     the probability of its second label, as the server's /rerank does. Refused: other
-    heads, classifiers of more than two labels, models trained on single texts."""
+    heads, classifiers of more than two labels, models trained on single texts.
+    `device` and `dtype` ("int8": CPU) as for Encoder and Predictor."""
 
     def __init__(self, model_dir, batch_size: int = 64, max_length: Optional[int] = None,
-                 device: Optional[str] = None):
+                 device: Optional[str] = None, dtype: str = "float32"):
         import nanobert
         from .checkpoint import read_settings, resolve
         self.batch_size = _whole(batch_size, "batch_size")
         _whole(max_length, "max_length", none_ok=True)
-        self.model, self.tokenizer = nanobert.load(model_dir)
+        self.model, self.tokenizer = nanobert.load(model_dir, dtype=dtype)
         _check_pair_head(model_dir, self.model)
         note_negative_second_label(model_dir, self.model)
-        to_inference_device(self.model, device=device)   # (the GPU where there is one)
+        to_inference_device(self.model, dtype, device)   # (the GPU where there is one)
         saved = read_settings(resolve(model_dir), self.model.config.usable_positions)
         if saved.get("pairs") is False:   # what finetune records; a pair's second text unread
             raise NanobertError(f"{model_dir}: trained on single texts (nanobert.json), not a "

@@ -216,6 +216,23 @@ def test_a_pair_classifier_whose_second_label_is_the_negative_one_is_noted(
     assert (says in offline and says in served) == noted, (offline, served)
 
 
+def test_reranker_and_predictor_take_dtype_and_device(tiny_dir, tmp_path, one_thread):
+    """Reranker had no dtype (search --rerank --dtype int8 left the cross-encoder fp32)
+    and Predictor no device, where Encoder has both."""
+    from nanobert.finetune import Predictor
+    from nanobert.quantize import Int8Linear
+    path = head_dir(tiny_dir, tmp_path / "m", "regression", {"task": "rerank", "max_length": 16})
+    fp32 = R.Reranker(path, device="cpu").score(QUERY, DOCS_TO_RANK)
+    int8 = R.Reranker(path, dtype="int8")
+    assert isinstance(int8.model.bert.blocks[0].up, Int8Linear)
+    scores = int8.score(QUERY, DOCS_TO_RANK)
+    assert scores != fp32 and np.allclose(scores, fp32, atol=0.2)
+    p = Predictor(path, device="cpu")
+    assert next(p.model.parameters()).device.type == "cpu"
+    with pytest.raises(TypeError, match="device must be a string"):
+        Predictor(path, device=3)
+
+
 def test_reranker_refuses_what_the_server_does_not_rerank(tiny_dir, tmp_path):
     """Single-text classifiers and classifiers of more than two labels rank nothing on
     the server (no /rerank route); Reranker refuses them with a clear message."""
