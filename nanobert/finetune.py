@@ -632,7 +632,8 @@ def qa_input(i, x):
             raise ValueError(f"input {i}: " + (f"unknown key {unknown[0]!r}" if unknown else
                              f"no {missing[0]!r}") + " (a QA input has a question and a "
                              "context, optionally an id)")
-        return D.QAExample(str(x.get("id", i)), x["question"], x["context"])
+        given = x.get("id")     # (None: no id, as when it is left out; it read 'None')
+        return D.QAExample(str(i if given is None else given), x["question"], x["context"])
     if isinstance(x, (tuple, list)) and len(x) == 2:
         return D.QAExample(str(i), x[0], x[1])
     raise NanobertError("qa needs a context with each question: --context on the command line "

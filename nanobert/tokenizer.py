@@ -436,6 +436,16 @@ class Tokenizer:
               min_frequency: int = 2, model_max_length: int = 512) -> "Tokenizer":
         """Train a WordPiece vocabulary on an iterator of texts. The same texts give the
         same vocabulary, ids included, in every process (see `train_wordpiece`)."""
+        if isinstance(texts, (str, bytes)) or texts is None:   # (a str: one text a character)
+            raise TypeError(f"texts must be an iterable of strings (a list of texts), got "
+                            f"{type(texts).__name__}")
+        for name, value, least in (("vocab_size", vocab_size, len(SPECIALS) + 1),
+                                   ("min_frequency", min_frequency, 1),
+                                   ("model_max_length", model_max_length, 4)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+            if value < least:
+                raise ValueError(f"{name} must be at least {least}, got {value}")
         tk = HFTokenizer(models.WordPiece({t: i for i, t in enumerate(SPECIALS)},
                                           unk_token="[UNK]", max_input_chars_per_word=100))
         tk.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
@@ -676,11 +686,15 @@ def count_words(texts: Iterable[str], tk: HFTokenizer, chunk: int = 1000) -> Cou
         text = tk.normalizer.normalize_str("\n".join(buf))
         counts.update(w for w, _ in tk.pre_tokenizer.pre_tokenize_str(text))
         buf.clear()
-    for t in texts:
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}] must be a string, got {type(t).__name__}")
         buf.append(t)
         if len(buf) >= chunk:
             flush()
     flush()
+    if not counts:   # (a vocabulary of the special tokens alone: every word [UNK])
+        raise ValueError("texts hold no words to train a vocabulary on")
     return counts
 
 

@@ -1308,3 +1308,11 @@ def test_the_default_length_fits_a_model_of_fewer_positions(tiny_dir, tmp_path, 
                      "--no-progress"]) == 0
     saved = json.loads((tmp_path / "q" / "nanobert.json").read_text())
     assert (saved["max_length"], saved["doc_stride"]) == (64, 32)
+
+
+def test_a_qa_input_whose_id_is_null_gets_its_position():
+    """{"id": None} read as the id 'None'; a null id is no id, as when it is left out."""
+    from nanobert.finetune import qa_input
+    given = {"question": "who?", "context": "Ada wrote it."}
+    assert qa_input(3, dict(given, id=None)).id == qa_input(3, given).id == "3"
+    assert qa_input(3, dict(given, id="q7")).id == "q7"

@@ -393,3 +393,14 @@ def test_tsne_refuses_an_unknown_label_name_before_embedding(tiny_dir, labelled_
     err = capsys.readouterr().err
     assert err.startswith("nanobert: error: --label-names: label '7' is not in the data"), err
     assert embedded == [] and not out.exists()
+
+
+def test_attention_maps_check_max_length(tiny_dir):
+    """max_length=0 meant the default and '5' was a TypeError from a comparison."""
+    from nanobert.inspection import attention_maps
+    model, tok = nanobert.load(tiny_dir)
+    for bad in (0, 3):
+        with pytest.raises(NanobertError, match=f"max_length: got {bad}, expected an integer >= 4"):
+            attention_maps(model, tok, "hello world", max_length=bad)
+    with pytest.raises(TypeError, match="max_length must be"):
+        attention_maps(model, tok, "hello world", max_length="5")

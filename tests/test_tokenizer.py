@@ -382,3 +382,22 @@ def test_a_long_pair_is_cut_the_same_while_another_thread_truncates(minilm_dir):
         assert t.is_alive()          # it waits for that call to end
     t.join(30)
     assert got["ids"] == alone
+
+
+def test_train_refuses_what_it_cannot_train_on():
+    """A str was iterated one character a text (every word then [UNK]); an empty corpus
+    gave a vocabulary of the special tokens; vocab_size '100' or 0, a None text: deep
+    errors or none."""
+    from nanobert import Tokenizer
+    with pytest.raises(TypeError, match="texts must be an iterable of strings"):
+        Tokenizer.train("the cat sat on the mat", vocab_size=50)
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a string"):
+        Tokenizer.train(["a", None], vocab_size=50)
+    with pytest.raises(ValueError, match="no words"):
+        Tokenizer.train([], vocab_size=100)
+    with pytest.raises(TypeError, match="vocab_size must be an integer"):
+        Tokenizer.train(["the cat"], vocab_size="100")
+    with pytest.raises(ValueError, match="vocab_size must be at least"):
+        Tokenizer.train(["the cat"], vocab_size=0)
+    tok = Tokenizer.train(["the cat sat"] * 3, vocab_size=40, min_frequency=1)
+    assert tok.token_to_id("[UNK]") not in tok(["the cat"])["input_ids"][0].tolist()
