@@ -1226,16 +1226,20 @@ class Bert(nn.Module):
 
     def save_pretrained(self, out_dir, tokenizer=None):
         """config.json + model.safetensors (+ the tokenizer's files) into `out_dir`. Not
-        into a directory of a nanobert run: its settings (nanobert.json), run record and
-        checkpoint would then describe another model than the weights beside them."""
+        into a directory of a nanobert run or a sentence-transformers model: its settings
+        (nanobert.json, modules.json and the pooling's config), run record and checkpoint
+        would then describe another model than the weights beside them."""
         from pathlib import Path
         from .checkpoint import SETTINGS_FILE, save_model
         from .files import NanobertError
         from .rundir import RUN_FILE
         if isinstance(out_dir, (str, Path)) and str(out_dir):
-            held = [f for f in (SETTINGS_FILE, RUN_FILE) if (Path(out_dir) / f).is_file()]
+            held = [f for f in (SETTINGS_FILE, RUN_FILE, "modules.json",
+                                "sentence_bert_config.json") if (Path(out_dir) / f).is_file()]
             if held:
-                raise NanobertError(f"save_pretrained({out_dir}): holds a nanobert run's "
+                whose = ("a nanobert run's" if held[0] in (SETTINGS_FILE, RUN_FILE)
+                         else "a sentence-transformers model's")
+                raise NanobertError(f"save_pretrained({out_dir}): holds {whose} "
                                     f"{' and '.join(held)}, which would describe another "
                                     "model than the one saved; save into a new directory")
         save_model(self, out_dir, tokenizer=tokenizer)

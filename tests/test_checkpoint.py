@@ -432,6 +432,14 @@ def test_save_pretrained_does_not_mix_into_a_run_directory(tmp_path):
     with pytest.raises(NanobertError, match=r"holds a nanobert run's nanobert.json"):
         model.save_pretrained(run)
     assert sorted(p.name for p in run.iterdir()) == ["nanobert.json"]
+    # a sentence-transformers folder: its pooling config (384-d) stayed beside a 128-d
+    # model, and saving into minilm's own folder rewrote the installed package
+    st = tmp_path / "st"
+    st.mkdir()
+    (st / "modules.json").write_text("[]")
+    with pytest.raises(NanobertError, match=r"holds a sentence-transformers model's modules.json"):
+        model.save_pretrained(st)
+    assert sorted(p.name for p in st.iterdir()) == ["modules.json"]
     model.save_pretrained(tmp_path / "hf")
     model.save_pretrained(tmp_path / "hf")          # over its own files: fine
     assert (tmp_path / "hf" / "model.safetensors").is_file()
