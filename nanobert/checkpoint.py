@@ -722,7 +722,8 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
         # transformers (5) saves no id2label for default names and reads LABEL_0..n-1
         config = dataclasses.replace(config, id2label={i: f"LABEL_{i}"
                                                        for i in range(config.num_labels)})
-    model = Bert(config, head)
+    with torch.random.fork_rng(devices=[]):   # (the caller's random stream left as it was:
+        model = Bert(config, head)           # the initial weights are replaced, new ones seeded)
     if model.head in MLM_HEADS and (hf.get("tie_word_embeddings") is False
                                     or _decoder_of_its_own(state, fam, model.head, model_dir)):
         untie_decoder(model)

@@ -511,3 +511,20 @@ def test_a_size_given_to_load_is_named_when_the_weights_disagree(minilm_dir):
     with pytest.raises(NanobertError, match=r"config.json with load\(hidden_size=64, "
                                             r"num_attention_heads=4\) implies \(30522, 64\)"):
         load_model(minilm_dir, hidden_size=64, num_attention_heads=4)
+
+
+def test_load_leaves_the_callers_random_stream_as_it_was(minilm_dir):
+    """Loading built the model with random initial weights drawn from torch's global
+    generator (then replaced by the file's): after torch.manual_seed, the caller's next
+    draws differed with and without a load. transformers' from_pretrained draws none."""
+    import nanobert
+    torch.manual_seed(1)
+    want = torch.rand(4)
+    torch.manual_seed(1)
+    model, _ = nanobert.load(minilm_dir)
+    assert torch.equal(torch.rand(4), want)
+    torch.manual_seed(1)
+    again, _ = nanobert.load(minilm_dir, head="classify")     # a new head: still seeded
+    torch.manual_seed(2)
+    other, _ = nanobert.load(minilm_dir, head="classify")
+    assert torch.equal(again.classifier.weight, other.classifier.weight)
