@@ -1949,6 +1949,13 @@ def _scored_pairs(roles: list, columns: dict) -> bool:
             and pair.casefold() in SCORED_PAIR_COLUMNS)
 
 
+def seeded_subset(items: list, n: Optional[int], seed: int) -> list:
+    """At most n of `items`, a seeded random choice kept in their order (all: n None)."""
+    if not n or n >= len(items):
+        return items
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
+
+
 @dataclass
 class Beir:
     """A BEIR retrieval set: documents, queries and relevance judgements."""
@@ -1963,10 +1970,7 @@ class Beir:
     def sampled(self, query_ids: list) -> list:
         """The queries of `query_ids` a run uses: all, or a seeded choice of `sample`'s n
         (--max-train-examples / --max-dev-examples), kept in their order."""
-        if not self.sample or self.sample[0] >= len(query_ids):
-            return query_ids
-        n, seed = self.sample
-        return [query_ids[i] for i in sorted(random.Random(seed).sample(range(len(query_ids)), n))]
+        return seeded_subset(query_ids, *self.sample) if self.sample else query_ids
 
     def doc_text(self, doc_id) -> str:
         """What gets embedded for the document `doc_id` (the function `doc_text`)."""

@@ -308,7 +308,7 @@ def encode(model, tokenizer, texts: Sequence[str], pooling: Optional[str] = None
     normalize = check_flag(normalize, "normalize")
     batch_size = check_count(batch_size or 1, "batch_size") if not texts else \
         check_count(batch_size, "batch_size")     # (none to batch: a server's empty call)
-    max_length = Encoder._max_length(max_length) \
+    max_length = max_length_arg(max_length) \
         or declared.max_length or tokenizer.model_max_length
     max_length = min(max_length, base.config.usable_positions)
     reading = declared.reading
@@ -366,6 +366,20 @@ def check_pooling(pooling: str) -> str:
     if not isinstance(pooling, str) or pooling not in POOLINGS:
         raise NanobertError(f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}")
     return pooling
+
+
+def max_length_arg(value) -> Optional[int]:
+    """A `max_length` argument: None, or a whole number of tokens in the range of
+    `--max-length`, refused in its words (`max_length: got 2, expected an integer >= 4`):
+    a 1 turned truncation off, a 2 read every text as [CLS] [SEP], a 0 meant the default."""
+    from .config import check_value, max_length_range
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"max_length must be {max_length_range().describe(int)} or None, "
+                        f"got {type(value).__name__} {value!r}"[:200])
+    check_value("max_length", int(value), int, max_length_range())
+    return int(value)
 
 
 def check_count(value, name: str, none_ok: bool = False, minimum: int = 1):
@@ -435,7 +449,7 @@ class Encoder:
         self.pooling = check_pooling(pooling) if pooling is not None else None
         self.normalize = check_flag(normalize, "normalize") if normalize is not None else None
         self.batch_size = check_count(batch_size, "batch_size")
-        self.max_length = self._max_length(max_length)
+        self.max_length = max_length_arg(max_length)
         if isinstance(model, tuple) and len(model) == 2 and tokenizer is None:
             model, tokenizer = model               # Encoder(nanobert.load(...))
         by_name = isinstance(model, (str, Path))
@@ -462,20 +476,6 @@ class Encoder:
         if self.normalize is None:   # as the checkpoint's layout says (Normalize or not)
             self.normalize = declared_normalize(getattr(model, "source_dir", None))
         self.name = str(getattr(model, "source_dir", None) or "model")
-
-    @staticmethod
-    def _max_length(value) -> Optional[int]:
-        """None, or a whole number of tokens in the range of `--max-length`, refused in its
-        words (`max_length: got 2, expected an integer >= 4`): a 1 turned truncation off,
-        a 2 read every text as [CLS] [SEP]."""
-        from .config import check_value, max_length_range
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"max_length must be {max_length_range().describe(int)} or None, "
-                            f"got {type(value).__name__} {value!r}"[:200])
-        check_value("max_length", int(value), int, max_length_range())
-        return int(value)
 
     @classmethod
     def from_pretrained(cls, name_or_dir="minilm", **kw) -> "Encoder":

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 import re
 import sys
 from dataclasses import dataclass
@@ -65,10 +64,7 @@ def select_examples(examples: list, n, seed: int) -> list:
     n of the queries it would use (chosen once its split and holdout are known)."""
     if n and hasattr(examples, "qrels"):
         return dataclasses.replace(examples, sample=(n, seed))
-    if not n or n >= len(examples):
-        return examples
-    keep = sorted(random.Random(seed).sample(range(len(examples)), n))
-    return [examples[i] for i in keep]
+    return D.seeded_subset(examples, n, seed)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list:

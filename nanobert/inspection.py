@@ -51,8 +51,8 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
     was_training = encoder.training
     encoder.eval()
     try:
-        from .embed import Encoder          # (0 had meant the default, '5' a TypeError)
-        max_length = min(Encoder._max_length(max_length) or tokenizer.model_max_length,
+        from .embed import max_length_arg
+        max_length = min(max_length_arg(max_length) or tokenizer.model_max_length,
                          encoder.config.usable_positions)
         batch = tokenizer([text], None if pair is None else [pair], max_length, report="texts")
         device = next(encoder.parameters()).device

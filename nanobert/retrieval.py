@@ -214,10 +214,11 @@ def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    first = [a for a, _ in pairs]
     second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
-    encs = tok.encode_batch([a for a, _ in pairs], second, max_length=max_length)
+    encs = tok.encode_batch(first, second, max_length=max_length)
     if not tok.quiet:   # (once per tokenizer: search --rerank calls this for each query)
-        inputs = [a for a, _ in pairs] if second is None else list(zip([a for a, _ in pairs], second))
+        inputs = first if second is None else list(zip(first, second))
         note_once(tok, truncation_note(tok, encs, inputs, max_length,
                                        "texts" if second is None else "pairs"), key="pair_logits")
     groups = sorted_batches([len(e.ids) for e in encs], batch_size,

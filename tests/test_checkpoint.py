@@ -426,20 +426,17 @@ def test_save_pretrained_does_not_mix_into_a_run_directory(tmp_path):
     import nanobert
     from nanobert.files import NanobertError
     model = nanobert.Bert(nanobert.preset("tiny", vocab_size=100), head="classify")
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "nanobert.json").write_text('{"task": "regress", "max_length": 128}')
-    with pytest.raises(NanobertError, match=r"holds a nanobert run's nanobert.json"):
-        model.save_pretrained(run)
-    assert sorted(p.name for p in run.iterdir()) == ["nanobert.json"]
-    # a sentence-transformers folder: its pooling config (384-d) stayed beside a 128-d
-    # model, and saving into minilm's own folder rewrote the installed package
-    st = tmp_path / "st"
-    st.mkdir()
-    (st / "modules.json").write_text("[]")
-    with pytest.raises(NanobertError, match=r"holds a sentence-transformers model's modules.json"):
-        model.save_pretrained(st)
-    assert sorted(p.name for p in st.iterdir()) == ["modules.json"]
+    # ... and a sentence-transformers folder: its pooling config (384-d) stayed beside a
+    # 128-d model, and saving into minilm's own folder rewrote the installed package
+    for name, held, text, whose in [
+            ("run", "nanobert.json", '{"task": "regress", "max_length": 128}', "a nanobert run's"),
+            ("st", "modules.json", "[]", "a sentence-transformers model's")]:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / held).write_text(text)
+        with pytest.raises(NanobertError, match=f"holds {whose} {held}"):
+            model.save_pretrained(folder)
+        assert sorted(p.name for p in folder.iterdir()) == [held]
     model.save_pretrained(tmp_path / "hf")
     model.save_pretrained(tmp_path / "hf")          # over its own files: fine
     assert (tmp_path / "hf" / "model.safetensors").is_file()
