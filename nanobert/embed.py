@@ -38,7 +38,7 @@ from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
-from .tokenizer import check_texts
+from .tokenizer import check_texts, cut_lengths, cut_note, note_once
 
 RERANK_K = 100   # search with a reranker: the nearest entries the cross-encoder re-scores
 
@@ -217,6 +217,9 @@ def declared_lowercase(model_dir) -> bool:
 # Encoding
 
 
+CHUNK_TEXTS = 8192   # texts tokenized at a time by encoder_vectors: memory in this, not the corpus
+
+
 @torch.inference_mode()
 def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
                     batch_size: int = 64, max_length: Optional[int] = None,
@@ -225,7 +228,10 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     return `vector(encoder_output, attention_mask)` (B, H) per batch as one float32 array
     (n, H), rows in the order of `texts`. The one inference loop of embed and inspect.
     A `vector` marked `first_only = True` reads only each row's first token (the model
-    then skips the rest of its last block: BertModel.forward's first_only)."""
+    then skips the rest of its last block: BertModel.forward's first_only).
+    Over CHUNK_TEXTS texts are tokenized a chunk at a time, longest (in characters)
+    first, as sentence-transformers does: all the encodings of a corpus at once took
+    +690 MB for 200k short lines, and the progress bar waited for all of them."""
     base = getattr(model, "bert", model)       # the bare BertModel under any head
     texts = list(texts)
     if not texts:
@@ -233,11 +239,43 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     was_training = base.training
     if was_training:   # (a walk over every module: not on every call of a server)
         base.eval()
-    device = next(base.parameters()).device
     pairs = None if pairs is None or all(p is None for p in pairs) else list(pairs)
+    inputs = texts if pairs is None else list(zip(texts, pairs))
     # (never past the model's positions, whatever the caller or the tokenizer says)
     max_length = min(max_length or tokenizer.model_max_length, base.config.usable_positions)
-    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_length, report="texts")
+    order = list(range(len(texts)))
+    if len(texts) > CHUNK_TEXTS:
+        order.sort(key=lambda i: -len(texts[i]) - (len(pairs[i] or "") if pairs else 0))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(texts), desc="encoding", unit="text", leave=False)
+    parts, cut = [], {}
+    try:
+        for at in range(0, len(order), CHUNK_TEXTS):
+            chunk = order[at:at + CHUNK_TEXTS]
+            encodings = tokenizer.encode_batch([texts[i] for i in chunk],
+                                               None if pairs is None else [pairs[i] for i in chunk],
+                                               max_length=max_length)
+            lengths = cut_lengths(tokenizer, encodings, [inputs[i] for i in chunk])
+            cut.update((chunk[j], n) for j, n in lengths.items())
+            parts.append((chunk, _vectors(base, tokenizer, encodings, vector, batch_size, bar)))
+    finally:
+        if was_training:
+            base.train()
+        if bar is not None:
+            bar.close()
+    if not tokenizer.quiet:
+        note_once(tokenizer, cut_note(cut, len(texts), inputs, max_length, "texts", flag=None))
+    out = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
+    for chunk, vectors in parts:
+        out[chunk] = vectors
+    return out
+
+
+def _vectors(base, tokenizer, encodings, vector, batch_size: int, bar) -> np.ndarray:
+    """encoder_vectors' vectors of one chunk's encodings, in their order."""
+    device = next(base.parameters()).device
     batches = sorted_batches([len(e.ids) for e in encodings], batch_size,
                              max_tokens=forward_tokens(device))
     # a small batch on a GPU: a CUDA graph of the padded forward (a `vector` with a key)
@@ -255,15 +293,11 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
         batch = {k: v.to(device) for k, v in batch.items()}
         out = base(**batch, first_only=getattr(vector, "first_only", False))
         return vector(out, batch["attention_mask"]).float().cpu()
-    try:
-        outs = map_on_cores(forward, batches, cpu=device.type == "cpu")
-        if progress:
-            from tqdm.auto import tqdm
-            outs = tqdm(outs, total=len(batches), desc="encoding", unit="batch", leave=False)
-        outs = list(outs)
-    finally:
-        if was_training:
-            base.train()
+    outs = []
+    for idx, out in zip(batches, map_on_cores(forward, batches, cpu=device.type == "cpu")):
+        outs.append(out)
+        if bar is not None:
+            bar.update(len(idx))
     return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)
 
 

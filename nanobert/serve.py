@@ -421,6 +421,22 @@ class Server:
         after tokenizing it (seconds for megabytes of CJK)."""
         return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
 
+    async def within_limit(self, m: Served, texts: list):
+        """A 413 before a request's windows are made (for /ner, /qa), when its texts
+        alone have more tokens than --max-request-tokens. A request of at most a quarter
+        as many characters cannot (no tokenizer here makes over 4 tokens of a character)
+        and is not measured. The memory the count took is handed back at once: nothing
+        else trims after a refused request."""
+        limit = self.config.max_request_tokens
+        if 4 * sum(map(len, texts)) <= limit:
+            return
+        tokens = await self.on_tokenizer(m.least_tokens, texts, limit)
+        heap_trimmer(0.0)()
+        if tokens > limit:
+            raise ApiError(413, f"request of over {limit} tokens (its texts alone, before they "
+                                f"are cut into the model's windows) is over the limit of {limit} "
+                                "(--max-request-tokens)")
+
     async def run(self, m: Served, kind: str, items: list, lengths: list, group_extra=()):
         """Queue items for the model's `kind` computation; their outputs, in order. A
         request of more tokens than --max-request-tokens is a 413: a long /ner or /qa text
@@ -617,6 +633,7 @@ async def ner(server: Server, body: dict) -> dict:
     m = server.pick(body, "ner")
     texts, _, _ = read_texts(body, "inputs", server.config.max_client_batch)
     read_bool(body, "truncate", True)   # (accepted: a long text is read in windows, not cut)
+    await server.within_limit(m, texts)
     work = await server.tokenized(m.ner_windows, texts)
     lengths = work.lengths
     logits = await server.run(m, "token_logits", work.items, lengths)
@@ -692,6 +709,7 @@ async def qa(server: Server, body: dict) -> dict:
     m = server.pick(body, "qa")
     pairs, ids = read_questions(body, server.config.max_client_batch)
     truncate = read_bool(body, "truncate", True)
+    await server.within_limit(m, [c for _, c in pairs])
     try:
         work = await server.tokenized(m.qa_windows, pairs, truncate=truncate)
     except NanobertError as e:   # (questions are cut to fit: only the model's windows fail)
@@ -1763,12 +1781,10 @@ def drain_end(signals: list, config: ServeConfig) -> str:
 
 def serve_cmd(args):
     """Serve models over HTTP: embeddings (OpenAI-compatible), classify, NER, QA, rerank."""
-    try:
-        import uvicorn
-        import starlette  # noqa: F401
-        import prometheus_client  # noqa: F401
-    except ImportError as e:
-        raise NanobertError(f"serve needs {e.name}: pip install 'nanobert[serve]'")
+    from .files import need
+    uvicorn = need("uvicorn", "serve", "pip install 'nanobert[serve]'")
+    for name in ("starlette", "prometheus_client"):
+        need(name, "serve", "pip install 'nanobert[serve]'")
     config = config_from_args(args)
     names = [split_spec(spec)[0] for spec in args.models]   # before anything loads
     dup = next((n for n in names if names.count(n) > 1), None)

@@ -191,32 +191,25 @@ class Served:
 
     def clip(self, texts, pairs=None) -> tuple:
         """(texts, pairs) cut short where they are far over the token limit, without
-        changing what the model reads (tokenizer.clip_text): a 2 MB input took the
-        tokenizer 10-20 s, twice, and held up every request behind it. What clip_text
-        cannot cut (no plain spaces: CJK, runs of punctuation) is cut at a token
-        boundary instead (clip_tokens). On a tokenize thread: it may tokenize."""
-        from .tokenizer import clip_pair
-        cut = [self.clip_tokens(*clip_pair(t, p, self.max_length))
+        changing what the model reads (Tokenizer.clip_pair): a 2 MB input took the
+        tokenizer 10-20 s, twice, and held up every request behind it. On a tokenize
+        thread: it may tokenize (a prefix of the text)."""
+        tok = self.counter
+        cut = [tok.clip_pair(t, p, self.max_length)
                for t, p in zip(texts, pairs if pairs is not None else [None] * len(texts))]
         return [t for t, _ in cut], None if pairs is None else [p for _, p in cut]
 
-    def clip_tokens(self, a: str, b: Optional[str] = None) -> tuple:
-        """(a, b) cut to prefixes that hold the same first tokens as the whole texts and
-        enough of them that truncation keeps exactly what it keeps of the whole texts
-        (Tokenizer.token_prefix, clip_long_pair), for what clip_text leaves long: a text
-        without plain spaces is not cut there."""
-        from .tokenizer import CLIP_MIN_CHARS
-        tok = self.counter
-        if b is None:
-            if len(a) <= CLIP_MIN_CHARS * (self.max_length + 1):
-                return a, None
-            # encode_batch, not encode: only it lets go of the GIL (encode held the whole
-            # server, /health too, for the 3 s of a megabyte of punctuation)
-            whole = tok.plain([a], add_special_tokens=False)[0]
-            return tok.token_prefix(a, whole, self.max_length + 1)[0], None
-        if len(a) * len(b) <= (4 * self.max_length) ** 2:      # few overflowing pieces
-            return a, b
-        return tok.clip_long_pair(a, b, self.max_length - tok.tk.num_special_tokens_to_add(True))
+    def least_tokens(self, texts, limit: int) -> int:
+        """The tokens of `texts` together, counted only up to just past `limit`: each is
+        measured no further than what is left of the limit (Tokenizer.head), so that a
+        request far over it costs the limit, not its length (before, 1.9 MB of
+        punctuation sent to /qa had its windows made, 29 s and 3 GB, before the 413)."""
+        total = 0
+        for text in texts:
+            if total > limit:
+                break
+            total += self.counter.head(text, limit - total + 1)[1]
+        return total
 
     # ---- the tokenize threads --------------------------------------------------------
     @functools.cached_property

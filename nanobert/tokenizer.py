@@ -39,6 +39,7 @@ from .files import NanobertError, atomic_path, read_lines
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 BERT_TOKENS = dict(zip(ROLES, SPECIALS))
+MAX_WORD_CHARS = 100     # a longer word is one [UNK] (WordPiece's max_input_chars_per_word)
 ROBERTA_TOKENS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
 
 
@@ -427,7 +428,7 @@ class Tokenizer:
             vocab.setdefault(line, n - 1)
         if not vocab:
             raise NanobertError(f"{vocab_file}: empty vocabulary")
-        tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+        tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_WORD_CHARS))
         return cls(_bert_pipeline(tk, lowercase, vocab_file, strip_accents, handle_chinese_chars),
                    model_max_length, lowercase)
 
@@ -447,12 +448,12 @@ class Tokenizer:
             if value < least:
                 raise ValueError(f"{name} must be at least {least}, got {value}")
         tk = HFTokenizer(models.WordPiece({t: i for i, t in enumerate(SPECIALS)},
-                                          unk_token="[UNK]", max_input_chars_per_word=100))
+                                          unk_token="[UNK]", max_input_chars_per_word=MAX_WORD_CHARS))
         tk.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
         tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         vocab = train_wordpiece(count_words(texts, tk), vocab_size, min_frequency)
         tk.model = models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]",
-                                    max_input_chars_per_word=100)
+                                    max_input_chars_per_word=MAX_WORD_CHARS)
         return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
 
     def save(self, out_dir):
@@ -539,14 +540,57 @@ class Tokenizer:
         inputs = list(texts) if pairs is None else list(zip(texts, pairs))
         tokenized = inputs
         if pairs is not None and strategy == "longest_first" and not stride:
-            budget = max_length - self.tk.num_special_tokens_to_add(True)
-            tokenized = [self.clip_long_pair(a, b, budget)
-                         if min(len(a), len(b)) > 4 * max_length else (a, b) for a, b in inputs]
+            tokenized = [self.clip_pair(a, b, max_length) for a, b in inputs]
         with self.truncating(max_length, stride=stride, strategy=strategy):
             encodings = self.tk.encode_batch(tokenized)
         if report:
             report_truncation(self, encodings, inputs, max_length, report, flag=None)
         return encodings
+
+    # ---- cutting long texts before they are tokenized -------------------------
+    def clip(self, text: str, keep: int) -> str:
+        """A prefix of `text` whose first `keep` tokens are those of `text` and which still
+        has at least `keep` tokens (`text` itself when it has fewer, or is short), at a
+        cost in `keep`, not in the length of the text: tokenizing costs time and memory
+        in the length (2 MB of punctuation: 4 s, 1 GB), and truncating does not help with
+        that. At a plain space when there is one (clip_text), else where `head` finds."""
+        if len(text) <= CLIP_MIN_CHARS * keep:
+            return text
+        cut = clip_text(text, keep)
+        return cut if len(cut) < len(text) else self.head(text, keep)[0]
+
+    def head(self, text: str, keep: int) -> tuple:
+        """(prefix, n): a prefix of `text` that holds exactly its first n >= `keep` tokens,
+        or (text, all its tokens) when it has no more than `keep` or none is found. Found
+        by tokenizing ever longer prefixes (2 * keep characters, then 4 times as many) and
+        cutting one at the start of a pre-tokenizer word well before its end (whose last
+        words the rest of the text may change: a word cut short, spaces before a word);
+        checked by tokenizing the cut (token_prefix). A text of one huge word (nowhere to
+        cut) is tokenized whole, as before."""
+        span = 2 * keep + 64
+        while 2 * span < len(text):
+            start = text[:span]
+            enc = self.plain([start], add_special_tokens=False)[0]
+            prefix, n = self.token_prefix(start, enc, keep, settled=_settled(enc))
+            if len(prefix) < span:
+                return prefix, n
+            span *= 4
+        return self.token_prefix(text, self.plain([text], add_special_tokens=False)[0], keep)
+
+    def clip_pair(self, a: str, b: Optional[str], max_length: int) -> tuple:
+        """(a, b) cut short, without changing what truncating them together to
+        `max_length` tokens, longest first, keeps (or a alone to max_length + 1 tokens,
+        when b is None). That cut depends only on the shorter side and on which side is
+        longer, so a side is first clipped only to more tokens than the whole other side
+        can have (4 per character: byte-level BPE). Two sides still both long are then
+        cut to their tokens that count (clip_long_pair): the tokenizers library pairs
+        every overflowing piece of one with every piece of the other."""
+        if b is None:
+            return self.clip(a, max_length + 1), None
+        a, b = self.clip(a, max_length + 1 + 4 * len(b)), self.clip(b, max_length + 1 + 4 * len(a))
+        if min(len(a), len(b)) > max_length and max(len(a), len(b)) > 4 * max_length:
+            return self.clip_long_pair(a, b, max_length - self.tk.num_special_tokens_to_add(True))
+        return a, b
 
     def clip_long_pair(self, a: str, b: str, budget: int) -> tuple:
         """(a, b) clipped so that truncating them longest-first to `budget` tokens keeps
@@ -566,19 +610,22 @@ class Tokenizer:
         l, _ = self.token_prefix(l, el, max(kept + 1, budget + 1 - kept))
         return (l, s) if swap else (s, l)
 
-    def token_prefix(self, text: str, enc, keep: int, tries: int = 8) -> tuple:
+    def token_prefix(self, text: str, enc, keep: int, tries: int = 8,
+                     settled: Optional[int] = None) -> tuple:
         """(prefix, its token count): the shortest prefix of `text` found, ending at a token
         boundary, whose tokens are exactly the first `keep` or more tokens of `text` (`enc`:
         its encoding without special tokens); checked by encoding it, so that it holds for
         every tokenizer, with or without spaces in the text. (text, all its tokens) when
-        none is found in `tries` attempts."""
+        none is found in `tries` attempts. `settled`: when `text` is itself the start of a
+        longer text, the tokens after which the rest may still change it (`_settled`)."""
         n = len(enc.ids)
         if n <= keep:
             return text, n
         offsets, words = enc.offsets, enc.word_ids
         # a cut between two pre-tokenized words is the likeliest to leave the tokens as
         # they are; then any cut between two tokens that do not share a character
-        cuts = [j for j in range(keep, min(n, keep + 64)) if offsets[j - 1][1] <= offsets[j][0]]
+        end = min(n if settled is None else settled, keep + 64)
+        cuts = [j for j in range(keep, end) if offsets[j - 1][1] <= offsets[j][0]]
         cuts.sort(key=lambda j: (words[j] == words[j - 1], j))
         for j in cuts[:tries]:
             prefix = text[:offsets[j][0]]
@@ -705,12 +752,18 @@ def _pairs(word: list):
 def train_wordpiece(word_counts: dict, vocab_size: int, min_frequency: int = 2) -> list:
     """The vocabulary, in id order: special tokens, every character, every character as
     a continuation (##c), then merged pieces, most frequent pair first (ties: the pair
-    whose text sorts first), until `vocab_size` or no pair occurs `min_frequency` times."""
-    words = [[w[0]] + ["##" + c for c in w[1:]] for w in sorted(word_counts)]
-    freq = [word_counts[w] for w in sorted(word_counts)]
-    starts = sorted({w[0] for w in words} | {c for w in word_counts for c in w})
-    vocab = list(SPECIALS) + [c for c in starts if c not in SPECIALS]
-    vocab += sorted({p for w in words for p in w[1:]})
+    whose text sorts first), until `vocab_size` or no pair occurs `min_frequency` times.
+    A word over MAX_WORD_CHARS characters, which the tokenizer reads as [UNK] whatever
+    the vocabulary, gives its characters but no pairs: each merge recounts the words it
+    touches, and one 50,000-character word (DNA, base64, Thai) took 105 s to learn pieces
+    it can never use."""
+    ordered = sorted(word_counts)
+    vocab = list(SPECIALS) + [c for c in sorted({c for w in ordered for c in w})
+                              if c not in SPECIALS]
+    vocab += sorted({"##" + c for w in ordered for c in w[1:]})
+    ordered = [w for w in ordered if len(w) <= MAX_WORD_CHARS]
+    words = [[w[0]] + ["##" + c for c in w[1:]] for w in ordered]
+    freq = [word_counts[w] for w in ordered]
     known = set(vocab)
     count, where = Counter(), {}
     for i, w in enumerate(words):
@@ -788,15 +841,15 @@ def clip_text(text: str, keep: int) -> str:
     return text
 
 
-def clip_pair(a: str, b: str, max_length: int) -> tuple:
-    """clip_text for a (text, pair) cut to max_length tokens together, longest first:
-    that cut depends only on the shorter side and on which side is longer, so a side is
-    clipped only to more tokens than the whole other side can have (4 per character:
-    byte-level BPE)."""
-    if b is None:
-        return clip_text(a, max_length + 1), None
-    return (clip_text(a, max_length + 1 + 4 * len(b)),
-            clip_text(b, max_length + 1 + 4 * len(a)))
+def _settled(enc) -> int:
+    """How many of the tokens of the start of a longer text (`enc`) the rest of that text
+    cannot change: those of its words before the last two (the last may be cut short,
+    and where it starts can move: trailing spaces join the next word in byte-level BPE)."""
+    words = enc.word_ids
+    if not words:
+        return 0
+    last = words[-1]
+    return next((j for j, w in enumerate(words) if w is not None and w >= last - 1), len(words))
 
 
 # ----------------------------------------------------------------------------------
@@ -808,21 +861,34 @@ def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: st
     """One line on what `max_length` cut from `encodings` (made from `inputs`: texts,
     (text, pair) tuples, or word lists): how many, by how much, and the longest one; None
     when nothing was cut. Only the cut inputs are encoded again, to measure them."""
+    return cut_note(cut_lengths(tok, encodings, inputs, is_pretokenized), len(encodings),
+                    inputs, max_length, what, is_pretokenized, flag)
+
+
+def cut_lengths(tok: Tokenizer, encodings, inputs, is_pretokenized: bool = False) -> dict:
+    """{index: its whole token count} of the inputs that truncation cut, encoded again
+    whole to measure them."""
     cut = [i for i, e in enumerate(encodings) if e.overflowing]
-    if not cut:
+    full = tok.plain([inputs[i] for i in cut], is_pretokenized=is_pretokenized) if cut else []
+    return {i: len(f.ids) for i, f in zip(cut, full)}
+
+
+def cut_note(lengths: dict, total: int, inputs, max_length: int, what: str = "inputs",
+             is_pretokenized: bool = False, flag: Optional[str] = "--max-length") -> Optional[str]:
+    """truncation_note's line from `cut_lengths` (over `total` inputs): also for inputs
+    encoded a part at a time (encoder_vectors)."""
+    if not lengths:
         return None
-    full = tok.plain([inputs[i] for i in cut], is_pretokenized=is_pretokenized)
-    lengths = [len(f.ids) for f in full]
-    worst = max(range(len(cut)), key=lambda j: lengths[j])
-    example = inputs[cut[worst]]
+    worst = max(lengths, key=lambda i: (lengths[i], -i))
+    example = inputs[worst]
     shown = " ".join(example) if is_pretokenized else (
         example if isinstance(example, str) else " | ".join(example))
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    lost = [n - max_length for n in lengths]
+    lost = [n - max_length for n in lengths.values()]
     by = f"{min(lost)}" if min(lost) == max(lost) else f"{min(lost)} to {max(lost)}"
-    one = len(cut) == 1
-    which = f"#{cut[worst] + 1}" if one else f"the longest, #{cut[worst] + 1},"
-    return (f"{len(cut)} of {len(encodings)} {what} {'is' if one else 'are'} longer than "
+    one = len(lengths) == 1
+    which = f"#{worst + 1}" if one else f"the longest, #{worst + 1},"
+    return (f"{len(lengths)} of {total} {what} {'is' if one else 'are'} longer than "
             f"{max_length} tokens and {'was' if one else 'were'} cut by {by} token"
             f"{'' if by == '1' else 's'} ({which} has "
             f"{lengths[worst]}: {shown!r})" + (f"; raise {flag} to keep more" if flag else ""))

@@ -459,6 +459,32 @@ def test_a_request_of_more_tokens_than_the_limit_is_a_413(models):
         s.close()
 
 
+def test_a_request_far_over_the_token_limit_is_refused_before_its_windows(models):
+    """/ner texts and /qa contexts are measured, up to the limit, before their windows
+    are made: 1.9 MB of punctuation sent to /qa took 29 s and 3 GB of windows before
+    its 413, and four such requests held every tokenize thread for two minutes."""
+    import asyncio
+    from nanobert.serve import ApiError, Server, ServeConfig, ner, qa
+    from nanobert.serve_models import load_served
+    served = [load_served(f"tags={models['tags']}"), load_served(f"reader={models['reader']}")]
+    for m in served:
+        m.ner_windows = m.qa_windows = lambda *a: pytest.fail("windows made")
+    s = Server(served, ServeConfig(warmup=False, max_request_tokens=1000))
+    s.start()
+    try:
+        for route, body in [(ner, {"inputs": ["ok", "!" * 600, "中" * 500]}),
+                            (qa, {"question": "who?", "context": "!?" * 100_000})]:
+            start = time.perf_counter()
+            with pytest.raises(ApiError, match=r"request of over 1000 tokens \(its texts alone"):
+                asyncio.run(route(s, body))
+            assert time.perf_counter() - start < 1
+        tags = served[0]
+        assert tags.least_tokens(["!" * 600, "中" * 500], 1000) == 1001
+        assert tags.least_tokens(["Mary met John.", "!" * 10], 1000) == 4 + 10
+    finally:
+        s.stop()
+
+
 def test_tokenize_gives_ids_and_offsets(server):
     r = server.post("/tokenize", {"inputs": "Hello, world!", "model": "minilm"}).json()
     toks = r["tokens"][0]
@@ -590,7 +616,7 @@ def test_a_slow_input_holds_up_only_its_own_tokenize_thread(models):
 
 
 def test_cutting_a_long_text_lets_go_of_the_gil(models):
-    """A text without spaces is tokenized whole to be cut at a token (Served.clip_tokens)
+    """A text without spaces is cut at a token after tokenizing a prefix of it (Tokenizer.head)
     with encode_batch: `encode` holds the GIL, and a megabyte of punctuation held the
     whole server, /health too, for seconds."""
     from nanobert.serve_models import load_served

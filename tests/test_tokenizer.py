@@ -99,7 +99,7 @@ def _tokenizers(minilm_dir, tmp_path):
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus, vocab_size=400, min_frequency=1)
     uni = SentencePieceUnigramTokenizer()
-    uni.train_from_iterator(corpus, vocab_size=200)
+    uni.train_from_iterator(corpus, vocab_size=200, special_tokens=["<unk>"], unk_token="<unk>")
     return {"wordpiece": HFTokenizer.from_file(str(minilm_dir / "tokenizer.json")),
             "byte-level bpe": bpe, "unigram": uni}
 
@@ -129,21 +129,55 @@ def test_clip_keeps_the_tokens_a_truncated_text_gives(minilm_dir, tmp_path):
 
 
 def test_clip_pair_gives_the_same_truncated_pairs(minilm_dir):
-    """A pair cut to max_length tokens, longest first: the clipped pair encodes the same
-    (one side long; both long is left whole)."""
-    from nanobert.tokenizer import clip_pair
+    """A pair cut to max_length tokens, longest first: the clipped pair encodes the same,
+    one side long or both."""
     tok = Tokenizer.from_dir(minilm_dir)
     cases = [(_hard_text(1), "a short query?"), ("who?", _hard_text(2)),
-             (_hard_text(3, 300), "x " * 200), (_hard_text(4), _hard_text(5))]
+             (_hard_text(3, 300), "x " * 200), (_hard_text(4), _hard_text(5)),
+             ("!" * 60, "!" * 3000), ("中文" * 900, "?" * 40)]
     for max_length in (16, 31, 128):
         a, b = zip(*cases)
-        cut = [clip_pair(x, y, max_length) for x, y in cases]
-        whole = tok.encode_batch(list(a), list(b), max_length=max_length)
-        clipped = tok.encode_batch([x for x, _ in cut], [y for _, y in cut], max_length=max_length)
+        cut = [tok.clip_pair(x, y, max_length) for x, y in cases]
+        assert all(x.startswith(c) and y.startswith(d) for (x, y), (c, d) in zip(cases, cut))
+        assert max_length > 16 or sum(map(len, a + b)) > 4 * sum(map(len, sum(cut, ())))
+        with tok.truncating(max_length) as tk:
+            whole = tk.encode_batch(list(zip(a, b)))
+            clipped = tk.encode_batch(cut)
         for w, c in zip(whole, clipped):
             assert c.ids == w.ids and c.offsets == w.offsets and bool(c.overflowing)
-    assert clip_pair(_hard_text(4), _hard_text(5), 16) == (_hard_text(4), _hard_text(5))
-    assert len(clip_pair(_hard_text(6), None, 16)[0]) < len(_hard_text(6))
+    assert len(tok.clip_pair(_hard_text(6), None, 16)[0]) < len(_hard_text(6))
+
+
+def test_clip_cuts_texts_without_spaces_at_a_cost_in_the_tokens_kept(minilm_dir, tmp_path):
+    """A text with no plain space (CJK, punctuation, words between newlines or tabs) is
+    cut after tokenizing a prefix of it, not all of it: 2 MB of "!" cost the tokenizer 4 s
+    and 1 GB before the cut. The cut keeps the whole text's first tokens."""
+    rnd = __import__("random").Random(3)
+    texts = ["!" * 40_000, "中文字" * 6_000, "hello\n" * 6_000, "word\t" * 6_000,
+             "".join(rnd.choice(PIECES).replace(" ", "") for _ in range(6_000)),
+             "a\u00a0" * 10_000, "x" * 30_000 + " end"]     # (one huge word: whole)
+    for name, tk in _tokenizers(minilm_dir, tmp_path).items():
+        tok = Tokenizer(tk)
+        calls = []
+        plain = tok.plain
+        tok.plain = lambda t, **kw: calls.append(sum(map(len, t))) or plain(t, **kw)
+        for text in texts:
+            for keep in (9, 130):
+                calls.clear()
+                cut = tok.clip(text, keep)
+                whole = tk.encode(text, add_special_tokens=False)
+                got = tk.encode(cut, add_special_tokens=False)
+                assert got.ids[:keep] == whole.ids[:keep], (name, text[:8], keep)
+                assert len(got.ids) >= min(keep, len(whole.ids)), (name, text[:8], keep)
+                # one huge word (BPE: a run of letters or of punctuation; unigram: all
+                # but spaces) has nowhere known to be safe: it is tokenized whole, as before
+                cheap = len(set(whole.word_ids)) > 2
+                assert cheap or name != "wordpiece" or text[0] == "x", text[:8]
+                if cheap:
+                    assert len(cut) < 100 * keep and max(calls) < 1000 * keep, (name, text[:8])
+        prefix, n = tok.head("!." * 20_000, 300)
+        assert n == len(tk.encode(prefix, add_special_tokens=False).ids) >= 300
+        assert tok.head("short", 300) == ("short", len(tk.encode("short", add_special_tokens=False).ids))
 
 
 def test_long_pairs_truncate_as_the_tokenizer_does_without_the_quadratic_cost(minilm_dir,
@@ -382,6 +416,24 @@ def test_a_long_pair_is_cut_the_same_while_another_thread_truncates(minilm_dir):
         assert t.is_alive()          # it waits for that call to end
     t.join(30)
     assert got["ids"] == alone
+
+
+def test_training_skips_pairs_of_words_the_tokenizer_reads_as_unk():
+    """A word over 100 characters is one [UNK] whatever the vocabulary: it adds its
+    characters but no merges. Merging through it cost time in its length times the
+    merges that touch it: a 50,000-character word (DNA, base64, Thai) took 105 s."""
+    import random
+    import time
+    rnd = random.Random(0)
+    corpus = ["the cat sat on a mat and a dog at the gate", "a great tact cast"] * 30
+    dna = "".join(rnd.choice("acgt") for _ in range(60_000))
+    start = time.perf_counter()
+    tok = Tokenizer.train(corpus + [dna, dna[:101]], vocab_size=400)
+    assert time.perf_counter() - start < 5
+    assert tok.tk.get_vocab() == Tokenizer.train(corpus, vocab_size=400).tk.get_vocab()
+    assert tok.encode(dna[:101]).tokens[1:-1] == ["[UNK]"]
+    edge = "".join(rnd.choice("acgt") for _ in range(100))    # 100: still a word it reads
+    assert Tokenizer.train(corpus + [edge] * 3, vocab_size=400).vocab_size > tok.vocab_size
 
 
 def test_train_refuses_what_it_cannot_train_on():
