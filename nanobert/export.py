@@ -196,14 +196,10 @@ def check_export_out(out_dir, model_name=None, flag: str = "OUT") -> Path:
 def need_onnx(dtype: str) -> None:
     """The optional packages an ONNX export needs, or one line on installing them (a
     traceback from torch, "Module onnx is not installed!", had said it)."""
-    import importlib
+    from .files import need
     for name in ("onnx",) + (("onnxruntime",) if dtype == "int8" else ()):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            raise NanobertError(f"export needs the package {name}"
-                                f"{' (int8: onnx and onnxruntime)' if dtype == 'int8' else ''}: "
-                                "pip install 'nanobert[onnx]'") from None
+        need(name, "export" + (" --dtype int8" if dtype == "int8" else ""),
+             "pip install 'nanobert[onnx]'")
 
 
 def export_onnx(model, out_dir, tokenizer=None, dtype: str = "float32") -> Path:

@@ -54,6 +54,21 @@ ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x5c, *range(0x7f, 0xa
                                              0x2028, 0x2029]}
 
 
+def need(module: str, feature: str, install: str):
+    """`import module`, or one line saying that `feature` needs it and how to install it
+    (`install`), naming the module actually missing when it is one the package itself
+    imports: transformers installed with --no-deps lacked regex, and the line had said
+    to install transformers again."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        missing = e.name or module
+        also = "" if missing.split(".")[0] == module.split(".")[0] else \
+            f" (installed, but it cannot import {missing})"
+        raise NanobertError(f"{feature} needs the package {module}{also}: {install}") from None
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
     texts cut): one line on stderr."""

@@ -39,12 +39,8 @@ VERDICTS = ("negative", "positive")   # index 0 = negative, 1 = positive
 
 
 def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise NanobertError("compare-gpt2 needs the optional package transformers "
-                            "(pip install --no-deps transformers, or pip install 'nanobert[gpt2]')")
-    return transformers
+    from .files import need
+    return need("transformers", "compare-gpt2", "pip install 'nanobert[gpt2]'")
 
 
 def _hub_reachable(host="huggingface.co", timeout=3.0) -> bool:
@@ -85,7 +81,11 @@ ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "albert", "disti
 
 
 def _check_causal(path: Path, name) -> None:
-    """A local --gpt2 directory holds a causal (left-to-right) language model."""
+    """A local --gpt2 directory holds a causal (left-to-right) language model. One
+    without config.json is said as for the BERT side (transformers' own message, about
+    the tokenizer it could not build, named no file)."""
+    if not (path / "config.json").is_file():
+        raise NanobertError(f"{path / 'config.json'}: missing (not a model directory)")
     try:
         hf = json.loads((path / "config.json").read_text("utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):

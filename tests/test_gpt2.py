@@ -123,8 +123,8 @@ def test_load_gpt2_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(NanobertError, match="offline"):
         load_gpt2("surely-not-cached-model-name")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(NanobertError, match="cannot load"):
+    (tmp_path / "empty").mkdir()      # (transformers' message named a tokenizer, no file)
+    with pytest.raises(NanobertError, match=r"empty/config.json: missing \(not a model directory\)$"):
         load_gpt2(tmp_path / "empty")
 
 
@@ -221,10 +221,24 @@ def test_compare_gpt2_cli_bad_flags(tiny_bert, tiny_gpt2, sentiment_tsv, capsys)
         compare(tiny_bert, tiny_gpt2, sentiment_tsv, n=2, sample="first", seed=7)
 
 
-def test_missing_transformers_is_a_clear_error(tiny_gpt2, monkeypatch):
+def test_missing_transformers_is_a_clear_error(tiny_gpt2, tmp_path, monkeypatch):
+    """Absent, or installed without what it imports (transformers installed with
+    --no-deps lacks regex, and the message had said to install transformers again):
+    one line naming the missing module and the extra to install."""
     import sys
     monkeypatch.setitem(sys.modules, "transformers", None)   # import fails as if absent
-    with pytest.raises(NanobertError, match="optional package transformers"):
+    with pytest.raises(NanobertError, match=r"^compare-gpt2 needs the package transformers: "
+                                            r"pip install 'nanobert\[gpt2\]'$"):
+        load_gpt2(tiny_gpt2)
+    fake = tmp_path / "site" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import regex_not_installed_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in [m for m in list(sys.modules) if m.split(".")[0] == "transformers"]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(NanobertError, match=r"^compare-gpt2 needs the package transformers "
+                       r"\(installed, but it cannot import regex_not_installed_here\): "
+                       r"pip install 'nanobert\[gpt2\]'$"):
         load_gpt2(tiny_gpt2)
 
 
