@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -71,6 +72,20 @@ def seed_range() -> Range:
     """What every random generator takes (numpy's legacy seeding stops at 2**32 - 1;
     a larger seed was a traceback from torch.manual_seed)."""
     return Range(0, 2**32 - 1)
+
+
+def check_count(value, name: str, none_ok: bool = False, minimum: int = 1):
+    """A whole number >= minimum (numpy's too), or None where none_ok; else an error
+    naming the argument."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {minimum}"
+                        f"{' or None' if none_ok else ''}, got {type(value).__name__} "
+                        f"{value!r}"[:200])
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
 
 
 def at_least(n, at_most=None) -> Range:

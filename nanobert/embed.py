@@ -33,7 +33,7 @@ from .batching import (CudaGraphs, forward_tokens, restore_order, sorted_batches
                        to_inference_device)
 from .checkpoint import (POOLINGS, declared_max_length, sbert_config, st_json, st_prompts,
                          st_top_folder)
-from .config import at_least, checked, max_length_range
+from .config import at_least, check_count, checked, max_length_range
 from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note, spooled_stdin
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
@@ -416,20 +416,6 @@ def max_length_arg(value) -> Optional[int]:
     return int(value)
 
 
-def check_count(value, name: str, none_ok: bool = False, minimum: int = 1):
-    """A whole number >= minimum (numpy's too), or None where none_ok; else an error
-    naming the argument."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer >= {minimum}"
-                        f"{' or None' if none_ok else ''}, got {type(value).__name__} "
-                        f"{value!r}"[:200])
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
-    return int(value)
-
-
 def check_flag(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {type(value).__name__} "
@@ -447,7 +433,7 @@ def _check_tokenizer(tokenizer):
 
 def _loaded_model(model, tokenizer, dtype: str):
     """An in-memory (model, tokenizer) for Encoder, in the dtype asked for (an int8 copy
-    for "int8": the caller's model is left as it was)."""
+    for "int8": the caller's model is left as it was; None: as it is)."""
     import copy
     from .model import Bert, BertModel
     if not isinstance(model, (Bert, BertModel)):
@@ -457,7 +443,11 @@ def _loaded_model(model, tokenizer, dtype: str):
     if tokenizer is None:
         raise TypeError("Encoder(model, tokenizer): a loaded model needs its tokenizer")
     _check_tokenizer(tokenizer)
-    if dtype == "int8" and getattr(model, "dtype_name", "float32") != "int8":
+    own = getattr(model, "dtype_name", "float32")
+    if dtype == "float32" and own == "int8":      # (it had silently stayed int8)
+        raise ValueError("Encoder(dtype='float32'): the model given is int8 (quantize works "
+                         "in place); load the model again to run it in float32")
+    if dtype == "int8" and own != "int8":
         from .quantize import quantize
         model = quantize(copy.deepcopy(model), tokenizer)
     return model
@@ -476,10 +466,10 @@ class Encoder:
 
     def __init__(self, model="minilm", tokenizer=None, pooling: Optional[str] = None,
                  normalize: Optional[bool] = None, batch_size: int = 64,
-                 max_length: Optional[int] = None, dtype: str = "float32",
+                 max_length: Optional[int] = None, dtype: Optional[str] = None,
                  device: Optional[str] = None):
         from .quantize import dtype_name
-        dtype = dtype_name(dtype)
+        asked, dtype = dtype, dtype_name(dtype)     # (None: float32, or a given model's own)
         self.pooling = check_pooling(pooling) if pooling is not None else None
         self.normalize = check_flag(normalize, "normalize") if normalize is not None else None
         self.batch_size = check_count(batch_size, "batch_size")
@@ -498,7 +488,8 @@ class Encoder:
                                  f"than the model's vocabulary of {model.config.vocab_size}")
             tokenizer = tokenizer or own
         else:
-            model = _loaded_model(model, tokenizer, dtype)
+            model = _loaded_model(model, tokenizer, dtype if asked is not None else None)
+            dtype = getattr(model, "dtype_name", "float32")
         if by_name or device is not None:   # (a model passed in stays where it is, unless asked)
             to_inference_device(model, dtype, device)
         self.model, self.tokenizer = model.eval(), tokenizer

@@ -1525,7 +1525,7 @@ class Predictor:
     there is one) and `dtype` ("int8": CPU) as for Encoder and Reranker."""
 
     def __init__(self, model_dir, batch_size: int = 64, dtype: str = "float32", device=None):
-        from .embed import check_count
+        from .config import check_count
         if not isinstance(model_dir, (str, Path)):
             raise TypeError("Predictor(model_dir): expected a fine-tuned model's directory "
                             f"(str or path), got {type(model_dir).__name__}")

@@ -218,6 +218,12 @@ def quantize(model: nn.Module, tokenizer=None, outliers: int = OUTLIERS) -> nn.M
     in place, and put it in eval mode. `tokenizer` encodes the calibration sentences
     that find the outlier channels (none are kept without it). Returns the model."""
     encoder = _check_quantizable(model)
+    from .config import check_count
+    from .tokenizer import Tokenizer
+    outliers = check_count(outliers, "outliers", minimum=0)
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"quantize(tokenizer): expected the nanobert Tokenizer that "
+                        f"nanobert.load returns (or None), got {type(tokenizer).__name__}")
     if getattr(model, "dtype_name", "float32") == "int8":
         return model
     model.eval()

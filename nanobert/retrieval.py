@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .batching import to_inference_device
+from .config import check_count
 from .files import NanobertError, note
 from .metrics import correlations
 from .threads import map_on_cores
@@ -266,8 +267,8 @@ class Reranker:
                  device: Optional[str] = None, dtype: str = "float32"):
         import nanobert
         from .checkpoint import read_settings, resolve
-        self.batch_size = _whole(batch_size, "batch_size")
-        _whole(max_length, "max_length", none_ok=True)
+        self.batch_size = check_count(batch_size, "batch_size")
+        check_count(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir, dtype=dtype)
         _check_pair_head(model_dir, self.model)
         note_negative_second_label(model_dir, self.model)
@@ -295,7 +296,7 @@ class Reranker:
     def rerank_hits(self, query, hits: list, k: Optional[int] = None) -> list:
         """Search results [(index, score, text)] (of one query, or a list of such lists
         for several queries) re-scored and re-sorted: the same shape, top k."""
-        k = _whole(k, "k", none_ok=True)
+        k = check_count(k, "k", none_ok=True)
         if isinstance(query, str):
             hits = _check_hits(hits, "hits")
             ranked = self.rerank(query, [t for _, _, t in hits], k)
@@ -310,7 +311,7 @@ class Reranker:
 
     def rerank(self, query: str, documents, k: Optional[int] = None) -> list:
         """[(index, score, text)] of the documents, most relevant first (top k; None: all)."""
-        k = _whole(k, "k", none_ok=True)
+        k = check_count(k, "k", none_ok=True)
         query, documents = _query_and_documents(query, documents)
         scores = self.score(query, documents)
         order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
@@ -351,19 +352,6 @@ def _check_pair_head(model_dir, model) -> None:
     raise NanobertError(f"{model_dir}: not a cross-encoder (needs a sequence head with one "
                         f"output, or a classifier of two labels; this model's head is "
                         f"{model.head or 'none'})")
-
-
-def _whole(value, name: str, none_ok: bool = False):
-    """A whole number >= 1 (numpy's too), or None where none_ok; else an error naming it."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a whole number >= 1{' or None' if none_ok else ''}, "
-                        f"got {type(value).__name__} {value!r}"[:200])
-    if value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1{' or None' if none_ok else ''}, "
-                         f"got {value}")
-    return int(value)
 
 
 def _query_and_documents(query, documents) -> tuple:

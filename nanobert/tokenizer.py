@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import json
+import numbers
 import os
 import re
 import threading
@@ -460,6 +461,8 @@ class Tokenizer:
         """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json, and
         vocab.txt for WordPiece vocabularies."""
         out_dir = Path(out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise NanobertError(f"{out_dir}: is a file, not a folder to save a tokenizer in")
         out_dir.mkdir(parents=True, exist_ok=True)
         wordpiece = isinstance(self.tk.model, models.WordPiece)
         specials = {f"{role}_token": t for role, t in self.specials.items()}
@@ -488,9 +491,12 @@ class Tokenizer:
         its saved tokenizer_config.json gives transformers and sentence-transformers) is
         `max_length`; it shares the wrapped tokenizer, which neither changes."""
         import copy
+        from .config import check_count       # (0 had turned truncation off)
+        least = self.tk.num_special_tokens_to_add(False) + 1
+        max_length = check_count(max_length, "max_length", minimum=least)
         other = copy.copy(self)
         other._lock = self._lock    # (one wrapped tokenizer: one lock for its truncation)
-        other.model_max_length = int(max_length)
+        other.model_max_length = max_length
         return other
 
     # ---- encoding ------------------------------------------------------------
@@ -527,6 +533,10 @@ class Tokenizer:
 
     def encode(self, text: str, pair: Optional[str] = None, max_length: Optional[int] = None):
         """One `tokenizers.Encoding` (ids, type_ids, tokens, offsets, word_ids...)."""
+        check_text(text, "text")
+        if pair is not None:
+            check_text(pair, "pair")
+        max_length = self.check_max_length(max_length, pair is not None)
         return self.encode_batch([text], None if pair is None else [pair], max_length)[0]
 
     def encode_batch(self, texts: Sequence[str], pairs: Optional[Sequence[str]] = None,
@@ -636,6 +646,8 @@ class Tokenizer:
     def pad(self, encodings) -> dict:
         """Pad a list of encodings to the longest: input_ids, token_type_ids,
         attention_mask as (B, T) int64 tensors."""
+        if not encodings:
+            raise ValueError("pad: no encodings to pad")
         T = max(len(e.ids) for e in encodings)
         B = len(encodings)
         ids = torch.full((B, T), self.pad_id or 0, dtype=torch.long)
@@ -661,7 +673,10 @@ class Tokenizer:
             pairs = check_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise ValueError(f"pairs: {len(pairs)} for {len(texts)} texts (one each)")
-        self.check_max_length(max_length, pairs is not None)
+        max_length = self.check_max_length(max_length, pairs is not None)
+        if report is not None and not isinstance(report, str):
+            raise TypeError(f"report must name the inputs (a string such as 'texts'), got "
+                            f"{type(report).__name__}")
         return self.pad(self.encode_batch(texts, pairs, max_length, report=report))
 
     def check_max_length(self, max_length, pair: bool = False):
@@ -670,7 +685,7 @@ class Tokenizer:
         if max_length is None:
             return None
         least = self.tk.num_special_tokens_to_add(pair) + (2 if pair else 1)
-        if isinstance(max_length, bool) or not isinstance(max_length, int):
+        if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral):
             raise TypeError(f"max_length must be a whole number >= {least}, got "
                             f"{type(max_length).__name__} {max_length!r}"[:200])
         if max_length < least:
@@ -678,13 +693,32 @@ class Tokenizer:
                              f"tokens of "
                              f"{'a pair' if pair else 'a text'} and a token of "
                              f"{'each text' if pair else 'the text'}), got {max_length}")
-        return max_length
+        return int(max_length)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if hasattr(ids, "tolist"):          # a tensor or an array of ids
+            ids = ids.tolist()
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"decode(ids): expected a list of token ids, got "
+                            f"{type(ids).__name__} {ids!r}"[:200])
+        ids = [self._token_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
+        return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, i: int) -> str:
-        return self.tk.id_to_token(int(i))
+        return self.tk.id_to_token(self._token_id(i, "id"))
+
+    def _token_id(self, i, name: str) -> int:
+        """i as a token id of this vocabulary, or an error naming `name` (the tokenizers
+        library's: "not iterable", OverflowError "number too small")."""
+        if getattr(i, "ndim", None) == 0 and not isinstance(i, numbers.Integral):
+            i = i.item()                    # a tensor's one id (argmax)
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise TypeError(f"{name} must be a token id (an integer), got {type(i).__name__} "
+                            f"{i!r}"[:200])
+        if not 0 <= i < self.vocab_size:
+            raise ValueError(f"{name}: {i} is not a token id of this vocabulary "
+                             f"(0 to {self.vocab_size - 1})")
+        return int(i)
 
     def word_marker(self) -> Optional[tuple]:
         """How the vocabulary marks words: ("prefix", "##") when a piece that continues a
@@ -711,7 +745,8 @@ class Tokenizer:
         return token if not text or "\ufffd" in text else text
 
     def token_to_id(self, t: str):
-        return self.tk.token_to_id(t)
+        """The id of token `t`, or None when the vocabulary has no such token."""
+        return self.tk.token_to_id(check_text(t, "token"))
 
 
 # ----------------------------------------------------------------------------------

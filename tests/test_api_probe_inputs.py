@@ -53,7 +53,7 @@ DOCS = ["the cat sat", "a dog ran", "paris is big"]
     (lambda r: r.rerank("cat", [None]), TypeError, r"documents\[0\] must be a string"),
     (lambda r: r.rerank("cat", None), TypeError, "documents must be a list of strings"),
     (lambda r: r.score("cat", [5]), TypeError, r"documents\[0\] must be a string, got int"),
-    (lambda r: r.rerank("cat", DOCS, k=-1), ValueError, "k must be a whole number >= 1"),
+    (lambda r: r.rerank("cat", DOCS, k=-1), ValueError, "k must be an integer >= 1"),
     (lambda r: r.rerank("cat", DOCS, k=0), ValueError, "k must be"),
     (lambda r: r.rerank("cat", DOCS, k="2"), TypeError, "k must be"),
     (lambda r: r.rerank("cat", DOCS, k=1.5), TypeError, "k must be"),
@@ -137,6 +137,62 @@ def test_tokenizer_surrogates_and_max_length_of_a_pair(minilm):
         tok(["a"], max_length=True)
     assert tok(["a"], ["b"], max_length=5)["input_ids"].shape == (1, 5)
     assert tok(["a"], max_length=3)["input_ids"].shape == (1, 3)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda t: t.decode(None), TypeError, r"decode\(ids\): expected a list of token ids"),
+    (lambda t: t.decode(7592), TypeError, r"decode\(ids\): expected a list of token ids"),
+    (lambda t: t.decode([7592, -1]), ValueError, r"ids\[1\]: -1 is not a token id of this "
+                                                 r"vocabulary \(0 to 30521\)"),
+    (lambda t: t.decode(["hello"]), TypeError, r"ids\[0\] must be a token id"),
+    (lambda t: t.id_to_token(-1), ValueError, "id: -1 is not a token id"),
+    (lambda t: t.id_to_token(30522), ValueError, "id: 30522 is not a token id"),
+    (lambda t: t.token_to_id(None), TypeError, "token must be a string"),
+    (lambda t: t.encode(None), TypeError, "text must be a string"),
+    (lambda t: t.encode("a", 5), TypeError, "pair must be a string"),
+    (lambda t: t.encode("a", max_length=2), ValueError, "max_length must be a whole number >= 3"),
+    (lambda t: t.pad([]), ValueError, "pad: no encodings"),
+    (lambda t: t.with_max_length(-1), ValueError, "max_length must be an integer >= 3, got -1"),
+    (lambda t: t.with_max_length(0), ValueError, "max_length must be an integer >= 3, got 0"),
+    (lambda t: t.with_max_length(None), TypeError, "max_length must be an integer >= 3"),
+    (lambda t: t(["a"], report=3), TypeError, "report must name the inputs"),
+])
+def test_tokenizer_methods_name_their_bad_argument(minilm, call, error, words):
+    """They failed deep inside the tokenizers library ("'NoneType' object is not
+    iterable", OverflowError "number too small"), or later (with_max_length(-1) at the
+    next call; with_max_length(0) turned truncation off)."""
+    with pytest.raises(error, match=words):
+        call(minilm[1])
+
+
+def test_tokenizer_takes_numpy_and_torch_ids_and_lengths(minilm, tmp_path):
+    _, tok = minilm
+    assert tok.decode(torch.tensor([7592, 2088])) == tok.decode(np.array([7592, 2088])) \
+        == "hello world"
+    assert tok.id_to_token(torch.tensor(7592)) == tok.id_to_token(np.int64(7592)) == "hello"
+    assert tok(["hello world"], max_length=np.int64(3))["input_ids"].shape == (1, 3)
+    assert tok.with_max_length(np.int32(64)).model_max_length == 64
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NanobertError, match="afile: is a file, not a folder"):
+        tok.save(tmp_path / "afile")
+
+
+def test_quantize_and_an_int8_encoder_name_their_bad_argument(minilm):
+    import copy
+    from nanobert.quantize import quantize
+    model, tok = minilm
+    for outliers, error in [(-1, ValueError), (1.5, TypeError), ("4", TypeError)]:
+        with pytest.raises(error, match="outliers must be an integer >= 0"):
+            quantize(copy.deepcopy(model), tok, outliers=outliers)
+    with pytest.raises(TypeError, match=r"quantize\(tokenizer\): expected the nanobert "
+                                        r"Tokenizer .* got str"):
+        quantize(copy.deepcopy(model), "minilm")
+    q = quantize(copy.deepcopy(model.bert), tok, outliers=0)
+    with pytest.raises(ValueError, match=r"Encoder\(dtype='float32'\): the model given is int8"):
+        Encoder(q, tok, dtype="float32")          # (it had silently stayed int8)
+    got = Encoder(q, tok).encode("hello there")
+    assert np.allclose(got, Encoder(q, tok, dtype="int8").encode("hello there"))
+    assert not np.allclose(got, Encoder(model, tok).encode("hello there"), atol=1e-5)
 
 
 def test_predictor_takes_encoders_batch_types_and_names_bad_inputs(dirs):
