@@ -159,8 +159,8 @@ def main():
 
     ours = run_ours(args, work / "nanobert")
     # the same tokenizer, rows and validation masks as run_pretrain used
-    tok, train_c, val_c = load_corpus([args.corpus], None, args.vocab_size, 0.1, args.seed,
-                                      work / "cache", log=lambda *a: None)
+    tok, train_c, val_c = load_corpus([args.corpus], None, args.vocab_size, 0.1, work / "cache",
+                                      log=lambda *a: None)
     data = PretrainData(train_c, tok, args.seq_len, None, args.seed)
     masker = Masker.for_tokenizer(tok, seed=args.seed)
     val = PretrainData(val_c, tok, args.seq_len, None, seed=12345)

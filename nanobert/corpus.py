@@ -186,9 +186,14 @@ def tokenize_documents(docs: Sequence, tok, chunk: int = 2048) -> TokenizedCorpu
     return TokenizedCorpus(np.asarray(ids, np.int32), sents, np.asarray(doc_starts, np.int64))
 
 
-def holdout(n_docs: int, fraction: float, seed: int) -> tuple:
-    """(train document indices, validation document indices): a seeded random
-    `fraction` of the documents (at least one) is held out."""
+HOLDOUT_SEED = 0   # what a run is scored on never depends on its --seed
+
+
+def holdout(n_docs: int, fraction: float) -> tuple:
+    """(train document indices, validation document indices): a random `fraction` of the
+    documents (at least one) is held out, the same one whatever the run's --seed (a seed
+    sweep had scored each seed on other documents, and trained each on another
+    vocabulary)."""
     if fraction <= 0:
         return np.arange(n_docs), np.zeros(0, np.int64)
     if n_docs < 2:
@@ -196,7 +201,7 @@ def holdout(n_docs: int, fraction: float, seed: int) -> tuple:
                             "validation; separate documents with blank lines (or train "
                             "without validation: --val-fraction 0, not for ablate-masking)")
     n_val = min(n_docs - 1, max(1, round(fraction * n_docs)))
-    perm = np.random.default_rng(seed).permutation(n_docs)
+    perm = np.random.default_rng(HOLDOUT_SEED).permutation(n_docs)
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
@@ -225,7 +230,7 @@ def _from_cache(load, path):
 
 
 def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: float = 0.1,
-                seed: int = 0, cache_dir=None, log=print):
+                cache_dir=None, log=print):
     """Read, (train a tokenizer,) tokenize and split a corpus.
     Returns (tokenizer, train TokenizedCorpus, validation TokenizedCorpus)."""
     from .tokenizer import Tokenizer
@@ -233,12 +238,12 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
     docs = list(iter_documents(files))
     key = files_hash(files)
     try:
-        train_idx, val_idx = holdout(len(docs), val_fraction, seed)
+        train_idx, val_idx = holdout(len(docs), val_fraction)
     except NanobertError as e:  # say which corpus
         raise NanobertError(f"{', '.join(map(str, files))}: {e}") from None
     cache_dir = Path(cache_dir) if cache_dir else None
     if tokenizer is None:
-        tok_dir = cache_dir / f"tokenizer-{key}-v{vocab_size}-f{val_fraction}-s{seed}" if cache_dir else None
+        tok_dir = cache_dir / f"tokenizer-{key}-v{vocab_size}-f{val_fraction}" if cache_dir else None
         if tok_dir is not None and (tok_dir / "tokenizer.json").is_file():
             tokenizer = _from_cache(Tokenizer.from_dir, tok_dir)
         if tokenizer is None:

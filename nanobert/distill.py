@@ -27,7 +27,7 @@ from .data import TEXT_KINDS
 from .files import NanobertError, check_output_dir, note
 from .model import Bert
 from .pretrain import PretrainConfig, _check_preset
-from .train import TrainConfig
+from .train import TrainConfig, keeps_random_state
 
 
 def student_config(teacher: Bert, layers: int | None = None, preset_name: str | None = None):
@@ -206,6 +206,7 @@ def _check_same_vocabulary(tokenizer_dir: str, teacher: str):
                             "must use the teacher's token ids (leave --tokenizer out)")
 
 
+@keeps_random_state
 def distill(cfg: DistillConfig) -> dict:
     """Distil `cfg.teacher` into a student; returns the best validation metrics."""
     from .checkpoint import resolve

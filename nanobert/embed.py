@@ -529,20 +529,21 @@ class Encoder:
             reading = declared_reading(source)
             parts += [str(source), f"prompt={reading[0]!r}", f"lowercase={reading[1]}",
                       f"include_prompt={declared_include_prompt(source)}"]
-            # weights, config and tokenizer files, the sentence-transformers modules'
-            # (1_Pooling/config.json) and, for a model in 0_Transformer/, its top folder's
+            # config and tokenizer files, the sentence-transformers modules'
+            # (1_Pooling/config.json) and, for a model in 0_Transformer/, its top folder's,
+            # by their content: a file's size and time had let weights swapped for others
+            # of the same size, with the time kept, reuse the old model's corpus vectors
             top = st_top_folder(source)
             files = {f for d in {source, top} for f in (*d.glob("*"), *d.glob("*/*"))}
             for f in sorted(files):
-                if f.is_file() and f.suffix in (".safetensors", ".bin", ".json", ".txt", ".model"):
-                    st = f.stat()
-                    parts.append(f"{f.relative_to(top)}:{st.st_size}:{st.st_mtime_ns}")
-        else:  # an in-memory model: hash its weights
-            h = hashlib.sha256()
-            for k, t in self.model.state_dict().items():
-                h.update(k.encode())
-                h.update(t.detach().cpu().float().numpy().tobytes())
-            parts.append(h.hexdigest())
+                if f.is_file() and f.suffix in (".json", ".txt", ".model"):
+                    digest = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+                    parts.append(f"{f.relative_to(top)}:{digest}")
+        h = hashlib.sha256()       # the weights as loaded (0.1 s for minilm's 90 MB)
+        for k, t in self.model.state_dict().items():
+            h.update(k.encode())
+            h.update(t.detach().cpu().float().numpy().tobytes())
+        parts.append(h.hexdigest())
         return "|".join(parts)
 
     def search(self, query, corpus, k: int = 5, corpus_embeddings=None, rerank=None,

@@ -53,10 +53,13 @@ from .files import (ONE_LINE, NanobertError, check_output_dir, check_outside, no
                     spooled_stdin, with_article)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
-from .train import TrainConfig
+from .train import TrainConfig, keeps_random_state
 
 # ----------------------------------------------------------------------------------
 # Training order
+
+
+DEV_SEED = 0   # the --max-dev-examples sample: what a run is scored on never depends on --seed
 
 
 def select_examples(examples: list, n, seed: int) -> list:
@@ -975,7 +978,8 @@ class FinetuneConfig(Config):
         max_length_range())
     max_train_examples: Optional[int] = param(
         None, "train on a seeded random subset of this size", at_least(1))
-    max_dev_examples: Optional[int] = param(None, "evaluate on a seeded subset", at_least(1))
+    max_dev_examples: Optional[int] = param(
+        None, "evaluate on a random subset of this size (the same whatever --seed)", at_least(1))
     doc_stride: int = param(128, "qa: overlap between windows", at_least(1))
     max_answer_length: int = param(30, "qa: in tokens", at_least(1))
     n_best: int = param(20, "qa: start/end candidates", at_least(1))
@@ -1080,6 +1084,7 @@ class FinetuneConfig(Config):
 # Fine-tuning
 
 
+@keeps_random_state
 def finetune(config, *args, **fields) -> dict:
     """Fine-tune as `config` (a FinetuneConfig) says; the best model by dev metric goes
     to its out_dir. Returns the best dev metrics. `finetune("ner", model, train, dev,
@@ -1252,7 +1257,7 @@ def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
     whole = read_for(task, None, lambda: task.read(cfg.train, cols, True), cfg.train)
     train = select_examples(whole, cfg.max_train_examples, seed)
     dev = read_for(task, None, lambda: task.read(cfg.dev, cols, True), cfg.dev)
-    return train, select_examples(dev, cfg.max_dev_examples, seed), whole, dev
+    return train, select_examples(dev, cfg.max_dev_examples, DEV_SEED), whole, dev
 
 
 def check_dev(task: Task, dev, whole_dev, model, cfg: FinetuneConfig):

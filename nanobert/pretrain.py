@@ -39,7 +39,7 @@ from .files import NanobertError, atomic_path, check_output_dir, check_outside, 
 from .masking import (IGNORE, SPLIT_DECIMALS, Masker, fixed_masks, parse_split, split_name,
                       word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
-from .train import TrainConfig
+from .train import TrainConfig, keeps_random_state
 
 OBJECTIVES = {"mlm": None, "mlm+nsp": "nsp", "mlm+sop": "sop"}
 
@@ -386,6 +386,7 @@ class _Run:
     val_corpus: object = None
 
 
+@keeps_random_state
 def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) -> dict:
     """Pretrain as `cfg` says; returns the best validation metrics. Distillation
     reuses it all with its own student (`make_model(tokenizer)`) and `loss_fn`."""
@@ -503,8 +504,7 @@ def _load_data(run: _Run):
             _open_stream(run, cache_dir)
         else:
             run.tok, train_corpus, run.val_corpus = load_corpus(
-                cfg.corpus, run.tok, cfg.vocab_size, cfg.val_fraction, cfg.trainer.seed,
-                cache_dir, log=run.say)
+                cfg.corpus, run.tok, cfg.vocab_size, cfg.val_fraction, cache_dir, log=run.say)
             run.data = PretrainData(train_corpus, run.tok, cfg.seq_len, cfg.pairs,
                                     cfg.trainer.seed)
     for turn in (0, 1):

@@ -30,6 +30,7 @@ import fcntl
 import hashlib
 import json
 import os
+from typing import Optional
 import re
 import shutil
 import struct
@@ -151,14 +152,34 @@ def differences(old: dict, new: dict, limit: int = 3) -> list:
     a, b = old.get("data", []), new.get("data", [])
     if len(a) != len(b):
         out.append(f"{len(a)} data file(s) there, {len(b)} now")
-    out += [(f"{names[i]} has other content" if i < len(names) else
-             f"data file {i + 1} has other content") + _sizes(x, y)
-            for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    moved = _reordered(a, b)
+    if moved is not None:      # (not "each has other content", with their sizes swapped)
+        shown = ", ".join(names[i] if i < len(names) else f"data file {i + 1}" for i in moved)
+        out.append(f"the same data files in another order (the run read them as {shown})")
+    else:
+        out += [(f"{names[i]} has other content" if i < len(names) else
+                 f"data file {i + 1} has other content") + _sizes(x, y)
+                for i, (x, y) in enumerate(zip(a, b)) if x != y]
     fa, fb = old.get("flags", {}), new.get("flags", {})
     named = {"task"} if old.get("task") != new.get("task") else set()   # said once, above
     out += [_flag_difference(k, fa.get(k), fb.get(k))
             for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k not in named]
     return list(dict.fromkeys(out))[:limit]   # (one folder as --train and --dev: said once)
+
+
+def _reordered(there: list, now: list) -> Optional[list]:
+    """The order of `now`'s files as the run had them (indices into `now`), when the two
+    lists of file fingerprints hold the same files in another order; else None."""
+    if there == now or len(there) != len(now):
+        return None
+    left, order = list(range(len(now))), []
+    for x in there:
+        i = next((i for i in left if now[i] == x), None)
+        if i is None:
+            return None
+        left.remove(i)
+        order.append(i)
+    return order
 
 
 def _sizes(x, y) -> str:

@@ -34,6 +34,7 @@ Output directory:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import random
@@ -81,7 +82,8 @@ class TrainConfig(Config):
         None, "keep a running average of the weights with this decay (e.g. 0.998: about the "
               "last 500 steps); evaluation and the saved model use the average",
         fraction(open_lo=True, open_hi=True), metavar="DECAY")
-    seed: int = param(42, "random seed (data order, new weights, dropout)", seed_range())
+    seed: int = param(42, "random seed (data order, new weights, dropout, the training subset); "
+                      "never what the run is scored on", seed_range())
     log_every: int = param(10, "steps between 'train' records in metrics.jsonl",
                           at_least(1, MAX_STEPS))
     eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch; "
@@ -224,6 +226,20 @@ def _set_rng_state(s: dict):
     np.random.set_state(s["numpy"])
     if "cuda" in s and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def keeps_random_state(fn):
+    """`fn` (a run: finetune, run_pretrain, distill), leaving the caller's random, numpy
+    and torch generators as they were: a run seeds them (seed_everything), and a
+    caller's next draws had depended on whether it had trained something."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        saved = _rng_state()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _set_rng_state(saved)
+    return run
 
 
 @contextlib.contextmanager

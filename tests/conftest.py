@@ -121,7 +121,7 @@ def loaded_corpus(corpus_dir, tmp_path_factory):
     """(tokenizer, train, validation) of `corpus_dir` via load_corpus, and its cache dir."""
     from nanobert.corpus import load_corpus
     cache = tmp_path_factory.mktemp("cache")
-    return load_corpus([corpus_dir], None, vocab_size=120, val_fraction=0.1, seed=0,
+    return load_corpus([corpus_dir], None, vocab_size=120, val_fraction=0.1,
                        cache_dir=cache, log=lambda *a: None), cache
 
 

@@ -17,10 +17,10 @@ def test_documents_and_files(corpus_dir, tmp_path):
     assert list(iter_documents([f])) == [["one", "two"], ["three"], ["four"]]
 
 
-def test_holdout_is_seeded_and_disjoint():
-    tr, va = holdout(50, 0.1, seed=3)
+def test_holdout_is_fixed_and_disjoint():
+    tr, va = holdout(50, 0.1)
     assert len(va) == 5 and not set(tr) & set(va) and len(tr) + len(va) == 50
-    assert np.array_equal(holdout(50, 0.1, seed=3)[1], va)
+    assert np.array_equal(holdout(50, 0.1)[1], va) and not np.array_equal(va, np.arange(5))
 
 
 def test_tokenize_cache_and_pack(loaded_corpus):
@@ -44,7 +44,7 @@ def test_a_damaged_cache_is_rebuilt_with_a_note(corpus_dir, tmp_path, damage, ca
     corpus; a broken cached tokenizer failed every later run. Each is rebuilt."""
     import numpy as np
     logs = []
-    tok, train, val = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
+    tok, train, val = load_corpus([corpus_dir], None, 120, 0.1, tmp_path, log=logs.append)
     npz = next(tmp_path.glob("tokens-*.npz"))
     if damage == "truncated":
         npz.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2])
@@ -56,19 +56,19 @@ def test_a_damaged_cache_is_rebuilt_with_a_note(corpus_dir, tmp_path, damage, ca
     else:
         tj = next(tmp_path.glob("tokenizer-*")) / "tokenizer.json"
         tj.write_text(tj.read_text()[:100])
-    tok2, train2, val2 = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
+    tok2, train2, val2 = load_corpus([corpus_dir], None, 120, 0.1, tmp_path, log=logs.append)
     err = capsys.readouterr().err
     assert "cannot be read" in err and "rebuilt" in err
     assert tok2.tk.to_str() == tok.tk.to_str()
     assert train2.ids.tolist() == train.ids.tolist() and val2.ids.tolist() == val.ids.tolist()
-    load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)   # whole again
+    load_corpus([corpus_dir], None, 120, 0.1, tmp_path, log=logs.append)   # whole again
     assert "cannot be read" not in capsys.readouterr().err
 
 
 def test_cache_hit_gives_the_same_corpus(corpus_dir, tmp_path):
     logs = []
-    a = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
-    b = load_corpus([corpus_dir], None, 120, 0.1, 0, tmp_path, log=logs.append)
+    a = load_corpus([corpus_dir], None, 120, 0.1, tmp_path, log=logs.append)
+    b = load_corpus([corpus_dir], None, 120, 0.1, tmp_path, log=logs.append)
     assert any("from cache" in m for m in logs)
     assert np.array_equal(a[1].ids, b[1].ids) and a[0].tk.to_str() == b[0].tk.to_str()
 

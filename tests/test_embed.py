@@ -246,6 +246,18 @@ def test_cache_key_follows_the_tokenizer_files(tiny_dir, tmp_path):
         keys.add(Encoder(model).identity())
     assert len(keys) == 3
     assert Encoder(model).identity() in keys   # and unchanged files keep the key
+    # weights swapped for others of the same size, with the file's time kept (a build
+    # that normalises times): the key had been the file's size and time
+    from safetensors.torch import load_file, save_file
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    tensors = load_file(weights)
+    name = next(k for k, t in tensors.items() if t.is_floating_point())
+    tensors[name] = tensors[name] + 0.5
+    save_file(tensors, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_size == st.st_size
+    assert Encoder(model).identity() not in keys
 
 
 def test_cache_key_follows_the_pooling_folder_and_an_old_layouts_top_folder(minilm_dir, tmp_path,

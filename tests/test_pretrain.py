@@ -101,8 +101,23 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
 # ---- training, resume -----------------------------------------------------------------
 
 def test_pretrain_writes_a_model_and_metrics(corpus_dir, tmp_path):
+    """... and leaves the caller's random generators as they were (it seeds them: the
+    caller's next draws had depended on whether it had trained; finetune and distill
+    keep them the same way, train.keeps_random_state)."""
+    import random
+    import numpy as np
+    import torch
+    from nanobert import distill, finetune
+
+    def draws():
+        return torch.rand(2).tolist(), random.random(), np.random.rand()
     out = tmp_path / "run"
+    torch.manual_seed(11), random.seed(11), np.random.seed(11)
     res = run_pretrain(args_for(corpus_dir, out, objective="mlm+sop", steps=8), log=lambda *a: None)
+    after = draws()
+    torch.manual_seed(11), random.seed(11), np.random.seed(11)
+    assert after == draws()
+    assert all(hasattr(f, "__wrapped__") for f in (finetune, distill.distill))
     for f in ["config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
               "metrics.jsonl", "training_curve.png", "checkpoint/state.json"]:
         assert (out / f).is_file(), f

@@ -705,6 +705,12 @@ def test_differences_say_each_thing_once_and_plainly(data):
     assert differences(a, same_size) == [f"{data} has other content"]
     # a record written before fingerprints named their files says which by number
     assert differences(a, dict(same_size, names=[])) == ["data file 1 has other content"]
+    # the same corpus files in another order: not "each has other content" (sizes swapped)
+    other = data.parent / "other.tsv"
+    other.write_text("sentence\tlabel\nshort\t0\n")
+    there, now = (fingerprint("pretrain", files, {}) for files in ([data, other], [other, data]))
+    assert differences(there, now) == [
+        f"the same data files in another order (the run read them as {data}, {other})"]
 
 
 def test_a_full_disk_after_a_checkpoint_says_how_to_continue(tmp_path, data, reference):
