@@ -685,12 +685,19 @@ def mask_positions(tok, text: str) -> tuple:
     """(encoding, positions of the mask tokens) of `text`; refused when it has none the
     model reads (none at all, one written otherwise ([mask], <mask>), or one past the
     length the model reads)."""
-    enc = tok(text)
+    from .tokenizer import check_text, report_truncation
+    encoding = tok.encode(check_text(text, "text"))
+    enc = tok.pad([encoding])
     ids = enc["input_ids"]                                          # (1, T)
     where = (ids[0] == tok.mask_id).nonzero().squeeze(1)
-    if len(where):
-        return enc, where
     mask = tok.id_to_token(tok.mask_id)
+    if len(where):      # (a cut, and the masks past it, had gone unsaid)
+        report_truncation(tok, [encoding], [text], tok.model_max_length, "text", flag=None)
+        written = text.count(mask)
+        if written > len(where):
+            note(f"{written - len(where)} of the {written} {mask} tokens are past the "
+                 f"{ids.shape[1]} tokens the model reads: not answered")
+        return enc, where
     full = tok.plain([text])[0].ids if mask in text else []
     if tok.mask_id in full:   # there is one, past the length the model reads
         raise NanobertError(

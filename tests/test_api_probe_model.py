@@ -239,6 +239,13 @@ def test_loaded_tokenizer_truncates_to_the_models_positions(tmp_path, tok, capsy
     assert model(**loaded_tok(long_text)).logits.shape[1] == 64
     assert main(["fill-mask", "--model", str(path), "[MASK] " + long_text]) == 0
     assert "[MASK] 1:" in capsys.readouterr().out
+    # a mask within the window and two past it: those two are said, with the cut
+    assert main(["fill-mask", "--model", str(path),
+                 "[MASK] " + long_text + " [MASK] and [MASK]"]) == 0
+    out, err = capsys.readouterr()
+    assert "[MASK] 1:" in out and "[MASK] 2:" not in out
+    assert "2 of the 3 [MASK] tokens are past the 64 tokens the model reads: not answered" in err
+    assert "longer than 64 tokens and was cut" in err
     assert main(["fill-mask", "--model", str(path), long_text + " [MASK]"]) == 2
     err = capsys.readouterr().err
     assert "past the 64 tokens the model reads" in err and err.count("\n") == 1

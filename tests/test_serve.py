@@ -557,6 +557,25 @@ def test_long_texts_without_spaces_are_cut_at_tokens(server, models):
     assert abs(got["relevance_score"] - float(offline[0, 1])) < 1e-5 and got["truncated"]
 
 
+def test_a_long_query_or_question_is_cut_once_not_per_document(models):
+    """A /rerank query is in every pair: a 1.8 MB query was scanned once per document
+    (126 s for 1,000). A /qa question, cut to its share of the window anyway, was
+    tokenized whole (1.9 MB: 4.7 s, 1.1 GB). The answers stay those of the whole texts."""
+    from nanobert.serve_models import load_served
+    m = load_served(f"sst={models['sst']}")
+    query, docs = "!" * 400_000, [f"doc number {i}" for i in range(300)]
+    start = time.perf_counter()
+    texts, pairs = m.clip([query] * len(docs), docs)
+    assert time.perf_counter() - start < 2 and max(map(len, texts)) < 400 and pairs == docs
+    with m.counter.truncating(32) as tk:
+        assert tk.encode(texts[7], docs[7]).ids == tk.encode("!" * 400, docs[7]).ids
+    reader = load_served(f"reader={models['reader']}")
+    start = time.perf_counter()
+    work = reader.qa_windows([("who " * 200_000, "Mary lives in Paris."), ("who?", "Paris.")])
+    assert time.perf_counter() - start < 2 and work.questions_cut == [True, False]
+    assert len(work.examples[0].question) < 2000
+
+
 def test_truncate_false_measures_on_the_tokenize_thread(models):
     """The 422 of truncate: false measures the input with the model's counter, whose
     tokenizer switches truncation on and off around each call; measured on the event loop,
