@@ -206,14 +206,14 @@ class Served:
 
     def least_tokens(self, texts, limit: int) -> int:
         """The tokens of `texts` together, counted only up to just past `limit`: each is
-        measured no further than what is left of the limit (Tokenizer.head), so that a
+        measured no further than what is left of the limit (Tokenizer.least_tokens), so that a
         request far over it costs the limit, not its length (before, 1.9 MB of
         punctuation sent to /qa had its windows made, 29 s and 3 GB, before the 413)."""
         total = 0
         for text in texts:
             if total > limit:
                 break
-            total += self.counter.head(text, limit - total + 1)[1]
+            total += self.counter.least_tokens(text, limit - total)
         return total
 
     # ---- the tokenize threads --------------------------------------------------------

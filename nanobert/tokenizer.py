@@ -589,6 +589,19 @@ class Tokenizer:
             span *= 4
         return self.token_prefix(text, self.plain([text], add_special_tokens=False)[0], keep)
 
+    def least_tokens(self, text: str, least: int) -> int:
+        """The tokens of `text`, or a lower bound of them that is over `least`: those of
+        ever longer prefixes that the rest of the text cannot change (`_settled`), so
+        that a text far over `least` costs `least`, not its length, and no cut needs
+        checking (head's check made a refusal slower than tokenizing the whole text)."""
+        span = 2 * least + 64
+        while 2 * span < len(text):
+            settled = _settled(self.plain([text[:span]], add_special_tokens=False)[0])
+            if settled > least:
+                return settled
+            span *= 4
+        return len(self.plain([text], add_special_tokens=False)[0].ids)
+
     def clip_pair(self, a: str, b: Optional[str], max_length: int) -> tuple:
         """(a, b) cut short, without changing what truncating them together to
         `max_length` tokens, longest first, keeps (or a alone to max_length + 1 tokens,

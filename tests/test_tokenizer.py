@@ -175,6 +175,9 @@ def test_clip_cuts_texts_without_spaces_at_a_cost_in_the_tokens_kept(minilm_dir,
                 assert cheap or name != "wordpiece" or text[0] == "x", text[:8]
                 if cheap:
                     assert len(cut) < 100 * keep and max(calls) < 1000 * keep, (name, text[:8])
+        for text in texts:       # a lower bound over `least`, or the exact count
+            n, whole = tok.least_tokens(text, 130), len(tk.encode(text, add_special_tokens=False).ids)
+            assert n == whole or 130 < n <= whole, (name, text[:8])
         prefix, n = tok.head("!." * 20_000, 300)
         assert n == len(tk.encode(prefix, add_special_tokens=False).ids) >= 300
         assert tok.head("short", 300) == ("short", len(tk.encode("short", add_special_tokens=False).ids))
