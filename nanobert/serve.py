@@ -428,7 +428,8 @@ class Server:
         and is not measured. The memory the count took is handed back at once: nothing
         else trims after a refused request."""
         limit = self.config.max_request_tokens
-        if 4 * sum(map(len, texts)) <= limit:
+        from .tokenizer import TOKENS_PER_CHAR
+        if TOKENS_PER_CHAR * sum(map(len, texts)) <= limit:
             return
         tokens = await self.on_tokenizer(m.least_tokens, texts, limit)
         heap_trimmer(0.0)()

@@ -195,14 +195,10 @@ class Served:
         tokenizer 10-20 s, twice, and held up every request behind it. On a tokenize
         thread: it may tokenize (a prefix of the text)."""
         tok = self.counter
-        if pairs is not None and pairs:   # each distinct first text once, against the longest
-            # second (a /rerank query in every pair: a 1.8 MB one was scanned per document)
-            keep = self.max_length + 1 + 4 * max(map(len, pairs))
-            first = {t: tok.clip(t, keep) for t in set(texts)}
-            texts = [first[t] for t in texts]
-        cut = [tok.clip_pair(t, p, self.max_length)
-               for t, p in zip(texts, pairs if pairs is not None else [None] * len(texts))]
-        return [t for t, _ in cut], None if pairs is None else [p for _, p in cut]
+        if pairs is None:
+            return [tok.clip(t, self.max_length + 1) for t in texts], None
+        cut = tok.clip_pairs(texts, pairs, self.max_length)
+        return [t for t, _ in cut], [p for _, p in cut]
 
     def least_tokens(self, texts, limit: int) -> int:
         """The tokens of `texts` together, counted only up to just past `limit`: each is
