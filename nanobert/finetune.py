@@ -158,17 +158,24 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
     return items
 
 
-def encode_qa(tok, examples, max_length, doc_stride, train=False, quiet=False) -> tuple:
-    from .qa import make_windows, question_limit
+def note_questions_cut(tok, cut: int, max_length: int, doc_stride: int, train: bool) -> None:
+    """Say (once per tokenizer, limit and use) how many questions were cut to fit."""
+    from .qa import question_limit
     from .tokenizer import note_once
-    windows = make_windows(tok, examples, max_length, doc_stride, train=train)
-    cut = len({w.example for w in windows if w.question_cut})
-    if cut and not quiet:
+    if cut:
         limit = question_limit(tok.tk, max_length, doc_stride)
-        note_once(tok, f"{cut} question{'s were' if cut > 1 else ' was'} cut to "
-                       f"{limit} token{'' if limit == 1 else 's'}, half of what a window "
-                       f"of {max_length} (doc stride {doc_stride}) leaves them",
+        note_once(tok, f"{cut} question{'s were' if cut > 1 else ' was'} cut to {limit} "
+                       f"token{'' if limit == 1 else 's'}, half of what a window of "
+                       f"{max_length} (doc stride {doc_stride}) leaves them",
                   key=("questions cut", train, limit))
+
+
+def encode_qa(tok, examples, max_length, doc_stride, train=False, quiet=False) -> tuple:
+    from .qa import make_windows
+    windows = make_windows(tok, examples, max_length, doc_stride, train=train)
+    if not quiet:
+        note_questions_cut(tok, len({w.example for w in windows if w.question_cut}),
+                           max_length, doc_stride, train)
     items = [{"input_ids": w.ids, "token_type_ids": w.type_ids} for w in windows]
     if train:
         for it, w in zip(items, windows):
@@ -443,10 +450,48 @@ def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
     return ents
 
 
+QA_CHUNK_CHARS = 1_000_000   # question and context characters made into windows at a time
+
+
+def qa_chunks(examples) -> list:
+    """Runs of examples of about QA_CHUNK_CHARS characters (at least one example each):
+    a question's windows take about 400 bytes a token as Python lists, so all windows
+    of all questions at once grew without bound (2,000 questions on one 10 kB context:
+    6.6 GB)."""
+    chunks, size = [[]], 0
+    for e in examples:
+        n = len(e.question) + len(e.context)
+        if chunks[-1] and size + n > QA_CHUNK_CHARS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(e)
+        size += n
+    return [c for c in chunks if c]
+
+
 def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) -> list:
-    items, windows = encode_qa(tok, examples, settings["max_length"], settings["doc_stride"])
-    spans = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=span_logits)
-    return qa_answers(examples, windows, spans, settings)
+    """The best answer of each question, its windows made, run and decoded a chunk of
+    questions at a time (`qa_chunks`)."""
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(examples), desc="predicting", unit="question", leave=False)
+    answers, cut = [], 0
+    try:
+        for chunk in qa_chunks(examples):
+            items, windows = encode_qa(tok, chunk, settings["max_length"],
+                                       settings["doc_stride"], quiet=True)
+            cut += len({w.example for w in windows if w.question_cut})
+            spans = run_batches(model, items, batch_size, tok.pad_id or 0, take=span_logits)
+            answers += qa_answers(chunk, windows, spans, settings)
+            del items, windows, spans
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+    note_questions_cut(tok, cut, settings["max_length"], settings["doc_stride"], False)
+    return answers
 
 
 def qa_answers(examples, windows, spans, settings) -> list:
