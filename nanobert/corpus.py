@@ -18,6 +18,7 @@ cache and a known epoch length (the stream cycles) for constant memory.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import zipfile
 from dataclasses import dataclass
@@ -72,29 +73,71 @@ def corpus_files(paths: Sequence) -> list:
     return files
 
 
-def iter_documents(files: Sequence) -> Iterator[list]:
-    """Yield documents as lists of non-blank lines. A blank line (or a file's end) ends a
-    document. Bad UTF-8, JSON (a JSON Lines dataset, a BEIR folder's corpus.jsonl: their
-    keys and brackets would be learnt as text) and text-less files raise an error naming
-    the file and line."""
+def document_lines(files: Sequence) -> Iterator[tuple]:
+    """(document index, line) for each non-blank line of `files`, in order. A blank line
+    (or a file's end) ends a document. Bad UTF-8, JSON (a JSON Lines dataset, a BEIR
+    folder's corpus.jsonl: their keys and brackets would be learnt as text) and text-less
+    files raise an error naming the file and line."""
+    d = 0
     for f in files:
-        doc, any_text, n = [], False, 0
+        any_text, open_doc, n = False, False, 0
         for n, line in read_lines(f):  # (a NUL byte is refused there: binary data)
             line = line.strip()
             if line and not any_text and opens_json(line):
                 raise data_error(f, n, "JSON, not plain text (a pretraining corpus is text: "
                                  "one paragraph a line, a blank line between documents)")
             if line:
-                doc.append(line)
-                any_text = True
-            elif doc:
-                yield doc
-                doc = []
-        if doc:
-            yield doc
+                yield d, line
+                any_text = open_doc = True
+            elif open_doc:
+                d, open_doc = d + 1, False
+        d += open_doc
         if not any_text:   # (n: the lines read, all blank)
             raise NanobertError(f"{f}: no text to pretrain on (only blank lines)" if n else
                                 f"{f}: empty file (no text to pretrain on)")
+
+
+def iter_documents(files: Sequence) -> Iterator[list]:
+    """Documents as lists of non-blank lines (`document_lines`)."""
+    for _, group in itertools.groupby(document_lines(files), key=lambda dl: dl[0]):
+        yield [line for _, line in group]
+
+
+PART_CHARS = 200_000     # the most characters of a document `StreamingCorpus` holds at once
+LINE_CHARS = 20_000      # a line over this is read in pieces by `document_parts`
+
+
+def document_parts(files: Sequence, part_chars: Optional[int] = None,
+                   line_chars: Optional[int] = None) -> Iterator[tuple]:
+    """(document index, lines) for the documents of `files`, each a part of about
+    `part_chars` characters at most (a document of no blank lines can be a whole file),
+    a line over `line_chars` characters cut into pieces (`line_pieces`). What
+    `--streaming` reads: its memory no longer grows with a document or a line (a 4.9 MB
+    line took 1.07 GB)."""
+    part_chars, line_chars = part_chars or PART_CHARS, line_chars or LINE_CHARS
+    part, size, at = [], 0, None
+    for d, line in document_lines(files):
+        for piece in line_pieces(line, line_chars):
+            if part and (d != at or size + len(piece) > part_chars):
+                yield at, part
+                part, size = [], 0
+            part.append(piece)
+            size += len(piece)
+            at = d
+    if part:
+        yield at, part
+
+
+def line_pieces(line: str, most: int) -> list:
+    """`line` in pieces of at most `most` characters, each cut after its last white
+    space (in its second half), else at `most`."""
+    pieces = []
+    while len(line) > most:
+        cut = max(line.rfind(" ", most // 2, most), line.rfind("\t", most // 2, most)) + 1
+        cut = cut or most
+        pieces.append(line[:cut])
+        line = line[cut:]
+    return pieces + [line] if line else pieces
 
 
 def sentences(line: str) -> list:
@@ -297,6 +340,16 @@ def pack(corpus: TokenizedCorpus, budget: int) -> np.ndarray:
     return np.asarray(spans, np.int64).reshape(-1, 2)
 
 
+def after(ids: np.ndarray, corpus: TokenizedCorpus) -> TokenizedCorpus:
+    """A one-document `corpus` with `ids` (a row left open, under a row's budget) as its
+    first sentence: `pack` then goes on with that row as it would have."""
+    if not len(ids):
+        return corpus
+    return TokenizedCorpus(np.concatenate([ids, corpus.ids]),
+                           np.concatenate([[0], corpus.sents + len(ids)]),
+                           np.asarray([0, len(corpus.sents)], np.int64))
+
+
 def make_pairs(corpus: TokenizedCorpus, chunks: np.ndarray, kind: str, rng,
                split: Optional[tuple] = None) -> np.ndarray:
     """One (a0, a1, b0, b1, label) row per chunk of 2+ tokens (spans of `corpus.ids`).
@@ -415,25 +468,37 @@ class StreamingCorpus:
 
     @staticmethod
     def training_documents(files, val_fraction: float) -> Iterator:
-        """The documents of `files` that are not held out (what a new vocabulary is
-        trained on, as in memory: validation text must not shape it)."""
+        """The documents of `files` that are not held out, in parts of lines
+        (`document_parts`): what a new vocabulary is trained on, as in memory
+        (validation text must not shape it)."""
         every = StreamingCorpus._every(val_fraction)
-        return (doc for d, doc in enumerate(iter_documents(files))
+        return (lines for d, lines in document_parts(files)
                 if not StreamingCorpus._held_out(d, every))
 
     def _sequences(self, validation: bool) -> Iterator[np.ndarray]:
-        """Packed id rows (no specials) of the training or validation documents, once."""
-        keep = 0
-        for d, doc in enumerate(iter_documents(self.files)):
-            if self._held_out(d, self.every) != validation:
+        """Packed id rows (no specials) of the training or validation documents, once.
+        A document is read a part at a time (`document_parts`); the row a part leaves
+        open goes on into the next part, so rows are those of the whole document."""
+        keep, at, mine, carry = 0, None, False, np.zeros(0, np.int32)
+        for d, lines in document_parts(self.files):
+            if d != at:                      # a new document: the last one's open row
+                if len(carry):
+                    yield carry
+                    carry = carry[:0]
+                at = d
+                mine = self._held_out(d, self.every) == validation
+                if mine and not validation:
+                    keep += 1
+                    mine = (keep - 1) % self.world_size == self.rank
+            if not mine:
                 continue
-            if not validation:
-                keep += 1
-                if (keep - 1) % self.world_size != self.rank:
-                    continue
-            corpus = tokenize_documents([doc], self.tok)
-            for s0, s1 in pack(corpus, self.seq_len - 2).tolist():
+            corpus = after(carry, tokenize_documents([lines], self.tok))
+            rows = pack(corpus, self.seq_len - 2).tolist()
+            for s0, s1 in rows[:-1]:
                 yield corpus.ids[s0:s1]
+            carry = corpus.ids[rows[-1][0]:rows[-1][1]] if rows else carry[:0]
+        if len(carry):
+            yield carry
 
     def validation(self, max_rows: int) -> list:
         out = []

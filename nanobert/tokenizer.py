@@ -788,10 +788,12 @@ class Tokenizer:
 # are broken by the pieces' text, so the vocabulary is a function of the corpus alone.
 
 
-def count_words(texts: Iterable[str], tk: HFTokenizer, chunk: int = 1000) -> Counter:
+def count_words(texts: Iterable[str], tk: HFTokenizer, chunk: int = 1000,
+                chars: int = 100_000) -> Counter:
     """Word counts after the tokenizer's normaliser and pre-tokeniser (lines are joined
-    in chunks: the pre-tokeniser splits on the newlines anyway)."""
-    counts, buf = Counter(), []
+    in chunks of `chunk` lines or `chars` characters: the pre-tokeniser splits on the
+    newlines anyway, and its words of a long text take a few hundred bytes each)."""
+    counts, buf, size = Counter(), [], 0
 
     def flush():
         text = tk.normalizer.normalize_str("\n".join(buf))
@@ -801,8 +803,10 @@ def count_words(texts: Iterable[str], tk: HFTokenizer, chunk: int = 1000) -> Cou
         if not isinstance(t, str):
             raise TypeError(f"texts[{i}] must be a string, got {type(t).__name__}")
         buf.append(t)
-        if len(buf) >= chunk:
+        size += len(t)
+        if len(buf) >= chunk or size >= chars:
             flush()
+            size = 0
     flush()
     if not counts:   # (a vocabulary of the special tokens alone: every word [UNK])
         raise ValueError("texts hold no words to train a vocabulary on")

@@ -155,3 +155,39 @@ def test_streaming_corpus_without_training_documents_names_the_file(tmp_path, lo
     with pytest.raises(NanobertError, match=r"one\.txt: no training documents for --streaming "
                                             r"\(--val-fraction holds out every 10th"):
         next(s.stream())
+
+
+def test_streaming_reads_a_document_a_part_at_a_time_with_the_same_rows(tmp_path, loaded_corpus,
+                                                                        monkeypatch):
+    """--streaming held a whole document (a file without blank lines is one) and tokenized
+    each line whole: a 4.9 MB line took 1.07 GB. It reads parts of PART_CHARS characters,
+    lines cut in pieces of LINE_CHARS; the row a part leaves open goes on in the next, so
+    the rows are those of packing each document whole (lines under LINE_CHARS)."""
+    import random
+    from nanobert import corpus as C
+    (tok, _, _), _ = loaded_corpus
+    rnd = random.Random(0)
+    words = "the cat sat on a mat . a dog ran ! why ? ok".split()
+    docs = [[" ".join(rnd.choice(words) for _ in range(rnd.randint(1, 14)))   # (< 60 chars)
+             for _ in range(rnd.randint(1, 30))] for _ in range(25)]
+    f = tmp_path / "c.txt"
+    f.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    whole = []   # what the stream read before: each document packed whole
+    for d, doc in enumerate(C.iter_documents([f])):
+        if d % 10 and (d - d // 10 - 1) % 2 == 1:       # training documents of rank 1 of 2
+            c = C.tokenize_documents([doc], tok)
+            whole += [c.ids[a:b].tolist() for a, b in C.pack(c, 8).tolist()]
+    sizes = []
+    real = C.tokenize_documents
+    monkeypatch.setattr(C, "tokenize_documents",
+                        lambda ds, t: sizes.append(sum(map(len, ds[0]))) or real(ds, t))
+    monkeypatch.setattr(C, "PART_CHARS", 60)
+    s = C.StreamingCorpus([f], tok, 10, val_fraction=0.1, rank=1, world_size=2)
+    got = [r.tolist() for r in s._sequences(validation=False)]
+    assert max(sizes) <= 60 and len(sizes) > 2 * len(docs) and got == whole
+    assert C.line_pieces("ab cd\tef gh ij", 6) == ["ab cd\t", "ef gh ", "ij"]
+    assert C.line_pieces("x" * 20, 8) == ["x" * 8, "x" * 8, "x" * 4]
+    parts = list(C.document_parts([f], 10 ** 9, line_chars=50))
+    assert [d for d, _ in parts] == list(range(len(docs)))
+    assert all(len(p) <= 50 for _, lines in parts for p in lines)
+    assert ["".join(lines) for _, lines in parts] == ["".join(d) for d in docs]
