@@ -49,6 +49,21 @@ def sorted_batches(lengths: Sequence[int], batch_size: int, descending: bool = T
     return batches
 
 
+def size_runs(sizes: Sequence[int], most: int, most_items: Optional[int] = None) -> list:
+    """Consecutive runs of indices into `sizes` whose sizes add up to at most `most`
+    (a single larger item is a run by itself), of at most `most_items` items: the
+    chunks that inputs are tokenized in, so that memory is bounded by a chunk's
+    characters rather than the input's."""
+    runs, size = [[]], 0
+    for i, n in enumerate(sizes):
+        if runs[-1] and (size + n > most or len(runs[-1]) == most_items):
+            runs.append([])
+            size = 0
+        runs[-1].append(i)
+        size += n
+    return [r for r in runs if r]
+
+
 # On CPU a forward pass over more tokens than fit in the caches runs its matmuls on
 # activations fetched from memory. Encoding 1,024 SST-2 sentences in one call on this
 # project's 2-core machine (1 thread / 2 threads): 98 / 169 sentences/s as a single

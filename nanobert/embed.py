@@ -29,7 +29,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from .batching import (CudaGraphs, forward_tokens, restore_order, sorted_batches,
+from .batching import (CudaGraphs, forward_tokens, restore_order, size_runs, sorted_batches,
                        to_inference_device)
 from .checkpoint import (POOLINGS, declared_max_length, sbert_config, st_json, st_prompts,
                          st_top_folder)
@@ -38,7 +38,7 @@ from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
-from .tokenizer import check_texts, cut_lengths, cut_note, note_once
+from .tokenizer import CLIP_MIN_CHARS, check_texts, cut_lengths, cut_note, note_once
 
 RERANK_K = 100   # search with a reranker: the nearest entries the cross-encoder re-scores
 
@@ -218,6 +218,7 @@ def declared_lowercase(model_dir) -> bool:
 
 
 CHUNK_TEXTS = 8192   # texts tokenized at a time by encoder_vectors: memory in this, not the corpus
+CHUNK_CHARS = 500_000     # ... and at most this many characters (as clipped: CLIP_MIN_CHARS)
 
 
 @torch.inference_mode()
@@ -229,9 +230,11 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     (n, H), rows in the order of `texts`. The one inference loop of embed and inspect.
     A `vector` marked `first_only = True` reads only each row's first token (the model
     then skips the rest of its last block: BertModel.forward's first_only).
-    Over CHUNK_TEXTS texts are tokenized a chunk at a time, longest (in characters)
-    first, as sentence-transformers does: all the encodings of a corpus at once took
-    +690 MB for 200k short lines, and the progress bar waited for all of them."""
+    Texts are tokenized a chunk (CHUNK_TEXTS texts, CHUNK_CHARS characters) at a time,
+    longest (in characters) first, as sentence-transformers does: all the encodings of a
+    corpus at once took +690 MB for 200k short lines, and the progress bar waited for
+    all of them; a truncated text's encoding holds all its tokens (5,000 lines of 2,000
+    characters: +3.2 GB; +0.17 GB now)."""
     base = getattr(model, "bert", model)       # the bare BertModel under any head
     texts = list(texts)
     if not texts:
@@ -243,17 +246,21 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     inputs = texts if pairs is None else list(zip(texts, pairs))
     # (never past the model's positions, whatever the caller or the tokenizer says)
     max_length = min(max_length or tokenizer.model_max_length, base.config.usable_positions)
+    # characters each input is tokenized with (a long text is clipped first: encode_batch)
+    cap = CLIP_MIN_CHARS * (max_length + 1)
+    sizes = [min(len(t), cap) + (min(len(pairs[i] or ""), cap) if pairs else 0)
+             for i, t in enumerate(texts)]
     order = list(range(len(texts)))
-    if len(texts) > CHUNK_TEXTS:
-        order.sort(key=lambda i: -len(texts[i]) - (len(pairs[i] or "") if pairs else 0))
+    if len(texts) > CHUNK_TEXTS or sum(sizes) > CHUNK_CHARS:
+        order.sort(key=lambda i: -sizes[i])
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(texts), desc="encoding", unit="text", leave=False)
     parts, cut = [], {}
     try:
-        for at in range(0, len(order), CHUNK_TEXTS):
-            chunk = order[at:at + CHUNK_TEXTS]
+        for run in size_runs([sizes[i] for i in order], CHUNK_CHARS, CHUNK_TEXTS):
+            chunk = [order[j] for j in run]
             encodings = tokenizer.encode_batch([texts[i] for i in chunk],
                                                None if pairs is None else [pairs[i] for i in chunk],
                                                max_length=max_length)

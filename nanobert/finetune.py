@@ -46,7 +46,8 @@ import torch
 
 from . import biencoder as B
 from . import data as D
-from .batching import forward_tokens, pad_rows, sorted_batches, to_inference_device
+from .batching import (forward_tokens, pad_rows, size_runs, sorted_batches,
+                       to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
 from .files import (ONE_LINE, NanobertError, check_output_dir, check_outside, note, some_of,
@@ -453,32 +454,20 @@ def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
 QA_CHUNK_CHARS = 1_000_000   # question and context characters made into windows at a time
 
 
-def qa_chunks(examples) -> list:
-    """Runs of examples of about QA_CHUNK_CHARS characters (at least one example each):
-    a question's windows take about 400 bytes a token as Python lists, so all windows
-    of all questions at once grew without bound (2,000 questions on one 10 kB context:
-    6.6 GB)."""
-    chunks, size = [[]], 0
-    for e in examples:
-        n = len(e.question) + len(e.context)
-        if chunks[-1] and size + n > QA_CHUNK_CHARS:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(e)
-        size += n
-    return [c for c in chunks if c]
-
-
 def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) -> list:
     """The best answer of each question, its windows made, run and decoded a chunk of
-    questions at a time (`qa_chunks`)."""
+    QA_CHUNK_CHARS characters of questions and contexts at a time: a question's windows
+    take about 400 bytes a token as Python lists, so all windows of all questions at once
+    grew without bound (2,000 questions on one 10 kB context: 6.6 GB)."""
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(examples), desc="predicting", unit="question", leave=False)
     answers, cut = [], 0
     try:
-        for chunk in qa_chunks(examples):
+        for run in size_runs([len(e.question) + len(e.context) for e in examples],
+                             QA_CHUNK_CHARS):
+            chunk = [examples[i] for i in run]
             items, windows = encode_qa(tok, chunk, settings["max_length"],
                                        settings["doc_stride"], quiet=True)
             cut += len({w.example for w in windows if w.question_cut})

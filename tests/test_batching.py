@@ -142,3 +142,10 @@ def test_graph_replays_pad_each_batch_into_its_bucket_and_give_the_eager_vectors
         monkeypatch.setattr(CudaGraphs, "of", staticmethod(lambda m: graphs))
         np.testing.assert_allclose(got, want, atol=1e-5)
     assert sorted(k[-2:] for k in graphs.graphs) == [(1, 16), (4, 32), (16, 32)]
+
+
+def test_size_runs_bound_each_run_by_size_and_count():
+    from nanobert.batching import size_runs
+    assert size_runs([3, 3, 3, 9, 1, 1], 6) == [[0, 1], [2], [3], [4, 5]]   # 9 alone
+    assert size_runs([1] * 5, 100, most_items=2) == [[0, 1], [2, 3], [4]]
+    assert size_runs([], 5) == [] and size_runs([0, 0], 0) == [[0, 1]]

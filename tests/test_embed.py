@@ -95,6 +95,19 @@ def test_a_big_corpus_is_tokenized_a_chunk_at_a_time(minilm, monkeypatch, capsys
     chunked = encode(model, tok, texts, batch_size=4, max_length=128)
     np.testing.assert_allclose(chunked, whole, atol=1e-5)
     assert sizes == [5, 5, 5, 5, 3] and capsys.readouterr().err == note
+    # and at most CHUNK_CHARS characters (a cut text's encoding holds all its tokens:
+    # 5,000 lines of 2,000 characters took +3.2 GB in one chunk of texts)
+    sizes.clear()
+    chars, plain2 = [], tok.encode_batch
+    monkeypatch.setattr(tok, "encode_batch", lambda t, *a, **kw: chars.append(sum(map(len, t)))
+                        or plain2(t, *a, **kw))
+    monkeypatch.setattr(embed, "CHUNK_TEXTS", 100)
+    monkeypatch.setattr(embed, "CHUNK_CHARS", 300)
+    np.testing.assert_allclose(encode(model, tok, texts, batch_size=4, max_length=128), whole,
+                               atol=1e-5)
+    assert chars[0] == len(texts[17]) and len(chars) > 4 and max(chars[1:]) <= 300
+    assert sum(chars) == sum(map(len, texts))
+    monkeypatch.setattr(embed, "CHUNK_CHARS", 10 ** 6)
     def run():   # pairs: the first token's vector of each (text, pair)
         return embed.encoder_vectors(model, tok, texts[:7], lambda out, mask: out.last_hidden_state[:, 0],
                                      pairs=texts[7:14], max_length=64)
