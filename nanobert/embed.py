@@ -29,7 +29,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from .batching import (CudaGraphs, forward_tokens, restore_order, size_runs, sorted_batches,
+from .batching import (CudaGraphs, forward_tokens, restore_order, sorted_batches,
                        to_inference_device)
 from .checkpoint import (POOLINGS, declared_max_length, sbert_config, st_json, st_prompts,
                          st_top_folder)
@@ -38,7 +38,7 @@ from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
-from .tokenizer import CLIP_MIN_CHARS, check_texts, cut_lengths, cut_note, note_once
+from .tokenizer import check_texts, encode_chunks
 
 RERANK_K = 100   # search with a reranker: the nearest entries the cross-encoder re-scores
 
@@ -217,10 +217,6 @@ def declared_lowercase(model_dir) -> bool:
 # Encoding
 
 
-CHUNK_TEXTS = 8192   # texts tokenized at a time by encoder_vectors: memory in this, not the corpus
-CHUNK_CHARS = 500_000     # ... and at most this many characters (as clipped: CLIP_MIN_CHARS)
-
-
 @torch.inference_mode()
 def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
                     batch_size: int = 64, max_length: Optional[int] = None,
@@ -230,11 +226,9 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     (n, H), rows in the order of `texts`. The one inference loop of embed and inspect.
     A `vector` marked `first_only = True` reads only each row's first token (the model
     then skips the rest of its last block: BertModel.forward's first_only).
-    Texts are tokenized a chunk (CHUNK_TEXTS texts, CHUNK_CHARS characters) at a time,
-    longest (in characters) first, as sentence-transformers does: all the encodings of a
-    corpus at once took +690 MB for 200k short lines, and the progress bar waited for
-    all of them; a truncated text's encoding holds all its tokens (5,000 lines of 2,000
-    characters: +3.2 GB; +0.17 GB now)."""
+    Texts are tokenized a chunk at a time, longest first (`encode_chunks`): all the
+    encodings of a corpus at once took +690 MB for 200k short lines, and the progress bar
+    waited for all of them."""
     base = getattr(model, "bert", model)       # the bare BertModel under any head
     texts = list(texts)
     if not texts:
@@ -246,34 +240,25 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     inputs = texts if pairs is None else list(zip(texts, pairs))
     # (never past the model's positions, whatever the caller or the tokenizer says)
     max_length = min(max_length or tokenizer.model_max_length, base.config.usable_positions)
-    # characters each input is tokenized with (a long text is clipped first: encode_batch)
-    cap = CLIP_MIN_CHARS * (max_length + 1)
-    sizes = [min(len(t), cap) + (min(len(pairs[i] or ""), cap) if pairs else 0)
-             for i, t in enumerate(texts)]
-    order = list(range(len(texts)))
-    if len(texts) > CHUNK_TEXTS or sum(sizes) > CHUNK_CHARS:
-        order.sort(key=lambda i: -sizes[i])
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(texts), desc="encoding", unit="text", leave=False)
-    parts, cut = [], {}
+
+    def encode(chunk):
+        return tokenizer.encode_batch([texts[i] for i in chunk],
+                                      None if pairs is None else [pairs[i] for i in chunk],
+                                      max_length=max_length)
+    parts = []
     try:
-        for run in size_runs([sizes[i] for i in order], CHUNK_CHARS, CHUNK_TEXTS):
-            chunk = [order[j] for j in run]
-            encodings = tokenizer.encode_batch([texts[i] for i in chunk],
-                                               None if pairs is None else [pairs[i] for i in chunk],
-                                               max_length=max_length)
-            lengths = cut_lengths(tokenizer, encodings, [inputs[i] for i in chunk])
-            cut.update((chunk[j], n) for j, n in lengths.items())
+        for chunk, encodings in encode_chunks(tokenizer, inputs, encode, max_length,
+                                              longest_first=True):
             parts.append((chunk, _vectors(base, tokenizer, encodings, vector, batch_size, bar)))
     finally:
         if was_training:
             base.train()
         if bar is not None:
             bar.close()
-    if not tokenizer.quiet:
-        note_once(tokenizer, cut_note(cut, len(texts), inputs, max_length, "texts", flag=None))
     out = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
     for chunk, vectors in parts:
         out[chunk] = vectors

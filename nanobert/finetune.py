@@ -119,17 +119,25 @@ def in_groups(items: list, kind, run) -> list:
 
 def encode_classification(tok, examples, max_length, label2id=None) -> list:
     """[CLS] text_a [SEP] (text_b [SEP]) per example: a pair where the example has one,
-    one text where it has none."""
-    def encode(paired, es):
-        return tok.encode_batch([e.text_a for e in es], [e.text_b for e in es] if paired else None,
-                                max_length=max_length, report="texts")
-    encs = in_groups(examples, lambda e: e.text_b is not None, encode)
-    items = []
-    for e, enc in zip(examples, encs):
-        item = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
-        if label2id is not None and e.label is not None:
-            item["labels"] = label2id[e.label]
-        items.append(item)
+    one text where it has none. Tokenized a chunk at a time (`encode_chunks`): only the
+    features are kept, not the encodings, which hold every token of a cut text."""
+    from .tokenizer import encode_chunks
+    max_length = max_length or tok.model_max_length
+
+    def encode(chunk):
+        def group(paired, es):
+            return tok.encode_batch([e.text_a for e in es],
+                                    [e.text_b for e in es] if paired else None,
+                                    max_length=max_length)
+        return in_groups([examples[i] for i in chunk], lambda e: e.text_b is not None, group)
+    inputs = [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    items = [None] * len(examples)
+    for chunk, encs in encode_chunks(tok, inputs, encode, max_length):
+        for i, enc in zip(chunk, encs):
+            e = examples[i]
+            items[i] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
+            if label2id is not None and e.label is not None:
+                items[i]["labels"] = label2id[e.label]
     return items
 
 

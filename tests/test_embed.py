@@ -78,10 +78,11 @@ def test_order_batching_and_normalisation(minilm):
 
 def test_a_big_corpus_is_tokenized_a_chunk_at_a_time(minilm, monkeypatch, capsys):
     """Over CHUNK_TEXTS texts, encoder_vectors tokenizes a chunk at a time (longest
-    first): all of a corpus's encodings at once held +690 MB for 200k short lines. The
+    first, tokenizer.encode_chunks): all of a corpus's encodings at once held +690 MB for 200k short lines. The
     vectors, their order and the one truncation note (its index counted over the whole
     input) stay those of one pass."""
     import nanobert.embed as embed
+    import nanobert.tokenizer as T
     model, tok = minilm
     texts = [SENTENCES[i % len(SENTENCES)] * (1 + i % 3) for i in range(23)]
     texts[17] = "word " * 300                    # cut at 128 tokens
@@ -91,7 +92,7 @@ def test_a_big_corpus_is_tokenized_a_chunk_at_a_time(minilm, monkeypatch, capsys
     tok.__dict__.pop("_notes", None)
     sizes, plain = [], tok.encode_batch
     monkeypatch.setattr(tok, "encode_batch", lambda t, *a, **kw: sizes.append(len(t)) or plain(t, *a, **kw))
-    monkeypatch.setattr(embed, "CHUNK_TEXTS", 5)
+    monkeypatch.setattr(T, "CHUNK_TEXTS", 5)
     chunked = encode(model, tok, texts, batch_size=4, max_length=128)
     np.testing.assert_allclose(chunked, whole, atol=1e-5)
     assert sizes == [5, 5, 5, 5, 3] and capsys.readouterr().err == note
@@ -101,18 +102,18 @@ def test_a_big_corpus_is_tokenized_a_chunk_at_a_time(minilm, monkeypatch, capsys
     chars, plain2 = [], tok.encode_batch
     monkeypatch.setattr(tok, "encode_batch", lambda t, *a, **kw: chars.append(sum(map(len, t)))
                         or plain2(t, *a, **kw))
-    monkeypatch.setattr(embed, "CHUNK_TEXTS", 100)
-    monkeypatch.setattr(embed, "CHUNK_CHARS", 300)
+    monkeypatch.setattr(T, "CHUNK_TEXTS", 100)
+    monkeypatch.setattr(T, "CHUNK_CHARS", 300)
     np.testing.assert_allclose(encode(model, tok, texts, batch_size=4, max_length=128), whole,
                                atol=1e-5)
     assert chars[0] == len(texts[17]) and len(chars) > 4 and max(chars[1:]) <= 300
     assert sum(chars) == sum(map(len, texts))
-    monkeypatch.setattr(embed, "CHUNK_CHARS", 10 ** 6)
+    monkeypatch.setattr(T, "CHUNK_CHARS", 10 ** 6)
     def run():   # pairs: the first token's vector of each (text, pair)
         return embed.encoder_vectors(model, tok, texts[:7], lambda out, mask: out.last_hidden_state[:, 0],
                                      pairs=texts[7:14], max_length=64)
     pairs = run()
-    monkeypatch.setattr(embed, "CHUNK_TEXTS", 100)
+    monkeypatch.setattr(T, "CHUNK_TEXTS", 100)
     np.testing.assert_allclose(pairs, run(), atol=1e-5)
 
 

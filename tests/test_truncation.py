@@ -143,3 +143,45 @@ def test_a_cache_that_does_not_fit_is_rebuilt(model_dir, tmp_path, bad):
     _, again = corpus_embeddings_cached(enc, corpus)
     np.testing.assert_array_equal(again, fresh)
     np.testing.assert_array_equal(np.load(cache), fresh)       # and the cache is repaired
+
+
+def test_cut_lengths_add_up_overflow_and_measure_clipped_texts_and_pairs_again(tok):
+    """A single text read whole is measured by its overflowing pieces (encoding every cut
+    text again had doubled the time of reading long texts); a text clipped before it was
+    tokenized, and a pair, are encoded again. Either way: the whole length, mixed inputs."""
+    import random
+    from nanobert.tokenizer import cut_lengths
+    rnd = random.Random(0)
+
+    def text():
+        return " ".join(rnd.choice(WORDS + ["unheardof", "ü", "!"]) for _ in range(rnd.randint(1, 400)))
+    for max_length in (6, 16, 40):
+        inputs = [text() if rnd.random() < 0.7 else (text(), text()) for _ in range(60)]
+        encs = [tok.encode_batch([x] if isinstance(x, str) else [x[0]], None if isinstance(x, str)
+                                 else [x[1]], max_length=max_length)[0] for x in inputs]
+        whole = {i: len(tok.encode(*((x,) if isinstance(x, str) else x), max_length=10 ** 6).ids)
+                 for i, x in enumerate(inputs)}
+        assert cut_lengths(tok, encs, inputs) == {i: n for i, n in whole.items() if n > max_length}
+        clipped = [x for x in inputs if isinstance(x, str) and len(x) > 16 * (max_length + 1)]
+        assert clipped                                           # (both ways are checked)
+
+
+def test_classification_features_are_made_a_chunk_at_a_time(tok, monkeypatch, capsys):
+    """Reading texts to classify kept every encoding until all were made: 25,000 texts
+    of 1,300 characters took +1.35 GB. Chunks give the same features and one note."""
+    import nanobert.tokenizer as T
+    from nanobert.data import Example
+    from nanobert.finetune import encode_classification
+    tok = tok.with_max_length(12)
+    examples = [Example(" ".join(WORDS[: 1 + i % len(WORDS)]) * (1 + i % 3),
+                        None if i % 4 else "the plot was dull", str(i % 2)) for i in range(30)]
+    whole = encode_classification(tok, examples, 12, {"0": 0, "1": 1})
+    note = capsys.readouterr().err
+    assert "of 30 texts are longer than 12 tokens" in note
+    tok.__dict__.pop("_notes", None)
+    calls = []
+    real = tok.encode_batch
+    monkeypatch.setattr(tok, "encode_batch", lambda t, *a, **k: calls.append(len(t)) or real(t, *a, **k))
+    monkeypatch.setattr(T, "CHUNK_CHARS", 100)
+    assert encode_classification(tok, examples, 12, {"0": 0, "1": 1}) == whole
+    assert len(calls) > 6 and capsys.readouterr().err == note
