@@ -264,7 +264,7 @@ def predict_classify(model, tok, examples, max_length, batch_size=64, progress=F
     return torch.softmax(torch.stack(logits), -1)
 
 
-def ner_windows(tok, inputs, max_length, split: bool = True) -> tuple:
+def ner_windows(tok, inputs, max_length, split: bool = True, quiet: bool = False) -> tuple:
     """Features for tagging of pre-split sentences (word lists, `split`) or raw texts (the
     tokenizer's pre-tokens are the words): one over max_length tokens is read in windows
     that overlap by half their room (the tokenizer's own overflow with a stride, as QA's
@@ -280,18 +280,29 @@ def ner_windows(tok, inputs, max_length, split: bool = True) -> tuple:
             encs = tk.encode_batch(inputs, is_pretokenized=True)
     else:
         encs = tok.encode_batch(inputs, max_length=max_length, stride=overlap)
-    long = sum(1 for e in encs if e.overflowing)
-    if long:
-        from .tokenizer import note_once
-        what = ("sentence" if split else "text") + ("s" if long > 1 else "")
-        note_once(tok, f"{long} {what} over {max_length} tokens {'were' if long > 1 else 'was'} "
-                       f"tagged in windows overlapping by {overlap} tokens",
-                  key=("windows", split, max_length))
+    if not quiet:
+        note_windows(tok, sum(1 for e in encs if e.overflowing), split, max_length)
     items, owners = [], []
     for n, enc in enumerate(encs):
         items.extend(_windows(enc, room, overlap))
         owners.extend([n] * (1 + len(enc.overflowing)))
     return items, owners
+
+
+def note_windows(tok, long: int, split: bool, max_length: int) -> None:
+    """Say (once per tokenizer and length) how many inputs were read in windows."""
+    if long:
+        from .tokenizer import note_once
+        overlap = (max_length - tok.tk.num_special_tokens_to_add(False)) // 2
+        what = ("sentence" if split else "text") + ("s" if long > 1 else "")
+        note_once(tok, f"{long} {what} over {max_length} tokens {'were' if long > 1 else 'was'} "
+                       f"tagged in windows overlapping by {overlap} tokens",
+                  key=("windows", split, max_length))
+
+
+def windowed(owners) -> int:
+    """How many inputs (`ner_windows`' owners) were read in more than one window."""
+    return len({a for a, b in zip(owners, owners[1:]) if a == b})
 
 
 def _windows(enc, room: int, overlap: int) -> list:
@@ -336,12 +347,45 @@ def window_word_predictions(items, owners, logits, n: int) -> list:
     return out
 
 
+def in_chunks(inputs: list, sizes: list, run, progress: bool = False, unit: str = "text") -> list:
+    """run(a chunk of inputs) for runs of CHUNK_CHARS characters (`sizes`: each input's),
+    results in input order, with one progress bar: windows (QA, NER) take hundreds of
+    bytes a token as Python lists, and all of them at once grew without bound (2,000
+    questions on one 10 kB context: 6.6 GB; 5,000 texts of 1,300 characters tagged:
+    +1.25 GB)."""
+    from . import tokenizer
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(inputs), desc="predicting", unit=unit, leave=False)
+    out = []
+    try:
+        for run_ in size_runs(sizes, tokenizer.CHUNK_CHARS):
+            out += run([inputs[i] for i in run_])
+            if bar is not None:
+                bar.update(len(run_))
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
 def sentence_word_predictions(model, tok, sentences, max_length, batch_size=64,
                               progress=False) -> list:
-    """Per sentence: {word index: (tag id, probability)} (`window_word_predictions`)."""
-    items, owners = ner_windows(tok, [s.words for s in sentences], max_length)
-    logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=token_logits)
-    return window_word_predictions(items, owners, logits, len(sentences))
+    """Per sentence: {word index: (tag id, probability)} (`window_word_predictions`),
+    a chunk of sentences at a time (`in_chunks`)."""
+    long = 0
+
+    def run(chunk):
+        nonlocal long
+        items, owners = ner_windows(tok, [s.words for s in chunk], max_length, quiet=True)
+        long += windowed(owners)
+        logits = run_batches(model, items, batch_size, tok.pad_id or 0, take=token_logits)
+        return window_word_predictions(items, owners, logits, len(chunk))
+    out = in_chunks(sentences, [sum(map(len, s.words)) + len(s.words) for s in sentences],
+                    run, progress, "sentence")
+    note_windows(tok, long, True, max_length)
+    return out
 
 
 def bridged(preds: dict, n: int, id2label: dict) -> dict:
@@ -375,10 +419,19 @@ def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress
 def predict_ner_text(model, tok, texts, max_length, batch_size=64, progress=False) -> list:
     """Entities of raw texts: [{"type", "start", "end", "text", "score"}] per text. The
     words are the tokenizer's pre-tokens (punctuation is a word of its own); a text over
-    max_length tokens is read in windows (`ner_windows`), as a CoNLL sentence is."""
-    items, owners = ner_windows(tok, texts, max_length, split=False)
-    logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress, take=token_logits)
-    return text_entities(texts, items, owners, logits, model.config.id2label)
+    max_length tokens is read in windows (`ner_windows`), as a CoNLL sentence is; a chunk
+    of texts at a time (`in_chunks`)."""
+    long = 0
+
+    def run(chunk):
+        nonlocal long
+        items, owners = ner_windows(tok, chunk, max_length, split=False, quiet=True)
+        long += windowed(owners)
+        logits = run_batches(model, items, batch_size, tok.pad_id or 0, take=token_logits)
+        return text_entities(chunk, items, owners, logits, model.config.id2label)
+    out = in_chunks(list(texts), [len(t) for t in texts], run, progress)
+    note_windows(tok, long, False, max_length)
+    return out
 
 
 def text_entities(texts, items, owners, logits, id2label: dict) -> list:
@@ -459,34 +512,20 @@ def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
     return ents
 
 
-QA_CHUNK_CHARS = 1_000_000   # question and context characters made into windows at a time
-
-
 def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) -> list:
     """The best answer of each question, its windows made, run and decoded a chunk of
-    QA_CHUNK_CHARS characters of questions and contexts at a time: a question's windows
-    take about 400 bytes a token as Python lists, so all windows of all questions at once
-    grew without bound (2,000 questions on one 10 kB context: 6.6 GB)."""
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(examples), desc="predicting", unit="question", leave=False)
-    answers, cut = [], 0
-    try:
-        for run in size_runs([len(e.question) + len(e.context) for e in examples],
-                             QA_CHUNK_CHARS):
-            chunk = [examples[i] for i in run]
-            items, windows = encode_qa(tok, chunk, settings["max_length"],
-                                       settings["doc_stride"], quiet=True)
-            cut += len({w.example for w in windows if w.question_cut})
-            spans = run_batches(model, items, batch_size, tok.pad_id or 0, take=span_logits)
-            answers += qa_answers(chunk, windows, spans, settings)
-            del items, windows, spans
-            if bar is not None:
-                bar.update(len(chunk))
-    finally:
-        if bar is not None:
-            bar.close()
+    questions at a time (`in_chunks`)."""
+    cut = 0
+
+    def run(chunk):
+        nonlocal cut
+        items, windows = encode_qa(tok, chunk, settings["max_length"], settings["doc_stride"],
+                                   quiet=True)
+        cut += len({w.example for w in windows if w.question_cut})
+        spans = run_batches(model, items, batch_size, tok.pad_id or 0, take=span_logits)
+        return qa_answers(chunk, windows, spans, settings)
+    answers = in_chunks(examples, [len(e.question) + len(e.context) for e in examples], run,
+                        progress, "question")
     note_questions_cut(tok, cut, settings["max_length"], settings["doc_stride"], False)
     return answers
 

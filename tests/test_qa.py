@@ -403,7 +403,7 @@ def test_questions_are_answered_a_chunk_at_a_time_with_the_same_answers(reader_d
                                                                       monkeypatch):
     """predict/evaluate made every window of every question before running any: 2,000
     questions on one 10 kB context took 6.6 GB. Windows are made, run and decoded
-    QA_CHUNK_CHARS at a time; the answers, their order and the cut note are the same."""
+    tokenizer.CHUNK_CHARS at a time; the answers, their order and the cut note are the same."""
     import importlib
     import random
     from nanobert import Predictor
@@ -420,7 +420,7 @@ def test_questions_are_answered_a_chunk_at_a_time_with_the_same_answers(reader_d
     real = F.encode_qa
     monkeypatch.setattr(F, "encode_qa", lambda tok, ex, *a, **k: calls.append(len(ex))
                         or real(tok, ex, *a, **k))
-    monkeypatch.setattr(F, "QA_CHUNK_CHARS", 400)
+    monkeypatch.setattr(importlib.import_module("nanobert.tokenizer"), "CHUNK_CHARS", 400)
     chunked = Predictor(reader_dir).predict(rows)
     assert len(calls) > 5 and sum(calls) == len(rows) and max(calls) < len(rows)
     for a, b in zip(chunked, whole, strict=True):   # (other batches: float rounding)
