@@ -957,6 +957,16 @@ def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: st
                     inputs, max_length, what, is_pretokenized, flag)
 
 
+MEASURE_TIMES = 64   # a clipped text's tokens are counted up to this many times max_length
+
+
+class AtLeast(int):
+    """A token count that is a lower bound: a text too long to be worth counting whole."""
+
+    def __str__(self):
+        return f"at least {int(self)}"
+
+
 def cut_lengths(tok: Tokenizer, encodings, inputs, is_pretokenized: bool = False) -> dict:
     """{index: its whole token count} of the inputs that truncation cut (`encodings` made
     without a stride). A single text read whole adds up its overflowing pieces; a pair,
@@ -964,7 +974,8 @@ def cut_lengths(tok: Tokenizer, encodings, inputs, is_pretokenized: bool = False
     to measure it: each distinct text (a pair's sides apart) once, a few at a time. All
     at once, `search --rerank` of a 130 kB query against 1,000 documents (the query in
     every pair) took 21 GB; encoding every cut text again doubled the time of reading
-    long texts (25,000 of 1,300 characters: 10 s more)."""
+    long texts (25,000 of 1,300 characters: 10 s more). A clipped text is counted only up
+    to MEASURE_TIMES its kept tokens (`Tokenizer.least_tokens`), an `AtLeast` count."""
     single = tok.tk.num_special_tokens_to_add(False)
     lengths, again = {}, []
     for i, e in enumerate(encodings):
@@ -974,6 +985,8 @@ def cut_lengths(tok: Tokenizer, encodings, inputs, is_pretokenized: bool = False
         x = inputs[i]
         if is_pretokenized or (isinstance(x, str) and len(x) <= CLIP_MIN_CHARS * (len(e) + 1)):
             lengths[i] = single + sum(len(p) - single for p in [e, *over])
+        elif isinstance(x, str):      # clipped: counted up to a bound (5 MB whole: 2.5 GB)
+            lengths[i] = AtLeast(single + tok.least_tokens(x, MEASURE_TIMES * len(e)))
         else:
             again.append(i)
 
@@ -1037,8 +1050,9 @@ def cut_note(lengths: dict, total: int, inputs, max_length: int, what: str = "in
     shown = " ".join(example) if is_pretokenized else (
         example if isinstance(example, str) else " | ".join(example))
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    lost = [n - max_length for n in lengths.values()]
-    by = f"{min(lost)}" if min(lost) == max(lost) else f"{min(lost)} to {max(lost)}"
+    lost = [type(n)(n - max_length) for n in lengths.values()]   # (an AtLeast stays one)
+    least, most = min(lost), max(lost)
+    by = f"{least}" if least == most and type(least) is type(most) else f"{least} to {most}"
     one = len(lengths) == 1
     which = f"#{worst + 1}" if one else f"the longest, #{worst + 1},"
     return (f"{len(lengths)} of {total} {what} {'is' if one else 'are'} longer than "

@@ -147,10 +147,11 @@ def test_a_cache_that_does_not_fit_is_rebuilt(model_dir, tmp_path, bad):
 
 def test_cut_lengths_add_up_overflow_and_measure_clipped_texts_and_pairs_again(tok):
     """A single text read whole is measured by its overflowing pieces (encoding every cut
-    text again had doubled the time of reading long texts); a text clipped before it was
-    tokenized, and a pair, are encoded again. Either way: the whole length, mixed inputs."""
+    text again had doubled the time of reading long texts); a pair is encoded again; a
+    text clipped before it was tokenized is counted up to a bound (a 5 MB row measured
+    whole took 3.0 GB for a note), and the note says "at least"."""
     import random
-    from nanobert.tokenizer import cut_lengths
+    from nanobert.tokenizer import AtLeast, cut_lengths
     rnd = random.Random(0)
 
     def text():
@@ -161,9 +162,14 @@ def test_cut_lengths_add_up_overflow_and_measure_clipped_texts_and_pairs_again(t
                                  else [x[1]], max_length=max_length)[0] for x in inputs]
         whole = {i: len(tok.encode(*((x,) if isinstance(x, str) else x), max_length=10 ** 6).ids)
                  for i, x in enumerate(inputs)}
-        assert cut_lengths(tok, encs, inputs) == {i: n for i, n in whole.items() if n > max_length}
-        clipped = [x for x in inputs if isinstance(x, str) and len(x) > 16 * (max_length + 1)]
-        assert clipped                                           # (both ways are checked)
+        got = cut_lengths(tok, encs, inputs)
+        assert set(got) == {i for i, n in whole.items() if n > max_length}
+        clipped = {i for i, x in enumerate(inputs)
+                   if isinstance(x, str) and len(x) > 16 * (max_length + 1)}
+        assert clipped and clipped < set(got)                    # (each way is checked)
+        for i, n in got.items():    # a clipped text: a lower bound over 64 x max_length
+            assert n == whole[i] if i not in clipped else (
+                isinstance(n, AtLeast) and (n == whole[i] or 64 * max_length < n < whole[i]))
 
 
 def test_classification_features_are_made_a_chunk_at_a_time(tok, monkeypatch, capsys):
@@ -185,3 +191,10 @@ def test_classification_features_are_made_a_chunk_at_a_time(tok, monkeypatch, ca
     monkeypatch.setattr(T, "CHUNK_CHARS", 100)
     assert encode_classification(tok, examples, 12, {"0": 0, "1": 1}) == whole
     assert len(calls) > 6 and capsys.readouterr().err == note
+
+
+def test_a_text_too_long_to_count_is_said_to_have_at_least_its_count(tok):
+    from nanobert.tokenizer import truncation_note
+    texts = ["the plot " * 30000, "the movie was great good fun"]
+    note = truncation_note(tok, tok.encode_batch(texts, max_length=6), texts, 6, "texts")
+    assert "were cut by 2 to at least " in note and "(the longest, #1, has at least " in note
