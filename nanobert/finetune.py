@@ -360,10 +360,10 @@ def in_chunks(inputs: list, sizes: list, run, progress: bool = False, unit: str 
         bar = tqdm(total=len(inputs), desc="predicting", unit=unit, leave=False)
     out = []
     try:
-        for run_ in size_runs(sizes, tokenizer.CHUNK_CHARS):
-            out += run([inputs[i] for i in run_])
+        for idx in size_runs(sizes, tokenizer.CHUNK_CHARS):
+            out += run([inputs[i] for i in idx])
             if bar is not None:
-                bar.update(len(run_))
+                bar.update(len(idx))
     finally:
         if bar is not None:
             bar.close()
