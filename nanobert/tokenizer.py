@@ -369,6 +369,13 @@ if hasattr(os, "register_at_fork"):
                         after_in_child=lambda: _release_after_fork(child=True))
 
 
+class AtLeast(int):
+    """A token count that is a lower bound: a text too long to be worth counting whole."""
+
+    def __str__(self):
+        return f"at least {int(self)}"
+
+
 class Tokenizer:
     def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True,
                  specials: Optional[dict] = None):
@@ -597,11 +604,12 @@ class Tokenizer:
         """The tokens of `text`, or a lower bound of them that is over `least`: those of
         ever longer prefixes that the rest of the text cannot change (`_settled`), so
         that a text far over `least` costs `least`, not its length, and no cut needs
-        checking (head's check made a refusal slower than tokenizing the whole text)."""
+        checking (head's check made a refusal slower than tokenizing the whole text).
+        A lower bound is an `AtLeast`; a count of the whole text, a plain int."""
         for _, enc in self._prefix_encodings(text, least):
             settled = _settled(enc)
             if settled > least:
-                return settled
+                return AtLeast(settled)
         return len(self.plain([text], add_special_tokens=False)[0].ids)
 
     def clip_pairs(self, texts: Sequence[str], pairs: Sequence[str], max_length: int) -> list:
@@ -960,22 +968,15 @@ def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: st
 MEASURE_TIMES = 64   # a clipped text's tokens are counted up to this many times max_length
 
 
-class AtLeast(int):
-    """A token count that is a lower bound: a text too long to be worth counting whole."""
-
-    def __str__(self):
-        return f"at least {int(self)}"
-
-
 def cut_lengths(tok: Tokenizer, encodings, inputs, is_pretokenized: bool = False) -> dict:
     """{index: its whole token count} of the inputs that truncation cut (`encodings` made
-    without a stride). A single text read whole adds up its overflowing pieces; a pair,
-    or a text clipped before it was tokenized (`Tokenizer.clip`), is encoded again whole
-    to measure it: each distinct text (a pair's sides apart) once, a few at a time. All
-    at once, `search --rerank` of a 130 kB query against 1,000 documents (the query in
-    every pair) took 21 GB; encoding every cut text again doubled the time of reading
-    long texts (25,000 of 1,300 characters: 10 s more). A clipped text is counted only up
-    to MEASURE_TIMES its kept tokens (`Tokenizer.least_tokens`), an `AtLeast` count."""
+    without a stride). A single text read whole adds up its overflowing pieces. A pair's
+    sides, or a text clipped before it was tokenized (`Tokenizer.clip`), are encoded
+    again: each distinct side once, a few at a time, and one over 16 characters a kept
+    token only up to MEASURE_TIMES the kept tokens (`Tokenizer.least_tokens`: then an
+    `AtLeast`). All at once, `search --rerank` of a 130 kB query against 1,000
+    documents took 21 GB; measuring whole every cut text made a note cost more than
+    reading the texts (16 pairs with a 1 MB side: 26 of 35 s, +2.45 GB)."""
     single = tok.tk.num_special_tokens_to_add(False)
     lengths, again = {}, []
     for i, e in enumerate(encodings):
@@ -985,23 +986,26 @@ def cut_lengths(tok: Tokenizer, encodings, inputs, is_pretokenized: bool = False
         x = inputs[i]
         if is_pretokenized or (isinstance(x, str) and len(x) <= CLIP_MIN_CHARS * (len(e) + 1)):
             lengths[i] = single + sum(len(p) - single for p in [e, *over])
-        elif isinstance(x, str):      # clipped: counted up to a bound (5 MB whole: 2.5 GB)
-            lengths[i] = AtLeast(single + tok.least_tokens(x, MEASURE_TIMES * len(e)))
         else:
             again.append(i)
 
     def sides(x):
-        return [x] if is_pretokenized or isinstance(x, str) else [t for t in x if t is not None]
-    texts = list({_hashable(t): t for i in again for t in sides(inputs[i])}.values())
-    sizes, step = {}, 16
-    for at in range(0, len(texts), step):
-        part = texts[at:at + step]
-        encs = tok.plain(part, add_special_tokens=False, is_pretokenized=is_pretokenized)
-        sizes.update((_hashable(t), len(e.ids)) for t, e in zip(part, encs))
+        return [x] if isinstance(x, str) else [t for t in x if t is not None]
+    sizes = {}
     for i in again:
-        parts = sides(inputs[i])
-        lengths[i] = (tok.tk.num_special_tokens_to_add(len(parts) > 1)
-                      + sum(sizes[_hashable(t)] for t in parts))
+        kept = len(encodings[i])
+        for t in sides(inputs[i]):
+            if t not in sizes and len(t) > CLIP_MIN_CHARS * (kept + 1):
+                sizes[t] = tok.least_tokens(t, MEASURE_TIMES * kept)
+    short = list({t for i in again for t in sides(inputs[i]) if t not in sizes})
+    for at in range(0, len(short), 16):
+        part = short[at:at + 16]
+        encs = tok.plain(part, add_special_tokens=False)
+        sizes.update((t, len(e.ids)) for t, e in zip(part, encs))
+    for i in again:
+        counts = [sizes[t] for t in sides(inputs[i])]
+        n = tok.tk.num_special_tokens_to_add(len(counts) > 1) + sum(counts)
+        lengths[i] = AtLeast(n) if any(isinstance(c, AtLeast) for c in counts) else n
     return dict(sorted(lengths.items()))
 
 
@@ -1033,10 +1037,6 @@ def encode_chunks(tok: Tokenizer, inputs, encode, max_length: int, what: str = "
             cut.update((chunk[j], n) for j, n in lengths.items())
         yield chunk, encodings
     note_once(tok, cut_note(cut, len(inputs), inputs, max_length, what, flag=None))
-
-
-def _hashable(text):
-    return tuple(text) if isinstance(text, list) else text
 
 
 def cut_note(lengths: dict, total: int, inputs, max_length: int, what: str = "inputs",

@@ -147,17 +147,19 @@ def test_a_cache_that_does_not_fit_is_rebuilt(model_dir, tmp_path, bad):
 
 def test_cut_lengths_add_up_overflow_and_measure_clipped_texts_and_pairs_again(tok):
     """A single text read whole is measured by its overflowing pieces (encoding every cut
-    text again had doubled the time of reading long texts); a pair is encoded again; a
-    text clipped before it was tokenized is counted up to a bound (a 5 MB row measured
-    whole took 3.0 GB for a note), and the note says "at least"."""
+    text again had doubled the time of reading long texts); a pair's sides, and a text
+    clipped before it was tokenized, are encoded again, a long one counted only up to a
+    bound (a 5 MB row measured whole took 3.0 GB for a note; 16 pairs with a 1 MB side
+    2.45 GB): an AtLeast, which the note words "at least"."""
     import random
     from nanobert.tokenizer import AtLeast, cut_lengths
-    rnd = random.Random(0)
+    rnd, bounded = random.Random(0), 0
 
     def text():
         return " ".join(rnd.choice(WORDS + ["unheardof", "ü", "!"]) for _ in range(rnd.randint(1, 400)))
     for max_length in (6, 16, 40):
         inputs = [text() if rnd.random() < 0.7 else (text(), text()) for _ in range(60)]
+        inputs += ["the plot " * 2000, ("a b", "dull fun " * 2000), ("dull " * 3000, "good")]
         encs = [tok.encode_batch([x] if isinstance(x, str) else [x[0]], None if isinstance(x, str)
                                  else [x[1]], max_length=max_length)[0] for x in inputs]
         whole = {i: len(tok.encode(*((x,) if isinstance(x, str) else x), max_length=10 ** 6).ids)
@@ -167,9 +169,15 @@ def test_cut_lengths_add_up_overflow_and_measure_clipped_texts_and_pairs_again(t
         clipped = {i for i, x in enumerate(inputs)
                    if isinstance(x, str) and len(x) > 16 * (max_length + 1)}
         assert clipped and clipped < set(got)                    # (each way is checked)
-        for i, n in got.items():    # a clipped text: a lower bound over 64 x max_length
-            assert n == whole[i] if i not in clipped else (
-                isinstance(n, AtLeast) and (n == whole[i] or 64 * max_length < n < whole[i]))
+        for i, n in got.items():    # a long text or side: exact, or a bound over 64 x max_length
+            if isinstance(n, AtLeast):
+                long = [t for t in ([inputs[i]] if i in clipped else inputs[i])
+                        if len(t) > 16 * (max_length + 1)]
+                assert long and 64 * max_length < n < whole[i]
+            else:
+                assert n == whole[i]
+        bounded += sum(isinstance(n, AtLeast) for n in got.values())
+    assert bounded                                               # (both kinds of count)
 
 
 def test_classification_features_are_made_a_chunk_at_a_time(tok, monkeypatch, capsys):
