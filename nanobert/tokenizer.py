@@ -965,7 +965,7 @@ def truncation_note(tok: Tokenizer, encodings, inputs, max_length: int, what: st
                     inputs, max_length, what, is_pretokenized, flag)
 
 
-MEASURE_TIMES = 64   # a clipped text's tokens are counted up to this many times max_length
+MEASURE_TIMES = 64   # a long text (or pair side) is counted up to this many times max_length
 
 
 def cut_lengths(tok: Tokenizer, encodings, inputs, is_pretokenized: bool = False) -> dict:
