@@ -249,19 +249,19 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
         return tokenizer.encode_batch([texts[i] for i in chunk],
                                       None if pairs is None else [pairs[i] for i in chunk],
                                       max_length=max_length)
-    parts = []
+    out = None    # (each chunk's vectors go in at once: kept apart, then copied, took 2x)
     try:
         for chunk, encodings in encode_chunks(tokenizer, inputs, encode, max_length,
                                               longest_first=True):
-            parts.append((chunk, _vectors(base, tokenizer, encodings, vector, batch_size, bar)))
+            vectors = _vectors(base, tokenizer, encodings, vector, batch_size, bar)
+            if out is None:
+                out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
+            out[chunk] = vectors
     finally:
         if was_training:
             base.train()
         if bar is not None:
             bar.close()
-    out = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
-    for chunk, vectors in parts:
-        out[chunk] = vectors
     return out
 
 
