@@ -41,6 +41,7 @@ from .config import at_least, checked
 from .files import NanobertError, with_article
 from .threads import run_on_cores, torch_threads
 from .serve_models import Counts, Served, load_served, split_spec
+from .tokenizer import TOKENS_PER_CHAR
 
 # ----------------------------------------------------------------------------------
 # Settings and errors
@@ -428,7 +429,6 @@ class Server:
         and is not measured. The memory the count took is handed back at once: nothing
         else trims after a refused request."""
         limit = self.config.max_request_tokens
-        from .tokenizer import TOKENS_PER_CHAR
         if TOKENS_PER_CHAR * sum(map(len, texts)) <= limit:
             return
         tokens = await self.on_tokenizer(m.least_tokens, texts, limit)
