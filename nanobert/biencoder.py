@@ -686,12 +686,13 @@ def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) 
         raise
 
 
-def score_predict(model, tok, rows, settings, batch_size=64, progress=False) -> list:
-    """{"text"[, "pair"], "score"} per row: the regression output or the reranker's logit."""
+def score_predict(model, tok, rows, settings, batch_size=64, progress=False):
+    """Yield {"text"[, "pair"], "score"} per row: the regression output or the reranker's
+    logit."""
     scores = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size,
                            progress)
-    return [{"text": a, **({"pair": b} if b is not None else {}), "score": s}
-            for (a, b), s in zip(_row_pairs(rows), scores)]
+    for (a, b), s in zip(_row_pairs(rows), scores):
+        yield {"text": a, **({"pair": b} if b is not None else {}), "score": s}
 
 
 def score_show(r: dict) -> str:
@@ -764,22 +765,25 @@ EMBED_SETTINGS = ("pooling", "loss", "scale", "mini_batch_size", "hard_negatives
 RERANK_SETTINGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k", "model")
 
 
-def embed_predict(model, tok, rows, settings, batch_size=64, progress=False) -> list:
-    """Pairs: {"text", "pair", "cosine"}; single texts: {"text", "embedding"}."""
+def embed_predict(model, tok, rows, settings, batch_size=64, progress=False):
+    """Yield per row, for pairs: {"text", "pair", "cosine"}; for single texts: {"text",
+    "embedding"} (a list of floats, 30 bytes a dimension: made as it is printed)."""
     from .embed import encode
 
     def vectors(texts):
         return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size,
                       progress=progress)
-    a = vectors([r.texts[0] for r in rows])
-    if all(len(r.texts) == 1 for r in rows):
-        return [{"text": r.texts[0], "embedding": [round(float(x), 6) for x in v]}
-                for r, v in zip(rows, a)]
-    if any(len(r.texts) != 2 for r in rows):
+    single = all(len(r.texts) == 1 for r in rows)
+    if not single and any(len(r.texts) != 2 for r in rows):
         raise NanobertError("give all inputs as single texts, or all as (text, text_pair)")
+    a = vectors([r.texts[0] for r in rows])
+    if single:
+        for r, v in zip(rows, a):
+            yield {"text": r.texts[0], "embedding": [round(x, 6) for x in v.tolist()]}
+        return
     b = vectors([r.texts[1] for r in rows])
-    return [{"text": r.texts[0], "pair": r.texts[1], "cosine": round(float(u @ v), 6)}
-            for r, u, v in zip(rows, a, b)]
+    for r, u, v in zip(rows, a, b):
+        yield {"text": r.texts[0], "pair": r.texts[1], "cosine": round(float(u @ v), 6)}
 
 
 def embed_show(r: dict) -> str:

@@ -119,8 +119,18 @@ def in_groups(items: list, kind, run) -> list:
 
 def encode_classification(tok, examples, max_length, label2id=None) -> list:
     """[CLS] text_a [SEP] (text_b [SEP]) per example: a pair where the example has one,
-    one text where it has none. Tokenized a chunk at a time (`encode_chunks`): only the
-    features are kept, not the encodings, which hold every token of a cut text."""
+    one text where it has none (`classification_chunks`, all of them)."""
+    items = [None] * len(examples)
+    for chunk, features in classification_chunks(tok, examples, max_length, label2id):
+        for i, f in zip(chunk, features):
+            items[i] = f
+    return items
+
+
+def classification_chunks(tok, examples, max_length, label2id=None):
+    """Yield (indices, their features) of `examples`, tokenized a chunk at a time
+    (`encode_chunks`): only the features are kept, not the encodings, which hold every
+    token of a cut text."""
     from .tokenizer import encode_chunks
     max_length = max_length or tok.model_max_length
 
@@ -131,14 +141,13 @@ def encode_classification(tok, examples, max_length, label2id=None) -> list:
                                     max_length=max_length)
         return in_groups([examples[i] for i in chunk], lambda e: e.text_b is not None, group)
     inputs = [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
-    items = [None] * len(examples)
     for chunk, encs in encode_chunks(tok, inputs, encode, max_length):
+        features = []
         for i, enc in zip(chunk, encs):
-            e = examples[i]
-            items[i] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
-            if label2id is not None and e.label is not None:
-                items[i]["labels"] = label2id[e.label]
-    return items
+            features.append({"input_ids": enc.ids, "token_type_ids": enc.type_ids})
+            if label2id is not None and examples[i].label is not None:
+                features[-1]["labels"] = label2id[examples[i].label]
+        yield chunk, features
 
 
 def word_features(enc) -> dict:
@@ -229,7 +238,8 @@ def span_logits(out, row, n):
 def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
                 take: Callable = sequence_logits) -> list:
     """`take(model output, row, length)` per item, in item order: by default the logits
-    row; `token_logits` (trimmed to the item's length) or `span_logits` (start, end)."""
+    row; `token_logits` (trimmed to the item's length) or `span_logits` (start, end).
+    `progress`: True for a bar of batches, or a bar of the caller's to move by items."""
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -247,21 +257,35 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
         o = model(**{k: v.to(dev) for k, v in batch.items()}, **first)
         return [take(o, row, len(items[i]["input_ids"])) for row, i in enumerate(idx)]
     results = map_on_cores(forward, groups, cpu=dev.type == "cpu")
-    if progress:
+    bar = progress if hasattr(progress, "update") else None
+    if progress is True:
         from tqdm.auto import tqdm
         results = tqdm(results, total=len(groups), desc="predicting", unit="batch", leave=False)
     for idx, taken in zip(groups, results):
         for i, t in zip(idx, taken):
             out[i] = t
+        if bar is not None:
+            bar.update(len(idx))
     model.train(was_training)
     return out
 
 
 def predict_classify(model, tok, examples, max_length, batch_size=64, progress=False):
-    """(N, C) probabilities."""
-    items = encode_classification(tok, examples, max_length)
-    logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress)
-    return torch.softmax(torch.stack(logits), -1)
+    """(N, C) probabilities, a chunk of examples at a time (`classification_chunks`: the
+    features of a million texts took gigabytes)."""
+    probs = torch.zeros(len(examples), model.config.num_labels)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(examples), desc="predicting", unit="text", leave=False)
+    try:
+        for chunk, items in classification_chunks(tok, examples, max_length):
+            logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress=bar)
+            probs[chunk] = torch.softmax(torch.stack(logits), -1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return probs
 
 
 def ner_windows(tok, inputs, max_length, split: bool = True, quiet: bool = False) -> tuple:
@@ -347,33 +371,33 @@ def window_word_predictions(items, owners, logits, n: int) -> list:
     return out
 
 
-def in_chunks(inputs: list, sizes: list, run, progress: bool = False, unit: str = "text") -> list:
-    """run(a chunk of inputs) for runs of CHUNK_CHARS characters (`sizes`: each input's),
-    results in input order, with one progress bar: windows (QA, NER) take hundreds of
-    bytes a token as Python lists, and all of them at once grew without bound (2,000
-    questions on one 10 kB context: 6.6 GB; 5,000 texts of 1,300 characters tagged:
-    +1.25 GB)."""
+def in_chunks(inputs: list, sizes: list, run, progress: bool = False, unit: str = "text"):
+    """Yield the results of run(a chunk of inputs) for runs of CHUNK_CHARS characters
+    (`sizes`: each input's), in input order, with one progress bar: windows (QA, NER)
+    take hundreds of bytes a token as Python lists, and all of them at once grew without
+    bound (2,000 questions on one 10 kB context: 6.6 GB; 5,000 texts of 1,300 characters
+    tagged: +1.25 GB). A caller that prints each result as it comes holds one chunk's."""
     from . import tokenizer
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(inputs), desc="predicting", unit=unit, leave=False)
-    out = []
     try:
         for idx in size_runs(sizes, tokenizer.CHUNK_CHARS):
-            out += run([inputs[i] for i in idx])
+            results = run([inputs[i] for i in idx])
             if bar is not None:
                 bar.update(len(idx))
+            yield from results
     finally:
         if bar is not None:
             bar.close()
-    return out
 
 
 def sentence_word_predictions(model, tok, sentences, max_length, batch_size=64,
-                              progress=False) -> list:
-    """Per sentence: {word index: (tag id, probability)} (`window_word_predictions`),
-    a chunk of sentences at a time (`in_chunks`)."""
+                              progress=False):
+    """Yield per sentence: {word index: (tag id, probability)}
+    (`window_word_predictions`), a chunk of sentences at a time (`in_chunks`); the
+    windows note is said once all are read."""
     long = 0
 
     def run(chunk):
@@ -382,10 +406,9 @@ def sentence_word_predictions(model, tok, sentences, max_length, batch_size=64,
         long += windowed(owners)
         logits = run_batches(model, items, batch_size, tok.pad_id or 0, take=token_logits)
         return window_word_predictions(items, owners, logits, len(chunk))
-    out = in_chunks(sentences, [sum(map(len, s.words)) + len(s.words) for s in sentences],
-                    run, progress, "sentence")
+    yield from in_chunks(sentences, [sum(map(len, s.words)) + len(s.words) for s in sentences],
+                         run, progress, "sentence")
     note_windows(tok, long, True, max_length)
-    return out
 
 
 def bridged(preds: dict, n: int, id2label: dict) -> dict:
@@ -407,17 +430,17 @@ def bridged(preds: dict, n: int, id2label: dict) -> dict:
     return out
 
 
-def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress=False) -> list:
-    """IOB2 tags for the words of each sentence (long sentences in windows)."""
+def predict_ner_words(model, tok, sentences, max_length, batch_size=64, progress=False):
+    """Yield the IOB2 tags of each sentence's words (long sentences in windows)."""
     id2label = model.config.id2label
     preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size, progress)
-    preds = [bridged(p, len(s.words), id2label) for s, p in zip(sentences, preds)]
-    return [[id2label[p[w][0]] if w in p else "O" for w in range(len(s.words))]
-            for s, p in zip(sentences, preds)]
+    for p, s in zip(preds, sentences):     # (preds first: its note follows the last)
+        p = bridged(p, len(s.words), id2label)
+        yield [id2label[p[w][0]] if w in p else "O" for w in range(len(s.words))]
 
 
-def predict_ner_text(model, tok, texts, max_length, batch_size=64, progress=False) -> list:
-    """Entities of raw texts: [{"type", "start", "end", "text", "score"}] per text. The
+def predict_ner_text(model, tok, texts, max_length, batch_size=64, progress=False):
+    """Yield the entities of raw texts: [{"type", "start", "end", "text", "score"}] per text. The
     words are the tokenizer's pre-tokens (punctuation is a word of its own); a text over
     max_length tokens is read in windows (`ner_windows`), as a CoNLL sentence is; a chunk
     of texts at a time (`in_chunks`)."""
@@ -429,9 +452,9 @@ def predict_ner_text(model, tok, texts, max_length, batch_size=64, progress=Fals
         long += windowed(owners)
         logits = run_batches(model, items, batch_size, tok.pad_id or 0, take=token_logits)
         return text_entities(chunk, items, owners, logits, model.config.id2label)
-    out = in_chunks(list(texts), [len(t) for t in texts], run, progress)
+    texts = list(texts)
+    yield from in_chunks(texts, [len(t) for t in texts], run, progress)
     note_windows(tok, long, False, max_length)
-    return out
 
 
 def text_entities(texts, items, owners, logits, id2label: dict) -> list:
@@ -445,22 +468,20 @@ def text_entities(texts, items, owners, logits, id2label: dict) -> list:
             for text, (offsets, words), p in zip(texts, tokens, preds)]
 
 
-def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64,
-                          progress=False) -> list:
-    """Entities of pre-split sentences (a CoNLL file's words, or a list of words from
+def predict_ner_sentences(model, tok, sentences, max_length, batch_size=64, progress=False):
+    """Yield the entities of pre-split sentences (a CoNLL file's words, or a list of words from
     Python): the words are exactly the ones given, tokenized as training and `evaluate`
     tokenize them, so the word tags are the ones `evaluate` scores. Character spans are
     in the words joined by single spaces (the "text" of the result)."""
+    id2label = model.config.id2label
     preds = sentence_word_predictions(model, tok, sentences, max_length, batch_size, progress)
-    preds = [bridged(p, len(s.words), model.config.id2label) for s, p in zip(sentences, preds)]
-    out = []
-    for s, p in zip(sentences, preds):
+    for p, s in zip(preds, sentences):     # (preds first: its note follows the last)
         spans, pos = {}, 0
         for w, word in enumerate(s.words):
             spans[w] = (pos, pos + len(word))
             pos += len(word) + 1
-        out.append(entity_spans(" ".join(s.words), spans, p, model.config.id2label))
-    return out
+        yield entity_spans(" ".join(s.words), spans, bridged(p, len(s.words), id2label),
+                           id2label)
 
 
 def entities(text, offsets, word_ids, word_preds: dict, id2label: dict) -> list:
@@ -512,9 +533,9 @@ def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
     return ents
 
 
-def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) -> list:
-    """The best answer of each question, its windows made, run and decoded a chunk of
-    questions at a time (`in_chunks`)."""
+def predict_qa(model, tok, examples, settings, batch_size=64, progress=False):
+    """Yield the best answer of each question, its windows made, run and decoded a chunk
+    of questions at a time (`in_chunks`)."""
     cut = 0
 
     def run(chunk):
@@ -524,10 +545,9 @@ def predict_qa(model, tok, examples, settings, batch_size=64, progress=False) ->
         cut += len({w.example for w in windows if w.question_cut})
         spans = run_batches(model, items, batch_size, tok.pad_id or 0, take=span_logits)
         return qa_answers(chunk, windows, spans, settings)
-    answers = in_chunks(examples, [len(e.question) + len(e.context) for e in examples], run,
-                        progress, "question")
+    yield from in_chunks(examples, [len(e.question) + len(e.context) for e in examples], run,
+                         progress, "question")
     note_questions_cut(tok, cut, settings["max_length"], settings["doc_stride"], False)
-    return answers
 
 
 def qa_answers(examples, windows, spans, settings) -> list:
@@ -588,12 +608,12 @@ def classify_evaluate(model, tok, examples, settings, batch_size=64, progress=Fa
 def ner_evaluate(model, tok, sentences, settings, batch_size=64, progress=False) -> dict:
     from .metrics import ner_metrics
     pred = predict_ner_words(model, tok, sentences, settings["max_length"], batch_size, progress)
-    return ner_metrics([s.tags for s in sentences], pred)
+    return ner_metrics([s.tags for s in sentences], list(pred))
 
 
 def qa_evaluate(model, tok, examples, settings, batch_size=64, progress=False) -> dict:
     from .metrics import squad_metrics
-    preds = predict_qa(model, tok, examples, settings, batch_size, progress)
+    preds = list(predict_qa(model, tok, examples, settings, batch_size, progress))
     return squad_metrics({e.id: p["answer"] for e, p in zip(examples, preds)},
                          {e.id: [a for a, _ in e.answers] for e in examples})
 
@@ -628,37 +648,47 @@ def ner_check(sentences, model, path, source="the model knows"):
                            "F1 would be 0 whatever the model tags")
 
 
-def classify_predict(model, tok, examples, settings, batch_size=64, progress=False) -> list:
+def classify_predict(model, tok, examples, settings, batch_size=64, progress=False):
+    """Yield {"text"[, "pair"], "label", "probability"} per example. A task's predict
+    yields its results so that `predict` prints each as it comes (NER's entities and
+    embeddings are many times their input); Predictor lists them."""
     probs = predict_classify(model, tok, examples, settings["max_length"], batch_size, progress)
     conf, idx = probs.max(-1)
-    return [{"text": e.text_a, **({"pair": e.text_b} if e.text_b is not None else {}),
-             "label": model.config.id2label[i], "probability": c}
-            for e, c, i in zip(examples, conf.tolist(), idx.tolist())]
+    for e, c, i in zip(examples, conf.tolist(), idx.tolist()):
+        yield {"text": e.text_a, **({"pair": e.text_b} if e.text_b is not None else {}),
+               "label": model.config.id2label[i], "probability": c}
 
 
-def ner_predict(model, tok, examples, settings, batch_size=64, progress=False) -> list:
-    """Entities of texts (D.Example: the tokenizer splits the words) and of pre-split
-    sentences (D.Sentence, from a CoNLL file: its words, as `evaluate` reads them)."""
+def ner_predict(model, tok, examples, settings, batch_size=64, progress=False):
+    """Yield the entities of texts (D.Example: the tokenizer splits the words) and of
+    pre-split sentences (D.Sentence, from a CoNLL file: its words, as `evaluate` reads
+    them); inputs of one kind (a file's) as they are tagged, mixed ones at the end."""
     def predict(split, es):
         if split:
-            texts = [" ".join(s.words) for s in es]
             ents = predict_ner_sentences(model, tok, es, settings["max_length"], batch_size,
                                          progress)
+            texts = (" ".join(s.words) for s in es)
         else:
             texts = [e.text_a for e in es]
             ents = predict_ner_text(model, tok, texts, settings["max_length"], batch_size,
                                     progress)
-        return [{"text": t, "entities": e} for t, e in zip(texts, ents)]
-    return in_groups(examples, lambda e: isinstance(e, D.Sentence), predict)
+        for e, t in zip(ents, texts):   # (ents first: its note follows the last)
+            yield {"text": t, "entities": e}
+    kinds = {isinstance(e, D.Sentence) for e in examples}
+    if len(kinds) == 1:
+        yield from predict(kinds.pop(), examples)
+    else:
+        yield from in_groups(examples, lambda e: isinstance(e, D.Sentence),
+                             lambda split, es: list(predict(split, es)))
 
 
-def qa_predict(model, tok, examples, settings, batch_size=64, progress=False) -> list:
-    preds = predict_qa(model, tok, examples, settings, batch_size, progress)
-    out = [{"id": e.id, "question": e.question, **p} for e, p in zip(examples, preds)]
-    for r in out:
+def qa_predict(model, tok, examples, settings, batch_size=64, progress=False):
+    """Yield {"id", "question", "answer", "start", "end", "score"} per question."""
+    for p, e in zip(predict_qa(model, tok, examples, settings, batch_size, progress), examples):
+        r = {"id": e.id, "question": e.question, **p}
         if not math.isfinite(r["score"]):   # an empty context: no span (JSON has no -inf)
             r["score"] = None
-    return out
+        yield r
 
 
 def one_line(r: dict) -> dict:
@@ -1639,8 +1669,8 @@ class Predictor:
             given = "a (text, pair) tuple" if self.task.is_pair(examples[odd]) else "one text"
             raise NanobertError(f"input {odd}: {given}, but {self.name} was trained on "
                                 f"{D.TEXT_KINDS[self.settings['pairs']]}")
-        out = self.task.predict(self.model, self.tokenizer, examples, self.settings,
-                                self.batch_size)
+        out = list(self.task.predict(self.model, self.tokenizer, examples, self.settings,
+                                     self.batch_size))
         return out[0] if single else out
 
 
@@ -1881,8 +1911,9 @@ def predict_cmd(args):
         examples = _predict_inputs(task, args, settings)
     if not examples:
         raise NanobertError("nothing to predict")
-    # (a bar on a terminal only, cleared when done)
-    for r in task.predict(model, tok, examples, settings, args.batch_size,
-                          progress=sys.stderr.isatty()):
+    # each result printed as it comes (NER's are ten times their input); a bar where
+    # stderr is a terminal and the results go elsewhere (lines printed under it broke it)
+    progress = sys.stderr.isatty() and not sys.stdout.isatty()
+    for r in task.predict(model, tok, examples, settings, args.batch_size, progress=progress):
         print(json.dumps(r) if args.json else task.show(one_line(r)))
     return 0

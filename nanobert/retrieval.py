@@ -207,35 +207,53 @@ def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int 
 def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64,
                 progress: bool = False):
     """The logits of a sequence head for each (text, text_pair) (text_pair may be None):
-    a float32 tensor (n, outputs), in input order."""
-    from .batching import forward_tokens, restore_order, sorted_batches
-    from .tokenizer import note_once, truncation_note
-    if not pairs:
-        return torch.zeros(0, model.config.num_labels)
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
+    a float32 tensor (n, outputs), in input order. Tokenized and run a chunk at a time
+    (`encode_chunks`): 20,000 documents of 50 kB held every encoding at once."""
+    from .tokenizer import encode_chunks
     first = [a for a, _ in pairs]
     second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
-    encs = tok.encode_batch(first, second, max_length=max_length)
-    if not tok.quiet:   # (once per tokenizer: search --rerank calls this for each query)
+    out = torch.zeros(len(pairs), model.config.num_labels)
+    if not pairs:
+        return out
+
+    def encode(chunk):
+        return tok.encode_batch([first[i] for i in chunk],
+                                None if second is None else [second[i] for i in chunk],
+                                max_length=max_length)
+    was_training = model.training
+    model.eval()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(pairs), desc="scoring", unit="pair", leave=False)
+    try:
         inputs = first if second is None else list(zip(first, second))
-        note_once(tok, truncation_note(tok, encs, inputs, max_length,
-                                       "texts" if second is None else "pairs"), key="pair_logits")
+        # (the note once per tokenizer: search --rerank calls this for each query)
+        for chunk, encs in encode_chunks(tok, inputs, encode, max_length, "texts" if second
+                                         is None else "pairs", key="pair_logits"):
+            out[chunk] = _encoded_logits(model, tok, encs, batch_size, bar)
+    finally:
+        model.train(was_training)
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def _encoded_logits(model, tok, encs, batch_size: int, bar=None) -> torch.Tensor:
+    """pair_logits of one chunk's encodings, in their order."""
+    from .batching import forward_tokens, restore_order, sorted_batches
+    device = next(model.parameters()).device
     groups = sorted_batches([len(e.ids) for e in encs], batch_size,
                             max_tokens=forward_tokens(device))
 
     def forward(idx):
         batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
         return model(**batch).logits.float().cpu()
-    try:
-        out = map_on_cores(forward, groups, cpu=device.type == "cpu")
-        if progress:
-            from tqdm.auto import tqdm
-            out = tqdm(out, total=len(groups), desc="scoring", unit="batch", leave=False)
-        out = list(out)
-    finally:
-        model.train(was_training)
+    out = []
+    for idx, logits in zip(groups, map_on_cores(forward, groups, cpu=device.type == "cpu")):
+        out.append(logits)
+        if bar is not None:
+            bar.update(len(idx))
     return restore_order(groups, torch.cat(out))
 
 

@@ -350,8 +350,8 @@ def test_task_functions_regression_and_rerank(minilm_dir, tmp_path):
     assert items[0]["labels"] == 4.5 and items[0]["token_type_ids"][-1] == 1
     m = E.regress_evaluate(model, tok, rows, {"max_length": 16})
     assert set(m) == {"pearson", "spearman", "mse"} and -1 <= m["spearman"] <= 1
-    out = E.score_predict(model, tok, [E.text_input(0, ("a", "b")), E.text_input(1, "c")],
-                          {"max_length": 16})
+    out = list(E.score_predict(model, tok, [E.text_input(0, ("a", "b")), E.text_input(1, "c")],
+                               {"max_length": 16}))
     assert out[0]["pair"] == "b" and "pair" not in out[1] and isinstance(out[1]["score"], float)
     assert E.score_show(out[0]).endswith("\ta\tb")
     with pytest.raises(NanobertError, match="input 2"):

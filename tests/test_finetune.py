@@ -1,4 +1,5 @@
 """Fine-tuning end to end on tiny fixtures: overfit, evaluate, predict, load in transformers."""
+import importlib
 import json
 import random
 import unicodedata
@@ -264,7 +265,7 @@ def test_ner_labels_go_on_the_first_subword(minilm):
                     logits[:, t, 2 if f else 1] = 10.0  # only the first piece says B-PER
             return type("O", (), {"logits": logits})()
 
-    preds = sentence_word_predictions(Fake(), tok, [s], 32, batch_size=4)
+    preds = list(sentence_word_predictions(Fake(), tok, [s], 32, batch_size=4))
     assert {w: p[0] for w, p in preds[0].items()} == {0: 0, 1: 0, 2: 0, 3: 2}
 
 
@@ -311,7 +312,7 @@ def test_ner_overfits_and_predicts_char_spans(tiny_dir, tmp_path, capsys):
     model, tok, settings = load_finetuned(out)
     model.cpu()  # (load_finetuned puts it on the GPU where there is one)
     text = "Carol lives in Rome"
-    ents = predict_ner_text(model, tok, [text], 24)[0]
+    ents = list(predict_ner_text(model, tok, [text], 24))[0]
     assert [(e["type"], text[e["start"]:e["end"]]) for e in ents] == [("PER", "Carol"), ("LOC", "Rome")]
     assert ents[0]["text"] == "Carol" and 0 < ents[0]["score"] <= 1
     from nanobert import Predictor
@@ -703,14 +704,14 @@ def test_ner_predict_on_conll_words_gives_the_tags_evaluate_scores(minilm, tmp_p
     inputs = ner_inputs(conll)
     assert [type(x).__name__ for x in inputs] == ["Sentence", "Sentence"]
     settings = {"max_length": 24}   # the second sentence is read in two windows
-    out = ner_predict(model, tok, inputs, settings)
+    out = list(ner_predict(model, tok, inputs, settings))
     assert out[0]["text"] == "John visited the U.S. today"
     assert [(e["type"], e["text"]) for e in out[0]["entities"]] == [("PER", "John"),
                                                                     ("LOC", "U.S.")]
     for r in out:
         assert all(r["text"][e["start"]:e["end"]] == e["text"] for e in r["entities"])
     # the entities, read back onto the words, are evaluate's word tags
-    words_tags = predict_ner_words(model, tok, inputs, 24)
+    words_tags = list(predict_ner_words(model, tok, inputs, 24))
     back = []
     for sent, r in zip(inputs, out):
         starts = [sum(len(w) + 1 for w in sent.words[:k]) for k in range(len(sent.words))]
@@ -726,7 +727,7 @@ def test_ner_predict_on_conll_words_gives_the_tags_evaluate_scores(minilm, tmp_p
     assert ner_metrics(gold, back)["f1"] == 1.0
     assert ner_metrics(gold, back) == ner_metrics(gold, words_tags)
     # a raw text still goes through the tokenizer's words, with its own character spans
-    raw = ner_predict(model, tok, [Example("  John\u00a0went  home")], settings)[0]
+    raw = list(ner_predict(model, tok, [Example("  John\u00a0went  home")], settings))[0]
     assert raw["entities"][0]["text"] == "John" and raw["entities"][0]["start"] == 2
 
 
@@ -1049,7 +1050,7 @@ def test_long_sentences_are_tagged_in_windows_word_by_word(minilm, capsys):
     assert n_tokens > 4 * 24
     s = Sentence(words, ["O"] * len(words), 1)
     for max_length in (16, 17, 24, 512):
-        assert predict_ner_words(model, tok, [s], max_length) == [["B-LOC"] * len(words)]
+        assert list(predict_ner_words(model, tok, [s], max_length)) == [["B-LOC"] * len(words)]
     assert "1 sentence over 16 tokens was tagged in windows overlapping by 7 tokens" \
         in capsys.readouterr().err
 
@@ -1098,6 +1099,66 @@ def test_tagging_reads_a_chunk_of_texts_at_a_time_with_the_same_entities(tiny_di
     assert "sentences over 16 tokens were" in notes
 
 
+def test_classification_is_run_a_chunk_of_texts_at_a_time_with_the_same_probabilities(
+        tiny_dir, tmp_path, monkeypatch):
+    """predict_classify made the features of every text before running any (a million
+    texts: gigabytes of token lists). It runs tokenizer.CHUNK_CHARS at a time: the same
+    probabilities, in order."""
+    import nanobert.tokenizer as T
+    from nanobert.data import Example
+    F = importlib.import_module("nanobert.finetune")
+    torch.manual_seed(0)
+    path = head_dir(tiny_dir, tmp_path / "clf", "classify", {"task": "classify", "max_length": 16},
+                    {0: "neg", 1: "pos"})
+    model, tok, settings = F.load_finetuned(path)
+    examples = [Example(" ".join(NAMES[(i + j) % 4] for j in range(1 + i % 9)),
+                        None if i % 3 else "bob met carol") for i in range(40)]
+    whole = F.predict_classify(model, tok, examples, 16)
+    sizes, real = [], F.run_batches
+    monkeypatch.setattr(F, "run_batches", lambda m, items, *a, **k: sizes.append(len(items))
+                        or real(m, items, *a, **k))
+    monkeypatch.setattr(T, "CHUNK_CHARS", 100)
+    chunked = F.predict_classify(model, tok, examples, 16, progress=True)
+    assert len(sizes) > 5 and sum(sizes) == len(examples) and max(sizes) < len(examples)
+    assert torch.allclose(chunked, whole, atol=1e-6) and chunked.shape == (40, 2)
+
+
+def test_predict_prints_each_chunk_of_results_before_tagging_the_next(tiny_dir, tmp_path,
+                                                                      capsys, monkeypatch):
+    """predict held every result until the last was made (NER's entities are ten times
+    their input: 500 texts of 2-10 kB took 1.26 GB). It prints each chunk's results
+    before tagging the next: the same lines, and the windows note once, counting all."""
+    import nanobert.tokenizer as T
+    from nanobert import cli
+    F = importlib.import_module("nanobert.finetune")
+    torch.manual_seed(0)
+    tagger = head_dir(tiny_dir, tmp_path / "tagger", "token", {"task": "ner", "max_length": 16},
+                      {0: "O", 1: "B-PER", 2: "I-PER"})
+    texts = [" ".join(NAMES[(i + j) % 4] for j in range(1 + i % 25)) for i in range(30)]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    args = ["predict", "--model", str(tagger), "--input", str(tmp_path / "in.txt"), "--json"]
+    assert cli.main(args) == 0
+    whole = capsys.readouterr()
+    monkeypatch.setattr(T, "CHUNK_CHARS", 60)
+    shown, printed, real = [], [], F.run_batches
+
+    def spy(*a, **k):   # the lines printed before each chunk is tagged
+        shown.append(capsys.readouterr().out)
+        printed.append("".join(shown).count("\n"))
+        return real(*a, **k)
+    monkeypatch.setattr(F, "run_batches", spy)
+    assert cli.main(args) == 0
+    out = capsys.readouterr()
+    assert len(printed) > 5 and printed[0] == 0 and 0 < printed[-1] < len(texts)
+    lines = [json.loads(x) for x in ("".join(shown) + out.out).splitlines()]
+    want = [json.loads(x) for x in whole.out.splitlines()]
+    assert [r["text"] for r in lines] == texts == [r["text"] for r in want]
+    assert [[(e["type"], e["start"], e["end"]) for e in r["entities"]] for r in lines] == \
+        [[(e["type"], e["start"], e["end"]) for e in r["entities"]] for r in want]
+    assert "texts over 16 tokens were tagged in windows" in whole.err
+    assert out.err == whole.err
+
+
 class EdgeShy(torch.nn.Module):
     """A tagger that tags a token B-LOC only in the middle half of its window's room,
     O near the window's edges: what a word gets says where it was read."""
@@ -1133,7 +1194,7 @@ def test_overlapping_windows_read_each_word_where_it_has_the_most_context(minilm
         if g == 0 or enc.word_ids[g - 1] != w:
             firsts.append(g)
     total, room = len(enc.ids), 30
-    tags = predict_ner_words(EdgeShy(), tok, [s], room + 2)[0]
+    tags = list(predict_ner_words(EdgeShy(), tok, [s], room + 2))[0]
     middle = [w for w, g in enumerate(firsts) if room // 4 <= g < total - room // 4]
     assert len(middle) > 40 and all(tags[w] == "B-LOC" for w in middle), tags
     # cut, each word was read in one window only: many were read near an edge
@@ -1152,7 +1213,7 @@ def test_raw_texts_are_tagged_in_windows_with_character_spans(minilm, capsys):
     words = [f"w{i % 10}" if i % 3 else "x" for i in range(90)]
     text = "  ".join(words) + " ."
     room = 30
-    ents = predict_ner_text(EdgeShy(), tok, [text], room + 2)[0]
+    ents = list(predict_ner_text(EdgeShy(), tok, [text], room + 2))[0]
     assert "1 text over 32 tokens was tagged in windows" in capsys.readouterr().err
     starts = [len("  ".join(words[:w])) + 2 * (w > 0) for w in range(len(words))]
     tagged = {starts.index(e["start"]) for e in ents}

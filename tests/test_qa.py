@@ -285,7 +285,7 @@ def test_qa_predict_offsets_are_exact_in_unicode_contexts_and_json_safe(minilm):
     settings = {"max_length": 32, "doc_stride": 8, "n_best": 20, "max_answer_length": 30}
     windows = make_windows(tok, examples[:1], 32, 8)
     assert len(windows) > 3
-    out = qa_predict(FakeReader(target), tok, examples, settings)
+    out = list(qa_predict(FakeReader(target), tok, examples, settings))
     assert out[0]["answer"] == "Zürich" and ctx[out[0]["start"]:out[0]["end"]] == "Zürich"
     assert out[1]["answer"] == "" and out[1]["score"] is None
     json.dumps(out, allow_nan=False)

@@ -216,6 +216,29 @@ def test_a_pair_classifier_whose_second_label_is_the_negative_one_is_noted(
     assert (says in offline and says in served) == noted, (offline, served)
 
 
+def test_scoring_reads_a_chunk_of_pairs_at_a_time_with_the_same_scores(tiny_dir, tmp_path,
+                                                                        capsys, monkeypatch):
+    """A cross-encoder tokenized every pair before scoring any (20,000 documents of 50 kB
+    held every encoding: each token of a cut text). It reads tokenizer.CHUNK_CHARS at a
+    time: the same scores, in order, and one truncation note counting every chunk."""
+    import nanobert.tokenizer as T
+    path = head_dir(tiny_dir, tmp_path / "m", "regression", {"task": "rerank", "max_length": 16})
+    docs = [" ".join(["word"] * (1 + (7 * i) % 40)) + f" doc {i}" for i in range(60)]
+    whole = R.Reranker(path).score(QUERY, docs)
+    notes = capsys.readouterr().err
+    monkeypatch.setattr(T, "CHUNK_CHARS", 300)
+    calls, real = [], T.Tokenizer.encode_batch
+
+    def spy(self, texts, *a, **k):
+        calls.append(len(texts))
+        return real(self, texts, *a, **k)
+    monkeypatch.setattr(T.Tokenizer, "encode_batch", spy)
+    chunked = R.Reranker(path).score(QUERY, docs)
+    assert len([n for n in calls if n > 1]) > 5 and max(calls) < len(docs)
+    assert np.allclose(chunked, whole, rtol=0, atol=1e-5)
+    assert "pairs are longer than 16 tokens" in notes and capsys.readouterr().err == notes
+
+
 def test_reranker_and_predictor_take_dtype_and_device(tiny_dir, tmp_path, one_thread):
     """Reranker had no dtype (search --rerank --dtype int8 left the cross-encoder fp32)
     and Predictor no device, where Encoder has both."""

@@ -352,7 +352,7 @@ def test_a_classifier_takes_only_the_kind_of_input_it_learnt(tmp_path):
 def test_ner_entities_equal_predict(server, models):
     model, tok, settings = load_finetuned(models["tags"])
     texts = ["John met Mary in Paris and London.", "where does mary live"]
-    offline = predict_ner_text(model, tok, texts, settings["max_length"])
+    offline = list(predict_ner_text(model, tok, texts, settings["max_length"]))
     r = server.post("/ner", {"inputs": texts}).json()["results"]
     assert [x["entities"] for x in r] == [[dict(e) for e in ents] for ents in offline]
     for text, x in zip(texts, r):
@@ -383,12 +383,12 @@ def test_two_threads_run_a_batch_in_parts_with_the_same_answers(models, tmp_path
         assert np.allclose([x["score"] for x in r], probs.max(-1).values.numpy(), atol=1e-5)
         nm, ntok, nset = load_finetuned(models["tags"])
         texts = ["John met Mary in Paris and London.", "where does mary live", "Paris"]
-        want = predict_ner_text(nm, ntok, texts, nset["max_length"])
+        want = list(predict_ner_text(nm, ntok, texts, nset["max_length"]))
         r = s.post("/ner", {"inputs": texts}).json()["results"]
         assert [x["entities"] for x in r] == [[dict(e) for e in ents] for ents in want]
         qm, qtok, qset = load_finetuned(models["reader"])
         context = " ".join(["Mary lives in Paris."] + ["It rains a lot there."] * 40)
-        want = predict_qa(qm, qtok, [QAExample("0", "who lives in paris?", context)], qset)[0]
+        want = list(predict_qa(qm, qtok, [QAExample("0", "who lives in paris?", context)], qset))[0]
         got = s.post("/qa", {"question": "who lives in paris?", "context": context,
                              "model": "reader"}).json()["results"][0]
         assert (got["answer"], got["start"]) == (want["answer"], want["start"])
@@ -401,7 +401,7 @@ def test_two_threads_run_a_batch_in_parts_with_the_same_answers(models, tmp_path
 def test_qa_over_windows_equals_predict(server, models):
     model, tok, settings = load_finetuned(models["reader"])
     context = " ".join(random.Random(3).choices(WORDS, k=120))
-    offline = predict_qa(model, tok, [QAExample("0", "who lives in paris?", context)], settings)[0]
+    offline = list(predict_qa(model, tok, [QAExample("0", "who lives in paris?", context)], settings))[0]
     r = server.post("/qa", {"question": "who lives in paris?", "context": context}).json()
     got = r["results"][0]
     assert got["windows"] > 3                       # a long context, cut into windows
@@ -414,7 +414,7 @@ def test_qa_over_windows_equals_predict(server, models):
     # a question too long for the windows is cut, as predict cuts it: the same answer,
     # and few windows (one that left a token past the stride moved on a token at a time)
     long_q = "who lives in paris and " * 6 + "where?"
-    offline = predict_qa(model, tok, [QAExample("0", long_q, context)], settings)[0]
+    offline = list(predict_qa(model, tok, [QAExample("0", long_q, context)], settings))[0]
     cut_before = server.metric("nanobert_truncated_inputs_total")
     got = server.post("/qa", {"question": long_q, "context": context}).json()["results"][0]
     assert got["truncated"] is True and got["windows"] <= 2 * r["results"][0]["windows"]
@@ -427,7 +427,7 @@ def test_qa_windows_spread_over_many_batches_give_the_same_answer(models):
     batches (one batcher item each) and the answer is still predict's."""
     model, tok, settings = load_finetuned(models["reader"])
     context = " ".join(random.Random(4).choices(WORDS, k=150))
-    offline = predict_qa(model, tok, [QAExample("0", "who met mary?", context)], settings)[0]
+    offline = list(predict_qa(model, tok, [QAExample("0", "who met mary?", context)], settings))[0]
     s = Running([f"reader={models['reader']}"], "--max-batch-tokens", "40")
     try:
         got = s.post("/qa", {"question": "who met mary?", "context": context}).json()["results"][0]
@@ -509,7 +509,7 @@ def test_long_inputs_are_clipped_without_changing_answers(server, models):
     assert r["truncated"] == [True, False] and r["usage"]["prompt_tokens"] > 256
 
     model, tok, settings = load_finetuned(models["tags"])
-    ner = predict_ner_text(model, tok, [long], settings["max_length"])[0]
+    ner = list(predict_ner_text(model, tok, [long], settings["max_length"]))[0]
     got = server.post("/ner", {"inputs": [long]}).json()["results"][0]
     # /ner reads the whole text, in windows, as predict does
     assert got["entities"] == [dict(e) for e in ner] and not got["truncated"]
