@@ -780,6 +780,18 @@ def _label_str(value, path, line, require: bool = True) -> Optional[str]:
     return integral_label(s)
 
 
+def missing_field(path, n: int, field: str, records: list) -> NanobertError:
+    """The error of line n of a JSON Lines file, which lacks a field that other lines
+    (records: [(line, object)]) have: how many have it and the first that does. A field
+    on one line of 50,000 was blamed on line 1 as "other lines have it", naming none."""
+    having = [m for m, rec in records if field in rec]
+    if not having:
+        return data_error(path, n, f"missing field {field!r}")
+    return data_error(path, n, f"missing field {field!r}, which {len(having)} of "
+                      f"{len(records)} records have (the first, line {having[0]}); give every "
+                      "record the same fields")
+
+
 def _read_jsonl_examples(path: Path, cols: dict) -> list:
     """Classification examples of a JSON Lines file. The columns are chosen from the
     fields of ALL lines (a pair field first seen on line 2 is still the pair), and then
@@ -796,7 +808,7 @@ def _read_jsonl_examples(path: Path, cols: dict) -> list:
     for n, obj in objs:
         for c in needed:
             if c is not None and c not in obj:
-                raise data_error(path, n, f"missing field {c!r} (other lines have it)")
+                raise missing_field(path, n, c, objs)
         for c in (chosen.text, chosen.pair):
             if c is not None and not isinstance(obj[c], str):
                 raise data_error(path, n, _not_a_text(c, obj[c]))
@@ -1878,7 +1890,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     for n, rec in records:
         absent = next((c for c in roles + [score] if c is not None and c not in rec), None)
         if absent is not None:
-            raise data_error(path, n, f"missing field {absent!r} (other lines have it)")
+            raise missing_field(path, n, absent, records)
         texts = tuple(rec.get(r) for r in roles)
         odd = next((r for r in roles if not isinstance(rec.get(r), str)), None)
         if odd is not None:

@@ -555,10 +555,11 @@ class Encoder:
         if rerank is not None:
             rerank = check_reranker(rerank)
             rerank_k = check_count(rerank_k, "rerank_k")
-            if rerank_k < k:   # (it was raised without a word)
-                note(f"rerank_k (--rerank-k) {rerank_k} is under k (-k) {k}: the {k} nearest "
-                     "entries are reranked")
             first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
+            if rerank_k < k:   # (it was raised without a word; a corpus under k is all read)
+                n = len(first if single else first[0])
+                which = f"the {n} nearest entries" if n == k else f"all {n} entries of the corpus"
+                note(f"rerank_k (--rerank-k) {rerank_k} is under k (-k) {k}: {which} are reranked")
             return rerank.rerank_hits(query, first, k)
         if isinstance(corpus, (str, Path)):
             if corpus_embeddings is not None:   # (they were dropped without a word)

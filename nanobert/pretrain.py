@@ -692,7 +692,7 @@ def mask_positions(tok, text: str) -> tuple:
     where = (ids[0] == tok.mask_id).nonzero().squeeze(1)
     mask = tok.id_to_token(tok.mask_id)
     if len(where):      # (a cut, and the masks past it, had gone unsaid)
-        report_truncation(tok, [encoding], [text], tok.model_max_length, "text", flag=None)
+        report_truncation(tok, [encoding], [text], tok.model_max_length, "texts", flag=None)
         written = text.count(mask)
         if written > len(where):
             note(f"{written - len(where)} of the {written} {mask} tokens are past the "

@@ -172,8 +172,9 @@ def read_texts(body: dict, name: str, limit: int, pairs: bool = False,
     if not isinstance(items, list) or not items:
         raise unprocessable(name, "must be " + "a string or " * one_text + "a non-empty list "
                             "of strings" + (" or of [text, pair] lists" if pairs else ""))
-    if len(items) > limit:
-        raise ApiError(413, f"batch of {len(items)} inputs is over the limit of {limit} "
+    if len(items) > limit:   # (/rerank's are documents: "inputs" named no field it has)
+        what = "documents" if name == "documents" else "inputs"
+        raise ApiError(413, f"batch of {len(items)} {what} is over the limit of {limit} "
                             "(--max-client-batch)", name)
     numbers = _is_token_ids if token_ids is not None else _is_numbers
     num = next((i for i, t in enumerate(items) if numbers(t)), None)

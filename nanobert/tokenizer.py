@@ -1055,8 +1055,11 @@ def cut_note(lengths: dict, total: int, inputs, max_length: int, what: str = "in
     least, most = min(lost), max(lost)
     by = f"{least}" if least == most and type(least) is type(most) else f"{least} to {most}"
     one = len(lengths) == 1
-    which = f"#{worst + 1}" if one else f"the longest, #{worst + 1},"
-    return (f"{len(lengths)} of {total} {what} {'is' if one else 'are'} longer than "
+    which = "it" if total == 1 else f"#{worst + 1}" if one else f"the longest, #{worst + 1},"
+    # ("1 of 1 texts is" read oddly: one input is "the text")
+    counted = (f"the {what[:-1]}" if total == 1 and what.endswith("s") else
+               f"{len(lengths)} of {total} {what}")
+    return (f"{counted} {'is' if one else 'are'} longer than "
             f"{max_length} tokens and {'was' if one else 'were'} cut by {by} token"
             f"{'' if by == '1' else 's'} ({which} has "
             f"{lengths[worst]}: {shown!r})" + (f"; raise {flag} to keep more" if flag else ""))

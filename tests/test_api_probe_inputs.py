@@ -103,6 +103,11 @@ def test_search_says_when_rerank_k_is_raised_to_k(minilm, reranker, capsys):
                                        "(-k) 3: the 3 nearest entries are reranked\n")
     enc.search("cat", DOCS, k=2, rerank=reranker, rerank_k=2)
     assert capsys.readouterr().err == ""
+    # k over the corpus: all of it is reranked (it said "the 50 nearest" of 5)
+    assert len(enc.search("cat", DOCS, k=50, rerank=reranker, rerank_k=1)) == len(DOCS)
+    assert capsys.readouterr().err == ("nanobert: note: rerank_k (--rerank-k) 1 is under k "
+                                       f"(-k) 50: all {len(DOCS)} entries of the corpus are "
+                                       "reranked\n")
 
 
 def test_encode_refuses_dicts_sets_and_surrogates_and_encoder_names_its_tokenizer(minilm):

@@ -134,6 +134,50 @@ def test_row_batches_and_loss_choice(minilm):
         E.EmbedLoss("triplet")
 
 
+@pytest.mark.parametrize("cross", [False, True])
+def test_training_rows_are_held_as_token_ids_a_chunk_at_a_time(minilm, monkeypatch, capsys,
+                                                               cross):
+    """RowBatches kept a tokenizers Encoding per text (ids, tokens, offsets, masks): 6.6 kB
+    a pair row, 3.45 GB for 400,000 pairs. It keeps flat token ids and types, tokenized
+    tokenizer.CHUNK_CHARS at a time: the same batches as padding the encodings, and a
+    truncation note per column that names it, counting every chunk."""
+    import nanobert.tokenizer as T
+    _, tok = minilm
+    rows = [TextRow((f"who is {'the very long ' * (i % 5)}anchor {i}",
+                     f"the {'second ' * (i % 11)}text {i}")) for i in range(40)]
+    scores = [float(i % 3) for i in range(40)] if cross else None
+    whole = E.RowBatches(tok, rows, 12, scores, cross=cross)
+    notes = capsys.readouterr().err
+    what = "training pairs" if cross else "training anchors"
+    assert f"of 40 {what} are longer than 12 tokens" in notes
+    assert cross or "of 40 training positives are longer" in notes
+    monkeypatch.setattr(T, "CHUNK_CHARS", 200)
+    tok.__dict__.pop("_notes", None)
+    calls, real = [], T.Tokenizer.encode_batch
+    monkeypatch.setattr(T.Tokenizer, "encode_batch", lambda self, texts, *a, **k:
+                        calls.append(len(texts)) or real(self, texts, *a, **k))
+    chunked = E.RowBatches(tok, rows, 12, scores, cross=cross)
+    assert len(calls) > 6 and max(calls) < len(rows)
+    monkeypatch.undo()
+    assert capsys.readouterr().err == notes
+    firsts = [(r.texts[0], r.texts[1]) if cross else r.texts[0] for r in rows]
+    encs = [tok.encode_batch([a for a, _ in firsts], [b for _, b in firsts], max_length=12)
+            if cross else tok.encode_batch(firsts, max_length=12)]
+    if not cross:
+        encs.append(tok.encode_batch([r.texts[1] for r in rows], max_length=12))
+    assert chunked.lengths == whole.lengths == [max(len(c[i].ids) for c in encs)
+                                                for i in range(40)]
+    idx = [3, 17, 0, 39, 22]
+    want = tok.pad([c[i] for c in encs for i in idx])
+    got = chunked.collate(idx)
+    B = len(idx)
+    assert got["input_ids"].tolist() == want["input_ids"][:B].tolist()
+    assert got["token_type_ids"].tolist() == want["token_type_ids"][:B].tolist()
+    assert (1 in got["token_type_ids"]) == cross
+    if not cross:
+        assert got["rest_input_ids"].tolist() == want["input_ids"][B:].tolist()
+
+
 def test_mnrl_leaves_out_in_batch_candidates_relevant_to_the_anchor(minilm):
     """A query with two relevant documents (BEIR qrels; a triplet file's anchor with two
     positives) gives two rows: each row's positive had been a negative of the other row,

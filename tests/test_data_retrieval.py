@@ -282,9 +282,17 @@ def test_jsonl_rows_take_the_fields_of_every_line(tmp_path):
     # the columns came from line 1 only: line 2's negative was dropped without a word
     late = _write(tmp_path / "t.jsonl", '{"anchor": "a", "positive": "p"}\n'
                                         '{"anchor": "b", "positive": "q", "negative": "n"}\n')
-    with pytest.raises(NanobertError, match=r"t.jsonl:1: missing field 'negative' \(other lines "
-                                            r"have it\)"):
+    with pytest.raises(NanobertError, match=r"t.jsonl:1: missing field 'negative', which 1 of "
+                                            r"2 records have \(the first, line 2\)"):
         D.read_text_rows(late)
+    # one line of many with an extra field: the error named line 1 and "other lines",
+    # never the odd line out
+    odd = _write(tmp_path / "odd.jsonl", '{"anchor": "a", "positive": "p"}\n' * 300 +
+                 '{"anchor": "b", "positive": "q", "negative": "n"}\n' +
+                 '{"anchor": "a", "positive": "p"}\n' * 50)
+    with pytest.raises(NanobertError, match=r"odd.jsonl:1: missing field 'negative', which 1 "
+                                            r"of 351 records have \(the first, line 301\)"):
+        D.read_text_rows(odd)
 
 
 def test_qrels_separated_by_spaces_and_qrels_of_another_suffix(tmp_path):

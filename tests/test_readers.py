@@ -345,7 +345,8 @@ def test_one_column_table_is_read_by_its_suffix(tmp_path):
 def test_jsonl_pair_column_is_decided_over_all_lines(tmp_path):
     p = jsonl(tmp_path, [{"text_a": "a", "label": 0}, {"text_a": "b", "text_b": "c", "label": 1}])
     assert error_of(D.read_classification, p) == \
-        f"{p}:1: missing field 'text_b' (other lines have it)"
+        f"{p}:1: missing field 'text_b', which 1 of 2 records have (the first, line 2); give " \
+        "every record the same fields"
     ok = jsonl(tmp_path, [{"text_a": "a", "label": 0}, {"text_a": "b", "text_b": "c", "label": 1},
                           {"label": 1, "text_b": "e", "text_a": "d"}], "ok.jsonl")
     ok.write_text(ok.read_text().replace('{"text_a": "a", "label": 0}',
@@ -373,7 +374,8 @@ def test_a_json_array_of_records_reads_as_json_lines(tmp_path):
     pretty = json.dumps(rows, indent=2).splitlines()          # record 2 starts on line 6
     assert [e.line for e in D.read_classification(write(tmp_path, "p.json", "\n".join(pretty)))] == [2, 6]
     missing = write(tmp_path, "m.json", '[\n {"text": "a", "label": 1},\n\n {"text": "b"}\n]')
-    assert error_of(D.read_classification, missing) == f"{missing}:4: missing field 'label' (other lines have it)"
+    assert error_of(D.read_classification, missing).startswith(
+        f"{missing}:4: missing field 'label', which 1 of 2 records have (the first, line 2)")
     for text, line, what in [('[\n{"text": "a", "label": 1},\n{"text": "b" "label": 0}\n]', 3, "not valid JSON"),
                              ('[{"text": "a", "label": 1},\n 7]', 2, "JSON objects"),
                              ('[{"text": "a", "label": 1}] and more', 1, "after the closing"),

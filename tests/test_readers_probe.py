@@ -159,7 +159,7 @@ def test_predict_reads_json_lines_of_which_some_have_no_label(tmp_path):
     assert [(e.text_a, e.label) for e in D.read_classification(p, require_label=False)] == [
         ("a", None), ("b", None), ("c", "pos")]
     p = write(tmp_path, "l.jsonl", '{"text": "a", "label": "neg"}\n{"text": "b"}\n')
-    assert "l.jsonl:2: missing field 'label' (other lines have it)" in error_of(
+    assert "l.jsonl:2: missing field 'label', which 1 of 2 records have (the first, line 1)" in error_of(
         D.read_classification, p)                           # training data needs them all
 
 

@@ -763,6 +763,8 @@ def test_concurrent_requests_share_batches(server):
     ("/qa", rb'{"inputs": [{"question": "q", "context": "\ud83d"}]}', 422,
      "'inputs[0].context' is not valid Unicode"),
     ("/embed", {"inputs": ["x"] * 9}, 413, "limit of 8 (--max-client-batch)"),
+    ("/rerank", {"query": "q", "documents": ["x"] * 9, "model": "cross"}, 413,
+     "batch of 9 documents is over the limit of 8 (--max-client-batch)"),
     ("/embed", {"inputs": ["x" * 30000]}, 413, "limit of 20000 bytes"),
     ("/nowhere", {}, 404, "no route /nowhere"),
     ("/embed//", {}, 404, "no route /embed//"),          # was a 307 with an empty body

@@ -41,7 +41,7 @@ def test_pairs_and_pre_split_words(tok):
     pairs = [("the movie was great", "a dull plot and boring acting")]
     encs = tok.encode_batch([p[0] for p in pairs], [p[1] for p in pairs], max_length=8)
     note = truncation_note(tok, encs, pairs, 8, "pairs", flag=None)
-    assert note.startswith("1 of 1 pairs is longer than 8 tokens and was cut by ") and \
+    assert note.startswith("the pair is longer than 8 tokens and was cut by ") and \
         "'the movie was great | a dull plot and boring acting'" in note and "raise" not in note
     words = [WORDS * 3]
     tok.tk.enable_truncation(10)
@@ -50,15 +50,15 @@ def test_pairs_and_pre_split_words(tok):
     finally:
         tok.tk.no_truncation()
     assert truncation_note(tok, encs, words, 10, "sentences", is_pretokenized=True) \
-        .startswith(f"1 of 1 sentences is longer than 10 tokens and was cut by "
-                    f"{len(WORDS) * 3 + 2 - 10} tokens (#1 has {len(WORDS) * 3 + 2}: ")
+        .startswith(f"the sentence is longer than 10 tokens and was cut by "
+                    f"{len(WORDS) * 3 + 2 - 10} tokens (it has {len(WORDS) * 3 + 2}: ")
 
 
 def test_report_prints_one_line_on_stderr(tok, capsys):
     texts = ["the movie was great good fun " * 4]
     assert report_truncation(tok, tok.encode_batch(texts, max_length=6), texts, 6) == 1
     err = capsys.readouterr().err
-    assert err.startswith("nanobert: note: 1 of 1 inputs is longer than 6 tokens") and err.count("\n") == 1
+    assert err.startswith("nanobert: note: the input is longer than 6 tokens") and err.count("\n") == 1
 
 
 def test_a_quiet_tokenizer_counts_but_says_and_keeps_nothing(tok, capsys):
@@ -121,7 +121,7 @@ def test_embed_and_attention_say_what_they_cut(model_dir, tmp_path, capsys):
     assert notes(capsys)[0].startswith("nanobert: note: 1 of 2 texts is longer than 6 tokens")
     assert main(["attention", "--model", str(model_dir), "--text", "the movie was great good fun",
                  "--out", str(tmp_path / "a.png"), "--max-length", "5"]) == 0
-    assert notes(capsys)[0].startswith("nanobert: note: 1 of 1 texts is longer than 5 tokens")
+    assert notes(capsys)[0].startswith("nanobert: note: the text is longer than 5 tokens")
     assert main(["embed", "--model", str(model_dir), "--input", str(texts), "--out",
                  str(tmp_path / "e.npy"), "--max-length", "16"]) == 0
     assert notes(capsys) == []
