@@ -211,13 +211,12 @@ def scaled_scores(rows: list, loss: str) -> list:
 
 
 class TokenColumn:
-    """The token ids and types of one column of texts (or of (query, document) pairs),
-    all rows in flat arrays: row i is ids[start[i]:start[i + 1]]. Tokenized a chunk at a
-    time (`encode_chunks`, one truncation note): an Encoding kept per text (ids, tokens,
-    offsets, masks) took 6.6 kB a pair row, 3.45 GB for 400,000 pairs."""
+    """One column of texts (or of (query, document) pairs) as token ids (`TokenRows`),
+    tokenized a chunk at a time (`encode_chunks`, one truncation note); row i reads as
+    `Tokenizer.pad` takes an encoding (its ids and type_ids)."""
 
     def __init__(self, tok, inputs: list, max_length: int, what: str):
-        import numpy as np
+        from .batching import TokenRows
         from .tokenizer import encode_chunks
 
         def encode(chunk):
@@ -226,25 +225,21 @@ class TokenColumn:
                 return tok.encode_batch(rows, max_length=max_length)
             return tok.encode_batch([a for a, _ in rows], [b for _, b in rows],
                                     max_length=max_length)
-        ids, types, lengths = [], [], [0]
-        for _, encs in encode_chunks(tok, inputs, encode, max_length, what):
-            ids.append(np.array([x for e in encs for x in e.ids], dtype=np.int32))
-            types.append(np.array([x for e in encs for x in e.type_ids], dtype=np.int8))
-            lengths += [len(e.ids) for e in encs]
-        self.ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
-        self.types = np.concatenate(types) if types else np.zeros(0, np.int8)
-        self.start = np.cumsum(lengths)
+        self.rows = TokenRows.of([(e.ids, e.type_ids) for e in encs]
+                                 for _, encs in encode_chunks(tok, inputs, encode, max_length,
+                                                              what))
 
     def __len__(self) -> int:
-        return len(self.start) - 1
+        return len(self.rows)
 
-    def __getitem__(self, i: int):
-        """Row i, as `Tokenizer.pad` takes an encoding (its ids and type_ids)."""
-        a, b = self.start[i], self.start[i + 1]
-        return TokenRow(self.ids[a:b], self.types[a:b])
+    def __getitem__(self, i: int) -> TokenRow:
+        return TokenRow(*self.rows[i])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
     def lengths(self) -> list:
-        return (self.start[1:] - self.start[:-1]).tolist()
+        return self.rows.lengths()
 
 
 @dataclass
@@ -266,9 +261,10 @@ class RowBatches:
             self.cols = [TokenColumn(tok, [(r.texts[0], r.texts[1]) for r in rows], max_length,
                                      "training pairs")]
         else:
-            names = COLUMN_NAMES[scores is not None]
+            n = len(rows[0].texts)
             self.cols = [TokenColumn(tok, [r.texts[c] for r in rows], max_length,
-                                     f"training {names[c]}") for c in range(len(rows[0].texts))]
+                                     f"training {column_name(c, n, scores is not None)}")
+                         for c in range(n)]
         self.lengths = [max(n) for n in zip(*(col.lengths() for col in self.cols))]
         self.scores, self.cross = scores, cross
 
@@ -300,9 +296,15 @@ class RowBatches:
         return out
 
 
-# what the truncation notes call each column of training rows: unscored, scored
-COLUMN_NAMES = {False: ("anchors", "positives", "negatives"),
-                True: ("first texts", "second texts")}
+def column_name(c: int, n: int, scored: bool) -> str:
+    """What the truncation notes call column c (of n) of training rows: anchors,
+    positives, negatives (numbered where a BEIR run mines several); first and second
+    texts of scored pairs."""
+    if scored:
+        return ("first texts", "second texts")[c]
+    if c < 2:
+        return ("anchors", "positives")[c]
+    return "negatives" if n == 3 else f"negatives #{c - 1}"
 
 
 # ----------------------------------------------------------------------------------

@@ -556,8 +556,8 @@ class Encoder:
             rerank = check_reranker(rerank)
             rerank_k = check_count(rerank_k, "rerank_k")
             first = self.search(query, corpus, max(k, rerank_k), corpus_embeddings)
-            if rerank_k < k:   # (it was raised without a word; a corpus under k is all read)
-                n = len(first if single else first[0])
+            if rerank_k < k and (single or first):   # (it was raised without a word; a
+                n = len(first if single else first[0])       # corpus under k is all read)
                 which = f"the {n} nearest entries" if n == k else f"all {n} entries of the corpus"
                 note(f"rerank_k (--rerank-k) {rerank_k} is under k (-k) {k}: {which} are reranked")
             return rerank.rerank_hits(query, first, k)

@@ -74,6 +74,13 @@ def note(msg: str):
     texts cut): one line on stderr."""
     for path, name in _SHOWN_AS.items():
         msg = msg.replace(path, name)
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None and getattr(tqdm.tqdm, "_instances", None):
+        # a progress bar on the screen: the note on a line of its own, the bar redrawn
+        # under it (a note said before a bar closed stuck to the end of the bar's line)
+        with tqdm.tqdm.external_write_mode(file=sys.stderr):
+            print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
+        return
     print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
 
 

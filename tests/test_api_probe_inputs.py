@@ -103,6 +103,8 @@ def test_search_says_when_rerank_k_is_raised_to_k(minilm, reranker, capsys):
                                        "(-k) 3: the 3 nearest entries are reranked\n")
     enc.search("cat", DOCS, k=2, rerank=reranker, rerank_k=2)
     assert capsys.readouterr().err == ""
+    assert enc.search([], DOCS, k=3, rerank=reranker, rerank_k=1) == []   # (no query: no hits)
+    capsys.readouterr()
     # k over the corpus: all of it is reranked (it said "the 50 nearest" of 5)
     assert len(enc.search("cat", DOCS, k=50, rerank=reranker, rerank_k=1)) == len(DOCS)
     assert capsys.readouterr().err == ("nanobert: note: rerank_k (--rerank-k) 1 is under k "

@@ -149,3 +149,23 @@ def test_size_runs_bound_each_run_by_size_and_count():
     assert size_runs([3, 3, 3, 9, 1, 1], 6) == [[0, 1], [2], [3], [4, 5]]   # 9 alone
     assert size_runs([1] * 5, 100, most_items=2) == [[0, 1], [2, 3], [4]]
     assert size_runs([], 5) == [] and size_runs([0, 0], 0) == [[0, 1]]
+
+
+def test_token_rows_hold_each_row_as_given_in_flat_arrays():
+    """TokenRows keeps a training set's token ids in flat arrays (an Encoding or a list
+    of ints per row took 0.8-3 kB): each row reads back as given, chunks joined in order."""
+    from nanobert.batching import TokenRows
+    chunks = [[([101, 7, 30521, 102], [0, 0, 0, 0]), ([101, 102], [0, 0])],
+              [], [([101, 5, 102, 6, 102], [0, 0, 0, 1, 1])]]
+    rows = TokenRows.of(iter(chunks))
+    flat = [r for c in chunks for r in c]
+    assert len(rows) == 3 and rows.lengths() == [4, 2, 5]
+    for i, (ids, types) in enumerate(flat):
+        got_ids, got_types = rows[i]
+        assert got_ids.tolist() == ids and got_types.tolist() == types
+    assert rows[-1][0].tolist() == flat[-1][0]
+    with pytest.raises(IndexError):
+        rows[3]
+    assert [r[0].tolist() for r in rows] == [ids for ids, _ in flat]     # (iterates, stops)
+    empty = TokenRows.of([])
+    assert len(empty) == 0 and empty.lengths() == []

@@ -178,6 +178,21 @@ def test_training_rows_are_held_as_token_ids_a_chunk_at_a_time(minilm, monkeypat
         assert got["rest_input_ids"].tolist() == want["input_ids"][B:].tolist()
 
 
+def test_rows_of_several_hard_negatives_name_each_negative_column(minilm, capsys):
+    """A BEIR run mining 2 hard negatives gives rows of 4 texts: naming the columns for
+    the truncation notes raised IndexError past the third."""
+    _, tok = minilm
+    rows = [TextRow((f"query {i}", "a relevant document " * 9, "one negative " * 9,
+                     "another negative " * 9)) for i in range(6)]
+    features = E.RowBatches(tok, rows, 12)
+    assert len(features.cols) == 4 and len(features) == 6
+    notes = capsys.readouterr().err
+    for what in ("training positives", "training negatives #1", "training negatives #2"):
+        assert f"6 of 6 {what} are longer than 12 tokens" in notes
+    assert "anchors" not in notes
+    assert features.collate([0, 1])["rest_input_ids"].shape[0] == 6
+
+
 def test_mnrl_leaves_out_in_batch_candidates_relevant_to_the_anchor(minilm):
     """A query with two relevant documents (BEIR qrels; a triplet file's anchor with two
     positives) gives two rows: each row's positive had been a negative of the other row,

@@ -772,6 +772,33 @@ def test_classification_inputs_mix_single_texts_and_pairs(minilm):
     assert 1 in items[1]["token_type_ids"] and set(items[0]["token_type_ids"]) == {0}
 
 
+def test_classification_training_features_are_held_as_token_ids(minilm, monkeypatch):
+    """A training set's features were a dict of two lists of Python ints per example (a
+    million SST-2 sentences: 1.3 GB). classify_features keeps token ids (FeatureRows):
+    each item reads as encode_classification's dict, and the epoch's batches are the
+    same."""
+    import nanobert.tokenizer as T
+    from nanobert.data import Example
+    F = importlib.import_module("nanobert.finetune")
+    _, tok = minilm
+    examples = [Example(f"{'a very ' * (i % 6)}good film {i}", None if i % 3 else "so it is",
+                        ("pos", "neg")[i % 2]) for i in range(50)]
+    l2i = {"neg": 0, "pos": 1}
+    want = F.encode_classification(tok, examples, 12, l2i)
+    monkeypatch.setattr(T, "CHUNK_CHARS", 300)
+    got = F.classify_features(tok, examples, {"max_length": 12}, l2i)
+    assert isinstance(got, F.FeatureRows) and len(got) == 50
+    assert [got[i] for i in range(50)] == want
+    assert got.lengths() == [len(it["input_ids"]) for it in want]
+    cfg = type("C", (), {"batch_size": 8, "group_by_length": True,
+                         "trainer": type("T", (), {"seed": 3})()})()
+    new, n_new = F.feature_batches(got, cfg, 0)
+    old, n_old = F.feature_batches(want, cfg, 0)
+    assert n_new == n_old == 7
+    for a, b in zip(new(1, 0), old(1, 0)):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_word_of_no_tokens_inside_an_entity_continues_it():
     """A word no sub-word reads (a lone soft hyphen or zero-width space in a CoNLL
     sentence) was O, so `John \xad Smith` (gold B-PER I-PER I-PER) came out as two

@@ -939,3 +939,22 @@ def test_a_difference_is_said_once(data):
     old = {"task": "embed", "data": [{"size": 1}, {"size": 1}], "names": ["b", "b"]}
     new = {"task": "embed", "data": [{"size": 2}, {"size": 2}], "names": ["b", "b"]}
     assert differences(old, new) == ["b has other content (1 bytes there, 2 now)"]
+
+
+def test_a_note_said_under_a_progress_bar_gets_a_line_of_its_own(capsys):
+    """A truncation note said as the last chunk ended, before predict's bar closed, was
+    stuck to the end of the bar's line, and the finished bar stayed on the screen."""
+    import sys
+    from tqdm.auto import tqdm
+    from nanobert.files import note
+    bar = tqdm(total=10, desc="predicting", file=sys.stderr, leave=False, mininterval=0)
+    bar.update(5)
+    note("3 of 10 texts are longer than 8 tokens")
+    bar.update(5)
+    bar.close()
+    err = capsys.readouterr().err
+    before = err[:err.index("nanobert: note: 3 of 10")]
+    assert "predicting" in before and before.endswith("\r")       # the bar's line cleared
+    assert "nanobert: note: 3 of 10 texts are longer than 8 tokens\n" in err
+    note("no bar now")
+    assert capsys.readouterr().err == "nanobert: note: no bar now\n"

@@ -621,9 +621,13 @@ def test_a_signal_right_after_the_update_is_held_to_the_end_of_the_step(
     the step is counted: it waits for the bookkeeping, so the checkpoint never holds the
     new weights under the old step (a resume then repeated the update)."""
     import signal
+    import nanobert.cli as cli
     import nanobert.train as train
     from nanobert.cli import _interrupt
     sig = getattr(signal, signame)
+    # (as inside a command: after an earlier test's cli.main returned, _interrupt took the
+    # command for finished and ignored the signal)
+    monkeypatch.setattr(cli, "_RETURNED", [])
     exact_run(tmp_path / "ref")
     forget, calls = train._forget_packed_weights, {"n": 0}
 
