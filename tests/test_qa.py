@@ -428,3 +428,30 @@ def test_questions_are_answered_a_chunk_at_a_time_with_the_same_answers(reader_d
                      "probability": pytest.approx(b["probability"], abs=1e-5)}
     cut = sum(r["question"].count("where does") > 1 for r in rows)
     assert f"{cut} questions were cut" in first and capsys.readouterr().err == first
+
+
+def test_training_windows_are_made_a_chunk_of_questions_at_a_time(minilm, capsys, monkeypatch):
+    """qa_features cut every question's windows at once and kept them (8,582 SQuAD
+    questions: +1.1 GB). A chunk at a time, held as token ids and answer positions: the
+    same features in the same order, and one question-cut note counting every chunk."""
+    import importlib
+    import nanobert.tokenizer as T
+    from nanobert.finetune import FeatureRows, encode_qa, qa_features
+    F = importlib.import_module("nanobert.finetune")
+    _, tok = minilm
+    base = long_example(tok)
+    examples = [QAExample(str(i), ("where " * (30 * (i % 4 == 0))) + f"is it {i}", base.context,
+                          base.answers) for i in range(24)]
+    want, _ = encode_qa(tok, examples, 40, 8, train=True)
+    note = capsys.readouterr().err
+    assert "6 questions were cut" in note
+    tok.__dict__.pop("_notes", None)
+    monkeypatch.setattr(T, "CHUNK_CHARS", 1500)
+    calls, real = [], F.encode_qa
+    monkeypatch.setattr(F, "encode_qa", lambda t, ex, *a, **k: calls.append(len(ex))
+                        or real(t, ex, *a, **k))
+    got = qa_features(tok, examples, {"max_length": 40, "doc_stride": 8}, None)
+    assert len(calls) > 3 and sum(calls) == len(examples)
+    assert isinstance(got, FeatureRows) and [got[i] for i in range(len(got))] == want
+    assert any(it["start_positions"] > 0 for it in want)
+    assert capsys.readouterr().err == note
