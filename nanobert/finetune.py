@@ -706,9 +706,10 @@ def ner_check(sentences, model, path, source="the model knows"):
 
 
 def classify_predict(model, tok, examples, settings, batch_size=64, progress=False):
-    """Yield {"text"[, "pair"], "label", "probability"} per example. A task's predict
-    yields its results so that `predict` prints each as it comes (NER's entities and
-    embeddings are many times their input); Predictor lists them."""
+    """Yield {"text"[, "pair"], "label", "probability"} per example (all scored first: a
+    label each). A task's predict yields its results, NER's and QA's a chunk at a time,
+    so that `predict` prints them as they come (NER's entities are many times their
+    input); Predictor lists them."""
     probs = predict_classify(model, tok, examples, settings["max_length"], batch_size, progress)
     conf, idx = probs.max(-1)
     for e, c, i in zip(examples, conf.tolist(), idx.tolist()):
@@ -929,7 +930,7 @@ class Task:
         evaluate(model, tok, examples, settings, batch_size, progress) -> metrics
         inputs(path, columns) -> examples of a `predict --input` file
         make_input(index, python value) -> one example (`Predictor.predict`)
-        predict(model, tok, examples, settings, batch_size) -> one JSON-able dict each
+        predict(model, tok, examples, settings, batch_size) -> yields a JSON-able dict each
         show(result dict) -> the line(s) `predict` prints
     and, where a task trains differently (a bi-encoder, a reranker):
         batcher(features, cfg, pad_id) -> (batches(epoch, start), batches per epoch)
