@@ -21,6 +21,7 @@ Every problem is a `NanobertError` naming the file and line.
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import random
@@ -744,10 +745,12 @@ NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d{1,3})?")
 CODE = re.compile(r"[+-]?0\d+")   # "007", "02139": a code, kept as written
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def integral_label(s: str) -> str:
     """An integral number however a number writer put it ("1.0", "2.", "+1", "1e0",
     "10E-1", "-0") as the plain integer ("1", "2", "1", "1", "1", "0"); any other label,
-    a code with leading zeros included, as it is."""
+    a code with leading zeros included, as it is. Cached: a file's labels repeat, and
+    each row's own copy of "0" or "1" took 50 bytes and a parse (a million rows: 50 MB)."""
     if len(s) <= 64 and NUMBER.fullmatch(s) and not CODE.fullmatch(s):
         d = Decimal(s)
         if d == d.to_integral_value() and d.adjusted() < 64:   # (not "1e400": 401 digits)
