@@ -14,7 +14,8 @@ back in the caller's order with `restore_order`.
 Only for inference: training wants random batches, and sorting changes them.
 
 `pad_rows` is the one place where sequences of different lengths become a (B, T) tensor;
-`TokenRows` holds a training set's token ids in flat arrays.
+`TokenRows` holds a training set's token ids in flat arrays (`FeatureRows`: with a few
+numbers a row, the feature dicts `collate` reads).
 """
 from __future__ import annotations
 
@@ -158,6 +159,45 @@ class TokenRows:
 
     def lengths(self) -> list:
         return (self.start[1:] - self.start[:-1]).tolist()
+
+
+class FeatureRows:
+    """A training set's features of one sequence and a few numbers each (classification:
+    a label; QA: the answer's start and end), held as token ids (`TokenRows`) and lists
+    of those numbers: items[i] is the feature dict `collate` reads. A million SST-2
+    sentences as dicts of lists took 1.3 GB."""
+
+    def __init__(self, tokens, numbers: dict):
+        self.tokens, self.numbers = tokens, numbers
+
+    @classmethod
+    def of(cls, chunks) -> "FeatureRows":
+        """From lists of feature dicts (input_ids, token_type_ids and numbers), in order."""
+        numbers: dict = {}
+        done = 0
+
+        def rows():
+            nonlocal done
+            for features in chunks:
+                for k in {k for f in features for k in f} - {"input_ids", "token_type_ids"}:
+                    numbers.setdefault(k, [None] * done)
+                for k, column in numbers.items():
+                    column.extend(f.get(k) for f in features)
+                done += len(features)
+                yield [(f["input_ids"], f["token_type_ids"]) for f in features]
+        return cls(TokenRows.of(rows()), numbers)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int) -> dict:
+        ids, types = self.tokens[i]
+        item = {"input_ids": ids.tolist(), "token_type_ids": types.tolist()}
+        item.update((k, v[i]) for k, v in self.numbers.items() if v[i] is not None)
+        return item
+
+    def lengths(self) -> list:
+        return self.tokens.lengths()
 
 
 def pad_rows(rows: Sequence[Sequence], value=0, dtype=torch.long, length=None) -> torch.Tensor:

@@ -46,7 +46,7 @@ import torch
 
 from . import biencoder as B
 from . import data as D
-from .batching import (forward_tokens, pad_rows, size_runs, sorted_batches,
+from .batching import (FeatureRows, forward_tokens, pad_rows, size_runs, sorted_batches,
                        to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
@@ -148,46 +148,6 @@ def classification_chunks(tok, examples, max_length, label2id=None):
             if label2id is not None and examples[i].label is not None:
                 features[-1]["labels"] = label2id[examples[i].label]
         yield chunk, features
-
-
-class FeatureRows:
-    """A training set's features of one sequence and a few numbers each (classification:
-    a label; QA: the answer's start and end), held as token ids (`TokenRows`) and lists
-    of those numbers: items[i] is the feature dict `collate` reads. A million SST-2
-    sentences as dicts of lists took 1.3 GB."""
-
-    def __init__(self, tokens, numbers: dict):
-        self.tokens, self.numbers = tokens, numbers
-
-    @classmethod
-    def of(cls, chunks) -> "FeatureRows":
-        """From lists of feature dicts (input_ids, token_type_ids and numbers), in order."""
-        from .batching import TokenRows
-        numbers: dict = {}
-        done = 0
-
-        def rows():
-            nonlocal done
-            for features in chunks:
-                for k in {k for f in features for k in f} - {"input_ids", "token_type_ids"}:
-                    numbers.setdefault(k, [None] * done)
-                for k, column in numbers.items():
-                    column.extend(f.get(k) for f in features)
-                done += len(features)
-                yield [(f["input_ids"], f["token_type_ids"]) for f in features]
-        return cls(TokenRows.of(rows()), numbers)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, i: int) -> dict:
-        ids, types = self.tokens[i]
-        item = {"input_ids": ids.tolist(), "token_type_ids": types.tolist()}
-        item.update((k, v[i]) for k, v in self.numbers.items() if v[i] is not None)
-        return item
-
-    def lengths(self) -> list:
-        return self.tokens.lengths()
 
 
 def word_features(enc) -> dict:
