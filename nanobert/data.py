@@ -1541,11 +1541,16 @@ def _jsonl_question(obj: dict, path, n, require_answers, moved: list) -> QAExamp
     given = obj.get("id") not in (None, "")
     qid = str(obj["id"] if given else n)
     no_empty_question(obj["question"], obj["context"], f"{path}:{n}: question {qid!r}")
-    # (questions to answer: their gold answers are not read, nor refused when wrong)
-    answers = (_answers(obj.get("answers", []), obj["context"], f"{path}:{n}: question {qid!r}",
+    # (questions to answer: their gold answers are not read, nor refused when wrong); one
+    # `answer`, as a table's answer column gives it, was unread: "has no answers"
+    given_answers = obj.get("answers")
+    if given_answers is None and obj.get("answer") not in (None, ""):
+        given_answers = [obj["answer"]]
+    answers = (_answers(given_answers or [], obj["context"], f"{path}:{n}: question {qid!r}",
                         moved) if require_answers else [])
     if require_answers and not answers:
-        raise data_error(path, n, f"question {qid!r} has no answers")
+        raise data_error(path, n, f"question {qid!r} has no answers (expected 'answers': a "
+                         "list of answer texts or of {text, answer_start}, or one 'answer')")
     return QAExample(qid, obj["question"], obj["context"], answers, line=n, id_given=given)
 
 

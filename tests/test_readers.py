@@ -827,6 +827,18 @@ def test_squad_answer_start_written_as_a_float(tmp_path):
     assert "integer 'answer_start'" in error_of(D.read_squad, q)
 
 
+def test_a_json_lines_question_with_one_answer_field(tmp_path):
+    """A table's `answer` column was read, a JSON Lines line's `answer` field was not:
+    "question '1' has no answers" for a line that had one."""
+    p = jsonl(tmp_path, [{"question": "Who won?", "context": "The Broncos won it.",
+                          "answer": "Broncos"}], "one.jsonl")
+    assert D.read_squad(p)[0].answers == [("Broncos", 4)]
+    none = jsonl(tmp_path, [{"question": "Who won?", "context": "The Broncos won it."}], "no.jsonl")
+    assert error_of(D.read_squad, none) == (
+        f"{none}:1: question '1' has no answers (expected 'answers': a list of answer texts or "
+        "of {text, answer_start}, or one 'answer')")
+
+
 def test_qa_questions_in_a_table(tmp_path):
     # a spreadsheet of questions was 'expected SQuAD JSON or JSON Lines'
     p = write(tmp_path, "q.csv", "Question,Context,id\r\nWho?,\"Ann met Bob, then left.\",a\r\n"
