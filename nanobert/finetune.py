@@ -591,8 +591,10 @@ def qa_features(tok, examples, settings, l2i):
     """The training windows, made a chunk of questions at a time and kept as token ids
     and answer positions (`FeatureRows`): the windows and encodings of all of them at once
     took +1.1 GB for 8,582 SQuAD questions."""
+    from collections import Counter
+
     from . import tokenizer
-    max_length, stride, cut = settings["max_length"], settings["doc_stride"], 0
+    max_length, stride, cut, many = settings["max_length"], settings["doc_stride"], 0, []
 
     def chunks():
         nonlocal cut
@@ -601,10 +603,19 @@ def qa_features(tok, examples, settings, l2i):
             items, windows = encode_qa(tok, [examples[i] for i in idx], max_length, stride,
                                        train=True, quiet=True)
             cut += len({w.example for w in windows if w.question_cut})
+            many.extend(n for n in Counter(w.example for w in windows).values()
+                        if n > MANY_WINDOWS)
             yield items
     rows = FeatureRows.of(chunks())
     note_questions_cut(tok, cut, max_length, stride, True)
+    if many:   # (a document pasted as one context: a fifth of a set's windows, unsaid)
+        note(f"{len(many)} training question(s) have contexts of over {MANY_WINDOWS} windows "
+             f"(the most: {max(many)} windows of {max_length} tokens); each window trains as "
+             f"an example, most without the answer ({len(rows)} windows in all)")
     return rows
+
+
+MANY_WINDOWS = 32   # a training context read in more windows than this is noted
 
 
 def classify_evaluate(model, tok, examples, settings, batch_size=64, progress=False) -> dict:
@@ -1385,9 +1396,13 @@ def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
     sample happens to lack is still known."""
     cols, seed = cfg.columns.given(), cfg.trainer.seed
     whole = read_for(task, None, lambda: task.read(cfg.train, cols, True), cfg.train)
-    train = select_examples(whole, cfg.max_train_examples, seed)
     dev = read_for(task, None, lambda: task.read(cfg.dev, cols, True), cfg.dev)
-    return train, select_examples(dev, cfg.max_dev_examples, DEV_SEED), whole, dev
+    for flag, n, data, path in (("--max-train-examples", cfg.max_train_examples, whole, cfg.train),
+                                ("--max-dev-examples", cfg.max_dev_examples, dev, cfg.dev)):
+        if n and isinstance(data, list) and n > len(data):   # (the run took all, unsaid)
+            note(f"{flag} {n} is over the {len(data)} examples of {path}: all of them are used")
+    return (select_examples(whole, cfg.max_train_examples, seed), select_examples(
+        dev, cfg.max_dev_examples, DEV_SEED), whole, dev)
 
 
 def check_dev(task: Task, dev, whole_dev, model, cfg: FinetuneConfig):

@@ -1451,3 +1451,16 @@ def test_a_qa_input_whose_id_is_null_gets_its_position():
     given = {"question": "who?", "context": "Ada wrote it."}
     assert qa_input(3, dict(given, id=None)).id == qa_input(3, given).id == "3"
     assert qa_input(3, dict(given, id="q7")).id == "q7"
+
+
+def test_a_sample_larger_than_the_file_is_noted(tiny_dir, tmp_path, capsys):
+    """--max-train-examples 1000000 on a file of 24 trained on all 24 without a word."""
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(24, 0))
+    dev = write_tsv(tmp_path / "dev.tsv", sentiment_rows(8, 1))
+    rc = cli.main(["finetune", "--task", "classify", "--model", str(tiny_dir), "--train",
+                   str(train), "--dev", str(dev), "--out", str(tmp_path / "m"), "--max-steps", "1",
+                   "--max-train-examples", "1000000", "--max-dev-examples", "5", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 0 and f"--max-train-examples 1000000 is over the 24 examples of {train}: all " \
+        "of them are used" in err
+    assert "--max-dev-examples" not in err                 # (5 of 8: a sample, as asked)

@@ -455,3 +455,21 @@ def test_training_windows_are_made_a_chunk_of_questions_at_a_time(minilm, capsys
     assert isinstance(got, FeatureRows) and [got[i] for i in range(len(got))] == want
     assert any(it["start_positions"] > 0 for it in want)
     assert capsys.readouterr().err == note
+
+
+def test_a_training_context_of_many_windows_is_noted(minilm, capsys):
+    """One 1 MB context with 25 questions gave a fifth of a training set's windows, nearly
+    all without the answer, without a word."""
+    from nanobert.finetune import MANY_WINDOWS, qa_features
+    _, tok = minilm
+    base = long_example(tok)
+    huge = " ".join(f"w{i}" for i in range(600)) + " " + base.context
+    start = huge.index("golden river delta")
+    examples = [QAExample("long", "where is it", huge, [("golden river delta", start)]),
+                base, QAExample("b", "what is it", base.context, base.answers)]
+    rows = qa_features(tok, examples, {"max_length": 40, "doc_stride": 8}, None)
+    err = capsys.readouterr().err
+    assert f"1 training question(s) have contexts of over {MANY_WINDOWS} windows" in err
+    assert f"({len(rows)} windows in all)" in err
+    qa_features(tok, examples[1:], {"max_length": 40, "doc_stride": 8}, None)
+    assert "windows in all" not in capsys.readouterr().err
