@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -124,6 +124,12 @@ def restore_order(batches: list[list[int]], outputs):
     return [outputs[p] for p in inv]
 
 
+class TokenRow(NamedTuple):
+    """One row of `TokenRows`, read as `Tokenizer.pad` reads an encoding."""
+    ids: "np.ndarray"         # (T,) int32
+    type_ids: "np.ndarray"    # (T,) int8
+
+
 class TokenRows:
     """The token ids and types of many sequences in flat arrays (row i is
     ids[start[i]:start[i + 1]]), for training sets held whole: tokenizers' Encodings
@@ -149,13 +155,16 @@ class TokenRows:
     def __len__(self) -> int:
         return len(self.start) - 1
 
-    def __getitem__(self, i: int) -> tuple:
+    def __getitem__(self, i: int) -> TokenRow:
         """(ids, type_ids) of row i: numpy views."""
         if not -len(self) <= i < len(self):
             raise IndexError(f"row {i} of {len(self)}")
         i %= len(self)
         a, b = self.start[i], self.start[i + 1]
-        return self.ids[a:b], self.types[a:b]
+        return TokenRow(self.ids[a:b], self.types[a:b])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
     def lengths(self) -> list:
         return (self.start[1:] - self.start[:-1]).tolist()

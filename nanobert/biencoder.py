@@ -210,42 +210,13 @@ def scaled_scores(rows: list, loss: str) -> list:
     return [s / top if top > 1 else s for s in scores]
 
 
-class TokenColumn:
+def token_column(tok, inputs: list, max_length: int, what: str):
     """One column of texts (or of (query, document) pairs) as token ids (`TokenRows`),
-    tokenized a chunk at a time (`encode_chunks`, one truncation note); row i reads as
-    `Tokenizer.pad` takes an encoding (its ids and type_ids)."""
-
-    def __init__(self, tok, inputs: list, max_length: int, what: str):
-        from .batching import TokenRows
-        from .tokenizer import encode_chunks
-
-        def encode(chunk):
-            rows = [inputs[i] for i in chunk]
-            if isinstance(rows[0], str):
-                return tok.encode_batch(rows, max_length=max_length)
-            return tok.encode_batch([a for a, _ in rows], [b for _, b in rows],
-                                    max_length=max_length)
-        self.rows = TokenRows.of([(e.ids, e.type_ids) for e in encs]
-                                 for _, encs in encode_chunks(tok, inputs, encode, max_length,
-                                                              what))
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> TokenRow:
-        return TokenRow(*self.rows[i])
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
-
-    def lengths(self) -> list:
-        return self.rows.lengths()
-
-
-@dataclass
-class TokenRow:
-    ids: "np.ndarray"         # (T,) int32
-    type_ids: "np.ndarray"    # (T,) int8
+    tokenized a chunk at a time (`encode_chunks`, one truncation note naming `what`)."""
+    from .batching import TokenRows
+    from .tokenizer import encode_chunks
+    return TokenRows.of([(e.ids, e.type_ids) for e in encs]
+                        for _, encs in encode_chunks(tok, inputs, None, max_length, what))
 
 
 class RowBatches:
@@ -258,12 +229,12 @@ class RowBatches:
                  cross: bool = False):
         self.tok = tok
         if cross:
-            self.cols = [TokenColumn(tok, [(r.texts[0], r.texts[1]) for r in rows], max_length,
-                                     "training pairs")]
+            self.cols = [token_column(tok, [(r.texts[0], r.texts[1]) for r in rows], max_length,
+                                      "training pairs")]
         else:
             n = len(rows[0].texts)
-            self.cols = [TokenColumn(tok, [r.texts[c] for r in rows], max_length,
-                                     f"training {column_name(c, n, scores is not None)}")
+            self.cols = [token_column(tok, [r.texts[c] for r in rows], max_length,
+                                      f"training {column_name(c, n, scores is not None)}")
                          for c in range(n)]
         self.lengths = [max(n) for n in zip(*(col.lengths() for col in self.cols))]
         self.scores, self.cross = scores, cross
@@ -708,16 +679,16 @@ def scores_vary_check(rows, model, path, source=None):
 
 def regress_features(tok, rows, settings, label2id=None):
     """Token features of scored texts / pairs, the float score as `labels`: tokenized a
-    chunk at a time, with one truncation note (`TokenColumn`), and held as token ids
+    chunk at a time, with one truncation note (`token_column`), and held as token ids
     (`FeatureRows`): 287,000 STS-B pairs held as lists took 2.62 GB, and a cut pair went
     unsaid."""
     from .batching import FeatureRows
     pairs = len(rows[0].texts) == 2
     inputs = [(r.texts[0], r.texts[1]) if pairs else r.texts[0] for r in rows]
-    column = TokenColumn(tok, inputs, settings["max_length"],
-                         "training pairs" if pairs else "training texts")
-    return FeatureRows(column.rows, {"labels": [None if r.score is None else float(r.score)
-                                                for r in rows]})
+    tokens = token_column(tok, inputs, settings["max_length"],
+                          "training pairs" if pairs else "training texts")
+    return FeatureRows(tokens, {"labels": [None if r.score is None else float(r.score)
+                                           for r in rows]})
 
 
 def is_pair(row) -> bool:

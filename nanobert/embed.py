@@ -34,7 +34,8 @@ from .batching import (CudaGraphs, forward_tokens, restore_order, sorted_batches
 from .checkpoint import (POOLINGS, declared_max_length, sbert_config, st_json, st_prompts,
                          st_top_folder)
 from .config import at_least, check_count, checked, max_length_range
-from .files import ONE_LINE, NanobertError, atomic_path, check_output_file, note, spooled_stdin
+from .files import (ONE_LINE, NanobertError, atomic_path, check_output_file, note, progress_bar,
+                    spooled_stdin)
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
 from .threads import map_on_cores
@@ -240,18 +241,10 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     inputs = texts if pairs is None else list(zip(texts, pairs))
     # (never past the model's positions, whatever the caller or the tokenizer says)
     max_length = min(max_length or tokenizer.model_max_length, base.config.usable_positions)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(texts), desc="encoding", unit="text", leave=False)
-
-    def encode(chunk):
-        return tokenizer.encode_batch([texts[i] for i in chunk],
-                                      None if pairs is None else [pairs[i] for i in chunk],
-                                      max_length=max_length)
+    bar = progress_bar(progress, len(texts), "encoding", "text")
     out = None    # (each chunk's vectors go in at once: kept apart, then copied, took 2x)
     try:
-        for chunk, encodings in encode_chunks(tokenizer, inputs, encode, max_length,
+        for chunk, encodings in encode_chunks(tokenizer, inputs, None, max_length,
                                               longest_first=True):
             vectors = _vectors(base, tokenizer, encodings, vector, batch_size, bar)
             if out is None:
@@ -260,8 +253,7 @@ def encoder_vectors(model, tokenizer, texts: Sequence[str], vector, pairs=None,
     finally:
         if was_training:
             base.train()
-        if bar is not None:
-            bar.close()
+        bar.close()
     return out
 
 
@@ -288,8 +280,7 @@ def _vectors(base, tokenizer, encodings, vector, batch_size: int, bar) -> np.nda
     outs = []
     for idx, out in zip(batches, map_on_cores(forward, batches, cpu=device.type == "cpu")):
         outs.append(out)
-        if bar is not None:
-            bar.update(len(idx))
+        bar.update(len(idx))
     return restore_order(batches, torch.cat(outs)).numpy().astype(np.float32)
 
 

@@ -74,14 +74,19 @@ def note(msg: str):
     texts cut): one line on stderr."""
     for path, name in _SHOWN_AS.items():
         msg = msg.replace(path, name)
+    # a progress bar on the screen: the note on a line of its own, the bar redrawn under
+    # it (a note said before a bar closed stuck to the end of the bar's line)
     tqdm = sys.modules.get("tqdm")
-    if tqdm is not None and getattr(tqdm.tqdm, "_instances", None):
-        # a progress bar on the screen: the note on a line of its own, the bar redrawn
-        # under it (a note said before a bar closed stuck to the end of the bar's line)
-        with tqdm.tqdm.external_write_mode(file=sys.stderr):
-            print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
-        return
-    print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
+    bars = tqdm is not None and getattr(tqdm.tqdm, "_instances", None)
+    with tqdm.tqdm.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
+        print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
+
+
+def progress_bar(show: bool, total: int, desc: str, unit: str):
+    """A progress bar on stderr over `total` items, cleared when closed; with `show`
+    false, one that shows nothing (its update and close do nothing)."""
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not show)
 
 
 def read_lines(path, keep_ends: bool = False):

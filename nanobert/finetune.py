@@ -50,8 +50,8 @@ from .batching import (FeatureRows, forward_tokens, pad_rows, size_runs, sorted_
                        to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
-from .files import (ONE_LINE, NanobertError, check_output_dir, check_outside, note, some_of,
-                    spooled_stdin, with_article)
+from .files import (ONE_LINE, NanobertError, check_output_dir, check_outside, note, progress_bar,
+                    some_of, spooled_stdin, with_article)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig, keeps_random_state
@@ -235,11 +235,11 @@ def span_logits(out, row, n):
 
 
 @torch.inference_mode()
-def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
+def run_batches(model, items, batch_size: int, pad_id: int = 0, bar=None,
                 take: Callable = sequence_logits) -> list:
     """`take(model output, row, length)` per item, in item order: by default the logits
     row; `token_logits` (trimmed to the item's length) or `span_logits` (start, end).
-    `progress`: True for a bar of batches, or a bar of the caller's to move by items."""
+    `bar`: a progress bar of the caller's (`progress_bar`) to move by items."""
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -257,10 +257,6 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, progress=False,
         o = model(**{k: v.to(dev) for k, v in batch.items()}, **first)
         return [take(o, row, len(items[i]["input_ids"])) for row, i in enumerate(idx)]
     results = map_on_cores(forward, groups, cpu=dev.type == "cpu")
-    bar = progress if hasattr(progress, "update") else None
-    if progress is True:
-        from tqdm.auto import tqdm
-        results = tqdm(results, total=len(groups), desc="predicting", unit="batch", leave=False)
     for idx, taken in zip(groups, results):
         for i, t in zip(idx, taken):
             out[i] = t
@@ -274,17 +270,10 @@ def predict_classify(model, tok, examples, max_length, batch_size=64, progress=F
     """(N, C) probabilities, a chunk of examples at a time (`classification_chunks`: the
     features of a million texts took gigabytes)."""
     probs = torch.zeros(len(examples), model.config.num_labels)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(examples), desc="predicting", unit="text", leave=False)
-    try:
+    with progress_bar(progress, len(examples), "predicting", "text") as bar:
         for chunk, items in classification_chunks(tok, examples, max_length):
-            logits = run_batches(model, items, batch_size, tok.pad_id or 0, progress=bar)
+            logits = run_batches(model, items, batch_size, tok.pad_id or 0, bar=bar)
             probs[chunk] = torch.softmax(torch.stack(logits), -1)
-    finally:
-        if bar is not None:
-            bar.close()
     return probs
 
 
@@ -378,19 +367,11 @@ def in_chunks(inputs: list, sizes: list, run, progress: bool = False, unit: str 
     bound (2,000 questions on one 10 kB context: 6.6 GB; 5,000 texts of 1,300 characters
     tagged: +1.25 GB). A caller that prints each result as it comes holds one chunk's."""
     from . import tokenizer
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(inputs), desc="predicting", unit=unit, leave=False)
-    try:
+    with progress_bar(progress, len(inputs), "predicting", unit) as bar:
         for idx in size_runs(sizes, tokenizer.CHUNK_CHARS):
             results = run([inputs[i] for i in idx])
-            if bar is not None:
-                bar.update(len(idx))
+            bar.update(len(idx))
             yield from results
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def sentence_word_predictions(model, tok, sentences, max_length, batch_size=64,

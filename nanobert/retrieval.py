@@ -30,7 +30,7 @@ import torch
 
 from .batching import to_inference_device
 from .config import check_count
-from .files import NanobertError, note
+from .files import NanobertError, note, progress_bar
 from .metrics import correlations
 from .threads import map_on_cores
 from .tokenizer import check_text, check_texts
@@ -210,36 +210,26 @@ def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int 
     a float32 tensor (n, outputs), in input order. Tokenized and run a chunk at a time
     (`encode_chunks`): 20,000 documents of 50 kB held every encoding at once."""
     from .tokenizer import encode_chunks
-    first = [a for a, _ in pairs]
-    second = None if all(p is None for _, p in pairs) else [p or "" for _, p in pairs]
+    single = all(p is None for _, p in pairs)
+    inputs = [a for a, _ in pairs] if single else [(a, p or "") for a, p in pairs]
     out = torch.zeros(len(pairs), model.config.num_labels)
     if not pairs:
         return out
-
-    def encode(chunk):
-        return tok.encode_batch([first[i] for i in chunk],
-                                None if second is None else [second[i] for i in chunk],
-                                max_length=max_length)
     was_training = model.training
     model.eval()
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(pairs), desc="scoring", unit="pair", leave=False)
+    bar = progress_bar(progress, len(pairs), "scoring", "pair")
     try:
-        inputs = first if second is None else list(zip(first, second))
         # (the note once per tokenizer: search --rerank calls this for each query)
-        for chunk, encs in encode_chunks(tok, inputs, encode, max_length, "texts" if second
-                                         is None else "pairs", key="pair_logits"):
+        for chunk, encs in encode_chunks(tok, inputs, None, max_length,
+                                         "texts" if single else "pairs", key="pair_logits"):
             out[chunk] = _encoded_logits(model, tok, encs, batch_size, bar)
     finally:
         model.train(was_training)
-        if bar is not None:
-            bar.close()
+        bar.close()
     return out
 
 
-def _encoded_logits(model, tok, encs, batch_size: int, bar=None) -> torch.Tensor:
+def _encoded_logits(model, tok, encs, batch_size: int, bar) -> torch.Tensor:
     """pair_logits of one chunk's encodings, in their order."""
     from .batching import forward_tokens, restore_order, sorted_batches
     device = next(model.parameters()).device
@@ -252,8 +242,7 @@ def _encoded_logits(model, tok, encs, batch_size: int, bar=None) -> torch.Tensor
     out = []
     for idx, logits in zip(groups, map_on_cores(forward, groups, cpu=device.type == "cpu")):
         out.append(logits)
-        if bar is not None:
-            bar.update(len(idx))
+        bar.update(len(idx))
     return restore_order(groups, torch.cat(out))
 
 
