@@ -715,10 +715,12 @@ def regress_evaluate(model, tok, rows, settings, batch_size=64, progress=False) 
 def score_predict(model, tok, rows, settings, batch_size=64, progress=False):
     """Yield {"text"[, "pair"], "score"} per row: the regression output or the reranker's
     logit."""
-    scores = R.pair_scores(model, tok, _row_pairs(rows), settings["max_length"], batch_size,
-                           progress)
-    for (a, b), s in zip(_row_pairs(rows), scores):
-        yield {"text": a, **({"pair": b} if b is not None else {}), "score": s}
+    pairs = _row_pairs(rows)
+    for chunk, logits in R.pair_logit_chunks(model, tok, pairs, settings["max_length"],
+                                             batch_size, progress):
+        for i, s in zip(chunk, logits[:, 0].tolist()):
+            a, b = pairs[i]
+            yield {"text": a, **({"pair": b} if b is not None else {}), "score": s}
 
 
 def score_show(r: dict) -> str:

@@ -830,13 +830,37 @@ JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a 
               list: "a list", dict: "an object"}
 
 
+@functools.lru_cache(maxsize=None)
+def _invisible_chars() -> str:
+    """White space, control and format characters (zero-width spaces and joiners, the
+    byte-order mark, soft hyphens, direction marks): what a tokenizer drops."""
+    import sys
+    return "".join(c for c in map(chr, range(sys.maxunicode + 1))
+                   if c.isspace() or unicodedata.category(c) in ("Cc", "Cf"))
+
+
+def blank(text: str) -> bool:
+    """Is `text` empty to the eye and to the model: nothing but white space and invisible
+    characters (`\\u200b\\ufeff` gave `[CLS] [SEP]` and was taken for a text)?"""
+    return not text.strip() or not text.strip(_invisible_chars())
+
+
+def empty_words(text: str) -> str:
+    """How to call a `blank` text in an error: "empty", or what it holds when it has
+    characters nobody sees."""
+    if not text.strip():
+        return "empty"
+    seen = next(c for c in text if not c.isspace())
+    return f"empty (only invisible characters, such as U+{ord(seen):04X})"
+
+
 def _note_empty_texts(examples: list, path, what: str = "labelled example(s)") -> None:
     """Examples (or `TextRow`s) with an empty text (a cell lost in an export or a join;
     QQP's train file has a few) are kept, as other tools keep them, with one note saying
     how many and where the first is: the model learns, or is scored on, no input."""
     def texts(e):
         return e.texts if isinstance(e, TextRow) else (e.text_a, e.text_b)
-    empty = [e for e in examples if any(t is not None and not t.strip() for t in texts(e))]
+    empty = [e for e in examples if any(t is not None and blank(t) for t in texts(e))]
     if empty:
         note(f"{path}:{empty[0].line}: {len(empty)} {what} with an empty text "
              "(kept; fill the cells or remove the rows if they were lost on the way)")
@@ -1558,9 +1582,10 @@ def no_empty_question(question: str, context: str, where: str):
     """An empty question (or context) is a field lost on the way: the model would pick
     a span of the context with nothing asked (or answer from nothing), and training
     would teach it to."""
-    for what, text in ((" is empty", question), (": its context is empty", context)):
-        if not text.strip():
-            raise NanobertError(f"{where}{what} (fill it in or remove the question)")
+    for what, text in ((" is", question), (": its context is", context)):
+        if blank(text):
+            raise NanobertError(f"{where}{what} {empty_words(text)} (fill it in or remove the "
+                                "question)")
 
 
 def _note_unanswerable(doc: dict, path):

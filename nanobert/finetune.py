@@ -71,6 +71,25 @@ def select_examples(examples: list, n, seed: int) -> list:
     return D.seeded_subset(examples, n, seed)
 
 
+def select_dev(task, examples, n) -> list:
+    """--max-dev-examples: n dev examples, the same whatever --seed; of rows ranked per
+    query (`task.query_of`: a reranker's, a bi-encoder's unscored pairs), every row of n
+    queries (n rows scattered each query's documents: 4 queries of 43 had two grades)."""
+    queries = _dev_queries(task, examples)
+    if not n or queries is None:
+        return select_examples(examples, n, DEV_SEED)
+    chosen = set(D.seeded_subset(queries, n, DEV_SEED))
+    return [e for e in examples if task.query_of(e) in chosen]
+
+
+def _dev_queries(task, examples) -> Optional[list]:
+    """The distinct queries of dev rows ranked per query, in file order; else None."""
+    if not (task.query_of and isinstance(examples, list) and examples
+            and task.query_of(examples[0]) is not None):
+        return None
+    return list(dict.fromkeys(map(task.query_of, examples)))
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> list:
     """The training order of epoch `epoch`: a permutation fixed by (seed, epoch)."""
     g = torch.Generator().manual_seed(seed * 1000 + epoch)
@@ -267,14 +286,21 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, bar=None,
 
 
 def predict_classify(model, tok, examples, max_length, batch_size=64, progress=False):
-    """(N, C) probabilities, a chunk of examples at a time (`classification_chunks`: the
-    features of a million texts took gigabytes)."""
+    """(N, C) probabilities."""
     probs = torch.zeros(len(examples), model.config.num_labels)
+    for chunk, p in classify_chunks(model, tok, examples, max_length, batch_size, progress):
+        probs[chunk] = p
+    return probs
+
+
+def classify_chunks(model, tok, examples, max_length, batch_size=64, progress=False):
+    """Yield (indices, their (n, C) probabilities) a chunk of examples at a time, in
+    input order (`classification_chunks`: the features of a million texts took
+    gigabytes)."""
     with progress_bar(progress, len(examples), "predicting", "text") as bar:
         for chunk, items in classification_chunks(tok, examples, max_length):
             logits = run_batches(model, items, batch_size, tok.pad_id or 0, bar=bar)
-            probs[chunk] = torch.softmax(torch.stack(logits), -1)
-    return probs
+            yield chunk, torch.softmax(torch.stack(logits), -1)
 
 
 def ner_windows(tok, inputs, max_length, split: bool = True, quiet: bool = False) -> tuple:
@@ -658,15 +684,16 @@ def ner_check(sentences, model, path, source="the model knows"):
 
 
 def classify_predict(model, tok, examples, settings, batch_size=64, progress=False):
-    """Yield {"text"[, "pair"], "label", "probability"} per example (all scored first: a
-    label each). A task's predict yields its results, NER's and QA's a chunk at a time,
-    so that `predict` prints them as they come (NER's entities are many times their
-    input); Predictor lists them."""
-    probs = predict_classify(model, tok, examples, settings["max_length"], batch_size, progress)
-    conf, idx = probs.max(-1)
-    for e, c, i in zip(examples, conf.tolist(), idx.tolist()):
-        yield {"text": e.text_a, **({"pair": e.text_b} if e.text_b is not None else {}),
-               "label": model.config.id2label[i], "probability": c}
+    """Yield {"text"[, "pair"], "label", "probability"} per example. A task's predict
+    yields its results a chunk at a time, so that `predict` prints them as they come
+    (NER's entities are many times their input; a million texts were all scored before
+    the first line); Predictor lists them."""
+    for chunk, probs in classify_chunks(model, tok, examples, settings["max_length"],
+                                        batch_size, progress):
+        conf, idx = probs.max(-1)
+        for e, c, i in zip((examples[k] for k in chunk), conf.tolist(), idx.tolist()):
+            yield {"text": e.text_a, **({"pair": e.text_b} if e.text_b is not None else {}),
+                   "label": model.config.id2label[i], "probability": c}
 
 
 def ner_predict(model, tok, examples, settings, batch_size=64, progress=False):
@@ -910,6 +937,7 @@ class Task:
     loss: Optional[Callable] = None
     writer: Callable = model_writer
     is_pair: Optional[Callable] = None
+    query_of: Optional[Callable] = None  # a dev row -> the query it is ranked under (None: alone)
     help: str = ""
 
 
@@ -941,6 +969,7 @@ TASKS = {t.name: t for t in [
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.embed_predict,
          show=B.embed_show, saved_settings=B.EMBED_SETTINGS, batcher=row_batches,
          loss=B.embed_loss, writer=B.embedding_writer,
+         query_of=lambda r: r.texts[0] if r.score is None else None,
          help="a bi-encoder (sentence embeddings): MNRL on pairs/triplets/BEIR qrels, CoSENT "
               "on scored pairs (Spearman of the cosine; nDCG@10, MRR@10, Recall@100)"),
     Task("rerank", "regression", "ndcg_at_10", 256, read=B.read_rerank_data, labels=None,
@@ -948,6 +977,7 @@ TASKS = {t.name: t for t in [
          inputs=B.text_rows_input, make_input=B.text_input, predict=B.score_predict,
          show=B.score_show, saved_settings=B.RERANK_SETTINGS, batcher=row_batches,
          loss=lambda cfg: B.rerank_loss_fn(), is_pair=B.is_pair,
+         query_of=lambda r: r.texts[0],
          help="a cross-encoder reranker on (query, document, label) rows or BEIR qrels"),
 ]}
 
@@ -1101,7 +1131,8 @@ class FinetuneConfig(Config):
     max_train_examples: Optional[int] = param(
         None, "train on a seeded random subset of this size", at_least(1))
     max_dev_examples: Optional[int] = param(
-        None, "evaluate on a random subset of this size (the same whatever --seed)", at_least(1))
+        None, "evaluate on a random subset of this size, the same whatever --seed (of rows "
+              "ranked per query: this many queries)", at_least(1))
     doc_stride: int = param(128, "qa: overlap between windows", at_least(1))
     max_answer_length: int = param(30, "qa: in tokens", at_least(1))
     n_best: int = param(20, "qa: start/end candidates", at_least(1))
@@ -1378,12 +1409,15 @@ def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
     cols, seed = cfg.columns.given(), cfg.trainer.seed
     whole = read_for(task, None, lambda: task.read(cfg.train, cols, True), cfg.train)
     dev = read_for(task, None, lambda: task.read(cfg.dev, cols, True), cfg.dev)
+    queries = _dev_queries(task, dev)
     for flag, n, data, path in (("--max-train-examples", cfg.max_train_examples, whole, cfg.train),
-                                ("--max-dev-examples", cfg.max_dev_examples, dev, cfg.dev)):
+                                ("--max-dev-examples", cfg.max_dev_examples,
+                                 dev if queries is None else queries, cfg.dev)):
+        what = "queries" if data is queries else "examples"
         if n and isinstance(data, list) and n > len(data):   # (the run took all, unsaid)
-            note(f"{flag} {n} is over the {len(data)} examples of {path}: all of them are used")
-    return (select_examples(whole, cfg.max_train_examples, seed), select_examples(
-        dev, cfg.max_dev_examples, DEV_SEED), whole, dev)
+            note(f"{flag} {n} is over the {len(data)} {what} of {path}: all of them are used")
+    return (select_examples(whole, cfg.max_train_examples, seed),
+            select_dev(task, dev, cfg.max_dev_examples), whole, dev)
 
 
 def check_dev(task: Task, dev, whole_dev, model, cfg: FinetuneConfig):
@@ -1906,10 +1940,11 @@ def _check_predict_sources(args) -> None:
                             "--input FILE give the second texts (qa: the contexts) in the file")
     if not args.texts and not args.input:
         raise NanobertError("give texts on the command line or --input FILE")
-    blank = next((i for i, t in enumerate(args.texts or ()) if not t.strip()), None)
-    if blank is not None:   # (`predict "$TEXT"` with TEXT unset: no input, yet an answer)
-        raise NanobertError(f"TEXT argument {blank + 1} is empty: give the text to predict on "
-                            "(a file's blank lines are skipped; the command line's are refused)")
+    empty = next((i for i, t in enumerate(args.texts or ()) if D.blank(t)), None)
+    if empty is not None:   # (`predict "$TEXT"` with TEXT unset: no input, yet an answer)
+        raise NanobertError(f"TEXT argument {empty + 1} is {D.empty_words(args.texts[empty])}: "
+                            "give the text to predict on (a file's blank lines are skipped; "
+                            "the command line's are refused)")
     named = ColumnsConfig.from_args(args).given()
     columns = [flag for path, _, flag in ColumnsConfig.flags() if path[-1] in named]
     if columns and not args.input:

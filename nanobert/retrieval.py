@@ -198,35 +198,45 @@ def pair_scores(model, tok, pairs: list, max_length: int = 256, batch_size: int 
                 progress: bool = False) -> list:
     """The one logit of a cross-encoder / regression model for each (text, text_pair)
     (text_pair may be None), in input order."""
-    if not pairs:
-        return []
-    return pair_logits(model, tok, pairs, max_length, batch_size, progress)[:, 0].tolist()
+    return [s for _, logits in pair_logit_chunks(model, tok, pairs, max_length, batch_size,
+                                                 progress) for s in logits[:, 0].tolist()]
+
+
+def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64,
+                progress: bool = False, numbers=None):
+    """The logits of a sequence head for each (text, text_pair) (text_pair may be None):
+    a float32 tensor (n, outputs), in input order. `numbers`: what the truncation note
+    calls each pair (`encode_chunks`)."""
+    out = torch.zeros(len(pairs), model.config.num_labels)
+    for chunk, logits in pair_logit_chunks(model, tok, pairs, max_length, batch_size, progress,
+                                           numbers):
+        out[chunk] = logits
+    return out
 
 
 @torch.inference_mode()
-def pair_logits(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64,
-                progress: bool = False):
-    """The logits of a sequence head for each (text, text_pair) (text_pair may be None):
-    a float32 tensor (n, outputs), in input order. Tokenized and run a chunk at a time
-    (`encode_chunks`): 20,000 documents of 50 kB held every encoding at once."""
+def pair_logit_chunks(model, tok, pairs: list, max_length: int = 256, batch_size: int = 64,
+                      progress: bool = False, numbers=None):
+    """Yield (indices, their logits (n, outputs)) of (text, text_pair) inputs a chunk at a
+    time, in input order: tokenized and run a chunk at a time (`encode_chunks`: 20,000
+    documents of 50 kB held every encoding at once), so that `predict` prints as it goes."""
     from .tokenizer import encode_chunks
+    if not pairs:
+        return
     single = all(p is None for _, p in pairs)
     inputs = [a for a, _ in pairs] if single else [(a, p or "") for a, p in pairs]
-    out = torch.zeros(len(pairs), model.config.num_labels)
-    if not pairs:
-        return out
     was_training = model.training
     model.eval()
     bar = progress_bar(progress, len(pairs), "scoring", "pair")
     try:
         # (the note once per tokenizer: search --rerank calls this for each query)
         for chunk, encs in encode_chunks(tok, inputs, None, max_length,
-                                         "texts" if single else "pairs", key="pair_logits"):
-            out[chunk] = _encoded_logits(model, tok, encs, batch_size, bar)
+                                         "texts" if single else "pairs", key="pair_logits",
+                                         numbers=numbers):
+            yield chunk, _encoded_logits(model, tok, encs, batch_size, bar)
     finally:
         model.train(was_training)
         bar.close()
-    return out
 
 
 def _encoded_logits(model, tok, encs, batch_size: int, bar) -> torch.Tensor:
@@ -295,10 +305,12 @@ class Reranker:
     def score(self, query: str, documents) -> list:
         """The relevance of each document for `query`, in document order: the logit of a
         one-output model, the second label's probability for a two-label classifier."""
-        query, documents = _query_and_documents(query, documents)
+        return self._scores(*_query_and_documents(query, documents))
+
+    def _scores(self, query: str, documents: list, numbers=None) -> list:
         return relevance(pair_logits(self.model, self.tokenizer,
                                      [(query, d) for d in documents], self.max_length,
-                                     self.batch_size))
+                                     self.batch_size, numbers=numbers))
 
     def rerank_hits(self, query, hits: list, k: Optional[int] = None) -> list:
         """Search results [(index, score, text)] (of one query, or a list of such lists
@@ -306,8 +318,11 @@ class Reranker:
         k = check_count(k, "k", none_ok=True)
         if isinstance(query, str):
             hits = _check_hits(hits, "hits")
-            ranked = self.rerank(query, [t for _, _, t in hits], k)
-            return [(hits[j][0], s, t) for j, s, t in ranked]
+            query, texts = _query_and_documents(query, [t for _, _, t in hits])
+            # (a note names a cut document by its entry of the corpus, not its rank)
+            scores = self._scores(query, texts, [i + 1 if type(i) is int else i
+                                                 for i, _, _ in hits])
+            return [(hits[j][0], scores[j], texts[j]) for j in _top(scores, k)]
         queries = check_texts(query, "query")
         if isinstance(hits, (str, bytes)) or not hasattr(hits, "__len__") \
                 or len(hits) != len(queries):
@@ -321,8 +336,12 @@ class Reranker:
         k = check_count(k, "k", none_ok=True)
         query, documents = _query_and_documents(query, documents)
         scores = self.score(query, documents)
-        order = sorted(range(len(documents)), key=lambda i: -scores[i])[:k]
-        return [(i, scores[i], documents[i]) for i in order]
+        return [(i, scores[i], documents[i]) for i in _top(scores, k)]
+
+
+def _top(scores: list, k: Optional[int]) -> list:
+    """The indices of the k highest scores (None: all), highest first."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])[:k]
 
 
 # label names that read as "not relevant": a two-label classifier whose second label is

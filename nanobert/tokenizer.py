@@ -1014,7 +1014,7 @@ CHUNK_CHARS = 500_000     # ... and at most this many characters (as clipped: CL
 
 
 def encode_chunks(tok: Tokenizer, inputs, encode, max_length: int, what: str = "texts",
-                  longest_first: bool = False, key=None):
+                  longest_first: bool = False, key=None, numbers=None):
     """Yield (indices, their encodings) of `inputs` (texts, or (text, pair) tuples) a
     chunk at a time, as `encode(indices)` makes them (None: `encode_inputs` of the
     chunk's inputs, all of one kind): CHUNK_TEXTS inputs and CHUNK_CHARS
@@ -1022,7 +1022,7 @@ def encode_chunks(tok: Tokenizer, inputs, encode, max_length: int, what: str = "
     reads a corpus); then say in one note what truncation cut from all of them. A cut
     text's encoding holds all its tokens: 25,000 texts of 1,300 characters read at once
     for classification took +1.35 GB, 5,000 of 2,000 characters to embed +3.2 GB.
-    `key`: the note's, for note_once."""
+    `key`: the note's, for note_once; `numbers`: what the note calls each input (#i + 1)."""
     from .batching import size_runs
     if encode is None:
         def encode(chunk):
@@ -1041,7 +1041,8 @@ def encode_chunks(tok: Tokenizer, inputs, encode, max_length: int, what: str = "
             lengths = cut_lengths(tok, encodings, [inputs[i] for i in chunk])
             cut.update((chunk[j], n) for j, n in lengths.items())
         yield chunk, encodings
-    note_once(tok, cut_note(cut, len(inputs), inputs, max_length, what, flag=None), key=key)
+    note_once(tok, cut_note(cut, len(inputs), inputs, max_length, what, flag=None,
+                            numbers=numbers), key=key)
 
 
 def encode_inputs(tok: Tokenizer, inputs: list, max_length: int) -> list:
@@ -1052,9 +1053,11 @@ def encode_inputs(tok: Tokenizer, inputs: list, max_length: int) -> list:
 
 
 def cut_note(lengths: dict, total: int, inputs, max_length: int, what: str = "inputs",
-             is_pretokenized: bool = False, flag: Optional[str] = "--max-length") -> Optional[str]:
+             is_pretokenized: bool = False, flag: Optional[str] = "--max-length",
+             numbers=None) -> Optional[str]:
     """truncation_note's line from `cut_lengths` (over `total` inputs): also for inputs
-    encoded a part at a time (encoder_vectors)."""
+    encoded a part at a time (encoder_vectors). `numbers`: what each input is called
+    (#i + 1: its place among `inputs`), as a reranker's candidates by their corpus line."""
     if not lengths:
         return None
     worst = max(lengths, key=lambda i: (lengths[i], -i))
@@ -1066,7 +1069,8 @@ def cut_note(lengths: dict, total: int, inputs, max_length: int, what: str = "in
     least, most = min(lost), max(lost)
     by = f"{least}" if least == most and type(least) is type(most) else f"{least} to {most}"
     one = len(lengths) == 1
-    which = "it" if total == 1 else f"#{worst + 1}" if one else f"the longest, #{worst + 1},"
+    number = worst + 1 if numbers is None else numbers[worst]
+    which = "it" if total == 1 else f"#{number}" if one else f"the longest, #{number},"
     # ("1 of 1 texts is" read oddly: one input is "the text")
     counted = (f"the {what[:-1]}" if total == 1 and what.endswith("s") else
                f"{len(lengths)} of {total} {what}")

@@ -74,6 +74,16 @@ def tiny_classify_task(d: Path, rows: list, vocab_size: int, positions: int, lay
     return d
 
 
+def counted_chunks(monkeypatch, tok, chunk_texts: int) -> list:
+    """Tokenize `chunk_texts` inputs a chunk at a time (tokenizer.CHUNK_TEXTS), and count
+    the calls of tok.encode_batch in the list returned: how far a generator has read."""
+    import nanobert.tokenizer as T
+    monkeypatch.setattr(T, "CHUNK_TEXTS", chunk_texts)
+    calls, batch = [], tok.encode_batch
+    monkeypatch.setattr(tok, "encode_batch", lambda *a, **k: calls.append(1) or batch(*a, **k))
+    return calls
+
+
 def random_batch(B=4, T=12, vocab=1000, seed=0, min_len=3):
     """ids/mask/types of B sequences with mixed lengths, right-padded to T."""
     g = torch.Generator().manual_seed(seed)

@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import counted_chunks
 import nanobert
 from nanobert import biencoder as E
+from nanobert import retrieval as R
 from nanobert.data import Beir, TextRow
 from nanobert.files import NanobertError
 from test_finetune import tiny_dir  # noqa: F401  (a small random BERT)
@@ -419,6 +421,22 @@ def test_regression_rows_are_held_as_token_ids_and_a_cut_is_said(minilm, capsys,
         {"input_ids": e.ids, "token_type_ids": e.type_ids, "labels": r.score}
         for e, r in zip(encs, rows)]
     assert f"of 30 training {'pairs' if pairs else 'texts'} are longer than 10 tokens" in note
+
+
+def test_score_predict_yields_a_chunk_before_reading_the_next(minilm_dir, monkeypatch):
+    """A reranker's or regression model's `predict` printed nothing until every pair was
+    scored; each chunk's scores now come before the next chunk is tokenized, equal to
+    pair_scores'."""
+    model, tok = nanobert.load(minilm_dir, head="regression")
+    rows = [E.text_input(i, (f"query {i}", "a document " * (i % 5 + 1))) for i in range(13)]
+    encoded = counted_chunks(monkeypatch, tok, 4)
+    results = E.score_predict(model.eval(), tok, rows, {"max_length": 16}, 3)
+    first = next(results)
+    assert (first["text"], first["pair"]) == rows[0].texts and len(encoded) == 1
+    got = [first] + list(results)
+    want = R.pair_scores(model, tok, [r.texts for r in rows], 16, 3)
+    assert [r["score"] for r in got] == pytest.approx(want, abs=1e-6)
+    assert [r["pair"] for r in got] == [r.texts[1] for r in rows]
 
 
 def test_task_functions_regression_and_rerank(minilm_dir, tmp_path):

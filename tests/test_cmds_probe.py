@@ -41,12 +41,15 @@ def test_predict_without_inputs_says_so_before_loading(tmp_path, capsys):
                                        "--input FILE\n")
 
 
-@pytest.mark.parametrize("texts", [[""], ["a text", "  "]])
-def test_predict_refuses_an_empty_text_argument_before_loading(tmp_path, capsys, texts):
+@pytest.mark.parametrize("texts,what", [([""], ""), (["a text", "  "], ""),
+                                        (["\u200b"], " (only invisible characters, such as "
+                                                      "U+200B)")])
+def test_predict_refuses_an_empty_text_argument_before_loading(tmp_path, capsys, texts, what):
     """`predict ""` (a TEXT from an unset shell variable) answered with a label for
     nothing; a file's blank lines are skipped with a note, the command line's refused."""
     assert main(["predict", "--model", str(tmp_path / "none"), *texts]) == 2
-    assert capsys.readouterr().err == (f"nanobert: error: TEXT argument {len(texts)} is empty: "
+    assert capsys.readouterr().err == (f"nanobert: error: TEXT argument {len(texts)} is empty"
+                                       f"{what}: "
                                        "give the text to predict on (a file's blank lines are "
                                        "skipped; the command line's are refused)\n")
 

@@ -386,6 +386,24 @@ def test_an_empty_question_or_context_is_refused(tmp_path):
         read_squad(p, require_answers=False)
 
 
+def test_a_text_of_invisible_characters_is_empty(tmp_path, capsys):
+    """Zero-width spaces, joiners and a byte-order mark tokenize to [CLS] [SEP]: such a
+    text was trained on without a word, and such a question read as asked."""
+    from nanobert.data import blank
+    assert blank("\u200b\u200c\u200d\ufeff") and blank(" \xad\t") and blank("")
+    assert not blank("e\u0301") and not blank("\u200ba")
+    p = write(tmp_path, "t.tsv", "sentence\tlabel\nfine\t1\n\u200b\u200d\t0\n")
+    assert len(read_classification(p)) == 2
+    assert f"{p}:3: 1 labelled example(s) with an empty text" in capsys.readouterr().err
+    doc = squad_doc()
+    doc["data"][0]["paragraphs"][0]["qas"][1]["question"] = "\ufeff\u200b"
+    p = write(tmp_path, "s.json", json.dumps(doc))
+    with pytest.raises(NanobertError) as e:
+        read_squad(p)
+    assert str(e.value) == (f"{p}: question 'q2' is empty (only invisible characters, such "
+                            "as U+FEFF) (fill it in or remove the question)")
+
+
 def test_an_unknown_label_lists_a_dozen_of_the_known_ones(tmp_path):
     """A training file of 1,000 classes made the error one line of 10,000 characters."""
     p = write(tmp_path, "dev.tsv", "sentence\tlabel\na\tc0007\nb\tnew\n")

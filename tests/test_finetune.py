@@ -8,7 +8,7 @@ import pytest
 import transformers
 import torch
 
-from conftest import tiny_model_dir
+from conftest import counted_chunks, tiny_model_dir
 import nanobert
 from nanobert import cli
 from nanobert.files import NanobertError
@@ -412,6 +412,35 @@ def test_the_dev_sample_is_the_same_whatever_the_seed(tmp_path):
     assert [e.text_a for e in train5] != [e.text_a for e in train6]
 
 
+def test_a_dev_sample_of_ranked_rows_takes_whole_queries(tmp_path, capsys):
+    """--max-dev-examples 40 on a reranker's table of 100 queries x 4 rows drew 40 rows
+    scattered over ~33 queries, most of them left with one relevance grade (nothing to
+    rank); it takes every row of N queries, and notes N over the queries there are.
+    Scored pairs of a bi-encoder (Spearman, per row) are still sampled by row."""
+    from nanobert.finetune import TASKS, FinetuneConfig, _read_splits
+    rows = "".join(f"query {q}\tdocument {q} {k}\t{int(k == 0)}\n" for q in range(100)
+                   for k in range(4))
+    for name in ("train.tsv", "dev.tsv"):
+        (tmp_path / name).write_text("query\tdocument\tlabel\n" + rows)
+    for n in (40, 7):
+        cfg = FinetuneConfig(task="rerank", model="minilm", train=str(tmp_path / "train.tsv"),
+                             dev=str(tmp_path / "dev.tsv"), max_dev_examples=n)
+        dev = _read_splits(TASKS["rerank"], cfg)[1]
+        queries = {r.texts[0] for r in dev}
+        assert len(queries) == n and len(dev) == 4 * n
+        assert {r.score for r in dev if r.texts[0] == sorted(queries)[0]} == {0.0, 1.0}
+    capsys.readouterr()
+    cfg = cfg.replace(max_dev_examples=101)
+    assert len(_read_splits(TASKS["rerank"], cfg)[1]) == 400
+    assert (f"--max-dev-examples 101 is over the 100 queries of {tmp_path / 'dev.tsv'}: all of "
+            "them are used") in capsys.readouterr().err
+    (tmp_path / "sts.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(
+        f"a {i}\tb {i}\t{i % 5}\n" for i in range(30)))
+    cfg = FinetuneConfig(task="embed", model="minilm", train=str(tmp_path / "sts.tsv"),
+                         dev=str(tmp_path / "sts.tsv"), max_dev_examples=10)
+    assert len(_read_splits(TASKS["embed"], cfg)[1]) == 10
+
+
 def test_attn_backend_trains_padded_with_the_masks_transformers_draws(tiny_dir, tmp_path):
     """--attn-backend sdpa/eager train on padded batches: with dropout on, the two draw the
     same masks (transformers' own, tests/test_train.py) and give the same losses; the
@@ -797,6 +826,26 @@ def test_classification_training_features_are_held_as_token_ids(minilm, monkeypa
     assert n_new == n_old == 7
     for a, b in zip(new(1, 0), old(1, 0)):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_classify_predict_yields_a_chunk_before_reading_the_next(tiny_dir, monkeypatch):
+    """`predict` on a million texts printed nothing until all were scored; the results of
+    each chunk now come before the next is tokenized, equal to predict_classify's."""
+    from nanobert.data import Example
+    F = importlib.import_module("nanobert.finetune")
+    model, tok = nanobert.load(tiny_dir, head="classify", num_labels=2,
+                               id2label={0: "neg", 1: "pos"})
+    examples = [Example(f"{POS[i % len(POS)]} film {'and ' * (i % 4)}{i}",
+                        None if i % 3 else "so it is") for i in range(23)]
+    encoded = counted_chunks(monkeypatch, tok, 5)
+    results = F.classify_predict(model.eval(), tok, examples, {"max_length": 16}, 4)
+    first = next(results)
+    assert first["text"] == examples[0].text_a and first["pair"] == "so it is"
+    assert 1 <= len(encoded) <= 2          # (one chunk: its single texts and its pairs)
+    probs = F.predict_classify(model, tok, examples, 16, 4)
+    got = [first] + list(results)
+    assert [r["label"] for r in got] == [("neg", "pos")[i] for i in probs.argmax(-1).tolist()]
+    assert [r["probability"] for r in got] == pytest.approx(probs.max(-1).values.tolist())
 
 
 def test_a_word_of_no_tokens_inside_an_entity_continues_it():

@@ -239,6 +239,20 @@ def test_scoring_reads_a_chunk_of_pairs_at_a_time_with_the_same_scores(tiny_dir,
     assert "pairs are longer than 16 tokens" in notes and capsys.readouterr().err == notes
 
 
+def test_a_cut_candidate_is_named_by_its_corpus_entry(tiny_dir, tmp_path, capsys):
+    """`search --rerank`: the embedding note named a long document #51 (its corpus entry)
+    and the reranker's note #101 (its rank among the candidates), the same document
+    under two numbers, the second of which maps to nothing in the file."""
+    path = head_dir(tiny_dir, tmp_path / "m", "regression", {"task": "rerank", "max_length": 16})
+    hits = [(40, 0.9, "bob met carol"), (7, 0.8, "alice lives in paris " * 10),
+            (12, 0.7, "who met carol")]
+    R.Reranker(path).rerank_hits(QUERY, hits, 2)
+    assert "the pair is" not in (err := capsys.readouterr().err) and "(#8 has" in err
+    reranked = R.Reranker(path).rerank_hits([QUERY], [hits], 2)[0]
+    assert {i for i, _, _ in reranked} <= {40, 7, 12} and len(reranked) == 2
+    assert "(#8 has" in capsys.readouterr().err
+
+
 def test_reranker_and_predictor_take_dtype_and_device(tiny_dir, tmp_path, one_thread):
     """Reranker had no dtype (search --rerank --dtype int8 left the cross-encoder fp32)
     and Predictor no device, where Encoder has both."""
