@@ -191,7 +191,8 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
             _one_candidate(names, LABEL_COLUMNS, (label,), "label", path, line, "--label-column")
     if label is None and require_label:
         raise data_error(path, line, f"no label column (expected 'label'; columns: {shown}); "
-                         "name it with --label-column")
+                         "name it with --label-column, or, for a file without labels (a "
+                         "test split), run `nanobert predict --input` on it")
     _distinct_roles([(text, "--text-column"), (pair, "--text-pair-column"),
                      (label if require_label else None, "--label-column")], path, line)
     return Columns(text, pair, label)
@@ -954,7 +955,8 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
     named = len(header) > 1 and header[0] != "0"      # (a header of indices is no row)
 
     def rows():
-        for n, fields in table:
+        lines = iter(table)
+        for n, fields in lines:
             if len(header) > 1 and not any(x.strip() for x in fields):
                 continue   # a lone empty field ("") where rows have several: no row
             fields = _trimmed(fields, len(header))
@@ -962,12 +964,23 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
                 raise data_error(path, n, f"repeats the header of line {hline} (files joined "
                                  "with cat? keep one header, or every one is read as a row)")
             if len(fields) != len(header):
-                more = (f" (a {sep} inside a text? such a field must be quoted)"
-                        if len(fields) > len(header) else _lone_cr_hint(path, n))
+                more = (f" (a {sep} inside a text, which must then be quoted? or columns the "
+                        "header does not name?)" if len(fields) > len(header) else
+                        _lone_cr_hint(path, n) or _broken_row_hint(fields, next(lines, None),
+                                                                   len(header)))
                 raise data_error(path, n, f"expected {len(header)} fields like the header, "
                                  f"found {len(fields)}{more}")
             yield n, fields
     return hline, header, rows()
+
+
+def _broken_row_hint(fields: list, after, width: int) -> str:
+    """Why a row is short, where the next line holds the rest of it: a line break inside
+    a text (GLUE's QQP train.tsv has one, at line 97,931)."""
+    if after is None or len(fields) + len(_trimmed(after[1], width)) - 1 != width:
+        return ""
+    return (f" (a line break inside a text? line {after[0]} holds the rest of the row: join "
+            "the two lines, or remove the row)")
 
 
 def _lone_cr_hint(path, n: int) -> str:
@@ -1622,7 +1635,8 @@ def _squad_article(article, where, path, require_answers, moved: list) -> list:
                                 moved) if require_answers else [])
             if require_answers and not answers:
                 v2 = (" (SQuAD v2.0 'is_impossible': nanobert reads SQuAD v1.1, where every "
-                      "question has an answer)" if qa.get("is_impossible") else "")
+                      "question has an answer; remove the questions marked is_impossible to "
+                      "train or evaluate on the others)" if qa.get("is_impossible") else "")
                 raise NanobertError(f"{path}: question {str(qid)!r} has no answers{v2}")
             out.append(QAExample(str(qid), question, context, answers,
                                  title if isinstance(title, str) else ""))

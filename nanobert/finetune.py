@@ -160,7 +160,9 @@ def classification_chunks(tok, examples, max_length, label2id=None):
                                     max_length=max_length)
         return in_groups([examples[i] for i in chunk], lambda e: e.text_b is not None, group)
     inputs = [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
-    for chunk, encs in encode_chunks(tok, inputs, encode, max_length):
+    paired = {isinstance(x, tuple) for x in inputs}
+    what = "inputs" if len(paired) > 1 else "pairs" if True in paired else "texts"
+    for chunk, encs in encode_chunks(tok, inputs, encode, max_length, what):
         features = []
         for i, enc in zip(chunk, encs):
             features.append({"input_ids": enc.ids, "token_type_ids": enc.type_ids})

@@ -68,6 +68,7 @@ class ServeConfig:
 
 
 KEEP_ALIVE_S = 30   # seconds an idle keep-alive connection is kept open
+STOP_BODY_S = 1.0   # after SIGTERM: seconds a body still arriving has left, then 503
 MAX_PAYLOAD_LIMIT = 1 << 30   # --payload-limit: a request body of more is no JSON to parse
 MAX_HEADER_BYTES = 65536   # request line and headers; more is a 431 (httptools has no limit)
 # threads that tokenize requests (and decode /qa answers), each with its own copy of every
@@ -306,6 +307,14 @@ class Server:
         self.created = int(time.time())     # /v1/models: when the models were loaded
         self.rates: dict = {}               # model name -> tokens/s of one forward (warm-up)
         self.prepared = False               # threads set, warmed up (prepare)
+        self.stopping: Optional[asyncio.Event] = None   # set on SIGTERM (in the app's loop)
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+
+    def shutting_down(self):
+        """A stop signal came (uvicorn's handler, main thread): bodies still arriving get
+        STOP_BODY_S more, where the drain waited --drain-timeout for a stalled upload."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.stopping.set)
 
     def on_cpu(self) -> bool:
         return all(next(m.model.parameters()).device.type == "cpu" for m in self.models.values())
@@ -489,9 +498,9 @@ def check_truncation(m: Served, name: str, counts, texts, pairs=None, sent=None)
         if cut:
             n = m.full_length(texts[i], pairs[i] if pairs else None)
             kept = len(texts[i]) + len(pairs[i] if pairs else "")
-            more = "over " if sent is not None and sent[i] > kept else ""
-            raise unprocessable(f"{name}[{i}]", f"has {more}{n} tokens, over the model's limit "
-                                f"of {m.max_length} (truncate is false)")
+            more = "at least " if sent is not None and sent[i] > kept else ""
+            raise unprocessable(f"{name}[{i}]", f"has {more}{n} tokens; the model reads at "
+                                f"most {m.max_length} (truncate is false)")
 
 
 def vector_rows(rows, normalize: bool, dimensions: Optional[int] = None) -> list:
@@ -626,9 +635,9 @@ def check_query(m: Served, query: str):
     (clipped,), _ = m.clip([query])
     if m.count([clipped], [""]).truncated[0]:
         n = m.full_length(clipped, "")
-        more = "over " if len(query) > len(clipped) else ""
-        raise unprocessable("query", f"has {more}{n} tokens (with a pair's special tokens), over "
-                                     f"the model's limit of {m.max_length} (truncate is false)")
+        more = "at least " if len(query) > len(clipped) else ""
+        raise unprocessable("query", f"has {more}{n} tokens with a pair's special tokens; the "
+                                     f"model reads at most {m.max_length} (truncate is false)")
 
 
 async def ner(server: Server, body: dict) -> dict:
@@ -870,23 +879,28 @@ def check_transfer_encoding(request):
 
 
 async def read_body(request, limit: int, timeout: float, bodies: "BodyBytes",
-                    fields: tuple) -> tuple:
+                    fields: tuple, stopping: Optional[asyncio.Event] = None) -> tuple:
     """(the request's JSON object with only `fields`, its size in bytes, which stay
     held in `bodies` until the caller gives them back); 413 past `limit` bytes, 408
     when the body takes over `timeout` seconds to arrive (a stalled client would keep
     its connection and its bytes for good), 503 when the bodies arriving or being
-    answered hold `bodies`' budget, 400 when not JSON, 422 for a string that is not
-    Unicode."""
+    answered hold `bodies`' budget or when the server is `stopping` and the body is
+    not in STOP_BODY_S later, 400 when not JSON, 422 for a string that is not Unicode."""
     from starlette.requests import ClientDisconnect
     codings = content_codings(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"payload of {declared} bytes is over the limit of {limit} bytes "
                             "(--payload-limit)", headers={"Connection": "close"})
+    stopped = []
     try:
-        async with asyncio.timeout(timeout):
-            raw = await _receive(request, limit, bodies)
+        async with asyncio.timeout(timeout) as deadline:
+            raw = await _arrival(_receive(request, limit, bodies), stopping, deadline, stopped)
     except TimeoutError:
+        if stopped:
+            raise ApiError(503, "the server is shutting down and the body had not arrived; "
+                                "retry on another instance",
+                           headers={"Connection": "close", "Retry-After": "1"})
         raise ApiError(408, f"the body did not arrive within {timeout:g} s (--body-timeout)",
                        headers={"Connection": "close"})
     except ClientDisconnect:
@@ -986,6 +1000,25 @@ def body_budget(payload_limit: int) -> int:
 
 
 BODIES_IN_TRANSIT = 128
+
+
+async def _arrival(receiving, stopping: Optional[asyncio.Event], deadline, stopped: list):
+    """Await `receiving` (the body); once `stopping` is set, under `deadline` moved to at
+    most STOP_BODY_S from then (and `stopped` marked)."""
+    if stopping is None:
+        return await receiving
+    body = asyncio.ensure_future(receiving)
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({body, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not body.done():
+            stopped.append(True)
+            deadline.reschedule(min(deadline.when(), asyncio.get_running_loop().time()
+                                    + STOP_BODY_S))
+        return await body
+    finally:
+        stop.cancel()
+        body.cancel()
 
 
 async def _receive(request, limit: int, bodies: BodyBytes) -> bytes:
@@ -1172,8 +1205,8 @@ def endpoint(server: Server, route: Route):
                 # sending slowly took every place, and everyone else got 429 until
                 # --body-timeout); the bytes of such bodies have a budget of their own
                 body, held_bytes = await read_body(request, server.config.payload_limit,
-                                             server.config.body_timeout, server.bodies,
-                                             route.fields)
+                                                   server.config.body_timeout, server.bodies,
+                                                   route.fields, server.stopping)
                 held = held_bytes
                 check_room(server)
                 server.in_flight += 1
@@ -1223,6 +1256,7 @@ def make_app(server: Server):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        server.loop, server.stopping = asyncio.get_running_loop(), asyncio.Event()
         server.start()
         try:
             yield
@@ -1824,7 +1858,14 @@ def serve_cmd(args):
     stopped_by = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
-    uvicorn.Server(uv).run(sockets=[sock])
+    uv_server = uvicorn.Server(uv)
+    handle_exit = uv_server.handle_exit       # (what uvicorn installs for the signals)
+
+    def on_stop_signal(signum, frame):
+        handle_exit(signum, frame)
+        server.shutting_down()
+    uv_server.handle_exit = on_stop_signal
+    uv_server.run(sockets=[sock])
     stopped_by.reverse()      # (uvicorn raises the signals it caught again last first)
     cut = (f"; {server.cut_off} still running {drain_end(stopped_by, config)} answered 503"
            if server.cut_off else "")

@@ -151,7 +151,11 @@ def test_sentence_transformers_6_checkpoints_pool_as_declared(tiny_dir, tmp_path
     """sentence-transformers 6 saves the pooling as "pooling_mode": "cls"; nanobert read
     only the pooling_mode_* flags of earlier versions and mean-pooled such a checkpoint,
     0.3-0.4 off its own vectors, silently."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    try:   # (its 6.x home; `sentence_transformers.models` is deprecated there)
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
     st = SentenceTransformer(modules=[models.Transformer(str(tiny_dir)),
                                       models.Pooling(models.Transformer(str(tiny_dir))
                                                      .get_embedding_dimension(), pooling_mode=mode),

@@ -336,7 +336,9 @@ def test_one_column_table_is_read_by_its_suffix(tmp_path):
     p = write(tmp_path, "texts.csv", "text\nhello there\nworld\n")
     assert D.detect_format(p) == "csv"
     assert [e.text_a for e in D.read_classification(p, require_label=False)] == ["hello there", "world"]
-    assert "no label column" in error_of(D.read_classification, p)
+    assert "no label column" in (e := error_of(D.read_classification, p))
+    assert e.endswith("for a file without labels (a test split), run `nanobert predict "
+                      "--input` on it")
     assert D.detect_format(write(tmp_path, "texts.tsv", "sentence\nhi\n")) == "tsv"
 
 
@@ -574,7 +576,9 @@ def test_squad_v2_unanswerable_questions_are_named_as_such(tmp_path):
     qas = [{"id": "u", "question": "Why?", "answers": [], "is_impossible": True}]
     p = write(tmp_path, "v2.json", json.dumps({"data": [{"paragraphs": [{"context": "Paris.",
                                                                          "qas": qas}]}]}))
-    assert "SQuAD v2.0 'is_impossible'" in error_of(D.read_squad, p)
+    assert "SQuAD v2.0 'is_impossible'" in (e := error_of(D.read_squad, p))
+    assert e.endswith("remove the questions marked is_impossible to train or evaluate on the "
+                      "others)")
     assert D.read_squad(p, require_answers=False)[0].id == "u"
 
 
@@ -735,10 +739,25 @@ def test_empty_fields_past_the_header_are_dropped_other_extra_fields_are_not(tmp
             [("good film", "1"), ("bad film", "0")]
     tab = write(tmp_path, "t.tsv", "sentence\tlabel\ngood\tfilm\t1\n")
     assert error_of(D.read_classification, tab) == (
-        f"{tab}:2: expected 2 fields like the header, found 3 (a tab inside a text? such a "
-        "field must be quoted)")
+        f"{tab}:2: expected 2 fields like the header, found 3 (a tab inside a text, which "
+        "must then be quoted? or columns the header does not name?)")
     csv = write(tmp_path, "c.csv", "text,label\ngood,film,1\n")
-    assert "(a comma inside a text?" in error_of(D.read_classification, csv)
+    assert "(a comma inside a text," in error_of(D.read_classification, csv)
+
+
+def test_a_row_broken_by_a_line_break_says_where_the_rest_is(tmp_path):
+    """GLUE's QQP train.tsv has a question with a line break in it (line 97,931): the row
+    was 'expected 6 fields like the header, found 4', with no way forward. A row as short
+    as the next line is long names the line that holds its rest."""
+    p = write(tmp_path, "train.tsv", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+              "1\t2\t3\tHow do I cook?\tWhat is cooking?\t0\n"
+              '4\t5\t6\tIs it\n\tWas it "real"?\t1\n7\t8\t9\ta\tb\t0\n')
+    assert error_of(D.read_classification, p, text_column="question1",
+                    pair_column="question2", label_column="is_duplicate") == (
+        f"{p}:3: expected 6 fields like the header, found 4 (a line break inside a text? line "
+        "4 holds the rest of the row: join the two lines, or remove the row)")
+    short = write(tmp_path, "s.tsv", "sentence\tlabel\tid\ngood\t1\nbad\t0\t2\n")
+    assert error_of(D.read_classification, short).endswith("found 2")   # (no such rest)
 
 
 def test_semicolon_csv_and_capitalised_headers(tmp_path):
