@@ -997,12 +997,20 @@ def _lone_cr_hint(path, n: int) -> str:
 HEADER_SAMPLE = 1000    # rows read ahead to tell an unknown header from a first row of data
 
 
+SENTENCE_WORDS = 5   # a cell of more words is a text, not a column's name
+
+
 def _header_by_contrast(first: list, rows: list) -> Optional[str]:
     """Why the first row of a table whose columns are given by index, naming no column a
     reader knows (`id, src, sentiment, review`), is still its header: a cell that is no
     number where the rows after it hold numbers, or no value of a column that repeats a few
     values (a label column: `sentiment` over pos/neg); None when nothing tells it apart
-    (GLUE CoLA's first row `gj04 1 Our friends...` is data)."""
+    (GLUE CoLA's first row `gj04 1 Our friends...` is data), or when a cell of it is a
+    sentence, which no column name is (TREC's `ABBR,What is the full form of .com ?`, a
+    class seen nowhere else, was read as a header, and the example lost)."""
+    if any(len(cell.split()) > SENTENCE_WORDS for cell in first):
+        return None
+
     def number(x: str) -> bool:
         try:
             float(x)

@@ -193,6 +193,12 @@ def test_a_header_of_unknown_names_is_told_from_data_by_the_rows_after_it(tmp_pa
     cola = write(tmp_path, "cola.tsv", "".join(f"gj04\t{i % 2}\t\tsentence {i}\n"
                                                for i in range(20)))
     assert D.read_classification(cola, text_column="3", label_column="1")[0].line == 1
+    # a first row of a class seen nowhere else, whose text is a sentence: data (TREC)
+    trec = write(tmp_path, "trec.csv", "ABBR,What is the full form of .com ?\n" + "".join(
+        f"{y},what is question number {i} about ?\n" for i, y in enumerate(labels)))
+    got = D.read_classification(trec, text_column="1", label_column="0")
+    assert len(got) == 11 and (got[0].label, got[0].line) == ("ABBR", 1)
+    assert capsys.readouterr().err == ""
 
 
 def test_column_indices_count_the_columns_of_a_header(tmp_path):
