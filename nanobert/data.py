@@ -1071,6 +1071,7 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
     fmt = detect_format(path)
     cols = dict(text_column=text_column, pair_column=pair_column, label_column=label_column,
                 require_label=require_label)
+    _not_fasttext(path)
     if fmt == "jsonl":
         out = _read_jsonl_examples(path, cols)
     elif fmt in ("tsv", "csv") and is_sts_original(path):
@@ -1094,6 +1095,17 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
         raise data_error(path, None, "no examples (only a header?)")
     _note_empty_texts(out, path, "labelled example(s)" if require_label else "input(s)")
     return out
+
+
+def _not_fasttext(path):
+    """fastText's `__label__pos some text` lines were taken for a CSV header of two
+    made-up columns ('__label__2 I loved this movie', 'truly.')."""
+    line, text = _first_content(path)
+    if re.match(r"__label__\S+\s", text):
+        raise data_error(path, line, "fastText's format (__label__X then the text) is not "
+                         "read: write it as a TSV of 'text' and 'label' columns, e.g. "
+                         "(printf 'text\\tlabel\\n'; sed -E 's/^__label__([^ ]+) (.*)/\\2\\t\\1/' "
+                         f"{path.name}) > {path.stem}.tsv")
 
 
 def _without_no_gold(examples: list, path) -> list:

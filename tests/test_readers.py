@@ -959,3 +959,15 @@ def test_labels_that_differ_only_in_what_cannot_be_seen_are_refused(tmp_path, tw
     p = write(tmp_path, "e.tsv", "text\tlabel\na\tn\u00e9g\nb\tpos\nc\tne\u0301g\n")
     assert "differ only in invisible characters" in error_of(D.label_set,
                                                             D.read_classification(p), p)
+
+
+def test_a_fasttext_file_is_named_with_a_way_to_convert_it(tmp_path):
+    """fastText's `__label__2 I loved this movie, truly.` was refused for a CSV header
+    of two made-up columns ('__label__2 I loved this movie', 'truly.')."""
+    p = write(tmp_path, "train.txt", "__label__2 I loved this movie, truly.\n"
+              "__label__1 Terrible, just terrible.\n")
+    msg = error_of(D.read_classification, p)
+    assert msg.startswith(f"{p}:1: fastText's format (__label__X then the text) is not read")
+    assert msg.endswith("train.txt) > train.tsv")
+    label_last = write(tmp_path, "ok.tsv", "text\tlabel\n__label__ is a token\t1\n")
+    assert D.read_classification(label_last)[0].text_a == "__label__ is a token"
