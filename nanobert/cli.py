@@ -170,12 +170,41 @@ def _written(e: BaseException, out):
     (--out, OUT) when the error names no file or one on the output's file system (the
     temporary files beside it), else the file the error names."""
     named = getattr(e, "filename", None)
-    if named is None or out is None:
+    if named is None or out is None or named == STDOUT:
         return out if named is None else named
     try:
         return out if _device(named) == _device(out) else named
     except OSError:
         return out
+
+
+class _StdoutWrites:
+    """sys.stdout, whose failed writes say they were its (a full disk under `> FILE`,
+    `> /dev/full`): an OSError without a file name was blamed on --out, written whole."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        return self._tagged(self.stream.write, text)
+
+    def flush(self):
+        return self._tagged(self.stream.flush)
+
+    @staticmethod
+    def _tagged(fn, *args):
+        try:
+            return fn(*args)
+        except OSError as e:
+            if e.filename is None and not isinstance(e, BrokenPipeError):
+                e.filename = STDOUT
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+STDOUT = "standard output"
 
 
 def _device(path) -> int:
@@ -197,10 +226,15 @@ def main(argv=None) -> int:
     """Run one command. Everything heavy (torch, the commands' modules) is imported in
     here: a Ctrl-C at any moment is one line, never a traceback."""
     _escape_what_output_cannot_show()
+    stdout = sys.stdout
+    sys.stdout = _StdoutWrites(stdout)
     try:
         code = _command(argv)
     except KeyboardInterrupt:   # a second Ctrl-C while the first was being answered
         code = 130
+    finally:
+        if isinstance(sys.stdout, _StdoutWrites):
+            sys.stdout = stdout
     try:
         _leave_processes(code)
     except KeyboardInterrupt:   # a second Ctrl-C as the command ends: it has ended

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import re
 import zipfile
 from dataclasses import dataclass
@@ -456,6 +457,33 @@ class StreamingCorpus:
         self.files, self.tok, self.seq_len, self.seed = list(files), tok, seq_len, seed
         self.every = self._every(val_fraction)
         self.buffer, self.rank, self.world_size = buffer, rank, world_size
+        self.read_as = self._as_they_are()
+
+    def _as_they_are(self) -> list:
+        """(size, modification time) of each file, or the error of one gone."""
+        out = []
+        for f in self.files:
+            try:
+                st = os.stat(f)
+            except OSError as e:
+                raise NanobertError(f"{f}: {e.strerror or e} (--streaming reads the corpus "
+                                    "pass after pass: restore it, then continue with "
+                                    "--resume)") from None
+            out.append((st.st_size, st.st_mtime_ns))
+        return out
+
+    def _unchanged(self):
+        """A file changed since the run began is an error: each pass reads the files again,
+        and a corpus cut short mid-run was trained on for its last passes, while the
+        run's record named what it held at the start."""
+        for f, was, now in zip(self.files, self.read_as, self._as_they_are()):
+            if was != now:
+                how = (f"{was[0]:,} -> {now[0]:,} bytes" if was[0] != now[0] else
+                       "rewritten: the same size, a new modification time")
+                raise NanobertError(f"{f}: changed while --streaming read it ({how}): each "
+                                    "pass reads the corpus again; "
+                                    "restore it, then continue with --resume, or start over "
+                                    "with --overwrite")
 
     @staticmethod
     def _every(val_fraction: float) -> int:
@@ -511,6 +539,7 @@ class StreamingCorpus:
     def stream(self) -> Iterator[np.ndarray]:
         """Training rows forever: pass p shuffles with a buffer seeded from (seed, p)."""
         for p in range(1 << 30):
+            self._unchanged()
             rng = np.random.default_rng([self.seed, p, 11])
             buf, n = [], 0
             for seq in self._sequences(validation=False):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import weakref
 from pathlib import Path
@@ -657,7 +658,7 @@ def _cached_array(path: Path, rows: int, width: int):
     does not fit: unreadable, another shape (another model's width, another corpus),
     holding NaN/inf (a crash mid-write, a diverged model), or a row of zeros, which no
     encoder gives (a file zeroed on disk scored every line 0). A misfit is rebuilt."""
-    if not path.is_file():
+    if not path.is_file() or path.is_symlink():   # (a link is nobody's cache: skipped)
         return None
     try:
         emb = np.load(path, allow_pickle=False)
@@ -691,16 +692,28 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
             return texts, emb
     emb = encoder.encode(texts, show_progress=verbose and sys.stderr.isatty())
     for c in candidates:
+        if c.is_symlink():   # (planted beside a shared corpus, it was written through)
+            continue
         try:
-            with atomic_path(c) as tmp:
+            with atomic_path(c, mode=_cache_mode(corpus)) as tmp:
                 with open(tmp, "wb") as f:
                     np.save(f, emb)
             if verbose:
                 print(f"cached corpus embeddings in {c}", file=sys.stderr)
             break
-        except OSError:
+        except (OSError, NanobertError):
             continue
     return texts, emb
+
+
+def _cache_mode(corpus: Path) -> int:
+    """A cache is readable by whom the corpus is, at most (a private corpus's vectors were
+    left for everyone to read)."""
+    from .files import file_mode
+    try:
+        return file_mode() & stat.S_IMODE(corpus.stat().st_mode)
+    except OSError:
+        return file_mode()
 
 
 # ----------------------------------------------------------------------------------

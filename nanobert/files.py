@@ -295,17 +295,19 @@ def clear_leftovers(folder: Path, name: Optional[str] = None) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(target):
+def atomic_path(target, mode: Optional[int] = None):
     """Yield a temporary path next to `target`; on success rename it onto `target`.
     Works for files and for directories. The files get the mode open() gives a new file
-    (`usual_mode`), whatever wrote them. On a failure nothing is left: neither the
-    temporary nor the folders made for `target`; what an earlier write of `target` that
-    was killed (SIGKILL) left is cleared first (`clear_leftovers`)."""
+    (`usual_mode`), whatever wrote them, or `mode`. On a failure nothing is left: neither
+    the temporary nor the folders made for `target`; what an earlier write of `target`
+    that was killed (SIGKILL) left is cleared first (`clear_leftovers`)."""
     # a link is written through (its target replaced, the link kept: the rename had put
-    # a directory in its place and left the link as a hidden leftover); '.' and '..' are
-    # named by what they stand for (a rename needs a name)
+    # a directory in its place and left the link as a hidden leftover), but never onto a
+    # device, a pipe or a socket (a link to /dev/null made /dev/null a .npy file for the
+    # whole machine); '.' and '..' are named by what they stand for (a rename needs a name)
     target = Path(target).expanduser()
     target = target.resolve() if target.is_symlink() else Path(os.path.abspath(target))
+    check_replaceable(target)
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     folder, done = None, False
     try:
@@ -317,7 +319,7 @@ def atomic_path(target):
         folder.mkdir(mode=0o700)
         tmp = folder / "t"
         yield tmp
-        usual_mode(tmp)
+        usual_mode(tmp) if mode is None else os.chmod(tmp, mode)
         if target.is_dir() and tmp.is_dir():
             old = target.with_name(f".{target.name}.nanobert-old-{os.getpid()}")
             os.replace(target, old)
@@ -332,6 +334,24 @@ def atomic_path(target):
         for folder in made if not done else ():      # the innermost first
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def check_replaceable(path: Path, flag: Optional[str] = None):
+    """NanobertError unless `path` (links followed) is missing, a regular file or a
+    directory, outside /dev, /proc and /sys: what a rename may put a new file in place
+    of."""
+    resolved = Path(os.path.realpath(path))
+    shown = f"{flag} {path}" if flag else str(path)
+    if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS):
+        raise NanobertError(f"{shown}: {resolved} is on a virtual file system; choose a "
+                            "file on disk")
+    with contextlib.suppress(OSError):
+        kind = stat.S_IFMT(os.stat(resolved).st_mode)
+        if kind not in (stat.S_IFREG, stat.S_IFDIR):
+            what = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                    stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}.get(kind, "no file")
+            raise NanobertError(f"{shown}: {resolved} is {what}, not a file; nanobert writes "
+                                "a new file in its place, so choose a file name on disk")
 
 
 def write_text(target, text: str):
@@ -370,7 +390,9 @@ def usual_mode(path):
 # elsewhere: errno -> what is said
 WRITE_FAILURES = {errno.ENOSPC: "no space left on device (free some space or write elsewhere)",
                   errno.EDQUOT: "disk quota exceeded (free some space or write elsewhere)",
-                  errno.EROFS: "read-only file system (write elsewhere)"}
+                  errno.EROFS: "read-only file system (write elsewhere)",
+                  errno.EFBIG: "file too large for this file system or for the file-size "
+                               "limit (ulimit -f) (write elsewhere, or raise the limit)"}
 # libraries in Rust (safetensors, tokenizers) raise their own exception types, with the
 # errno in the message: "I/O error: No space left on device (os error 28)"
 OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
@@ -389,8 +411,9 @@ def write_failure(e: BaseException):
         return WRITE_FAILURES[code]
     m = SHORT_WRITE.fullmatch(str(e)) if isinstance(e, OSError) else None
     if m:
-        return (f"no space left on device? (only {int(m.group(2)):,} of {int(m.group(1)):,} "
-                "bytes could be written; free some space or write elsewhere)")
+        return (f"no space left on device, or over the file-size limit? (only "
+                f"{int(m.group(2)):,} of {int(m.group(1)):,} bytes could be written; free some "
+                "space or write elsewhere)")
     return None
 
 
@@ -418,7 +441,7 @@ def _writable_ancestor(path: Path, flag: str, shown=None) -> Path:
     """The nearest existing ancestor of `path`, which must be a writable directory on a
     real file system: a probe file is created and removed (os.access says yes to root
     even on a read-only mount). Messages name `shown` (default: `path`)."""
-    resolved = Path(os.path.abspath(path))
+    resolved = Path(os.path.realpath(path))       # (a link into /dev is /dev)
     path = path if shown is None else shown
     if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS):
         raise NanobertError(f"{flag} {path}: /{resolved.parts[1]} is a virtual file system; "
@@ -499,6 +522,7 @@ def check_output_file(path, flag: str = "--out", suffixes=None, inputs=()):
     if path.is_dir():   # before check_not_input: a directory holding an input is no less one
         raise NanobertError(f"{flag} {path}: is a directory; a file name is needed here")
     check_not_input(path, inputs, flag)
+    check_replaceable(path, flag)
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise NanobertError(f"{flag} {path}: unsupported file type {path.suffix or '(none)'!r} "
                             f"(choose one of {', '.join(suffixes)})")

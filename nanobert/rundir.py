@@ -593,6 +593,9 @@ def run(out_dir, command: str, fp: dict, resume: bool = False, overwrite: bool =
     check_output_dir(out_dir, "--out")
     if overwrite and not resume:
         _check_inputs_kept(out_dir, reads, written)
+    else:   # (distill --out TEACHER was told to --overwrite, which then refused it)
+        check_not_input(out_dir, reads, "--out",
+                        keep=os.listdir(out_dir) if out_dir.is_dir() else ())
     before = set(os.listdir(out_dir)) if out_dir.is_dir() else None
     made = [p for p in out_dir.absolute().parents if not p.exists()]   # (innermost first)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -769,6 +772,10 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
     return foreign
 
 
+# commands whose run directory holds runs of their own (one per split), not a checkpoint
+RUNS_OF_RUNS = ("ablate-masking",)
+
+
 def _check_resume(out_dir: Path, rec, holds: bool, fp: dict, command: str = ""):
     """--resume continues only this run, from a whole checkpoint."""
     if rec is not None and rec.get("damaged"):
@@ -790,7 +797,8 @@ def _check_resume(out_dir: Path, rec, holds: bool, fp: dict, command: str = ""):
                             "the same data and flags, or start over with --overwrite")
     if (out_dir / "checkpoint").exists():
         check_checkpoint(out_dir / "checkpoint")
-    if rec is not None and not (out_dir / "checkpoint" / "state.json").is_file():
+    if rec is not None and command not in RUNS_OF_RUNS and \
+            not (out_dir / "checkpoint" / "state.json").is_file():
         # (killed while it read its data or loaded its model; the trainer said it only
         # where a metrics log was started, and a directory with no run is said above)
         note(f"--resume: the run in {out_dir} has no checkpoint to continue from (it "

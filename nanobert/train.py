@@ -38,6 +38,7 @@ import functools
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -580,12 +581,13 @@ class Trainer:
         if self.bar is not None:
             self.bar.close()
         if self.step == 0:   # nothing learnt to keep: the run is taken back (rundir.run)
-            print("\ninterrupted before the first step: nothing to keep", flush=True)
+            print("\ninterrupted before the first step: nothing to keep", file=sys.stderr,
+                  flush=True)
             return
         self.optimizer.zero_grad(set_to_none=True)
         self._save_checkpoint(rng=self._boundary_rng, pending=self._pending)
         print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
-              f"(continue with --resume)")
+              f"(continue with --resume)", file=sys.stderr)   # (with the error: stdout may be a log)
 
     # ---- logging, evaluation ----------------------------------------------------
     def _record(self, rec: dict):

@@ -46,9 +46,12 @@ CASES = [(OSError(errno.ENOSPC, "No space left on device"), FULL),
          (OSError(errno.EDQUOT, "Disk quota exceeded"),
           "disk quota exceeded (free some space or write elsewhere)"),
          (OSError(errno.EROFS, "Read-only file system"), "read-only file system (write elsewhere)"),
+         (OSError(errno.EFBIG, "File too large"),      # ulimit -f, a FAT32 drive: a traceback
+          "file too large for this file system or for the file-size limit (ulimit -f) (write "
+          "elsewhere, or raise the limit)"),
          (OSError("1152000 requested and 524256 written"),     # numpy's tofile: no errno
-          "no space left on device? (only 524,256 of 1,152,000 bytes could be written; free "
-          "some space or write elsewhere)")]
+          "no space left on device, or over the file-size limit? (only 524,256 of 1,152,000 "
+          "bytes could be written; free some space or write elsewhere)")]
 
 
 @pytest.mark.parametrize("error, said", CASES)
@@ -77,6 +80,41 @@ def test_the_file_named_is_the_output_or_the_file_elsewhere(tiny, tmp_path, caps
             raise OSError(errno.ENOSPC, "No space left on device", str(named))
         monkeypatch.setattr(np, "save", full)
         assert error_line(capsys, argv) == f"nanobert: error: {shown}: {FULL}"
+
+
+def test_a_failed_write_to_stdout_is_said_to_be_stdouts(tiny, tmp_path):
+    """`embed --out e.npy > /dev/full` said 'e.npy: no space left on device' after e.npy
+    was written whole (the user would free space on the wrong disk, or delete it); a
+    command without --out named nothing."""
+    out = tmp_path / "e.npy"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for argv in (["embed", "--model", str(tiny / "base"), "--input", str(tiny / "texts.txt"),
+                  "--out", str(out)], ["info", str(tiny / "base")]):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([sys.executable, "-m", "nanobert", *argv], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        assert done.returncode == 2 and done.stderr == (
+            f"nanobert: error: standard output: {FULL}\n"), done.stderr
+    assert np.load(out).shape[0] == 8
+
+
+def test_a_write_refused_by_the_file_size_limit_is_one_line(tiny, tmp_path):
+    """Under `ulimit -f` (batch schedulers set it) every writer but embed ended in a
+    traceback of OSError(EFBIG) or of safetensors' '(os error 27)'."""
+    import resource
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "nanobert", "finetune", "--task", "classify", "--model",
+            str(tiny / "base"), "--train", str(tiny / "train.tsv"), "--dev",
+            str(tiny / "train.tsv"), "--out", str(out), "--max-steps", "1", "--batch-size", "4",
+            "--max-length", "16", "--device", "cpu", "--no-progress"]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # noqa: E731
+    done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=limit, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"nanobert: error: {out}: file too large for this file system or for the file-size "
+        "limit (ulimit -f) (write elsewhere, or raise the limit)")
+    assert not out.exists()
 
 
 def test_a_full_disk_at_the_first_checkpoint_leaves_no_run(tiny, tmp_path, capsys, monkeypatch):

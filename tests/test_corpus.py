@@ -129,6 +129,28 @@ def test_streaming_corpus_reads_everything_once_per_pass(corpus_dir, loaded_corp
     assert val and all(len(x) <= 30 for x in train + val)
 
 
+def test_a_corpus_changed_while_streaming_stops_the_run(tmp_path, loaded_corpus):
+    """`pretrain --streaming` reads the files again each pass: a corpus cut short mid-run
+    was trained on, its last passes over 20 kB of 570, and the run's record still named
+    the whole file; one deleted said 'no such file' without the way to go on."""
+    import os
+    from nanobert.files import NanobertError
+    (tok, _, _), _ = loaded_corpus
+    f = tmp_path / "c.txt"
+    f.write_text("".join(f"The sentence number {i} is here.\n\n" for i in range(40)))
+    s = StreamingCorpus([f], tok, 16, val_fraction=0, seed=0, buffer=4)
+    n = len(list(s._sequences(validation=False)))
+    it = s.stream()
+    [next(it) for _ in range(n)]                 # one whole pass: the file as it was
+    f.write_text(f.read_text()[:100])
+    with pytest.raises(NanobertError, match=r"c\.txt: changed while --streaming read it "
+                                            r"\(1,\d+ -> 100 bytes\).*--resume"):
+        next(it)
+    os.unlink(f)
+    with pytest.raises(NanobertError, match=r"c\.txt: No such file.*continue with --resume"):
+        next(StreamingCorpus([f], tok, 16, val_fraction=0).stream())
+
+
 def test_corpus_paths_that_cannot_be_read_are_named(tmp_path):
     # a name too long raised OSError from Path.is_dir; a link loop in a folder was skipped
     from nanobert.files import NanobertError

@@ -332,6 +332,29 @@ def test_cache_falls_back_to_home(encoder, tmp_path, monkeypatch):
     assert len(list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))) == 1
 
 
+def test_a_link_at_the_cache_path_is_neither_read_nor_written_through(encoder, tmp_path,
+                                                                       monkeypatch):
+    """The cache's name beside a corpus can be worked out by anyone who reads the corpus:
+    a link planted there was written through (any file its planter chose overwritten)
+    and read from. The cache is also no more readable than the corpus."""
+    import stat
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one line\nanother line\n")
+    corpus.chmod(0o600)
+    texts, want = corpus_embeddings_cached(encoder, corpus)
+    cache, = tmp_path.glob("c.txt.nanobert-*.npy")
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o600
+    cache.unlink()
+    victim = tmp_path / "victim.npy"
+    np.save(victim, np.ones((2, 384), dtype=np.float32))       # a cache of the wrong vectors
+    before = victim.read_bytes()
+    cache.symlink_to(victim)
+    _, got = corpus_embeddings_cached(encoder, corpus)
+    assert np.allclose(got, want) and victim.read_bytes() == before and cache.is_symlink()
+    assert len(list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))) == 1
+
+
 def test_embed_and_search_cli(encoder, tmp_path, capsys):
     inp = tmp_path / "s.txt"
     inp.write_text("\n".join(SENTENCES[:4]) + "\n", encoding="utf-8")

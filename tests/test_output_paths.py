@@ -8,6 +8,7 @@ import json
 import os
 import time
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,6 +62,31 @@ def test_output_files_and_image_formats(tmp_path):
     check_output_file(tmp_path / "a" / "plot.PNG", "--out", images)
 
 
+def test_a_link_to_a_device_or_a_pipe_is_never_written_through(tmp_path, capsys):
+    """`--out null.npy` with null.npy a link to /dev/null renamed a new .npy over
+    /dev/null: the machine's /dev/null became a file (the /dev check read the link's own
+    path). A rename never replaces a device, a pipe or a socket, whatever names it."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    (tmp_path / "to_pipe.png").symlink_to(fifo)
+    (tmp_path / "to_null.npy").symlink_to("/dev/null")
+    for name, said in (("to_pipe.png", f"{fifo} is a named pipe, not a file"),
+                       ("to_null.npy", "/dev/null is on a virtual file system")):
+        with pytest.raises(NanobertError, match=said):
+            check_output_file(tmp_path / name, "--out")
+        with pytest.raises(NanobertError, match=said):
+            with atomic_path(tmp_path / name) as tmp:
+                tmp.write_text("x")
+    assert fifo.is_fifo() and Path("/dev/null").is_char_device()
+    texts = tmp_path / "t.txt"
+    texts.write_text("a line\n")
+    assert refused(capsys, ["embed", "--model", "minilm", "--input", str(texts), "--out",
+                            str(tmp_path / "to_null.npy")]).startswith(f"--out {tmp_path}")
+    real = tmp_path / "real.npy"                       # a link to a file is written through
+    (tmp_path / "to_file.npy").symlink_to(real)
+    with atomic_path(tmp_path / "to_file.npy") as tmp:
+        tmp.write_text("x")
+    assert real.read_text() == "x" and (tmp_path / "to_file.npy").is_symlink()
 
 
 def refused(capsys, argv) -> str:

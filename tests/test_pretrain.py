@@ -178,7 +178,7 @@ def test_an_interrupt_before_the_first_step_leaves_nothing(corpus_dir, tmp_path,
     with pytest.raises(KeyboardInterrupt):
         run_pretrain(args_for(corpus_dir, out, steps=12, eval_every=2, save_every=2,
                               cache_dir=str(tmp_path / "cache")))
-    assert "interrupted before the first step: nothing to keep" in capsys.readouterr().out
+    assert "interrupted before the first step: nothing to keep" in capsys.readouterr().err
     assert not out.exists()
 
 

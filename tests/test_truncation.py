@@ -191,7 +191,7 @@ def test_classification_features_are_made_a_chunk_at_a_time(tok, monkeypatch, ca
                         None if i % 4 else "the plot was dull", str(i % 2)) for i in range(30)]
     whole = encode_classification(tok, examples, 12, {"0": 0, "1": 1})
     note = capsys.readouterr().err
-    assert "of 30 texts are longer than 12 tokens" in note
+    assert "of 30 inputs are longer than 12 tokens" in note
     tok.__dict__.pop("_notes", None)
     calls = []
     real = tok.encode_batch
