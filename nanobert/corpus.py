@@ -273,6 +273,19 @@ def _from_cache(load, path):
         return None
 
 
+def _to_cache(save, path):
+    """save() of a cache entry at `path`; where something else is in the way (a folder
+    where the file goes, a file where the folder goes: a traceback), a note, and the run
+    goes on uncached. A full disk is still the run's error."""
+    from .files import write_failure
+    try:
+        save()
+    except OSError as e:
+        if write_failure(e):
+            raise
+        note(f"cache {path} cannot be written ({e.strerror or e}): not cached")
+
+
 def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: float = 0.1,
                 cache_dir=None, log=print):
     """Read, (train a tokenizer,) tokenize and split a corpus.
@@ -295,8 +308,10 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
             tokenizer = Tokenizer.train((line for i in train_idx for line in docs[i]), vocab_size)
             note_vocabulary_size(tokenizer, vocab_size)
             if tok_dir is not None:
-                with atomic_path(tok_dir) as tmp:
-                    tokenizer.save(tmp)
+                def save():
+                    with atomic_path(tok_dir) as tmp:
+                        tokenizer.save(tmp)
+                _to_cache(save, tok_dir)
     tok_key = hashlib.sha256(tokenizer.tk.to_str().encode()).hexdigest()[:16]
     cache = cache_dir / f"tokens-{key}-{tok_key}.npz" if cache_dir else None
     corpus = _from_cache(TokenizedCorpus.load, cache) if cache is not None and cache.is_file() \
@@ -310,7 +325,7 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
     else:
         corpus = tokenize_documents(docs, tokenizer)
         if cache is not None:
-            corpus.save(cache)
+            _to_cache(lambda: corpus.save(cache), cache)
     log(f"corpus: {len(files)} file(s), {corpus.n_docs} documents, "
         f"{len(corpus.sents) - 1} sentences, {corpus.n_tokens:,} tokens; "
         f"{len(val_idx)} documents held out for validation")

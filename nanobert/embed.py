@@ -649,8 +649,15 @@ def read_texts(path, text_column: Optional[str] = None) -> list[str]:
 
 def _cache_paths(corpus: Path, key: str) -> list[Path]:
     name = f"{corpus.name}.nanobert-{key}.npy"
-    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nanobert"
-    return [corpus.parent / name, home / name]
+    xdg = os.environ.get("XDG_CACHE_HOME", "")   # (empty or relative: ignored, as XDG says)
+    if os.path.isabs(xdg):
+        return [corpus.parent / name, Path(xdg) / "nanobert" / name]
+    try:
+        home = Path.home()
+    except RuntimeError:      # (no home folder can be found)
+        return [corpus.parent / name]
+    # (a HOME that is not there is not made)
+    return [corpus.parent / name] + ([home / ".cache" / "nanobert" / name] if home.is_dir() else [])
 
 
 def _cached_array(path: Path, rows: int, width: int):
@@ -703,6 +710,11 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
             break
         except (OSError, NanobertError):
             continue
+    else:   # (every later search encoded the corpus again, unsaid)
+        if verbose:
+            where = " or ".join(map(str, candidates))
+            print(f"no cache of the corpus embeddings could be written ({where}): the next "
+                  "search encodes the corpus again", file=sys.stderr)
     return texts, emb
 
 

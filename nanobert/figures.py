@@ -11,6 +11,7 @@ confusion matrices, the masking ablation) goes through `pyplot()` and `save()`.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import warnings
 from pathlib import Path
@@ -40,6 +41,7 @@ def font_families(installed) -> list:
 
 def pyplot():
     """matplotlib.pyplot, headless, with the fonts of `font_families`."""
+    _writable_matplotlib_folder()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -49,6 +51,28 @@ def pyplot():
     # (a fallback font of one weight only: "Failed to find font weight normal", twice a plot)
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     return plt
+
+
+def _writable_matplotlib_folder():
+    """MPLCONFIGDIR, where matplotlib's own (~/.config/matplotlib) cannot be written (a
+    read-only or missing HOME): a folder of this process's, removed at exit. matplotlib
+    made one itself, with a warning of two lines that read as a fault of the run."""
+    import atexit
+    import shutil
+    import tempfile
+    if "MPLCONFIGDIR" in os.environ:
+        return
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    own = Path(xdg if os.path.isabs(xdg) else Path.home() / ".config") / "matplotlib"
+    try:
+        if not Path.home().is_dir():    # (not made: a HOME that is not there)
+            raise FileNotFoundError(str(Path.home()))
+        own.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=own).close()
+    except (OSError, RuntimeError):    # (RuntimeError: no home folder can be found)
+        folder = tempfile.mkdtemp(prefix="nanobert-matplotlib-")
+        atexit.register(shutil.rmtree, folder, True)
+        os.environ["MPLCONFIGDIR"] = folder
 
 
 def save(fig, out, dpi: int = 100, fmt: str = "png", layout: bool = False,

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import glob
 import os
+import random
 import re
 import secrets
 import shutil
@@ -17,6 +18,7 @@ import signal
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -320,13 +322,7 @@ def atomic_path(target, mode: Optional[int] = None):
         tmp = folder / "t"
         yield tmp
         usual_mode(tmp) if mode is None else os.chmod(tmp, mode)
-        if target.is_dir() and tmp.is_dir():
-            old = target.with_name(f".{target.name}.nanobert-old-{os.getpid()}")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        put_in_place(tmp, target)
         done = True
     finally:
         if folder is not None:
@@ -334,6 +330,56 @@ def atomic_path(target, mode: Optional[int] = None):
         for folder in made if not done else ():      # the innermost first
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def put_in_place(tmp: Path, target: Path, tries: int = 20):
+    """Rename `tmp` onto `target`. A folder replacing a folder is exchanged with it in one
+    step where the system can (Linux's renameat2): a reader sees the old or the new one,
+    never none; elsewhere the old is moved aside first, under a name of its own, and the
+    two renames are tried again while another writer's get in between (two exports to one
+    folder: 'Directory not empty' and a traceback). The last writer's folder stays."""
+    try:
+        folder = stat.S_ISDIR(os.stat(target).st_mode)    # (one look: it may go meanwhile)
+    except FileNotFoundError:
+        folder = None
+    if not tmp.is_dir() or folder is False:
+        os.replace(tmp, target)
+        return
+    if folder and _exchanged(tmp, target):     # `tmp` now holds the old folder (its caller clears it)
+        return
+    for attempt in range(tries):
+        old = target.with_name(f".{target.name}.nanobert-old-{os.getpid()}-{secrets.token_hex(4)}")
+        with contextlib.suppress(FileNotFoundError):   # (another writer moved it first)
+            os.replace(target, old)
+        try:
+            os.replace(tmp, target)
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if attempt == tries - 1:
+                raise NanobertError(f"{target}: other processes kept writing it at the same "
+                                    "time; write it again when they are done") from None
+            time.sleep(random.random() * 0.01 * (attempt + 1))   # (each writer its turn)
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchanged(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (renameat2's RENAME_EXCHANGE); False where the system or
+    the file system has no such call."""
+    import ctypes
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_cwd, exchange = -100, 2
+    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOENT, errno.EXDEV):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def check_replaceable(path: Path, flag: Optional[str] = None):

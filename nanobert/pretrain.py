@@ -21,6 +21,7 @@ import contextlib
 import csv
 import dataclasses
 import gc
+import hashlib
 import json
 import math
 import os
@@ -509,6 +510,21 @@ def _load_data(run: _Run):
                                     cfg.trainer.seed)
     for turn in (0, 1):
         _meet(run.world, load if (run.rank == 0) == (turn == 0) else None)
+    _same_tokenizer(run)
+
+
+def _same_tokenizer(run: _Run):
+    """Every process tokenizes with rank 0's tokenizer, or the run stops: a rank that
+    read another's would train on other ids, unseen where the sizes match."""
+    if run.world <= 1:
+        return
+    import torch.distributed as dist
+    mine = hashlib.sha256(run.tok.tk.to_str().encode()).hexdigest()
+    digests = [None] * run.world
+    dist.all_gather_object(digests, mine)
+    if len(set(digests)) > 1:
+        raise NanobertError("the processes of this run read different tokenizers (another "
+                            "run sharing --cache-dir wrote one?); start it again")
 
 
 def _open_stream(run: _Run, cache_dir: Path):
@@ -516,9 +532,13 @@ def _open_stream(run: _Run, cache_dir: Path):
     the other ranks read it), and the lazy corpus."""
     from .corpus import StreamingCorpus, corpus_files, note_vocabulary_size
     from .tokenizer import Tokenizer
+    from .files import atomic_path
     cfg = run.cfg
     files = corpus_files(cfg.corpus)
-    shared = cache_dir / "tokenizer-streaming"
+    # this run's own (runs sharing a --cache-dir overwrote one 'tokenizer-streaming', and
+    # a rank could read another run's vocabulary: of one size, nothing failed)
+    key = hashlib.sha256(f"{run.out.resolve()}\0{cfg.vocab_size}\0{files}".encode())
+    shared = cache_dir / f"tokenizer-streaming-{key.hexdigest()[:16]}"
     if run.tok is None and run.rank > 0:
         run.tok = Tokenizer.from_dir(shared)
     elif run.tok is None:
@@ -527,7 +547,8 @@ def _open_stream(run: _Run, cache_dir: Path):
             files, cfg.val_fraction) for line in doc), cfg.vocab_size)
         note_vocabulary_size(run.tok, cfg.vocab_size)
         if run.world > 1:
-            run.tok.save(shared)
+            with atomic_path(shared) as tmp:
+                run.tok.save(tmp)
     run.stream = StreamingCorpus(files, run.tok, cfg.seq_len, cfg.val_fraction,
                                  cfg.trainer.seed, rank=run.rank, world_size=run.world)
 

@@ -246,6 +246,9 @@ def require_finished(model_dir):
     cmd = rec.get("command") or "the training command"
     step = checkpoint_step(Path(model_dir))
     where = f" (checkpoint at step {step})" if step is not None else ""
+    if being_written(Path(model_dir)):   # (--resume and --overwrite were advised, and refused)
+        raise NanobertError(f"{model_dir}: the {cmd} run writing this directory is still "
+                            f"going{where}; use it once the run has finished")
     held = [] if step is not None or holds_a_run(Path(model_dir)) else \
         [p for p in _held_aside(Path(model_dir)) if any(p.iterdir())]
     aside = (f" (the model it was to replace is set aside in {held[0].name}: any other run "
@@ -253,6 +256,23 @@ def require_finished(model_dir):
     raise NanobertError(f"{model_dir}: the {cmd} run writing this directory did not finish"
                         f"{where}; continue it with the same command and --resume, or start "
                         f"over with --overwrite{aside}")
+
+
+def being_written(out_dir: Path) -> bool:
+    """Does a live process hold the directory's run lock (`_lock`)?"""
+    try:
+        fd = os.open(out_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def checkpoint_step(out_dir: Path):

@@ -213,3 +213,28 @@ def test_streaming_reads_a_document_a_part_at_a_time_with_the_same_rows(tmp_path
     assert [d for d, _ in parts] == list(range(len(docs)))
     assert all(len(p) <= 50 for _, lines in parts for p in lines)
     assert ["".join(lines) for _, lines in parts] == ["".join(d) for d in docs]
+
+
+def test_a_cache_entry_of_the_wrong_kind_is_noted_and_the_run_goes_on(tmp_path, capsys):
+    """A folder where the tokenized corpus's file goes, or a file where the tokenizer's
+    folder goes, in a shared --cache-dir: a traceback. A damaged entry was already
+    rebuilt with a note; this one is noted and left, and the corpus read all the same."""
+    import shutil
+    (tmp_path / "c.txt").write_text("".join(f"Sentence {i} is here. And a second one.\n\n"
+                                            for i in range(30)))
+    cache = tmp_path / "cache"
+    tok, train, _ = load_corpus([tmp_path / "c.txt"], vocab_size=100, cache_dir=cache,
+                                log=lambda *a: None)
+    folder, = cache.glob("tokenizer-*")
+    tokens, = cache.glob("tokens-*")
+    shutil.rmtree(folder)
+    folder.write_text("in the way")
+    tokens.unlink()
+    tokens.mkdir()
+    capsys.readouterr()
+    again, train2, _ = load_corpus([tmp_path / "c.txt"], vocab_size=100, cache_dir=cache,
+                                   log=lambda *a: None)
+    err = capsys.readouterr().err
+    assert f"cache {folder} cannot be written (Not a directory): not cached" in err
+    assert f"cache {tokens} cannot be written (Is a directory): not cached" in err
+    assert again.tk.to_str() == tok.tk.to_str() and (train2.ids == train.ids).all()

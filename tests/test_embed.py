@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -330,6 +331,28 @@ def test_cache_falls_back_to_home(encoder, tmp_path, monkeypatch):
     monkeypatch.setattr(E, "_cache_paths", unwritable_first)
     corpus_embeddings_cached(encoder, corpus)
     assert len(list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))) == 1
+
+
+def test_no_cache_written_is_said_and_a_relative_xdg_cache_home_is_ignored(
+        encoder, tmp_path, monkeypatch, capsys):
+    """Where no cache could be written, every search encoded the corpus again without a
+    word; an empty or relative XDG_CACHE_HOME wrote the cache into the current folder
+    (the XDG spec says to ignore it)."""
+    import nanobert.embed as E
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one line\nanother line\n")
+    monkeypatch.chdir(tmp_path)
+    for value in ("", "rel/dir"):
+        monkeypatch.setenv("XDG_CACHE_HOME", value)
+        assert E._cache_paths(corpus, "k")[1] == Path.home() / ".cache" / "nanobert" / \
+            "c.txt.nanobert-k.npy"
+    (tmp_path / "file").write_text("a file, so no folder can be made under it")
+    monkeypatch.setattr(E, "_cache_paths", lambda c, key: [tmp_path / "file" / "a.npy",
+                                                           tmp_path / "file" / "b.npy"])
+    corpus_embeddings_cached(encoder, corpus, verbose=True)
+    assert capsys.readouterr().err == (
+        f"no cache of the corpus embeddings could be written ({tmp_path / 'file' / 'a.npy'} or "
+        f"{tmp_path / 'file' / 'b.npy'}): the next search encodes the corpus again\n")
 
 
 def test_a_link_at_the_cache_path_is_neither_read_nor_written_through(encoder, tmp_path,

@@ -34,3 +34,25 @@ def test_characters_no_font_has_are_named_once_in_a_note(tmp_path, capsys):
     assert sorted(re.search(r"has them \((.*?)\)", err).group(1)) == ["\ue000", "\ue001"]
     assert str(tmp_path / "p.png") in err
     assert (tmp_path / "p.png").stat().st_size > 0 and not plt.get_fignums()
+
+
+def test_no_matplotlib_warning_where_home_cannot_be_written(tmp_path):
+    """With HOME read-only or missing, every plot printed matplotlib's two lines ('mkdir
+    -p failed ... it is highly recommended to set the MPLCONFIGDIR'), which read as a
+    fault of the run; and a missing HOME was made."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME")}
+    (tmp_path / "tmp").mkdir()
+    env.update(HOME=str(tmp_path / "gone"), PYTHONPATH=str(root), XDG_CACHE_HOME="",
+               TMPDIR=str(tmp_path / "tmp"))
+    code = ("from nanobert.figures import pyplot, save; plt = pyplot(); fig = plt.figure(); "
+            f"save(fig, {str(tmp_path / 'p.png')!r})")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert (tmp_path / "p.png").stat().st_size > 0 and not (tmp_path / "gone").exists()
+    assert not list((tmp_path / "tmp").iterdir())          # (its folder removed at exit)

@@ -89,6 +89,44 @@ def test_a_link_to_a_device_or_a_pipe_is_never_written_through(tmp_path, capsys)
     assert real.read_text() == "x" and (tmp_path / "to_file.npy").is_symlink()
 
 
+WRITER = """
+import os, sys
+import nanobert.files as F
+if sys.argv[2] == "moved":                  # the way of systems without renameat2
+    F._exchanged = lambda a, b: False
+for i in range(60):
+    with F.atomic_path(sys.argv[1]) as tmp:
+        tmp.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            (tmp / name).write_text(f"{os.getpid()} {i}")
+"""
+
+
+@pytest.mark.parametrize("how", ["exchanged", "moved"])
+def test_folders_written_by_several_processes_at_once(tmp_path, how):
+    """Two exports to one folder: between moving the old aside and renaming the new in,
+    another writer's rename came, and one ended in 'Directory not empty' (a traceback),
+    leaving the old folder beside it; a reader could find no folder at all. Now the last writer's folder stays,
+    whole, and nothing is left beside it; where the system exchanges two folders in one
+    step, the folder is never missing."""
+    import subprocess
+    import sys
+    target = tmp_path / "export"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    with atomic_path(target) as tmp:
+        tmp.mkdir()
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(target), how], env=env,
+                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    gone = 0
+    while any(w.poll() is None for w in writers):
+        gone += not target.is_dir()
+    assert [w.wait() for w in writers] == [0, 0, 0], [w.stderr.read() for w in writers]
+    assert os.listdir(tmp_path) == ["export"] and len(set(
+        (target / n).read_text() for n in ("config.json", "model.safetensors"))) == 1
+    if how == "exchanged":            # (a reader never finds the folder missing)
+        assert gone == 0
+
+
 def refused(capsys, argv) -> str:
     try:                       # while parsing (argparse exits) or while running
         rc = main(argv)

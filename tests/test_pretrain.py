@@ -320,6 +320,27 @@ def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
         [e["loss"] for e in records(tmp_path / "one", "train")], abs=1e-5)
 
 
+def test_torchrun_streaming_ranks_read_their_own_runs_tokenizer(corpus_dir, tmp_path):
+    """--streaming under torchrun: rank 0 saved its vocabulary as 'tokenizer-streaming' in
+    --cache-dir for the other ranks to read, one name for every run sharing the folder;
+    a rank could read another run's vocabulary (of the same size: nothing failed). Each
+    run writes its own now, and the ranks check they hold the same one."""
+    from nanobert.tokenizer import Tokenizer
+    cache = tmp_path / "cache"
+    other = Tokenizer.train(["zebra quokka " * 20] * 50, vocab_size=120)
+    other.save(cache / "tokenizer-streaming")            # what another run left there
+    flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "2", "--batch-size", "8",
+             "--seq-len", "32", "--vocab-size", "120", "--no-progress", "--attn-backend",
+             "eager", "--streaming", "--cache-dir", str(cache), "--out", str(tmp_path / "run")]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(free_port()), "-m", "nanobert.cli", *flags],
+                       env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    own, = cache.glob("tokenizer-streaming-*")
+    saved = Tokenizer.from_dir(tmp_path / "run")
+    assert Tokenizer.from_dir(own).tk.to_str() == saved.tk.to_str() != other.tk.to_str()
+
+
 def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):
     """Rank 0 alone checks the output directory; when it refuses (another run's model is
     there), the other rank must stop with the same message, not wait at a barrier (before

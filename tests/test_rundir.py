@@ -42,8 +42,8 @@ def test_a_run_is_unfinished_until_it_ends(tmp_path, data):
     with run(out, "finetune", fp(data)):
         (out / "config.json").write_text("{}")
         assert read_run(out)["status"] == "running"
-        with pytest.raises(NanobertError, match="the finetune run writing this directory did not "
-                                                "finish; continue it with the same command and --resume"):
+        with pytest.raises(NanobertError, match="the finetune run writing this directory is still "
+                                                "going; use it once the run has finished"):
             require_finished(out)
     assert read_run(out)["status"] == "finished"
     require_finished(out)
@@ -498,6 +498,21 @@ def reference(fixture_dir):
     out = fixture_dir / "reference"
     assert main(ft(fixture_dir, out)) == 0
     return out
+
+
+def test_a_directory_whose_run_is_still_going_says_so(tmp_path):
+    """`serve`/`evaluate`/`predict` of a directory a live finetune writes said the run
+    'did not finish ... continue it with --resume, or start over with --overwrite', both
+    of which the live run's lock then refused."""
+    out = tmp_path / "live"
+    with run(out, "finetune", {"data": 1}):
+        (out / "checkpoint").mkdir()
+        (out / "checkpoint" / "state.json").write_text('{"step": 40}')
+        with pytest.raises(NanobertError) as e:
+            require_finished(out)
+        assert str(e.value) == (f"{out}: the finetune run writing this directory is still going "
+                                "(checkpoint at step 40); use it once the run has finished")
+    require_finished(out)
 
 
 def refused(capsys, argv, *expected) -> str:
