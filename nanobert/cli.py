@@ -227,7 +227,8 @@ def main(argv=None) -> int:
     here: a Ctrl-C at any moment is one line, never a traceback."""
     _escape_what_output_cannot_show()
     stdout = sys.stdout
-    sys.stdout = _StdoutWrites(stdout)
+    if stdout is not None:   # (None where fd 1 is closed: print() writes nothing)
+        sys.stdout = _StdoutWrites(stdout)
     try:
         code = _command(argv)
     except KeyboardInterrupt:   # a second Ctrl-C while the first was being answered

@@ -280,10 +280,11 @@ def _to_cache(save, path):
     from .files import write_failure
     try:
         save()
-    except OSError as e:
+    except (OSError, NanobertError) as e:   # (NanobertError: a pipe or a device in the way)
         if write_failure(e):
             raise
-        note(f"cache {path} cannot be written ({e.strerror or e}): not cached")
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        note(f"cache {path} cannot be written ({why}): not cached")
 
 
 def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: float = 0.1,
@@ -488,17 +489,21 @@ class StreamingCorpus:
         return out
 
     def _unchanged(self):
-        """A file changed since the run began is an error: each pass reads the files again,
-        and a corpus cut short mid-run was trained on for its last passes, while the
-        run's record named what it held at the start."""
-        for f, was, now in zip(self.files, self.read_as, self._as_they_are()):
-            if was != now:
-                how = (f"{was[0]:,} -> {now[0]:,} bytes" if was[0] != now[0] else
-                       "rewritten: the same size, a new modification time")
+        """A file whose size changed since the last pass is an error: each pass reads the
+        files again, and a corpus cut short mid-run was trained on for its last passes,
+        while the run's record named what it held at the start. One only touched (its
+        size the same) is noted and read on."""
+        now = self._as_they_are()
+        for f, was, is_ in zip(self.files, self.read_as, now):
+            if was[0] == is_[0] and was != is_:     # (touched: a copy, a backup tool)
+                note(f"{f}: modified during the run, its size unchanged; read on as it is")
+            elif was != is_:
+                how = f"{was[0]:,} -> {is_[0]:,} bytes"
                 raise NanobertError(f"{f}: changed while --streaming read it ({how}): each "
                                     "pass reads the corpus again; "
                                     "restore it, then continue with --resume, or start over "
                                     "with --overwrite")
+        self.read_as = now
 
     @staticmethod
     def _every(val_fraction: float) -> int:

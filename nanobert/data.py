@@ -26,6 +26,7 @@ import itertools
 import json
 import random
 import re
+import shlex
 import unicodedata
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -834,10 +835,19 @@ JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a 
 @functools.lru_cache(maxsize=None)
 def _invisible_chars() -> str:
     """White space, control and format characters (zero-width spaces and joiners, the
-    byte-order mark, soft hyphens, direction marks): what a tokenizer drops."""
+    byte-order mark, soft hyphens, direction marks) but the format characters drawn
+    as signs (Arabic's number sign, end of ayah), and the characters drawn as nothing:
+    variation selectors, the combining grapheme joiner, Hangul fillers, the Braille
+    blank. What a text of nothing else shows: nothing."""
     import sys
-    return "".join(c for c in map(chr, range(sys.maxunicode + 1))
-                   if c.isspace() or unicodedata.category(c) in ("Cc", "Cf"))
+    drawn = {*range(0x600, 0x606), 0x6DD, 0x70F, 0x890, 0x891, 0x8E2, 0x110BD, 0x110CD,
+             *range(0x13430, 0x13460)}
+    blank_letters = {*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), 0x34F,
+                     *range(0x180B, 0x1810), 0x17B4, 0x17B5, 0x115F, 0x1160, 0x3164, 0xFFA0,
+                     0x2800}
+    return "".join(chr(c) for c in range(sys.maxunicode + 1)
+                   if c in blank_letters or (c not in drawn and (
+                       chr(c).isspace() or unicodedata.category(chr(c)) in ("Cc", "Cf"))))
 
 
 def blank(text: str) -> bool:
@@ -977,8 +987,9 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
 def _broken_row_hint(fields: list, after, width: int) -> str:
     """Why a row is short, where the next line holds the rest of it: a line break inside
     a text (GLUE's QQP train.tsv has one, at line 97,931)."""
-    if after is None or len(fields) + len(_trimmed(after[1], width)) - 1 != width:
-        return ""
+    if after is None or len(fields) < 2 or \
+            len(fields) + len(_trimmed(after[1], width)) - 1 != width:
+        return ""   # (a row of one field before a whole one: a lost label, as likely)
     return (f" (a line break inside a text? line {after[0]} holds the rest of the row: join "
             "the two lines, or remove the row)")
 
@@ -1005,11 +1016,11 @@ def _header_by_contrast(first: list, rows: list) -> Optional[str]:
     reader knows (`id, src, sentiment, review`), is still its header: a cell that is no
     number where the rows after it hold numbers, or no value of a column that repeats a few
     values (a label column: `sentiment` over pos/neg); None when nothing tells it apart
-    (GLUE CoLA's first row `gj04 1 Our friends...` is data), or when a cell of it is a
-    sentence, which no column name is (TREC's `ABBR,What is the full form of .com ?`, a
-    class seen nowhere else, was read as a header, and the example lost)."""
-    if any(len(cell.split()) > SENTENCE_WORDS for cell in first):
-        return None
+    (GLUE CoLA's first row `gj04 1 Our friends...` is data). A value no row repeats is
+    no proof where a cell of the row is a sentence (TREC's `ABBR,What is the full form of
+    .com ?`, a class seen nowhere else, was read as a header and the example lost); a
+    name above numbers still is (a survey's question as a column's name)."""
+    sentence = any(len(cell.split()) > SENTENCE_WORDS for cell in first)
 
     def number(x: str) -> bool:
         try:
@@ -1024,7 +1035,7 @@ def _header_by_contrast(first: list, rows: list) -> Optional[str]:
         if sum(map(number, values)) >= 0.9 * len(values):
             return f"column {j} {cell!r} is no number, as the rows after it hold"
         seen = set(values)
-        if len(seen) <= max(2, len(values) // 4) and cell not in seen:
+        if not sentence and len(seen) <= max(2, len(values) // 4) and cell not in seen:
             return f"column {j} {cell!r} is none of the {len(seen)} values the rows after it repeat"
     return None
 
@@ -1099,13 +1110,15 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
 
 def _not_fasttext(path):
     """fastText's `__label__pos some text` lines were taken for a CSV header of two
-    made-up columns ('__label__2 I loved this movie', 'truly.')."""
+    made-up columns ('__label__2 I loved this movie', 'truly.'). (A table of
+    `__label__1<TAB>text` rows is a table: its columns can be named.)"""
     line, text = _first_content(path)
-    if re.match(r"__label__\S+\s", text):
+    if re.match(r"__label__\S+ ", text):
+        out = shlex.quote(str(path.with_name(path.stem + "-converted.tsv")))
         raise data_error(path, line, "fastText's format (__label__X then the text) is not "
-                         "read: write it as a TSV of 'text' and 'label' columns, e.g. "
-                         "(printf 'text\\tlabel\\n'; sed -E 's/^__label__([^ ]+) (.*)/\\2\\t\\1/' "
-                         f"{path.name}) > {path.stem}.tsv")
+                         "read: write it as a TSV of 'text' and 'label' columns, e.g. awk "
+                         "'BEGIN {print \"text\\tlabel\"} {label = substr($1, 10); sub(/^[^ ]+ /, "
+                         f"\"\"); print $0 \"\\t\" label}}' {shlex.quote(str(path))} > {out}")
 
 
 def _without_no_gold(examples: list, path) -> list:
@@ -1199,9 +1212,10 @@ def _holds_tokens(path: Path) -> bool:
 
 
 def read_text_lines(path) -> list:
-    """`Example`s of a plain text file, one input a line. Blank (or whitespace) lines are
-    skipped, with a note when one comes before a text: row i of the output is then the
-    i-th text, not line i (tables and JSON Lines keep an empty text as a row). A file
+    """`Example`s of a plain text file, one input a line. Blank lines (white space or
+    invisible characters only: `blank`) are skipped, with a note when one comes before a
+    text: row i of the output is then the i-th text, not line i (tables and JSON Lines
+    keep an empty text as a row). A file
     that is JSON (JSON Lines broken on their first line, a JSON document) or CoNLL
     columns is refused: read as text, each of its lines would be taken for an input."""
     path = input_path(path)
@@ -1219,10 +1233,10 @@ def read_text_lines(path) -> list:
     if looks_like_conll(path):
         raise data_error(path, n, "CoNLL columns (a token and its tag a line), not one text "
                          "a line; a tagger (--task ner) reads these")
-    out = [Example(t, line=k) for k, t in read_lines(path) if t.strip()]
-    blank = out[-1].line - len(out)   # blank lines before the last text (none after it)
-    if blank > 0:
-        note(f"{path}: {blank} blank line{'s' * (blank != 1)} skipped (row i of the output "
+    out = [Example(t, line=k) for k, t in read_lines(path) if not blank(t)]
+    skipped = out[-1].line - len(out)   # blank lines before the last text (none after it)
+    if skipped > 0:   # (a line of invisible characters is blank too: it was read as a text)
+        note(f"{path}: {skipped} blank line{'s' * (skipped != 1)} skipped (row i of the output "
              "is the i-th sentence, not line i)")
     return out
 

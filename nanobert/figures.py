@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -60,10 +61,10 @@ def _writable_matplotlib_folder():
     import atexit
     import shutil
     import tempfile
-    if "MPLCONFIGDIR" in os.environ:
-        return
-    xdg = os.environ.get("XDG_CONFIG_HOME", "")
-    own = Path(xdg if os.path.isabs(xdg) else Path.home() / ".config") / "matplotlib"
+    if "MPLCONFIGDIR" in os.environ or not sys.platform.startswith("linux"):
+        return     # (elsewhere matplotlib's folder is another: ~/.matplotlib on macOS)
+    xdg = os.environ.get("XDG_CONFIG_HOME")   # (as matplotlib reads it, relative or not)
+    own = (Path(xdg) if xdg else Path.home() / ".config") / "matplotlib"
     try:
         if not Path.home().is_dir():    # (not made: a HOME that is not there)
             raise FileNotFoundError(str(Path.home()))

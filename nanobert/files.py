@@ -308,8 +308,8 @@ def atomic_path(target, mode: Optional[int] = None):
     # device, a pipe or a socket (a link to /dev/null made /dev/null a .npy file for the
     # whole machine); '.' and '..' are named by what they stand for (a rename needs a name)
     target = Path(target).expanduser()
-    target = target.resolve() if target.is_symlink() else Path(os.path.abspath(target))
     check_replaceable(target)
+    target = target.resolve() if target.is_symlink() else Path(os.path.abspath(target))
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     folder, done = None, False
     try:
@@ -349,20 +349,43 @@ def put_in_place(tmp: Path, target: Path, tries: int = 20):
         return
     for attempt in range(tries):
         old = target.with_name(f".{target.name}.nanobert-old-{os.getpid()}-{secrets.token_hex(4)}")
-        with contextlib.suppress(FileNotFoundError):   # (another writer moved it first)
-            os.replace(target, old)
+        moved = _moved(target, old)
         try:
             os.replace(tmp, target)
-            return
         except OSError as e:
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                _put_back(old, target, moved)
                 raise
+            if moved:   # (another writer's newer folder is in place: the old one is stale)
+                shutil.rmtree(old, ignore_errors=True)
             if attempt == tries - 1:
                 raise NanobertError(f"{target}: other processes kept writing it at the same "
                                     "time; write it again when they are done") from None
             time.sleep(random.random() * 0.01 * (attempt + 1))   # (each writer its turn)
-        finally:
+            continue
+        except BaseException:     # (a Ctrl-C between the renames had lost both folders)
+            _put_back(old, target, moved)
+            raise
+        if moved:
             shutil.rmtree(old, ignore_errors=True)
+        return
+
+
+def _moved(target: Path, old: Path) -> bool:
+    """Rename `target` to `old`; False where it is gone (another writer moved it)."""
+    try:
+        os.replace(target, old)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _put_back(old: Path, target: Path, moved: bool):
+    """The folder moved aside back in place, where nothing took its place; else it stays
+    as a leftover, which `clear_leftovers` puts back or clears."""
+    if moved:
+        with contextlib.suppress(OSError):
+            os.replace(old, target)
 
 
 def _exchanged(a: Path, b: Path) -> bool:
@@ -388,16 +411,17 @@ def check_replaceable(path: Path, flag: Optional[str] = None):
     of."""
     resolved = Path(os.path.realpath(path))
     shown = f"{flag} {path}" if flag else str(path)
+    if resolved != Path(os.path.abspath(path)):     # (a link: where it leads)
+        shown += f": {resolved}"
     if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS):
-        raise NanobertError(f"{shown}: {resolved} is on a virtual file system; choose a "
-                            "file on disk")
+        raise NanobertError(f"{shown} is on a virtual file system; choose a file on disk")
     with contextlib.suppress(OSError):
         kind = stat.S_IFMT(os.stat(resolved).st_mode)
         if kind not in (stat.S_IFREG, stat.S_IFDIR):
             what = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
                     stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}.get(kind, "no file")
-            raise NanobertError(f"{shown}: {resolved} is {what}, not a file; nanobert writes "
-                                "a new file in its place, so choose a file name on disk")
+            raise NanobertError(f"{shown} is {what}, not a file; nanobert writes a new file "
+                                "in its place, so choose a file name on disk")
 
 
 def write_text(target, text: str):

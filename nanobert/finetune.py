@@ -1432,7 +1432,9 @@ def check_dev(task: Task, dev, whole_dev, model, cfg: FinetuneConfig):
         if dev is whole_dev or not isinstance(dev, list):
             raise
         check_known_labels(task.name, whole_dev, model, cfg.dev, source)
-        drawn = f"{len(dev)} dev example{'s' * (len(dev) != 1)}"
+        queries = _dev_queries(task, dev)     # (--max-dev-examples counts these there)
+        drawn = (f"{len(dev)} dev example{'s' * (len(dev) != 1)}" if queries is None else
+                 f"{len(dev)} dev rows ({len(queries)} queries)")
         raise NanobertError(f"{e} (only in the {drawn} drawn by --max-dev-examples "
                             f"{cfg.max_dev_examples}, not in the whole file: draw more)") from None
 

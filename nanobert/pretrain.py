@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -498,19 +499,31 @@ def _load_data(run: _Run):
         check_pretraining_tokenizer(run.tok, cfg.tokenizer or run.out)
         if cfg.whole_word_mask:
             word_continuations(run.tok)
-    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else run.out / "cache"
 
     def load():
         if cfg.streaming:
-            _open_stream(run, cache_dir)
+            _open_stream(run)
         else:
             run.tok, train_corpus, run.val_corpus = load_corpus(
-                cfg.corpus, run.tok, cfg.vocab_size, cfg.val_fraction, cache_dir, log=run.say)
+                cfg.corpus, run.tok, cfg.vocab_size, cfg.val_fraction, _cache_dir(run),
+                log=run.say)
             run.data = PretrainData(train_corpus, run.tok, cfg.seq_len, cfg.pairs,
                                     cfg.trainer.seed)
     for turn in (0, 1):
         _meet(run.world, load if (run.rank == 0) == (turn == 0) else None)
     _same_tokenizer(run)
+
+
+def _cache_dir(run: _Run) -> Path:
+    return Path(run.cfg.cache_dir) if run.cfg.cache_dir else run.out / "cache"
+
+
+def _stream_tokenizer_dir(run: _Run, files: list) -> Path:
+    """Where rank 0 leaves its --streaming tokenizer for the others: this run's own (runs
+    sharing a --cache-dir overwrote one 'tokenizer-streaming', and a rank could read
+    another run's vocabulary: of one size, nothing failed)."""
+    key = hashlib.sha256(f"{run.out.resolve()}\0{run.cfg.vocab_size}\0{files}".encode())
+    return _cache_dir(run) / f"tokenizer-streaming-{key.hexdigest()[:16]}"
 
 
 def _same_tokenizer(run: _Run):
@@ -525,9 +538,11 @@ def _same_tokenizer(run: _Run):
     if len(set(digests)) > 1:
         raise NanobertError("the processes of this run read different tokenizers (another "
                             "run sharing --cache-dir wrote one?); start it again")
+    if run.rank == 0 and run.stream is not None:   # (read by every rank: not kept)
+        shutil.rmtree(_stream_tokenizer_dir(run, run.stream.files), ignore_errors=True)
 
 
-def _open_stream(run: _Run, cache_dir: Path):
+def _open_stream(run: _Run):
     """--streaming: a tokenizer trained on a pass over the files (rank 0; saved where
     the other ranks read it), and the lazy corpus."""
     from .corpus import StreamingCorpus, corpus_files, note_vocabulary_size
@@ -535,10 +550,7 @@ def _open_stream(run: _Run, cache_dir: Path):
     from .files import atomic_path
     cfg = run.cfg
     files = corpus_files(cfg.corpus)
-    # this run's own (runs sharing a --cache-dir overwrote one 'tokenizer-streaming', and
-    # a rank could read another run's vocabulary: of one size, nothing failed)
-    key = hashlib.sha256(f"{run.out.resolve()}\0{cfg.vocab_size}\0{files}".encode())
-    shared = cache_dir / f"tokenizer-streaming-{key.hexdigest()[:16]}"
+    shared = _stream_tokenizer_dir(run, files)
     if run.tok is None and run.rank > 0:
         run.tok = Tokenizer.from_dir(shared)
     elif run.tok is None:

@@ -22,6 +22,7 @@ computes them, so published figures can be compared:
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from typing import Callable, Optional
 
@@ -320,7 +321,8 @@ class Reranker:
             hits = _check_hits(hits, "hits")
             query, texts = _query_and_documents(query, [t for _, _, t in hits])
             # (a note names a cut document by its entry of the corpus, not its rank)
-            scores = self._scores(query, texts, [i + 1 if type(i) is int else i
+            scores = self._scores(query, texts, [i + 1 if isinstance(i, numbers.Integral)
+                                                 and not isinstance(i, bool) else i
                                                  for i, _, _ in hits])
             return [(hits[j][0], scores[j], texts[j]) for j in _top(scores, k)]
         queries = check_texts(query, "query")

@@ -38,6 +38,7 @@ import torch
 
 from .batcher import Batcher, QueueFull, heap_trimmer
 from .config import at_least, checked
+from .data import blank, empty_words
 from .files import NanobertError, with_article
 from .threads import run_on_cores, torch_threads
 from .serve_models import Counts, Served, load_served, split_spec
@@ -707,9 +708,10 @@ def _none_empty(body: dict, pairs: list):
     refuse it (data.no_empty_question): the model would pick a span for nothing asked."""
     for i, pair in enumerate(pairs):
         for key, text in zip(("question", "context"), pair):
-            if not text.strip():
+            if blank(text):
                 field = key if body.get("inputs") is None else f"inputs[{i}].{key}"
-                raise unprocessable(field, "is empty (fill it in or remove the question)")
+                raise unprocessable(field, f"is {empty_words(text)} (fill it in or remove the "
+                                           "question)")
 
 
 def _question_field(body: dict, i: int) -> str:

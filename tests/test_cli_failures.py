@@ -98,6 +98,19 @@ def test_a_failed_write_to_stdout_is_said_to_be_stdouts(tiny, tmp_path):
     assert np.load(out).shape[0] == 8
 
 
+def test_a_closed_stdout_is_no_error(tiny):
+    """With fd 1 closed (`>&-`, some cron and daemon setups) Python's sys.stdout is None,
+    and print() writes nothing: wrapping it to name stdout in errors made that a
+    traceback."""
+    code = ("import sys; from nanobert.cli import main; "
+            f"sys.exit(main(['info', {str(tiny / 'base')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, text=True,
+                          stderr=subprocess.PIPE, timeout=300, close_fds=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
 def test_a_write_refused_by_the_file_size_limit_is_one_line(tiny, tmp_path):
     """Under `ulimit -f` (batch schedulers set it) every writer but embed ended in a
     traceback of OSError(EFBIG) or of safetensors' '(os error 27)'."""

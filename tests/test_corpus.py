@@ -129,7 +129,7 @@ def test_streaming_corpus_reads_everything_once_per_pass(corpus_dir, loaded_corp
     assert val and all(len(x) <= 30 for x in train + val)
 
 
-def test_a_corpus_changed_while_streaming_stops_the_run(tmp_path, loaded_corpus):
+def test_a_corpus_changed_while_streaming_stops_the_run(tmp_path, loaded_corpus, capsys):
     """`pretrain --streaming` reads the files again each pass: a corpus cut short mid-run
     was trained on, its last passes over 20 kB of 570, and the run's record still named
     the whole file; one deleted said 'no such file' without the way to go on."""
@@ -142,6 +142,10 @@ def test_a_corpus_changed_while_streaming_stops_the_run(tmp_path, loaded_corpus)
     n = len(list(s._sequences(validation=False)))
     it = s.stream()
     [next(it) for _ in range(n)]                 # one whole pass: the file as it was
+    os.utime(f, ns=(1, 1))                       # touched (a copy, a backup tool): read on
+    [next(it) for _ in range(n)]
+    assert "c.txt: modified during the run, its size unchanged; read on as it is" in \
+        capsys.readouterr().err
     f.write_text(f.read_text()[:100])
     with pytest.raises(NanobertError, match=r"c\.txt: changed while --streaming read it "
                                             r"\(1,\d+ -> 100 bytes\).*--resume"):

@@ -6,7 +6,7 @@ import pytest
 from nanobert import cli
 from nanobert import data as D
 from nanobert.data import (detect_format, iob1_to_iob2, label_set, read_classification,
-                           read_conll, read_squad, tsv_uses_quoting)
+                           read_conll, read_squad, read_text_lines, tsv_uses_quoting)
 from nanobert.files import NanobertError
 
 
@@ -392,6 +392,8 @@ def test_a_text_of_invisible_characters_is_empty(tmp_path, capsys):
     from nanobert.data import blank
     assert blank("\u200b\u200c\u200d\ufeff") and blank(" \xad\t") and blank("")
     assert not blank("e\u0301") and not blank("\u200ba")
+    assert all(map(blank, ("\ufe0f", "\u034f", "\u3164", "\u2800", "\u180b")))   # drawn as nothing
+    assert not any(map(blank, ("\u0600", "\u06dd", "\U0001F468\u200d\U0001F469")))  # drawn
     p = write(tmp_path, "t.tsv", "sentence\tlabel\nfine\t1\n\u200b\u200d\t0\n")
     assert len(read_classification(p)) == 2
     assert f"{p}:3: 1 labelled example(s) with an empty text" in capsys.readouterr().err
@@ -402,6 +404,9 @@ def test_a_text_of_invisible_characters_is_empty(tmp_path, capsys):
         read_squad(p)
     assert str(e.value) == (f"{p}: question 'q2' is empty (only invisible characters, such "
                             "as U+FEFF) (fill it in or remove the question)")
+    lines = write(tmp_path, "in.txt", "good film\n\u200b\n\nbad\n")   # skipped as blank
+    assert [e.text_a for e in read_text_lines(lines)] == ["good film", "bad"]
+    assert "in.txt: 2 blank lines skipped" in capsys.readouterr().err
 
 
 def test_an_unknown_label_lists_a_dozen_of_the_known_ones(tmp_path):

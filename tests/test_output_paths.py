@@ -127,6 +127,32 @@ def test_folders_written_by_several_processes_at_once(tmp_path, how):
         assert gone == 0
 
 
+def test_a_ctrl_c_between_the_two_renames_keeps_the_old_folder(tmp_path, monkeypatch):
+    """Without a one-step exchange (macOS, NFS), a folder is moved aside before the new
+    one is renamed in; a Ctrl-C (or another failure) between the two deleted the old one
+    and left nothing in its place."""
+    import nanobert.files as F
+    target = tmp_path / "model"
+    with atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "weights").write_text("old")
+    monkeypatch.setattr(F, "_exchanged", lambda a, b: False)
+    real, calls = os.replace, []
+
+    def interrupted_second(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(a, b)
+    monkeypatch.setattr(os, "replace", interrupted_second)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(target) as tmp:
+            tmp.mkdir()
+            (tmp / "weights").write_text("new")
+    monkeypatch.setattr(os, "replace", real)
+    assert (target / "weights").read_text() == "old" and os.listdir(tmp_path) == ["model"]
+
+
 def refused(capsys, argv) -> str:
     try:                       # while parsing (argparse exits) or while running
         rc = main(argv)

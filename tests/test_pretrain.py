@@ -324,7 +324,8 @@ def test_torchrun_streaming_ranks_read_their_own_runs_tokenizer(corpus_dir, tmp_
     """--streaming under torchrun: rank 0 saved its vocabulary as 'tokenizer-streaming' in
     --cache-dir for the other ranks to read, one name for every run sharing the folder;
     a rank could read another run's vocabulary (of the same size: nothing failed). Each
-    run writes its own now, and the ranks check they hold the same one."""
+    run writes its own now (cleared once read), and the ranks check they hold the same
+    one."""
     from nanobert.tokenizer import Tokenizer
     cache = tmp_path / "cache"
     other = Tokenizer.train(["zebra quokka " * 20] * 50, vocab_size=120)
@@ -336,9 +337,10 @@ def test_torchrun_streaming_ranks_read_their_own_runs_tokenizer(corpus_dir, tmp_
                         "--master_port", str(free_port()), "-m", "nanobert.cli", *flags],
                        env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, failed_ranks(r.stderr)
-    own, = cache.glob("tokenizer-streaming-*")
     saved = Tokenizer.from_dir(tmp_path / "run")
-    assert Tokenizer.from_dir(own).tk.to_str() == saved.tk.to_str() != other.tk.to_str()
+    assert saved.tk.to_str() != other.tk.to_str()
+    assert Tokenizer.from_dir(cache / "tokenizer-streaming").tk.to_str() == other.tk.to_str()
+    assert not list(cache.glob("tokenizer-streaming-*"))       # (its own: read, then cleared)
 
 
 def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):

@@ -758,6 +758,8 @@ def test_a_row_broken_by_a_line_break_says_where_the_rest_is(tmp_path):
         "4 holds the rest of the row: join the two lines, or remove the row)")
     short = write(tmp_path, "s.tsv", "sentence\tlabel\tid\ngood\t1\nbad\t0\t2\n")
     assert error_of(D.read_classification, short).endswith("found 2")   # (no such rest)
+    lost = write(tmp_path, "l.tsv", "sentence\tlabel\nsome text\nother text\t1\n")
+    assert error_of(D.read_classification, lost).endswith("found 1")   # (a lost label as likely)
 
 
 def test_semicolon_csv_and_capitalised_headers(tmp_path):
@@ -968,6 +970,8 @@ def test_a_fasttext_file_is_named_with_a_way_to_convert_it(tmp_path):
               "__label__1 Terrible, just terrible.\n")
     msg = error_of(D.read_classification, p)
     assert msg.startswith(f"{p}:1: fastText's format (__label__X then the text) is not read")
-    assert msg.endswith("train.txt) > train.tsv")
+    assert msg.endswith(f"' {p} > {p.with_name('train-converted.tsv')}")   # (never onto p)
     label_last = write(tmp_path, "ok.tsv", "text\tlabel\n__label__ is a token\t1\n")
     assert D.read_classification(label_last)[0].text_a == "__label__ is a token"
+    table = write(tmp_path, "t.tsv", "__label__1\tI loved it\n__label__0\tawful\n")   # columns
+    assert [e.text_a for e in D.read_inputs(table, {"text_column": "1"})] == ["I loved it", "awful"]

@@ -199,6 +199,12 @@ def test_a_header_of_unknown_names_is_told_from_data_by_the_rows_after_it(tmp_pa
     got = D.read_classification(trec, text_column="1", label_column="0")
     assert len(got) == 11 and (got[0].label, got[0].line) == ("ABBR", 1)
     assert capsys.readouterr().err == ""
+    # ... but a name above a column of numbers is a header, sentence or not (a survey)
+    survey = write(tmp_path, "survey.csv", "respondent,rating,What did you think of the film "
+                   "overall?\n" + "".join(f"{i},{y},great film {i}\n" for i, y in enumerate(labels)))
+    got = D.read_classification(survey, text_column="2", label_column="1")
+    assert len(got) == 10 and got[0].text_a == "great film 0"
+    assert "survey.csv:1: read as the header (its column 0 'respondent'" in capsys.readouterr().err
 
 
 def test_column_indices_count_the_columns_of_a_header(tmp_path):

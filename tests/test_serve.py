@@ -730,6 +730,8 @@ def test_concurrent_requests_share_batches(server):
     # an empty question or context, refused as predict and Predictor refuse it (was a 200)
     ("/qa", {"question": "  ", "context": "abc def"}, 422, "'question' is empty"),
     ("/qa", {"question": "who?", "context": ""}, 422, "'context' is empty"),
+    ("/qa", {"question": "\u200b\ufeff", "context": "abc def"}, 422,
+     "'question' is empty (only invisible characters, such as U+200B)"),
     ("/qa", {"inputs": [{"question": "q", "context": "c"}, {"question": "", "context": "c"}]},
      422, "'inputs[1].question' is empty"),
     # a question over (32 - 3 - 8) // 2 tokens is cut (truncated: true), or refused
