@@ -1022,7 +1022,8 @@ def encode_chunks(tok: Tokenizer, inputs, encode, max_length: int, what: str = "
     reads a corpus); then say in one note what truncation cut from all of them. A cut
     text's encoding holds all its tokens: 25,000 texts of 1,300 characters read at once
     for classification took +1.35 GB, 5,000 of 2,000 characters to embed +3.2 GB.
-    `key`: the note's, for note_once; `numbers`: what the note calls each input (#i + 1)."""
+    `key`: the note's, for note_once (default: what, how many inputs, how many cut);
+    `numbers`: what the note calls each input (#i + 1)."""
     from .batching import size_runs
     if encode is None:
         def encode(chunk):
@@ -1041,6 +1042,9 @@ def encode_chunks(tok: Tokenizer, inputs, encode, max_length: int, what: str = "
             lengths = cut_lengths(tok, encodings, [inputs[i] for i in chunk])
             cut.update((chunk[j], n) for j, n in lengths.items())
         yield chunk, encodings
+    # (by default one note per kind of call: keyed by its text, which quotes the input,
+    # a server's Predictor printed and remembered one for each long request)
+    key = (what, len(inputs), len(cut)) if key is None else key
     note_once(tok, cut_note(cut, len(inputs), inputs, max_length, what, flag=None,
                             numbers=numbers), key=key)
 

@@ -167,6 +167,24 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return max(0.0, (total - step) / (total - warmup + 1))
 
 
+
+def _trim_heap():
+    """Hand the heap's freed memory back to the system, every TRIM_EVERY_S at most: the
+    outputs of ever-changing shapes (masked tokens, unpadded rows) left glibc's heap
+    holding freed blocks, and a run's memory grew by ~25 MB per 1,000 steps. Tiny
+    pretraining, 3,000 steps, side by side: 609 -> 717 MB before, 540 -> 603 MB with the
+    trims, the same losses."""
+    global _TRIMMER
+    if _TRIMMER is None:
+        from .batcher import heap_trimmer
+        _TRIMMER = heap_trimmer(TRIM_EVERY_S)
+    _TRIMMER()
+
+
+TRIM_EVERY_S = 30.0
+_TRIMMER = None
+
+
 class WeightAverage:
     """An exponential moving average of the trainable weights (Polyak averaging): after
     each optimizer step, avg <- d*avg + (1-d)*w. Early on d is capped at (1+k)/(10+k)
@@ -441,6 +459,7 @@ class Trainer:
         """The state right after an update, before its after-step work: what a checkpoint
         taken during that work holds (with the work marked to do), and the RNG state the
         work starts from."""
+        _trim_heap()
         self._boundary_rng = _rng_state()
         self._pending = dict(result, rng=self._boundary_rng,
                              window={"loss": self.window["loss"], "steps": self.window["steps"]},

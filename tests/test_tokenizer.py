@@ -535,3 +535,17 @@ def test_train_refuses_what_it_cannot_train_on():
         Tokenizer.train(["the cat"], vocab_size=0)
     tok = Tokenizer.train(["the cat sat"] * 3, vocab_size=40, min_frequency=1)
     assert tok.token_to_id("[UNK]") not in tok(["the cat"])["input_ids"][0].tolist()
+
+
+def test_a_long_text_of_each_call_is_noted_once(minilm_dir, capsys):
+    """A truncation note was said once per text of the note, which quotes the input: a
+    web app's Predictor printed (and kept in a set, for good) one note per long request,
+    3,000 of them in 5,000 calls. It is said once per kind of call: what was read, how
+    many inputs, how many were cut."""
+    from nanobert.tokenizer import encode_chunks
+    tok = Tokenizer.from_dir(minilm_dir)
+    for i in range(5):
+        list(encode_chunks(tok, [f"request {i} " + "word " * 40], None, 16))
+    assert capsys.readouterr().err.count("note:") == 1 and len(tok._notes) == 1
+    list(encode_chunks(tok, ["short", "word " * 40], None, 16))     # another kind: said
+    assert "1 of 2 texts is longer than 16 tokens" in capsys.readouterr().err
