@@ -662,10 +662,17 @@ def _runs(t, start: int, g: int, L: int, P: int):
                         t.storage_offset() + start * row)
 
 
-@functools.lru_cache(maxsize=1024)
 def _key_mask(L: int, P: int, window: int, dtype, device):
     """The additive mask (0 or -inf) of a run whose queries are L rows and keys P rows:
-    keys past L hidden, and with a window, keys farther than window // 2. None: no mask."""
+    keys past L hidden, and with a window, keys farther than window // 2. None: no mask.
+    Kept for the next batches, but a windowed one of over CACHED_MASK elements (L x P
+    floats: 256 MB at 8,192 tokens, and a server meets every length)."""
+    if window and L * P > CACHED_MASK:
+        return _new_key_mask(L, P, window, dtype, device)
+    return _cached_key_mask(L, P, window, dtype, device)
+
+
+def _new_key_mask(L: int, P: int, window: int, dtype, device):
     if P == L and not window:
         return None
     with torch.inference_mode(False):   # (cached: made inside inference mode, usable outside)
@@ -673,6 +680,10 @@ def _key_mask(L: int, P: int, window: int, dtype, device):
         if window:
             keep = keep & F.pad(_band(L, window, device), (0, P - L))        # (L, P)
         return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, -math.inf)
+
+
+CACHED_MASK = 1 << 20
+_cached_key_mask = functools.lru_cache(maxsize=1024)(_new_key_mask)
 
 
 def _rotate(x, cos, sin):

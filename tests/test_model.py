@@ -263,3 +263,17 @@ def test_config_values_torch_would_trip_on_are_named(overrides, message):
     with pytest.raises(TypeError, match="Bert.config.: expected a BertConfig"):
         nanobert.Bert("tiny")                                             # an AttributeError
     assert nanobert.preset("tiny", pad_token_id=None).pad_token_id is None
+
+
+def test_big_windowed_key_masks_are_not_kept():
+    """A windowed run's key mask is L x P floats (256 MB at 8,192 tokens), and up to 1,024
+    were kept, one per length a server met (ModernBERT): only the small ones are."""
+    import torch
+    from nanobert import model as M
+    M._cached_key_mask.cache_clear()
+    small = M._key_mask(64, 64, 16, torch.float32, torch.device("cpu"))
+    big = M._key_mask(1100, 1104, 128, torch.float32, torch.device("cpu"))
+    assert M._cached_key_mask.cache_info().currsize == 1 and big.shape == (1100, 1104)
+    assert M._key_mask(64, 64, 16, torch.float32, torch.device("cpu")) is small
+    assert torch.equal(M._key_mask(1100, 1104, 128, torch.float32, torch.device("cpu")), big)
+    assert big[0, 64].item() == 0 and big[0, 65].item() == -float("inf") and big[0, 1100] < 0
