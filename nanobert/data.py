@@ -832,28 +832,37 @@ JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a 
               list: "a list", dict: "an object"}
 
 
+# format characters drawn as signs (Arabic's number sign, end of ayah), and letters and
+# marks drawn as nothing (variation selectors, the combining grapheme joiner, Hangul
+# fillers, the Braille blank)
+DRAWN_FORMAT = {*range(0x600, 0x606), 0x6DD, 0x70F, 0x890, 0x891, 0x8E2, 0x110BD, 0x110CD,
+                *range(0x13430, 0x13460)}
+BLANK_LETTERS = {*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), 0x34F,
+                 *range(0x180B, 0x1810), 0x17B4, 0x17B5, 0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800}
+
+
+def _invisible(c: str) -> bool:
+    """White space, control and format characters (zero-width spaces and joiners, the
+    byte-order mark, soft hyphens, direction marks) but DRAWN_FORMAT, and BLANK_LETTERS:
+    what a text of nothing else shows: nothing."""
+    n = ord(c)
+    return n in BLANK_LETTERS or (n not in DRAWN_FORMAT and (
+        c.isspace() or unicodedata.category(c) in ("Cc", "Cf")))
+
+
 @functools.lru_cache(maxsize=None)
 def _invisible_chars() -> str:
-    """White space, control and format characters (zero-width spaces and joiners, the
-    byte-order mark, soft hyphens, direction marks) but the format characters drawn
-    as signs (Arabic's number sign, end of ayah), and the characters drawn as nothing:
-    variation selectors, the combining grapheme joiner, Hangul fillers, the Braille
-    blank. What a text of nothing else shows: nothing."""
+    """Every `_invisible` character (0.17 s to find: made only for a text that starts
+    with one)."""
     import sys
-    drawn = {*range(0x600, 0x606), 0x6DD, 0x70F, 0x890, 0x891, 0x8E2, 0x110BD, 0x110CD,
-             *range(0x13430, 0x13460)}
-    blank_letters = {*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), 0x34F,
-                     *range(0x180B, 0x1810), 0x17B4, 0x17B5, 0x115F, 0x1160, 0x3164, 0xFFA0,
-                     0x2800}
-    return "".join(chr(c) for c in range(sys.maxunicode + 1)
-                   if c in blank_letters or (c not in drawn and (
-                       chr(c).isspace() or unicodedata.category(chr(c)) in ("Cc", "Cf"))))
+    return "".join(c for c in map(chr, range(sys.maxunicode + 1)) if _invisible(c))
 
 
 def blank(text: str) -> bool:
     """Is `text` empty to the eye and to the model: nothing but white space and invisible
     characters (`\\u200b\\ufeff` gave `[CLS] [SEP]` and was taken for a text)?"""
-    return not text.strip() or not text.strip(_invisible_chars())
+    seen = text.strip()
+    return not seen or (_invisible(seen[0]) and not seen.strip(_invisible_chars()))
 
 
 def empty_words(text: str) -> str:

@@ -413,7 +413,7 @@ def check_replaceable(path: Path, flag: Optional[str] = None):
     shown = f"{flag} {path}" if flag else str(path)
     if resolved != Path(os.path.abspath(path)):     # (a link: where it leads)
         shown += f": {resolved}"
-    if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS):
+    if _virtual(resolved):
         raise NanobertError(f"{shown} is on a virtual file system; choose a file on disk")
     with contextlib.suppress(OSError):
         kind = stat.S_IFMT(os.stat(resolved).st_mode)
@@ -507,13 +507,18 @@ IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif"
 VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
 
 
+def _virtual(resolved: Path) -> bool:
+    """Is the (resolved) path in /proc, /sys or /dev?"""
+    return any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS)
+
+
 def _writable_ancestor(path: Path, flag: str, shown=None) -> Path:
     """The nearest existing ancestor of `path`, which must be a writable directory on a
     real file system: a probe file is created and removed (os.access says yes to root
     even on a read-only mount). Messages name `shown` (default: `path`)."""
     resolved = Path(os.path.realpath(path))       # (a link into /dev is /dev)
     path = path if shown is None else shown
-    if any(str(resolved) == r or str(resolved).startswith(r + "/") for r in VIRTUAL_ROOTS):
+    if _virtual(resolved):
         raise NanobertError(f"{flag} {path}: /{resolved.parts[1]} is a virtual file system; "
                             "choose a directory on disk")
     ancestor = resolved.parent

@@ -167,7 +167,6 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return max(0.0, (total - step) / (total - warmup + 1))
 
 
-
 def _trim_heap():
     """Hand the heap's freed memory back to the system, every TRIM_EVERY_S at most: the
     outputs of ever-changing shapes (masked tokens, unpadded rows) left glibc's heap
@@ -459,7 +458,6 @@ class Trainer:
         """The state right after an update, before its after-step work: what a checkpoint
         taken during that work holds (with the work marked to do), and the RNG state the
         work starts from."""
-        _trim_heap()
         self._boundary_rng = _rng_state()
         self._pending = dict(result, rng=self._boundary_rng,
                              window={"loss": self.window["loss"], "steps": self.window["steps"]},
@@ -553,6 +551,7 @@ class Trainer:
         while self.batch_index < self.steps_per_epoch and not self._finished():
             self._train_step(self._next_micro_batches(it))
             self._after_step()
+            _trim_heap()
 
     def _next_micro_batches(self, it) -> list:
         """The micro-batches of the next step (fewer at the end of an epoch)."""
