@@ -18,9 +18,11 @@ corpus contents, the model and the pooling, so a second search is instant.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
 import weakref
@@ -685,10 +687,11 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
     folder is not writable)."""
     corpus = Path(corpus_path)
     texts = read_texts(corpus, text_column)
-    h = hashlib.sha256(encoder.identity().encode())
+    reader = hashlib.sha256(f"{encoder.identity()}\0{text_column}".encode()).hexdigest()[:8]
+    h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8", "surrogatepass") + b"\0")
-    key = h.hexdigest()[:16]
+    key = f"{reader}-{h.hexdigest()[:16]}"
     candidates = _cache_paths(corpus.resolve(), key)
     width = encoder.model.config.hidden_size
     for c in candidates:
@@ -707,6 +710,7 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
                     np.save(f, emb)
             if verbose:
                 print(f"cached corpus embeddings in {c}", file=sys.stderr)
+            _prune_stale(c, reader, verbose)
             break
         except (OSError, NanobertError):
             continue
@@ -716,6 +720,26 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
             print(f"no cache of the corpus embeddings could be written ({where}): the next "
                   "search encodes the corpus again", file=sys.stderr)
     return texts, emb
+
+
+def _prune_stale(cache: Path, reader: str, verbose: bool) -> None:
+    """Remove the caches beside `cache` of the same corpus file read by the same model and
+    settings but holding other texts: the corpus was edited since, and they cannot be used
+    again (each edit of a big corpus left one more corpus-sized file behind). Only regular
+    files of this user's are removed; caches of other models are kept."""
+    stem = cache.name[:-len(".npy")].rsplit("-", 1)[0]         # corpus.nanobert-READER
+    for old in cache.parent.glob(f"{glob.escape(stem)}-*.npy"):
+        if old == cache or not re.fullmatch(r"[0-9a-f]{16}", old.name[len(stem) + 1:-4]):
+            continue
+        try:
+            st = old.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                old.unlink()
+                if verbose:
+                    print(f"removed {old}: a cache of this corpus before it changed",
+                          file=sys.stderr)
+        except OSError:
+            pass
 
 
 def _cache_mode(corpus: Path) -> int:

@@ -215,7 +215,7 @@ def test_top_k():
     assert len(top_k(np.array([[1.0, 0.0]]), corpus, k=10)[0]) == 4
 
 
-def test_search_and_cache(encoder, tmp_path, monkeypatch):
+def test_search_and_cache(encoder, tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES) + "\n\n", encoding="utf-8")  # blank line skipped
     hits = encoder.search("Someone is eating a meal.", corpus, k=3)
@@ -235,10 +235,16 @@ def test_search_and_cache(encoder, tmp_path, monkeypatch):
     np.save(caches[0], poisoned)
     _, emb = corpus_embeddings_cached(encoder, corpus)
     np.testing.assert_allclose(emb, encoder.encode(SENTENCES), atol=1e-6)
-    # a changed corpus or other settings get a different key
+    # a changed corpus or other settings get a different key; a cache of the corpus before
+    # it changed, by the same model, is removed (each edit left a corpus-sized file)
+    other = tmp_path / "corpus.txt.nanobert-0123abcd-0123456789abcdef.npy"   # another model's
+    shutil.copy(caches[0], other)
     corpus.write_text("\n".join(SENTENCES[::-1]) + "\n", encoding="utf-8")
-    texts, emb = corpus_embeddings_cached(encoder, corpus)
+    texts, emb = corpus_embeddings_cached(encoder, corpus, verbose=True)
     assert texts == SENTENCES[::-1] and emb.any()
+    assert not caches[0].exists() and other.exists()
+    assert f"removed {caches[0]}: a cache of this corpus before it changed" in \
+        capsys.readouterr().err
     cls_enc = Encoder(encoder.model, encoder.tokenizer, pooling="cls")
     corpus_embeddings_cached(cls_enc, corpus)
     assert len(list(tmp_path.glob("corpus.txt.nanobert-*.npy"))) == 3
