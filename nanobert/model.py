@@ -1073,8 +1073,8 @@ def pair_loss(pair_logits, pair_labels, reduction: str = "mean") -> torch.Tensor
 
 
 def masked_lm_loss(logits, labels) -> torch.Tensor:
-    """MLM cross-entropy, (M, V) vs (M,) (-100: not scored), averaged over the scored
-    tokens; 0 (with its graph) where there are none (rows of [UNK] and special tokens
+    """Per-token cross-entropy (MLM, NER), (M, V) vs (M,) (-100: not scored), averaged
+    over the scored tokens; 0 (with its graph) where there are none (rows of [UNK] and special tokens
     alone: the mean over no token was NaN, and the run stopped as diverged)."""
     scored = (labels != -100).sum().clamp(min=1)       # (no host sync: a tensor)
     return F.cross_entropy(logits, labels, reduction="sum") / scored
@@ -1184,7 +1184,7 @@ class Bert(nn.Module):
             logits = self.classifier(self.drop(h))                             # (..., C)
             out.logits = layout.pad(logits) if unpadded else logits            # (B, T, C)
             if labels is not None:
-                out.loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
+                out.loss = masked_lm_loss(out.logits.flatten(0, 1), labels.flatten())
         elif head == "qa":
             h = self.drop(self.bert.pooler(h)) if self.config.token_head else h  # ModernBERT
             logits = self.qa(h)

@@ -114,8 +114,8 @@ def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: b
             win = Window(i, list(w.ids), list(w.type_ids), offsets, question_cut=cut[i][1],
                          spans=spans)
             if train and ex.answers:
-                text, char_start = ex.answers[0]
-                win.start, win.end = answer_tokens(offsets, char_start, char_start + len(text))
+                char_start, char_end = answer_chars(*ex.answers[0])
+                win.start, win.end = answer_tokens(offsets, char_start, char_end)
             windows.append(win)
     return windows
 
@@ -253,6 +253,16 @@ def word_spans(text: str, offsets, word_ids) -> dict:
                 continue
         spans[w], before = (a, attached_end(text, b, limit)), w
     return spans
+
+
+def answer_chars(text: str, char_start: int) -> tuple:
+    """[start, end) of an answer's characters without the whitespace around it: no token
+    holds a space, so "Paris " ending the context was in no window and trained as no
+    answer."""
+    lead = len(text) - len(text.lstrip())
+    if not text.strip():
+        return char_start, char_start + len(text)
+    return char_start + lead, char_start + len(text.rstrip())
 
 
 def answer_tokens(offsets, char_start: int, char_end: int) -> tuple:

@@ -159,12 +159,21 @@ def head_parameters(model: nn.Module) -> set:
     return {id(p) for p in model.parameters()} - inside
 
 
+def warmup_of(ratio: float, total: int) -> int:
+    """Warmup steps for a ratio of the run, rounded up as transformers does (rounded down,
+    the default 0.1 gave runs under 10 steps none); 0.1 x 30 is 3, not 4."""
+    return math.ceil(round(ratio * total, 9))
+
+
 def lr_factor(step: int, total: int, warmup: int) -> float:
     """Multiplier of the peak lr at optimizer step `step` (0-based): linear warmup over
-    `warmup` steps to 1, then linear decay towards 0 (reached one step after the last)."""
+    `warmup` steps to 1, then linear decay towards 0 (reached one step after the last).
+    Without warmup the first step runs at the peak (it had run at total/(total+1) of it:
+    a one-step run at half the lr)."""
     if step < warmup:
         return (step + 1) / warmup
-    return max(0.0, (total - step) / (total - warmup + 1))
+    peak = max(warmup - 1, 0)     # the last warmup step, or the first step without warmup
+    return max(0.0, (total - step) / (total - peak))
 
 
 def _trim_heap():
@@ -299,6 +308,28 @@ def _sizes(micro_batches: list) -> tuple:
     return examples, tokens
 
 
+def loss_units(batch: dict) -> int:
+    """How many things a micro-batch's loss is the mean of: its labelled tokens for a
+    per-token loss (NER, MLM: labels of shape (B, T), -100 where none), else its rows."""
+    labels = batch.get("labels")
+    if torch.is_tensor(labels) and labels.dim() == 2:
+        return int((labels != -100).sum())
+    return int(batch["input_ids"].shape[0])
+
+
+def loss_shares(micro_batches: list, distributed: bool = False, device=None) -> list:
+    """Each micro-batch's weight in its step's loss: its units over the step's (summed
+    over the processes under DDP). Equal shares (1/n) had counted a token of a short NER
+    micro-batch 22 times as much as one of a long one (--group-by-length)."""
+    units = torch.tensor([loss_units(b) for b in micro_batches], dtype=torch.float64,
+                         device=device)
+    if distributed:
+        torch.distributed.all_reduce(units)
+    if units.sum() <= 0:                  # (nothing labelled anywhere: the losses are 0)
+        return [1.0 / len(micro_batches)] * len(micro_batches)
+    return (units / units.sum()).tolist()
+
+
 def _resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -361,7 +392,7 @@ class Trainer:
         self.steps_per_epoch_opt = math.ceil(steps_per_epoch / cfg.grad_accum)  # optimizer steps
         self.total_steps = cfg.max_steps or self.steps_per_epoch_opt * cfg.epochs
         self.warmup = (cfg.warmup_steps if cfg.warmup_steps is not None
-                       else int(cfg.warmup_ratio * self.total_steps))
+                       else warmup_of(cfg.warmup_ratio, self.total_steps))
         self.optimizer = _adamw(model, cfg)
         self.average = WeightAverage(self.model, cfg.ema) if cfg.ema else None
         self.amp_dtype, use_scaler = _resolve_amp(cfg.amp, self.device)
@@ -403,16 +434,19 @@ class Trainer:
                 for k, v in batch.items()}
 
     def _accumulate(self, micro_batches: list) -> float:
-        """Forward/backward over the micro-batches of one step; the mean loss."""
+        """Forward/backward over the micro-batches of one step; the mean loss. Each
+        micro-batch's mean loss is weighted by its share of the step's rows or labelled
+        tokens (`loss_shares`), so the step is the one a single batch would take."""
         n = len(micro_batches)
+        shares = loss_shares(micro_batches, self.distributed, self.device)
         total = 0.0
-        for i, batch in enumerate(micro_batches):
+        for i, (batch, share) in enumerate(zip(micro_batches, shares)):
             # DDP: all-reduce the gradients once, on the last micro-batch
             no_sync = self.distributed and i < n - 1
             with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
                 with torch.autocast(self.device.type, dtype=self.amp_dtype,
                                     enabled=self.amp_dtype is not None):
-                    loss = self.loss_fn(self.train_model, batch) / n
+                    loss = self.loss_fn(self.train_model, batch) * share
                 if self.scaler:
                     self.scaler.scale(loss).backward()
                 else:

@@ -318,6 +318,19 @@ def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
     assert [e["loss"] for e in two] == pytest.approx([e["loss"] for e in one], abs=1e-5)
     assert [e["loss"] for e in records(tmp_path / "two", "train")] == pytest.approx(
         [e["loss"] for e in records(tmp_path / "one", "train")], abs=1e-5)
+    # with --grad-accum 2 too, alone and under torchrun: each micro-batch's loss weighs by
+    # its share of the masked tokens (of all ranks), so the step is the same (it had
+    # differed by about 1e-3: each micro-batch's mean counted alike)
+    subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--grad-accum", "2",
+                    "--out", str(tmp_path / "accum")], check=True, env=env, capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(free_port()), "-m", "nanobert.cli", *flags,
+                        "--grad-accum", "2", "--out", str(tmp_path / "two-accum")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    for run in ("accum", "two-accum"):
+        assert [e["loss"] for e in records(tmp_path / run, "eval")] == pytest.approx(
+            [e["loss"] for e in one], abs=1e-5), run
 
 
 def test_torchrun_streaming_ranks_read_their_own_runs_tokenizer(corpus_dir, tmp_path):

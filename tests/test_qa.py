@@ -44,6 +44,18 @@ def test_windows_cover_the_context_and_label_the_answer(minilm):
     assert all(w.end == 0 for w in windows if w.start == 0)
 
 
+def test_an_answer_with_whitespace_around_it_is_labelled(minilm):
+    """"Paris " ending the context (a space no token holds) ran past every window, which
+    trained the question as unanswerable."""
+    _, tok = minilm
+    for answer, start in (("Paris ", 15), (" Paris", 14), ("\u00a0Paris\n", 14)):
+        context = "The capital is" + (" " if start == 15 else "") + answer
+        ex = QAExample("q", "what is the capital", context, [(answer, start)])
+        w, = make_windows(tok, [ex], max_length=32, doc_stride=8, train=True)
+        assert w.start > 0, answer
+        assert context[w.offsets[w.start][0]:w.offsets[w.end][1]] == "Paris"
+
+
 def test_a_long_question_is_cut_so_windows_move_on(minilm, capsys):
     """A question that left the context one token past the doc stride moved the windows
     on one token at a time (84 windows for 100 tokens; a 400 kB context took tens of

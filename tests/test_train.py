@@ -8,7 +8,7 @@ import torch
 import nanobert
 from nanobert.files import NanobertError
 from nanobert.checkpoint import load_model
-from nanobert.train import Trainer, TrainConfig, lr_factor, param_groups
+from nanobert.train import Trainer, TrainConfig, lr_factor, param_groups, warmup_of
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
@@ -66,7 +66,11 @@ def test_lr_schedule_shape():
     assert f[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
     assert all(a > b for a, b in zip(f[4:], f[5:]))          # strictly decreasing after warmup
     assert f[-1] == pytest.approx(1 / 16) and lr_factor(total, total, warm) == 0.0
-    assert lr_factor(0, 10, 0) == pytest.approx(10 / 11)     # no warmup: start near the peak
+    # no warmup: the first step at the peak (it ran at 10/11 of it: one step at half the lr)
+    assert [lr_factor(s, 4, 0) for s in range(5)] == pytest.approx([1, 0.75, 0.5, 0.25, 0])
+    assert lr_factor(0, 1, 0) == 1.0
+    # warmup steps round up as transformers' do (the default 0.1 gave short runs none)
+    assert [warmup_of(0.1, n) for n in (5, 10, 30, 31)] == [1, 1, 3, 4]
 
 
 def test_trainer_logs_the_schedule(tmp_path):
@@ -230,20 +234,36 @@ def test_weight_average_survives_interrupt_and_resume(tmp_path):
                 steps_per_epoch=6).fit()
 
 
-def test_grad_accumulation_matches_one_big_batch(tmp_path):
-    """One batch of 8 vs two micro-batches of 4: the same gradient reaches AdamW."""
-    big = make_batch(0, 0, B=8)
-    halves = [{k: v[:4] for k, v in big.items()}, {k: v[4:] for k, v in big.items()}]
+def token_batch(B=8, T=10):
+    """A per-token batch whose rows hold very different numbers of labelled tokens."""
+    b = make_batch(0, 0, B=B, T=T)
+    g = torch.Generator().manual_seed(7)
+    labels = torch.randint(0, 2, (B, T), generator=g)
+    labels[: B // 2, 2:] = -100                     # short rows: 2 labels; long rows: T
+    return {**b, "labels": labels}
+
+
+@pytest.mark.parametrize("head,split", [("classify", 4), ("classify", 3), ("token", 4)])
+def test_grad_accumulation_matches_one_big_batch(tmp_path, head, split):
+    """One batch of 8 vs two micro-batches: the same gradient reaches AdamW, also when the
+    micro-batches differ in rows (the end of an epoch) or in labelled tokens (NER: each
+    micro-batch's mean had counted equally, a token of the short one 5 times as much)."""
+    big = make_batch(0, 0, B=8) if head == "classify" else token_batch()
+    halves = [{k: v[:split] for k, v in big.items()}, {k: v[split:] for k, v in big.items()}]
     common = dict(lr=1e-2, warmup_steps=0, max_steps=1, log_every=1, progress=False)
 
     def run(out, data, **kw):
         model = tiny_model(dropout=0.0)
+        if head == "token":
+            torch.manual_seed(0)
+            model = nanobert.Bert(model.config, "token")
         t = Trainer(model, TrainConfig(out_dir=str(out), **common, **kw),
                     lambda e, s: iter(data[s:]), steps_per_epoch=len(data))
         grads, step = [], t.optimizer.step
 
         def spy(*a, **k):
-            grads.append([p.grad.clone() for p in model.parameters()])
+            grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                          for p in model.parameters()])
             return step(*a, **k)
         t.optimizer.step = spy
         t.fit()
