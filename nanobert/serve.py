@@ -788,6 +788,8 @@ def openai_models(server: Server):
 def openai_model(server: Server, model: str):
     """One served model, as OpenAI's `client.models.retrieve(name)` reads it; 404 for
     a name not served."""
+    if model not in server.models and model.endswith("/"):    # (the trailing slash)
+        model = model[:-1]
     if model not in server.models:
         raise ApiError(404, f"no served model is named {shown(model)} (models: "
                             f"{server._list()})", "model")
@@ -1281,9 +1283,11 @@ def make_app(server: Server):
                              exc.status_code, getattr(exc, "headers", None))
 
     # each route answers with a trailing slash too: Starlette's default, a 307 redirect
-    # with an empty body, left a client that does not follow it without an answer
-    routes = [StarletteRoute(path, handle, methods=[r.method]) for r in ROUTES
-              for handle in [endpoint(server, r)] for path in (r.path, r.path + "/")]
+    # with an empty body, left a client that does not follow it without an answer; a
+    # model's name in a path may hold '/' ('BAAI/bge-small': the path converter)
+    routes = [StarletteRoute(path.replace("}", ":path}"), handle, methods=[r.method])
+              for r in ROUTES for handle in [endpoint(server, r)]
+              for path in (r.path, r.path + "/")]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=cors(server.config.cors_origins, server.metrics),
                     exception_handlers={HTTPException: http_error})
     app.router.redirect_slashes = False   # /embed// was a 307 to /embed/ with an empty body
@@ -1527,6 +1531,7 @@ class HeaderLimits:
     header_timer = None
     header_bytes = 0           # bytes of reads that ended inside the headers
     header_size = 0            # what the parser read of them: the URL and each header
+    began_here = False         # a request began in the read being parsed
     lingering = False          # an error was answered (raw_error): reading to drop
     upgrade_ignored = False    # the request being parsed asked for an Upgrade we ignore
     current_cycle = None       # the cycle of the request being parsed, once its headers are
@@ -1543,14 +1548,22 @@ class HeaderLimits:
         if self.lingering:
             self.transport.heard()
             return
+        self.began_here = False
         super().data_received(data)
-        # still in the headers after this data: all of it was headers
+        # still in the headers after this data: all of it was headers, but for a read in
+        # which the request began (the requests pipelined before it, their bodies too, had
+        # counted as its headers: a false 431), whose headers are what was parsed of them
         if self.header_timer is not None and not self.transport.is_closing():
-            self.header_bytes += len(data)
+            self.header_bytes = (self.header_size if self.began_here
+                                 else self.header_bytes + len(data))
             if self.header_bytes > self.max_header_bytes:
                 _stop_header_timer(self)
                 self.logger.warning("Request headers too large.")
                 self._too_large()
+
+    def _unsupported_upgrade_warning(self):
+        """(uvicorn's: for CONNECT, answered 405, it logged advice to install a WebSocket
+        library, which nothing here needs; other Upgrades are ignored, UpgradeIgnored)"""
 
     def _too_large(self):
         self._refuse(431, f"request line and headers over {self.max_header_bytes} bytes")
@@ -1610,6 +1623,7 @@ class HeaderLimits:
     def on_message_begin(self):
         super().on_message_begin()
         self.header_size = 0
+        self.began_here = True
         self.current_cycle = None
         _start_header_timer(self, self.header_timeout)
 

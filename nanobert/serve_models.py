@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,16 +367,19 @@ class Served:
 
 
 def split_spec(spec: str) -> tuple:
-    """'NAME=PATH' -> (NAME, PATH); 'PATH' -> (its directory name, PATH). An empty NAME
-    or PATH around the '=' is an error (NanobertError)."""
+    """'NAME=PATH' -> (NAME, PATH); 'PATH' -> (its directory name, PATH). NAME may hold
+    '/' (a hub-style name, 'BAAI/bge-small=runs/emb', as clients of other servers send
+    it), so a path holding '=' is taken whole when it exists ('runs/lr=1e-3'). An empty
+    NAME or PATH around the '=' is an error (NanobertError)."""
     if not spec.strip():
         raise NanobertError("an empty MODEL argument (give a model directory, 'minilm', a "
                             "hub name or NAME=PATH)")
     name, sep, where = spec.partition("=")
-    if sep and "/" not in name and not (name.strip() and where.strip()):
+    named = sep and not ("/" in name and os.path.exists(spec))
+    if named and not (name.strip() and where.strip()):
         raise NanobertError(f"{spec!r}: empty model {'name' if not name.strip() else 'path'} "
                             "(use NAME=PATH)")
-    if sep and name and "/" not in name:
+    if named:
         return name, where
     where = spec
     return (where if where == "minilm" else Path(where.rstrip("/")).name or where), where

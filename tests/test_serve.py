@@ -202,6 +202,22 @@ def test_embeddings_equal_nanobert_embed(server, tmp_path):
     assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
 
 
+def test_a_served_name_may_hold_a_slash(server, tmp_path, monkeypatch):
+    """Clients of other OpenAI-compatible servers send hub names ('BAAI/bge-small'):
+    'BAAI/bge-small=minilm' was taken for a path ('no such model directory'). A path
+    holding '=' that exists is still taken whole; /v1/models/{model} takes a name with
+    '/' (it was 'no route')."""
+    from nanobert.serve_models import split_spec
+    assert split_spec("BAAI/bge-small=minilm") == ("BAAI/bge-small", "minilm")
+    assert split_spec("sst=runs/sst") == ("sst", "runs/sst")
+    (tmp_path / "runs" / "lr=1e-3").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert split_spec("runs/lr=1e-3") == ("lr=1e-3", "runs/lr=1e-3")
+    assert server.http.get("/v1/models/minilm/").json()["id"] == "minilm"
+    r = server.http.get("/v1/models/org/none")
+    assert r.status_code == 404 and "'org/none'" in r.json()["error"]["message"], r.text
+
+
 def test_openai_client_works_unchanged(server, minilm):
     openai = pytest.importorskip("openai")
     from nanobert.embed import encode
@@ -861,6 +877,18 @@ def raw_http(port: int, request: bytes, then: bytes = b"") -> bytes:
         return answer
 
 
+def test_a_big_body_before_a_pipelined_request_is_not_counted_as_its_headers(server):
+    """A read that held a 70 kB request and the start of a pipelined one's headers counted
+    all of it as the second request's headers: a false 431 for a 52-byte GET (and a
+    pipeline of 1,500 tiny requests got no answer at all)."""
+    body = json.dumps({"inputs": "w " * 9000}).encode()                 # 18 kB (the limit: 20)
+    post = (b"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            b"Content-Length: %d\r\n\r\n" % (KEY.encode(), len(body)) + body)
+    get = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    answer = raw_http(server.port, post * 4 + get[:10], then=get[10:])     # 72 kB, one read
+    assert re.findall(rb"HTTP/1.1 (\d+)", answer) == [b"200"] * 5, answer[-300:]
+
+
 def test_malformed_http_and_endless_headers_are_json_errors(server):
     """Malformed HTTP is a JSON 400 (it was uvicorn's plain text); a request line and
     headers over 64 kB are a 431 (httptools kept them all: an endless header grew the
@@ -1342,9 +1370,14 @@ def test_malformed_requests_answer_in_turn_and_log_nothing(models):
                    b"\r\nzz\r\nabc\r\n0\r\n\r\n")
         assert raw_http(s.port, chunked).startswith(b"HTTP/1.1 400")
         assert s.metric('nanobert_requests_total{route="/v1/embeddings",status="499"}') == 0
+        # CONNECT (a scanner, a client taking the server for a proxy): 405, and no advice
+        # to install a WebSocket library in the log
+        assert raw_http(s.port, b"CONNECT /health HTTP/1.1\r\nHost: x\r\nConnection: "
+                                b"close\r\n\r\n").startswith(b"HTTP/1.1 405")
 
         log = s.stop_log()
         assert "Traceback" not in log and "Exception in ASGI" not in log, log
+        assert "WebSocket" not in log and "upgrade" not in log.lower(), log
     finally:
         s.close()
 
