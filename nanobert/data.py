@@ -1573,7 +1573,8 @@ def read_squad(path, require_answers=True) -> list:
     if moved:
         note(f"{path}: {len(moved)} answer{'s were' if len(moved) > 1 else ' was'} not at "
              f"{'their' if len(moved) > 1 else 'its'} answer_start, and taken at the nearest "
-             f"occurrence of the text (first: {moved[0]})")
+             f"occurrence of the text, or where answer_start points counted in UTF-16 "
+             f"units or UTF-8 bytes when the text is there (first: {moved[0]})")
     return out
 
 
@@ -1722,6 +1723,22 @@ def _answers(raw, context: str, where: str, moved: list) -> list:
     return out
 
 
+def _recounted(context: str, start) -> list:
+    """[(character index, units)] where answer_start `start` points when counted in the
+    units of other tools: UTF-16 code units (JavaScript, Java, .NET: an emoji counts 2, and
+    the nearest occurrence from there could be another one) or UTF-8 bytes."""
+    if not isinstance(start, int) or start <= 0 or context.isascii():
+        return []
+    out = []
+    for codec, width, units in (("utf-16-le", 2, "UTF-16 code units"), ("utf-8", 1, "UTF-8 bytes")):
+        raw = context.encode(codec, "surrogatepass")
+        if start * width <= len(raw):
+            at = len(raw[:start * width].decode(codec, "ignore"))
+            if at != start:
+                out.append((at, units))
+    return out
+
+
 def _answer_start(text: str, start, context: str, where: str, moved: list) -> int:
     """Where `text` is in the context: at its answer_start, else (no answer_start, or one
     off by a few characters, as converted datasets have them) the occurrence nearest to
@@ -1730,6 +1747,11 @@ def _answer_start(text: str, start, context: str, where: str, moved: list) -> in
     offsets scores as it would there."""
     if start is not None and start >= 0 and context[start:start + len(text)] == text:
         return start
+    for at, units in _recounted(context, start):
+        if context[at:at + len(text)] == text:
+            moved.append(f"{where.split(': ', 1)[-1]}: {start} -> {at}, answer_start "
+                         f"counted in {units}")
+            return at
     found, k = [], context.find(text)
     while k >= 0:
         found.append(k)

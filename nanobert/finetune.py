@@ -742,8 +742,10 @@ def classify_show(r: dict) -> str:   # (a pair's texts in columns of their own, 
 
 
 def ner_show(r: dict) -> str:
-    shown = "  ".join(f"[{e['type']} {e['start']}:{e['end']} {e['text']!r} {e['score']:.2f}]"
-                      for e in r["entities"]) or "(no entities)"
+    # (the entity's text escaped as the text line is: repr() had written a no-break or
+    # zero-width space inside one as \xa0 or \u200b, and the text line had it raw)
+    shown = "  ".join(f"[{e['type']} {e['start']}:{e['end']} '{e['text'].translate(ONE_LINE)}' "
+                      f"{e['score']:.2f}]" for e in r["entities"]) or "(no entities)"
     return f"{r['text']}\n  {shown}"
 
 

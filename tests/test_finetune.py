@@ -938,6 +938,11 @@ def test_entity_scores_are_not_rounded():
                         {0: "O", 1: "B-PER", 2: "I-PER"})
     assert ents[0]["score"] == (0.123456 + 0.2) / 2
     assert "[PER 0:7 'Ann Lee' 0.16]" in ner_show({"text": "Ann Lee", "entities": ents})
+    # the entity's text is escaped as the text line is: a no-break space stays raw (repr
+    # wrote \xa0), a tab and a line break are escaped
+    ents = entity_spans("Ann\u00a0L\te", {0: (0, 3), 1: (4, 7)}, {0: (1, 0.5), 1: (2, 0.5)},
+                        {0: "O", 1: "B-PER", 2: "I-PER"})
+    assert "[PER 0:7 'Ann\u00a0L\\te' 0.50]" in ner_show({"text": "x", "entities": ents})
 
 
 def tiny_tokenizer():

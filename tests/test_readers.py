@@ -481,7 +481,15 @@ def test_squad_answer_start_is_checked_against_the_context(tmp_path, capsys):
     assert D.read_squad(p)[0].answers == [("France", 24), ("Paris", 0)]
     assert capsys.readouterr().err == (
         f"nanobert: note: {p}: 1 answer was not at its answer_start, and taken at the nearest "
-        "occurrence of the text (first: question 'q7': 20 -> 24)\n")
+        "occurrence of the text, or where answer_start points counted in UTF-16 units or "
+        "UTF-8 bytes when the text is there (first: question 'q7': 20 -> 24)\n")
+    # an answer_start in UTF-16 units (JavaScript tools: an emoji counts 2) or in UTF-8
+    # bytes: the nearest occurrence from there was the second 'Rome', not the one meant
+    for start, units in ((21, "UTF-16 code units"), (41, "UTF-8 bytes")):
+        doc = {"data": [{"paragraphs": [{"context": "\U0001f600" * 10 + " Rome, Rome!", "qas": [
+            {"id": "r", "question": "?", "answers": [{"text": "Rome", "answer_start": start}]}]}]}]}
+        assert D.read_squad(write(tmp_path, "r.json", json.dumps(doc)))[0].answers == [("Rome", 11)]
+        assert f"'r': {start} -> 11, answer_start counted in {units})" in capsys.readouterr().err
     two = write(tmp_path, "two.json", json.dumps({"data": [{"paragraphs": [{
         "context": "a b a b a", "qas": [{"id": "x", "question": "?",
                                          "answers": [{"text": "a", "answer_start": 5}]}]}]}]}))
