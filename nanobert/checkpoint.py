@@ -59,6 +59,10 @@ def _normalise_names(state: dict, fam: Family) -> dict:
 
 
 def resolve(name_or_dir) -> Path:
+    """The local folder of a model directory, 'minilm', or a hub name (downloaded)."""
+    if not str(name_or_dir).strip():    # (Path("") is ".": whatever model was there)
+        raise NanobertError("empty model name (give a model directory, 'minilm' or a hub "
+                            "name)")
     p = Path(str(name_or_dir)).expanduser()
     if p.is_dir():
         return st_model_folder(p)
@@ -617,6 +621,20 @@ def infer_head(hf_config: dict, fam: Family, names, path="config.json"):
     return None, None
 
 
+def _note_other_head(hf_config: dict, fam: Family, head, model_dir) -> None:
+    """A note when a head asked for is not the task head the checkpoint was trained with
+    (load('runs/ner', head='qa') dropped the trained head for a random one unsaid, where
+    transformers warns of newly initialised weights). A pretrained checkpoint (MLM, or
+    none) getting its first task head is fine-tuning as usual: no note."""
+    own = next((h for a in hf_config.get("architectures") or [] for h in [fam.head_of(a)]
+                if h != "missing"), None)
+    if own == "classify" and _regression(hf_config):
+        own = "regression"
+    if head is not None and own in ("classify", "regression", "token", "qa") and own != head:
+        note(f"{model_dir}: a {own} model, loaded with a new {head} head: its weights are "
+             "random until it is fine-tuned")
+
+
 def _regression(hf_config: dict) -> bool:
     """A sequence classifier of one output with no problem_type is a regression, as
     transformers reads it (sentence-transformers' cross-encoders, STS models)."""
@@ -712,6 +730,8 @@ def _load_model(name_or_dir, head, config_overrides: dict) -> Bert:
     arch = None
     if head == "auto":
         head, arch = infer_head(hf, fam, state.keys(), path)
+    else:
+        _note_other_head(hf, fam, head, model_dir)
     if head is not None and head not in fam.heads:
         raise NanobertError(f"{model_dir}: head {head!r} is not supported for {fam.name} models "
                             f"(supported: {', '.join(fam.heads)})")

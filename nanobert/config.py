@@ -397,6 +397,24 @@ class Config:
         return dataclasses.replace(self, **mine)
 
     @classmethod
+    def given(cls, job: str, config, args: tuple, fields: dict, names: tuple) -> "Config":
+        """The config a job function `job(config, *args, **fields)` runs: `config` with
+        `fields` changed, or one built from positional values named `names` (`config` the
+        first) and `fields`. Keywords beside a config, and positional values past `names`,
+        had been dropped without a word (max_steps=1 trained the default 3 epochs)."""
+        if isinstance(config, cls):
+            if args:
+                raise TypeError(f"{job}({cls.__name__}, ...): no positional values after the "
+                                f"config, got {len(args)} (give fields as keywords)")
+            return config.replace(**fields) if fields else config
+        values = (config,) + tuple(args)
+        if len(values) > len(names):
+            raise TypeError(f"{job}() takes at most {len(names)} positional values "
+                            f"({', '.join(names)}), got {len(values)}: give the rest as "
+                            "keywords")
+        return cls.create(**dict(zip(names, values)), **fields)
+
+    @classmethod
     def create(cls, **fields) -> "Config":
         """The defaults with `fields` set; flat names reach the nested configs."""
         own = {f.name for f in dataclasses.fields(cls) if f.init}

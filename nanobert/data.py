@@ -151,6 +151,19 @@ def _is_header(fields: list, given) -> bool:
         numbered == [str(i) for i in range(len(numbered))]
 
 
+def _headerless_hint(names: list) -> str:
+    """Advice for a first row that reads as data, not names (a sentence among them): a
+    file without a header takes 0-based column indices."""
+    lengths = [len(str(n).split()) for n in names]
+    if not lengths or max(lengths) <= SENTENCE_WORDS:
+        return ""
+    text = lengths.index(max(lengths))
+    others = [i for i in range(len(names)) if i != text]
+    label = f" --label-column {others[-1]}" if others else ""
+    return (f"; its first row reads as data, not names: a file without a header takes "
+            f"0-based indices (--text-column {text}{label})")
+
+
 def choose_columns(names, path, line, text_column=None, pair_column=None, label_column=None,
                    require_label=True) -> Columns:
     names = list(names)
@@ -174,7 +187,8 @@ def choose_columns(names, path, line, text_column=None, pair_column=None, label_
                              f"text, text_a, question, question1; columns: {shown}); "
                              "name it with --text-column" + (
                                  " (and the label column with --label-column: none is "
-                                 "named 'label' either)" if no_label else ""))
+                                 "named 'label' either)" if no_label else "")
+                             + _headerless_hint(names))
     if pair_column:
         pair = need(pair_column, "text pair")
     else:
@@ -1443,7 +1457,7 @@ def read_conll(path, require_tags=True) -> list:
             return _read_json_ner(path, require_tags)
         raise data_error(path, n, "JSON, not CoNLL columns (a token and its tag a line, a blank "
                          "line between sentences) nor JSON Lines of tokens and tags")
-    out, words, tags, start = [], [], [], 0
+    out, words, tags, start, comments = [], [], [], 0, []
     width = None  # (columns, line) of the first token line: every token line has as many
     columns = conll_splitter()
 
@@ -1461,6 +1475,9 @@ def read_conll(path, require_tags=True) -> list:
             continue
         if cols[0] == "-DOCSTART-":
             flush()
+            continue
+        if require_tags and _conll_comment(cols):
+            comments.append(n)
             continue
         if not words:
             start = n
@@ -1482,7 +1499,17 @@ def read_conll(path, require_tags=True) -> list:
     flush()
     if not out:
         raise data_error(path, None, "no sentences")
+    if comments:
+        note(f"{path}: {len(comments)} comment line{'s' if len(comments) > 1 else ''} ('# ...', "
+             f"first line {comments[0]}) skipped")
     return out
+
+
+def _conll_comment(cols: list) -> bool:
+    """A comment line of a tagged CoNLL file ('# sent_id = 1', '# id 3a1 domain=en', as
+    CoNLL-U and MultiCoNER write them): its last column is not a tag (it was an error
+    about the tag '1'); a token '#' tagged 'O' is a token."""
+    return cols[0].startswith("#") and (len(cols) < 2 or not is_iob_tag(cols[-1]))
 
 
 TOKEN_FIELDS = ["tokens", "words"]

@@ -469,13 +469,14 @@ class Encoder:
                 _check_tokenizer(tokenizer)
             model, own = load(model, head=None, dtype=dtype)
             note_task_head(model.source_dir)
-            if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
-                raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more "
-                                 f"than the model's vocabulary of {model.config.vocab_size}")
             tokenizer = tokenizer or own
         else:
             model = _loaded_model(model, tokenizer, dtype if asked is not None else None)
             dtype = getattr(model, "dtype_name", "float32")
+        vocab = getattr(model, "bert", model).config.vocab_size
+        if tokenizer.vocab_size > vocab:   # (passed in loaded too: ids past it, or wrong ones)
+            raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more than "
+                             f"the model's vocabulary of {vocab}")
         if by_name or device is not None:   # (a model passed in stays where it is, unless asked)
             to_inference_device(model, dtype, device)
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -490,6 +491,7 @@ class Encoder:
 
     @classmethod
     def from_pretrained(cls, name_or_dir="minilm", **kw) -> "Encoder":
+        """Encoder(name_or_dir, **kw), spelled as sentence-transformers' and HF's loaders."""
         return cls(name_or_dir, **kw)
 
     def encode(self, texts, batch_size: Optional[int] = None, normalize: Optional[bool] = None,

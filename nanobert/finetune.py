@@ -1247,12 +1247,11 @@ def finetune(config, *args, **fields) -> dict:
     to its out_dir. Returns the best dev metrics. `finetune("ner", model, train, dev,
     out, epochs=5)` is shorthand for `finetune(FinetuneConfig.create(task="ner", ...,
     out_dir=out, epochs=5))`."""
-    if not isinstance(config, FinetuneConfig):
-        if not isinstance(config, str):
-            raise TypeError("finetune(config): expected a FinetuneConfig (or a task name, "
-                            f"then model, train, dev, out_dir), got {type(config).__name__}")
-        names = ("task", "model", "train", "dev", "out_dir")
-        config = FinetuneConfig.create(**dict(zip(names, (config,) + args)), **fields)
+    if not isinstance(config, (FinetuneConfig, str)):
+        raise TypeError("finetune(config): expected a FinetuneConfig (or a task name, "
+                        f"then model, train, dev, out_dir), got {type(config).__name__}")
+    config = FinetuneConfig.given("finetune", config, args, fields,
+                                  ("task", "model", "train", "dev", "out_dir"))
     for name in ("model", "train", "dev"):
         if not str(getattr(config, name)):
             raise ValueError(f"FinetuneConfig.{name}: required (the "
@@ -1713,6 +1712,9 @@ class Predictor:
         self.__dict__.update(state, task=TASKS[state["task"]])
 
     def predict(self, inputs):
+        """One input (a text; a (text, pair) tuple; QA: {"question", "context"}; NER: a
+        text or a list of words) -> one result dict; a list of inputs -> a list of them,
+        in order. The dicts are those `nanobert predict --json` prints."""
         single, items = predict_batch(inputs)
         examples = [self.task.make_input(i, x) for i, x in enumerate(items)]
         for i, e in enumerate(examples):

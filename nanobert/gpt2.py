@@ -340,10 +340,7 @@ def compare(config, *args, bert=None, gpt2_model=None, **fields) -> dict:
     """Accuracy of the BERT classifier and of GPT-2 zero-shot on the same examples.
     `config` is a CompareConfig, or `compare(bert_dir, gpt2, data, n=..)` builds one.
     `bert`/`gpt2_model` may pass already loaded (model, tokenizer) pairs."""
-    if not isinstance(config, CompareConfig):
-        config = CompareConfig.create(**dict(zip(("bert", "gpt2", "data"), (config,) + args)),
-                                      **fields)
-    cfg = config
+    cfg = CompareConfig.given("compare", config, args, fields, ("bert", "gpt2", "data"))
     texts, gold, labels = _sample(cfg)
     pol = polarity(labels, cfg.positive_label)
     window = 128   # a model passed in; one loaded here reads with its run's window

@@ -422,6 +422,8 @@ def tsne(vectors: np.ndarray, seed: int = 0, perplexity: float = 30.0,
 
 
 def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names=None):
+    """Scatter plot of 2-D points (n, 2), coloured by label (named by `label_names`,
+    {label: name}), saved as the image `out`."""
     points, out = np.asarray(points), _check_out(out)
     if points.ndim != 2 or points.shape[1] != 2 or len(labels) != len(points):
         raise ValueError(f"points must be (n, 2) with a label each, got shape {points.shape} "

@@ -218,6 +218,7 @@ class BertConfig:
         return d
 
     def to_hf_dict(self) -> dict:
+        """This config as a Hugging Face BERT config.json's fields."""
         d = {k: getattr(self, k) for k in self._HF_KEYS}
         d["model_type"] = "bert"
         d["position_embedding_type"] = "absolute"
@@ -939,6 +940,8 @@ class BertModel(nn.Module):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None,
                 output_attentions=False, keep_unpadded=False, first_only=False,
                 padded=False) -> EncoderOutput:
+        """The encoder: last_hidden_state (B, T, H), pooler_output (B, H), and with
+        output_attentions each layer's attention probabilities (B, nh, T, T)."""
         # input_ids, attention_mask, token_type_ids: (B, T)
         # padded: the padded layout whatever the backend (fixed shapes, no host sync: a
         # CUDA graph, batching.CudaGraphs)
@@ -1226,6 +1229,7 @@ class Bert(nn.Module):
         return self.head
 
     def num_parameters(self) -> int:
+        """How many numbers the model holds (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters())
 
     # checkpoint I/O lives in nanobert.checkpoint; these are the convenient doors to it

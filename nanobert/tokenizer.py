@@ -322,6 +322,8 @@ def check_texts(texts, name: str = "texts") -> list:
     texts = list(texts)
     for i, t in enumerate(texts):
         check_text(t, f"{name}[{i}]")
+        if type(t) is not str:          # (np.str_ of an array: given back as found)
+            texts[i] = str(t)
     return texts
 
 
@@ -377,6 +379,12 @@ class AtLeast(int):
 
 
 class Tokenizer:
+    """A `tokenizers` pipeline with the model's special tokens and length: tok(texts)
+    gives a padded batch of tensors for the model, encode/encode_batch give
+    `tokenizers.Encoding`s (ids, offsets, word ids). Made by `from_dir` (a model
+    directory: tokenizer.json, vocab.txt, merges or SentencePiece), `from_vocab` or
+    `train`; `save` writes the HF files."""
+
     def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True,
                  specials: Optional[dict] = None):
         tk.no_truncation()
@@ -431,6 +439,8 @@ class Tokenizer:
     @classmethod
     def from_vocab(cls, vocab_file, lowercase: bool = True, strip_accents: Optional[bool] = None,
                    handle_chinese_chars: bool = True, model_max_length: int = 512):
+        """BERT's WordPiece tokenizer from a vocab.txt (one token a line, its id the line
+        number less one), with BERT's normaliser and pre-tokenizer."""
         vocab = {}
         for n, line in read_lines(vocab_file):  # bad UTF-8 is reported with its line
             vocab.setdefault(line, n - 1)
@@ -552,8 +562,18 @@ class Tokenizer:
         """A list of `tokenizers.Encoding`, truncated to max_length (default: the model's).
         With `stride` and strategy 'only_second', overflowing windows are kept on each
         encoding's `.overflowing` (used for QA over long contexts). `report` names the
-        inputs ("texts", "training examples") in a note on stderr when some were cut."""
-        max_length = max_length or self.model_max_length
+        inputs ("texts", "training examples") in a note on stderr when some were cut.
+        Unlike `__call__` it checks only the shape of its arguments (its callers have
+        checked the texts): a str is not a list of texts, and pairs are one per text."""
+        for name, given in (("texts", texts), ("pairs", pairs)):
+            if isinstance(given, str):   # (each character had been a text)
+                raise TypeError(f"encode_batch({name}): a list of texts, got a str (encode "
+                                "takes one text)")
+        texts = list(texts)
+        if pairs is not None and len(pairs := list(pairs)) != len(texts):   # (zip cut)
+            raise ValueError(f"encode_batch(pairs): {len(pairs)} for {len(texts)} texts "
+                             "(one each)")
+        max_length = self.check_max_length(max_length, pairs is not None) or self.model_max_length
         inputs = list(texts) if pairs is None else list(zip(texts, pairs))
         tokenized = inputs
         if pairs is None and not stride:        # (a 5 MB row had taken 4.7 GB)
@@ -733,6 +753,7 @@ class Tokenizer:
         return int(max_length)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """The text of token ids (a list, tensor or array), special tokens left out."""
         if hasattr(ids, "tolist"):          # a tensor or an array of ids
             ids = ids.tolist()
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
@@ -742,6 +763,7 @@ class Tokenizer:
         return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, i: int) -> str:
+        """The token of id `i` ('[CLS]', '##ing'); an error for an id outside the vocabulary."""
         return self.tk.id_to_token(self._token_id(i, "id"))
 
     def _token_id(self, i, name: str) -> int:

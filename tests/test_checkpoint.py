@@ -313,6 +313,33 @@ def test_a_hub_name_the_hub_does_not_have_is_not_found(tmp_path, capsys, monkeyp
                               "the Hugging Face Hub did not give it (ValueError: something else)")
 
 
+def test_an_empty_model_name_is_refused_everywhere(tmp_path, monkeypatch, tiny_config):
+    """Predictor("") predicted with whatever model was in the working directory
+    (Path("") is "."): Predictor(os.environ.get("MODEL", "")) picked it up unsaid."""
+    from nanobert.checkpoint import resolve, save_model
+    save_model(nanobert.Bert(tiny_config, "classify"), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for make in (resolve, nanobert.Predictor, nanobert.Reranker, nanobert.Encoder):
+        with pytest.raises(NanobertError, match="empty model name"):
+            make(" " if make is resolve else "")
+
+
+def test_a_task_head_other_than_the_trained_one_is_noted(tmp_path, capsys, tiny_config):
+    """load('runs/ner', head='qa') swapped the trained head for a random one unsaid; a
+    pretrained checkpoint getting its first task head is fine-tuning as usual."""
+    from nanobert.checkpoint import save_model
+    save_model(nanobert.Bert(tiny_config, "token"), tmp_path / "ner")
+    save_model(nanobert.Bert(tiny_config, "mlm"), tmp_path / "mlm")
+    capsys.readouterr()
+    load_model(tmp_path / "ner", head="qa")
+    assert capsys.readouterr().err == (f"nanobert: note: {tmp_path / 'ner'}: a token model, "
+                                       "loaded with a new qa head: its weights are random "
+                                       "until it is fine-tuned\n")
+    for where, head in (("ner", "token"), ("ner", None), ("ner", "auto"), ("mlm", "classify")):
+        load_model(tmp_path / where, head=head)
+        assert capsys.readouterr().err == "", (where, head)
+
+
 def test_a_hub_name_is_downloaded_when_online(tmp_path, monkeypatch, tiny_config):
     """The online path: snapshot_download's folder is the model directory."""
     from nanobert.checkpoint import resolve, save_model

@@ -52,6 +52,36 @@ def test_replace_reaches_nested_fields_and_keeps_the_original():
         cfg.replace(doc_stride=0)
 
 
+def test_job_functions_take_keywords_beside_a_config_and_refuse_extra_values(monkeypatch):
+    """finetune(cfg, max_steps=1, lr=1e-3) trained the config's own 3 epochs at its lr, and
+    a sixth positional value (or gpt2.compare's n=5 beside a config) was dropped too."""
+    import importlib
+    F = importlib.import_module("nanobert.finetune")
+    G = importlib.import_module("nanobert.gpt2")
+
+    class Ran(Exception):
+        pass
+
+    def caught(cfg):     # (the run stops at its first check of the config it runs)
+        raise Ran(cfg)
+    monkeypatch.setattr(F, "check_output_dir", lambda out: None)
+    monkeypatch.setattr(F, "_check_beir_flags", caught)
+    cfg = FinetuneConfig.create(task="classify", model="m", train="t", dev="d", out_dir="o")
+    with pytest.raises(Ran) as ran:
+        F.finetune(cfg, max_steps=1, lr=1e-3)
+    assert ran.value.args[0].trainer.max_steps == 1 and ran.value.args[0].trainer.lr == 1e-3
+    with pytest.raises(TypeError, match="no field"):
+        F.finetune(cfg, this_is_not_a_field=1)
+    with pytest.raises(TypeError, match=r"finetune\(FinetuneConfig, ...\): no positional"):
+        F.finetune(cfg, "x")
+    with pytest.raises(TypeError, match=r"at most 5 positional values \(task, model, train, "
+                                        r"dev, out_dir\), got 6"):
+        F.finetune("classify", "m", "t", "d", "o", 5)
+    c = G.CompareConfig.given("compare", G.CompareConfig.create(bert="b", gpt2="g", data="d"),
+                              (), {"n": 5}, ("bert", "gpt2", "data"))
+    assert c.n == 5
+
+
 def test_task_choices_come_from_the_task_table():
     assert set(FinetuneConfig.__dataclass_fields__["task"].metadata["choices"]) == set(TASKS)
     with pytest.raises(NanobertError, match="--task: got 'nope', expected one of classify"):

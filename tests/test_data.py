@@ -80,6 +80,15 @@ def test_columns_named_by_flags(tmp_path):
     assert [(e.text_a, e.label) for e in ex] == [("good", "5"), ("bad", "1")]
     with pytest.raises(NanobertError, match=r"no label column 'score'"):
         read_classification(p, text_column="review", label_column="score")
+    # a file without a header: its first row named the "columns", and nothing said to give
+    # their indices instead
+    p = write(tmp_path, "n.tsv", "1\tI thought the ending was brilliant and I said so\n0\tdull\n")
+    with pytest.raises(NanobertError, match=r"its first row reads as data, not names: a file "
+                       r"without a header takes 0-based indices \(--text-column 1 "
+                       r"--label-column 0\)$"):
+        read_classification(p)
+    ex = read_classification(p, text_column="1", label_column="0")
+    assert [e.label for e in ex] == ["1", "0"]
 
 
 @pytest.mark.parametrize("name,content,where,msg", [

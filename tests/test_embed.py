@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+import nanobert
+
 from nanobert.cli import main
 from nanobert.embed import (Encoder, cosine, corpus_embeddings_cached, declared_pooling, encode,
                             pool, top_k)
@@ -121,6 +123,18 @@ def test_a_big_corpus_is_tokenized_a_chunk_at_a_time(minilm, monkeypatch, capsys
     np.testing.assert_allclose(pairs, run(), atol=1e-5)
 
 
+def test_a_tokenizer_bigger_than_the_models_vocabulary_is_refused(minilm, minilm_dir):
+    """Passed in loaded, a model of a small vocabulary with minilm's tokenizer gave some
+    texts wrong vectors without a word (ids from another vocabulary) and failed on others;
+    by name it was refused. Both are now."""
+    _, tok = minilm
+    small = nanobert.Bert(nanobert.preset("tiny", vocab_size=100), head=None)
+    for given in ((small, tok), (small.bert, tok)):
+        with pytest.raises(ValueError, match="30522 tokens, more than the model's vocabulary "
+                                             "of 100"):
+            Encoder(*given)
+
+
 def test_pool_ignores_padding():
     h = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])   # (1, 3, 2)
     mask = torch.tensor([[1, 1, 0]])
@@ -221,6 +235,8 @@ def test_search_and_cache(encoder, tmp_path, monkeypatch, capsys):
     hits = encoder.search("Someone is eating a meal.", corpus, k=3)
     assert [t for _, _, t in hits][:2] == SENTENCES[:2]
     assert hits[0][1] >= hits[1][1] >= hits[2][1]
+    # a corpus given as a numpy array gives str texts back (they were np.str_)
+    assert [type(t) for _, _, t in encoder.search("a meal", np.array(SENTENCES), k=2)] == [str] * 2
     caches = list(tmp_path.glob("corpus.txt.nanobert-*.npy"))
     assert len(caches) == 1
     np.testing.assert_allclose(np.load(caches[0]), encoder.encode(SENTENCES), atol=1e-6)

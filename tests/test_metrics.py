@@ -213,3 +213,19 @@ def test_evaluate_reports_the_f1_of_duplicate_and_names_it(monkeypatch):
     assert m["f1_label"] == "duplicate"
     assert m["f1"] == pytest.approx(f1_score(gold, names, pos_label="duplicate"))
     assert m["f1"] != pytest.approx(f1_score(gold, names, pos_label="not_duplicate"))
+
+
+def test_spearman_ties_scores_within_float_noise():
+    """Identical STS pairs embed to cosines of 1.0 or 1.0000001 depending on the batch:
+    ranked apart, their order moved Spearman by up to 0.04 with --batch-size."""
+    import numpy as np
+    from nanobert.metrics import correlations
+    gold = [5, 5, 5, 4, 2, 1]
+    exact = [1.0, 1.0, 1.0, 0.8, 0.4, 0.1]
+    noisy = np.array([1.0, 1.0000001, 0.9999999, 0.8, 0.4, 0.1], dtype=np.float32)
+    flipped = np.array([1.0000001, 0.9999999, 1.0, 0.8, 0.4, 0.1], dtype=np.float32)
+    want = correlations(gold, exact)["spearman"]
+    assert correlations(gold, noisy)["spearman"] == pytest.approx(want, abs=1e-12)
+    assert correlations(gold, flipped)["spearman"] == pytest.approx(want, abs=1e-12)
+    # scores that differ by more than the noise still rank apart
+    assert correlations([1, 2, 3], [0.5, 0.50001, 0.50002])["spearman"] == pytest.approx(1.0)

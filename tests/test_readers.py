@@ -566,6 +566,18 @@ def test_conll_bad_tag_and_missing_tag_name_the_line(tmp_path):
     assert error_of(D.read_conll, q).startswith(f"{q}:2: expected a token and a tag")
 
 
+def test_conll_comment_lines_are_skipped_with_a_note(tmp_path, capsys):
+    """'# sent_id = 1' (CoNLL-U, MultiCoNER) was refused as "tag '1' is not IOB", which
+    sent the user looking for a bad tag; a token '#' tagged O stays a token."""
+    p = write(tmp_path, "c.conll", "# sent_id = 1\nEU B-ORG\n# O\n\n# id 3a domain=en\n"
+                                   "#\nParis B-LOC\n")
+    got = D.read_conll(p)
+    assert [(s.words, s.tags) for s in got] == [(["EU", "#"], ["B-ORG", "O"]),
+                                                (["Paris"], ["B-LOC"])]
+    assert capsys.readouterr().err == (f"nanobert: note: {p}: 3 comment lines ('# ...', first "
+                                       "line 1) skipped\n")
+
+
 def test_conll_rows_keep_one_column_count(tmp_path):
     # 'New York B-LOC' among two-column rows silently lost 'York'; a no-break space inside
     # a token cut it in two

@@ -184,6 +184,21 @@ def test_clip_cuts_texts_without_spaces_at_a_cost_in_the_tokens_kept(minilm_dir,
         assert tok.head("short", 300) == ("short", len(tk.encode("short", add_special_tokens=False).ids))
 
 
+def test_encode_batch_checks_the_shape_of_its_arguments(minilm_dir):
+    """encode_batch(['a', 'b'], ['c']) gave one encoding (zip), a str one text per
+    character, and max_length=-1 an OverflowError from inside the tokenizers library."""
+    tok = Tokenizer.from_dir(minilm_dir)
+    with pytest.raises(ValueError, match=r"encode_batch\(pairs\): 1 for 2 texts"):
+        tok.encode_batch(["a", "b"], ["c"])
+    for texts, pairs in (("abc", None), (["a"], "b")):
+        with pytest.raises(TypeError, match="a list of texts, got a str"):
+            tok.encode_batch(texts, pairs)
+    with pytest.raises(ValueError, match="max_length must be a whole number >= 3"):
+        tok.encode_batch(["a"], max_length=-1)
+    assert [e.ids for e in tok.encode_batch(iter(["a b"]), (p for p in ["c"]))] == \
+        [tok.encode("a b", "c").ids]
+
+
 def test_truncation_is_measured_a_distinct_text_at_a_time_and_singles_are_clipped(minilm_dir):
     """The truncation note measured every cut input whole and all at once: a 130 kB
     query in 1,000 reranked pairs took 21 GB. Each distinct text (a pair's sides apart)
