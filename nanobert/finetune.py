@@ -187,13 +187,21 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
         encs = tk.encode_batch(words, is_pretokenized=True)
     report_truncation(tok, encs, words, max_length, "sentences",
                       is_pretokenized=True, flag=None)
-    items = []
+    items, tokenless = [], []
     for s, enc in zip(sentences, encs):
         item = word_features(enc)
         if label2id is not None and s.tags is not None:
             item["labels"] = [label2id[s.tags[w]] if f else -100
                               for w, f in zip(item["word_ids"], item["first"])]
+            read = {w for w in item["word_ids"] if w is not None}
+            tokenless += [(s, w) for w in range(max(read, default=-1)) if w not in read]
         items.append(item)
+    if tokenless:      # (a gold entity there was a miss no model could fix, unsaid)
+        s, w = tokenless[0]
+        note(f"{len(tokenless)} word{'s map' if len(tokenless) > 1 else ' maps'} to no token (only "
+             f"characters the tokenizer drops: zero-width, control, a lone accent; first "
+             f"{s.words[w]!r}, line {s.line_of(w)}): their tags are neither learned nor "
+             "predicted")
     return items
 
 

@@ -235,6 +235,20 @@ def test_an_unknown_tag_is_named_at_its_own_line(tmp_path):
                             "F1 would be 0 whatever the model tags")
 
 
+def test_a_word_that_maps_to_no_token_is_noted(minilm, capsys):
+    """A CoNLL word of only characters the tokenizer drops (a zero-width space) has no
+    sub-word: its tag was neither learned nor scored without a word."""
+    _, tok = minilm
+    s = Sentence(["Ann", "\u200b", "met", "Bo"], ["B-PER", "B-PER", "O", "B-PER"], line=7,
+                 word_a_line=True)
+    item = encode_ner(tok, [s, Sentence(["ok"], ["O"])], 32, {"O": 0, "B-PER": 1})[0]
+    assert 1 not in item["word_ids"]
+    assert capsys.readouterr().err == (
+        "nanobert: note: 1 word maps to no token (only characters the tokenizer drops: "
+        "zero-width, control, a lone accent; first '\\u200b', line 8): their tags are neither "
+        "learned nor predicted\n")
+
+
 def test_ner_labels_go_on_the_first_subword(minilm):
     _, tok = minilm
     s = Sentence(["Smithsonianville", "met", "unbelievably", "Bo"], ["B-ORG", "O", "O", "B-PER"])
