@@ -158,8 +158,8 @@ def _headerless_hint(names: list) -> str:
     if not lengths or max(lengths) <= SENTENCE_WORDS:
         return ""
     text = lengths.index(max(lengths))
-    others = [i for i in range(len(names)) if i != text]
-    label = f" --label-column {others[-1]}" if others else ""
+    numbers = [i for i, n in enumerate(names) if i != text and _as_float(str(n)) is not None]
+    label = f" --label-column {numbers[0]}" if numbers else ""   # (CoLA: source, 1, , text)
     return (f"; its first row reads as data, not names: a file without a header takes "
             f"0-based indices (--text-column {text}{label})")
 

@@ -689,7 +689,11 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
     folder is not writable)."""
     corpus = Path(corpus_path)
     texts = read_texts(corpus, text_column)
-    reader = hashlib.sha256(f"{encoder.identity()}\0{text_column}".encode()).hexdigest()[:8]
+    # READER-TEXTS: who read which corpus file how (its path too: in ~/.cache/nanobert two
+    # corpora of one name meet), and what it read
+    where = str(corpus.resolve()).encode("utf-8", "surrogateescape")
+    reader = hashlib.sha256(f"{encoder.identity()}\0{text_column}\0".encode()
+                            + where).hexdigest()[:8]
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8", "surrogatepass") + b"\0")
@@ -725,10 +729,11 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
 
 
 def _prune_stale(cache: Path, reader: str, verbose: bool) -> None:
-    """Remove the caches beside `cache` of the same corpus file read by the same model and
-    settings but holding other texts: the corpus was edited since, and they cannot be used
-    again (each edit of a big corpus left one more corpus-sized file behind). Only regular
-    files of this user's are removed; caches of other models are kept."""
+    """Remove the caches beside `cache` of the same corpus file (its path) read by the same
+    model and settings but holding other texts: the corpus was edited since, and they
+    cannot be used again (each edit of a big corpus left one more corpus-sized file
+    behind). Only regular files of this user's are removed; caches of other models, and
+    of other corpora of the same name in ~/.cache/nanobert, are kept."""
     stem = cache.name[:-len(".npy")].rsplit("-", 1)[0]         # corpus.nanobert-READER
     for old in cache.parent.glob(f"{glob.escape(stem)}-*.npy"):
         if old == cache or not re.fullmatch(r"[0-9a-f]{16}", old.name[len(stem) + 1:-4]):

@@ -194,7 +194,9 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
             item["labels"] = [label2id[s.tags[w]] if f else -100
                               for w, f in zip(item["word_ids"], item["first"])]
             read = {w for w in item["word_ids"] if w is not None}
-            tokenless += [(s, w) for w in range(max(read, default=-1)) if w not in read]
+            cut = len(enc.ids) >= max_length    # (the words past the cut are not tokenless)
+            upto = max(read, default=-1) if cut else len(s.words)
+            tokenless += [(s, w) for w in range(upto) if w not in read]
         items.append(item)
     if tokenless:      # (a gold entity there was a miss no model could fix, unsaid)
         s, w = tokenless[0]

@@ -340,6 +340,10 @@ def compare(config, *args, bert=None, gpt2_model=None, **fields) -> dict:
     """Accuracy of the BERT classifier and of GPT-2 zero-shot on the same examples.
     `config` is a CompareConfig, or `compare(bert_dir, gpt2, data, n=..)` builds one.
     `bert`/`gpt2_model` may pass already loaded (model, tokenizer) pairs."""
+    for arg, field, given in (("bert", "bert", bert), ("gpt2_model", "gpt2", gpt2_model)):
+        if isinstance(given, (str, Path)):   # a directory is the config's field, not a pair
+            raise TypeError(f"compare({arg}=...) takes a loaded (model, tokenizer) pair; a "
+                            f"directory is the config's {field!r} (cfg.replace({field}=...))")
     cfg = CompareConfig.given("compare", config, args, fields, ("bert", "gpt2", "data"))
     texts, gold, labels = _sample(cfg)
     pol = polarity(labels, cfg.positive_label)

@@ -321,9 +321,9 @@ def _load_tokenizer(cfg: PretrainConfig, out):
 
 
 def mlm_loss_fn(world: int, objective: str = "mlm"):
-    """loss(model, batch): MLM cross-entropy over the masked tokens of ALL ranks (each
-    rank's sum is divided by the global count, times `world` because DDP averages the
-    gradients), plus the NSP/SOP cross-entropy when the batch has pair labels."""
+    """loss(model, batch): MLM cross-entropy over the batch's masked tokens (the trainer
+    weighs each rank's micro-batch by its share of ALL ranks' masked tokens: loss_shares),
+    plus the NSP/SOP cross-entropy when the batch has pair labels."""
     def loss_fn(model, batch):
         batch = dict(batch)
         pair_labels = batch.pop("pair_labels", None)
@@ -331,11 +331,6 @@ def mlm_loss_fn(world: int, objective: str = "mlm"):
         loss = out.loss
         if world > 1:
             loss = loss + 0.0 * out.hidden.pooler_output.sum()  # DDP wants every parameter used
-            import torch.distributed as dist
-            n = (batch["labels"] != IGNORE).sum().float()
-            total = n.detach().clone()
-            dist.all_reduce(total)
-            loss = loss * n * world / total.clamp(min=1)
         if pair_labels is not None:
             loss = loss + pair_loss(out.pair_logits, pair_labels)
         return loss

@@ -110,8 +110,7 @@ def make_windows(tokenizer, examples, max_length: int, doc_stride: int, train: b
     for i, (ex, enc) in enumerate(zip(examples, encs)):
         pieces = [enc] + list(enc.overflowing)
         tokens = context_offsets(ex.context, pieces)
-        spans_of = word_offsets(ex.context, pieces, tokens, wide_words(tokenizer.tk))
-        for w, offsets, spans in zip(pieces, tokens, spans_of):
+        for w, offsets, spans in zip(pieces, tokens, word_offsets(ex.context, pieces, tokens)):
             win = Window(i, list(w.ids), list(w.type_ids), offsets, question_cut=cut[i][1],
                          spans=spans)
             if train and ex.answers:
@@ -140,23 +139,13 @@ def context_offsets(context: str, pieces) -> list:
     return offsets
 
 
-def wide_words(tk) -> bool:
-    """Are a tokenizer's words made of wide (CJK) characters words to widen answers to?
-    WordPiece's (BERT's pre-tokenizer splits at spaces and punctuation, its normaliser
-    isolates each ideograph: a Korean or kana word, '김철수는', 'テスト', is a word as a
-    Latin one is); not a byte-level BPE's or SentencePiece's, for which a whole unspaced
-    Japanese sentence is one pre-token."""
-    from tokenizers import models
-    return isinstance(tk.model, models.WordPiece)
-
-
-def word_offsets(context: str, pieces, offsets, wide: bool = False) -> list:
+def word_offsets(context: str, pieces, offsets) -> list:
     """`offsets` (per window, of each token: `context_offsets`) widened to the whole word
     that they cut into: an answer of sub-words ("aja" "##lein" of "Kwajaleinington") is
     the word, as SQuAD's answers are and the HF question-answering pipeline aligns them
     (align_to_words). The words are the tokenizer's (`word_spans`), widened over letters,
     digits and marks only (`in_word`): not over the punctuation in a SentencePiece word
-    ("Paris,"), nor, unless `wide` (`wide_words`), over CJK characters."""
+    ("Paris,"), nor over CJK characters, each a word as BERT reads them."""
     tokens = dict.fromkeys((o, x) for w in pieces       # (each once: the windows overlap)
                            for o, x, s in zip(w.offsets, w.word_ids, w.sequence_ids) if s == 1)
     words = sorted(word_spans(context, *zip(*tokens)).values()) if tokens else []
@@ -168,7 +157,7 @@ def word_offsets(context: str, pieces, offsets, wide: bool = False) -> list:
         if i < 0 or c >= words[i][1]:
             return None
         if i not in runs:
-            runs[i] = in_word_runs(context, *words[i], wide)
+            runs[i] = in_word_runs(context, *words[i])
         k = bisect.bisect_right(runs[i], (c, len(context))) - 1  # the last run from c or before
         return runs[i][k] if k >= 0 and c < runs[i][k][1] else None
 
@@ -181,12 +170,12 @@ def word_offsets(context: str, pieces, offsets, wide: bool = False) -> list:
     return [[None if o is None else widened(*o) for o in win] for win in offsets]
 
 
-def in_word_runs(text: str, start: int, end: int, wide: bool = False) -> list:
+def in_word_runs(text: str, start: int, end: int) -> list:
     """[(start, end)] of the runs of `in_word` characters in text[start:end]."""
     runs, k = [], start
     while k < end:
         stop = k
-        while stop < end and in_word(text[stop], wide):
+        while stop < end and in_word(text[stop]):
             stop += 1
         if stop > k:
             runs.append((k, stop))
@@ -194,12 +183,13 @@ def in_word_runs(text: str, start: int, end: int, wide: bool = False) -> list:
     return runs
 
 
-def in_word(ch: str, wide: bool = False) -> bool:
-    """Is `ch` one a whole-word answer never cuts a run of: a letter, a digit, a mark; a
-    wide (CJK) character only if `wide` (else each is a word: a byte-level BPE's or
-    SentencePiece's unspaced text is one pre-token)?"""
+def in_word(ch: str) -> bool:
+    """Is `ch` one a whole-word answer never cuts a run of: a letter, a digit, a mark; not
+    a wide (CJK, kana, Hangul) character: unspaced text is one pre-token, and a WordPiece
+    word of kana or Hangul holds the particle after a noun ('はパリです', '부산에'), which
+    answers leave out?"""
     if ch.isalnum():
-        return wide or unicodedata.east_asian_width(ch) not in "WF"
+        return unicodedata.east_asian_width(ch) not in "WF"
     return attaches(ch)
 
 

@@ -375,7 +375,7 @@ def split_spec(spec: str) -> tuple:
         raise NanobertError("an empty MODEL argument (give a model directory, 'minilm', a "
                             "hub name or NAME=PATH)")
     name, sep, where = spec.partition("=")
-    named = sep and not ("/" in name and os.path.exists(spec))
+    named = sep and not ("/" in name and os.path.exists(os.path.expanduser(spec)))
     if named and not (name.strip() and where.strip()):
         raise NanobertError(f"{spec!r}: empty model {'name' if not name.strip() else 'path'} "
                             "(use NAME=PATH)")
@@ -392,7 +392,13 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
     import nanobert
     from .checkpoint import resolve
     name, where = split_spec(spec)
-    path = resolve(where)
+    try:
+        path = resolve(where)
+    except NanobertError as e:
+        if "/" in name and where != spec:   # ('runs/lr=1e-3', mistyped: it was split)
+            raise NanobertError(f"{spec}: no such model directory (nor, read as NAME=PATH, "
+                                f"a model {where!r}: {e})") from None
+        raise
     model, tokenizer = nanobert.load(path, dtype=dtype)
     task = HEAD_TASKS.get(model.head, "embed")
     settings = {}

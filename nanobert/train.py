@@ -318,16 +318,19 @@ def loss_units(batch: dict) -> int:
 
 
 def loss_shares(micro_batches: list, distributed: bool = False, device=None) -> list:
-    """Each micro-batch's weight in its step's loss: its units over the step's (summed
-    over the processes under DDP). Equal shares (1/n) had counted a token of a short NER
-    micro-batch 22 times as much as one of a long one (--group-by-length)."""
+    """Each micro-batch's weight in its step's loss: its units over the step's. Under DDP,
+    which averages the processes' gradients, its units times the world size over the
+    units of all processes' micro-batches. Equal shares (1/n) had counted a token of a
+    short NER micro-batch several times as much as one of a long one (--group-by-length)."""
     units = torch.tensor([loss_units(b) for b in micro_batches], dtype=torch.float64,
                          device=device)
+    total, world = units.sum(), 1
     if distributed:
-        torch.distributed.all_reduce(units)
-    if units.sum() <= 0:                  # (nothing labelled anywhere: the losses are 0)
+        torch.distributed.all_reduce(total)
+        world = torch.distributed.get_world_size()
+    if total <= 0:                        # (nothing labelled anywhere: the losses are 0)
         return [1.0 / len(micro_batches)] * len(micro_batches)
-    return (units / units.sum()).tolist()
+    return (units * world / total).tolist()
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -828,6 +831,8 @@ class Trainer:
             self.average.load(tensors, state["ema_updates"])
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        if state.get("total_steps") == self.total_steps and "warmup" in state:
+            self.warmup = state["warmup"]   # (the run's own schedule: warmup_of may change)
         self._restore_position(state)
         self._check_best_saved()
         _set_rng_state(_saved_rng(state, tensors))

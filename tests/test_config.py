@@ -80,6 +80,9 @@ def test_job_functions_take_keywords_beside_a_config_and_refuse_extra_values(mon
     c = G.CompareConfig.given("compare", G.CompareConfig.create(bert="b", gpt2="g", data="d"),
                               (), {"n": 5}, ("bert", "gpt2", "data"))
     assert c.n == 5
+    with pytest.raises(TypeError, match=r"compare\(bert=...\) takes a loaded \(model, "
+                                        r"tokenizer\) pair; a directory is the config's 'bert'"):
+        G.compare(c, bert="runs/x")                 # (it was an AttributeError inside)
 
 
 def test_task_choices_come_from_the_task_table():

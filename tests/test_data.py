@@ -89,6 +89,10 @@ def test_columns_named_by_flags(tmp_path):
         read_classification(p)
     ex = read_classification(p, text_column="1", label_column="0")
     assert [e.label for e in ex] == ["1", "0"]
+    p = write(tmp_path, "cola.tsv", "gj04\t1\t\tOur friends won't buy this analysis, let alone "
+                                   "the next one we propose.\n")           # GLUE CoLA's layout
+    with pytest.raises(NanobertError, match=r"\(--text-column 3 --label-column 1\)$"):
+        read_classification(p)
 
 
 @pytest.mark.parametrize("name,content,where,msg", [

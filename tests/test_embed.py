@@ -356,6 +356,12 @@ def test_cache_falls_back_to_home(encoder, tmp_path, monkeypatch):
     monkeypatch.setattr(E, "_cache_paths", unwritable_first)
     corpus_embeddings_cached(encoder, corpus)
     assert len(list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))) == 1
+    # another corpus of the same name meets it there: each keeps its cache (the new one
+    # had removed the other's as "a cache of this corpus before it changed")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "c.txt").write_text("a third line\n")
+    corpus_embeddings_cached(encoder, tmp_path / "other" / "c.txt")
+    assert len(list((tmp_path / "xdg" / "nanobert").glob("c.txt.nanobert-*.npy"))) == 2
 
 
 def test_no_cache_written_is_said_and_a_relative_xdg_cache_home_is_ignored(

@@ -241,10 +241,11 @@ def test_a_word_that_maps_to_no_token_is_noted(minilm, capsys):
     _, tok = minilm
     s = Sentence(["Ann", "\u200b", "met", "Bo"], ["B-PER", "B-PER", "O", "B-PER"], line=7,
                  word_a_line=True)
-    item = encode_ner(tok, [s, Sentence(["ok"], ["O"])], 32, {"O": 0, "B-PER": 1})[0]
+    end = Sentence(["Bo", "\u200b"], ["B-PER", "B-PER"])          # the last word too
+    item = encode_ner(tok, [s, Sentence(["ok"], ["O"]), end], 32, {"O": 0, "B-PER": 1})[0]
     assert 1 not in item["word_ids"]
     assert capsys.readouterr().err == (
-        "nanobert: note: 1 word maps to no token (only characters the tokenizer drops: "
+        "nanobert: note: 2 words map to no token (only characters the tokenizer drops: "
         "zero-width, control, a lone accent; first '\\u200b', line 8): their tags are neither "
         "learned nor predicted\n")
 

@@ -227,5 +227,8 @@ def test_spearman_ties_scores_within_float_noise():
     want = correlations(gold, exact)["spearman"]
     assert correlations(gold, noisy)["spearman"] == pytest.approx(want, abs=1e-12)
     assert correlations(gold, flipped)["spearman"] == pytest.approx(want, abs=1e-12)
-    # scores that differ by more than the noise still rank apart
+    # scores that differ by more than the noise still rank apart, and a long run of
+    # scores each within the noise of the next is not one tie (it had been: NaN)
     assert correlations([1, 2, 3], [0.5, 0.50001, 0.50002])["spearman"] == pytest.approx(1.0)
+    dense = 0.5 + 4e-7 * np.arange(5000)
+    assert correlations(np.arange(5000), dense)["spearman"] > 0.99

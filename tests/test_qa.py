@@ -249,13 +249,12 @@ def test_answers_are_whole_words(minilm):
     assert _answer(tok, context, "capital", "Kw") == "capital is Kwajaleinington"
     assert _answer(tok, context, "ington", ",") == "Kwajaleinington,"
     assert _answer(tok, context, "capital", "is") == "capital is"
-    # a Korean or kana word is one of WordPiece's words as a Latin one is ('는' alone, the
-    # last syllable of '김철수는', was an answer); each ideograph stays a word of its own
-    context = "김철수는 부산에 산다. テストです。東京"
-    assert _answer(tok, context, "는", "는") == "김철수는"
-    assert _answer(tok, context, "부", "산다") == "부산에 산다"
-    assert _answer(tok, context, "ス", "ス") == "テストです"
-    assert _answer(tok, context, "京", "京") == "京"
+    # Korean, kana and ideographs are not widened: a WordPiece word of them holds the
+    # particle after a noun ('はパリです', '부산에'), which answers leave out
+    context = "フランスの首都はパリです。김철수는 부산에 산다."
+    assert _answer(tok, context, "パ", "リ") == "パリ"
+    assert _answer(tok, context, "부", "산에"[0]) == "부산"
+    assert _answer(tok, context, "首", "都") == "首都"
 
 
 @pytest.mark.parametrize("pre", ["byte-level", "metaspace"])

@@ -213,6 +213,11 @@ def test_a_served_name_may_hold_a_slash(server, tmp_path, monkeypatch):
     (tmp_path / "runs" / "lr=1e-3").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert split_spec("runs/lr=1e-3") == ("lr=1e-3", "runs/lr=1e-3")
+    from nanobert.files import NanobertError
+    from nanobert.serve_models import load_served
+    with pytest.raises(NanobertError, match=r"^runs/lr=1e-4: no such model directory \(nor, "
+                                            r"read as NAME=PATH, a model '1e-4'"):
+        load_served("runs/lr=1e-4")                 # mistyped: said as the path it was
     assert server.http.get("/v1/models/minilm/").json()["id"] == "minilm"
     r = server.http.get("/v1/models/org/none")
     assert r.status_code == 404 and "'org/none'" in r.json()["error"]["message"], r.text

@@ -234,6 +234,25 @@ def test_weight_average_survives_interrupt_and_resume(tmp_path):
                 steps_per_epoch=6).fit()
 
 
+def test_loss_shares_under_ddp_weigh_each_ranks_tokens_globally(monkeypatch):
+    """DDP averages the ranks' gradients: a micro-batch's share is its units times the
+    world size over all ranks' units (the shares had been summed index by index over
+    the ranks: a plain mean loss's step was 148% off one big batch's)."""
+    from nanobert.train import loss_shares
+    units = {0: [2, 8], 1: [6, 4]}                     # labelled tokens per micro-batch
+    sums = {0: [1.0, 3.0], 1: [5.0, 7.0]}              # each micro-batch's summed loss
+    got = 0.0
+    for rank in (0, 1):
+        def all_reduce(t, other=sum(units[1 - rank])):
+            t += other
+        monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+        batches = [{"labels": torch.tensor([[1] * n + [-100] * (9 - n)])} for n in units[rank]]
+        shares = loss_shares(batches, distributed=True)
+        got += sum(w * s / n for w, s, n in zip(shares, sums[rank], units[rank])) / 2  # DDP
+    assert got == pytest.approx(16.0 / 20)             # the mean over all 20 tokens
+
+
 def token_batch(B=8, T=10):
     """A per-token batch whose rows hold very different numbers of labelled tokens."""
     b = make_batch(0, 0, B=B, T=T)
@@ -298,6 +317,16 @@ def test_interrupt_and_resume_gives_the_same_loss_curve(tmp_path):
         run(tmp_path / "cut", loss_fn=interrupted_at(9))
     state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
     assert (state["step"], state["epoch"], state["batch_index"]) == (4, 1, 2)
+
+    # a checkpoint of a run whose warmup was worked out otherwise (int() before ceil()):
+    # resumed on its own schedule, which had changed mid-run
+    import shutil
+    shutil.copytree(tmp_path / "cut", tmp_path / "old")
+    state_file = tmp_path / "old" / "checkpoint" / "state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "warmup": 3}))
+    run(tmp_path / "old", resume=True)
+    assert [r["lr"] for r in read_log(tmp_path / "old")][4:] == pytest.approx(
+        [5e-3 * lr_factor(s, 9, 3) for s in range(4, 9)])
 
     # a different initialisation: everything must come from the checkpoint
     got = run(tmp_path / "cut", resume=True, model_seed=123)
