@@ -26,7 +26,7 @@ from .config import add_flags, at_least, param, temperature
 from .data import TEXT_KINDS
 from .files import NanobertError, check_output_dir, note
 from .model import Bert
-from .pretrain import PretrainConfig, _check_preset
+from .pretrain import PretrainConfig, _check_preset, every_parameter_used
 from .train import TrainConfig, keeps_random_state
 
 
@@ -114,7 +114,8 @@ def distill_loss_fn(teacher: Bert, w: DistillWeights):
         teacher.to(batch["input_ids"].device)
         with torch.no_grad():
             t_out = teacher(**batch)
-        return distill_loss(model(**batch), t_out, w)
+        out = model(**batch)
+        return every_parameter_used(distill_loss(out, t_out, w), out)
     parts = [f"{x:g} {name}" for x, name in ((w.kl, "KL"), (w.mlm, "MLM"), (w.cos, "cosine")) if x]
     loss_fn.label = f"train loss ({' + '.join(parts)})"      # (the training curve's label)
     return loss_fn

@@ -320,7 +320,16 @@ def _load_tokenizer(cfg: PretrainConfig, out):
     return None
 
 
-def mlm_loss_fn(world: int, objective: str = "mlm"):
+def every_parameter_used(loss, out):
+    """`loss`, reached by every parameter under DDP, which otherwise fails at the second
+    step ("Expected to have finished reduction"): the pooler (NSP/SOP's) plays no part
+    in the MLM loss."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return loss + 0.0 * out.hidden.pooler_output.sum()
+    return loss
+
+
+def mlm_loss_fn(objective: str = "mlm"):
     """loss(model, batch): MLM cross-entropy over the batch's masked tokens (the trainer
     weighs each rank's micro-batch by its share of ALL ranks' masked tokens: loss_shares),
     plus the NSP/SOP cross-entropy when the batch has pair labels."""
@@ -328,9 +337,7 @@ def mlm_loss_fn(world: int, objective: str = "mlm"):
         batch = dict(batch)
         pair_labels = batch.pop("pair_labels", None)
         out = model(**batch)
-        loss = out.loss
-        if world > 1:
-            loss = loss + 0.0 * out.hidden.pooler_output.sum()  # DDP wants every parameter used
+        loss = every_parameter_used(out.loss, out)
         if pair_labels is not None:
             loss = loss + pair_loss(out.pair_logits, pair_labels)
         return loss
@@ -459,7 +466,7 @@ def _pretrain(run: _Run, make_model, loss_fn) -> dict:
             return evaluate_mlm(m, val_batches)
         evaluate.loss_label = "eval MLM loss"     # (with NSP/SOP: its pair_loss beside it)
     trainer = Trainer(model, _trainer_config(run), batches, steps_per_epoch, evaluate=evaluate,
-                      save=save, loss_fn=loss_fn or mlm_loss_fn(world, cfg.objective))
+                      save=save, loss_fn=loss_fn or mlm_loss_fn(cfg.objective))
     result = trainer.fit()
     if evaluate is None:  # no validation: keep the final weights
         save(trainer.model, run.out)

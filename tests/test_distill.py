@@ -99,6 +99,20 @@ def test_distill_command_end_to_end(tmp_path):
     assert any(r["type"] == "eval" for r in records)
     hf.BertForMaskedLM.from_pretrained(out)
 
+    # under torchrun (2 processes): the student's pooler, in no loss, failed DDP at the
+    # second step ("Expected to have finished reduction in the prior iteration")
+    import subprocess
+    import sys
+    from test_pretrain import failed_ranks, free_port, subprocess_env
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(free_port()), "-m", "nanobert.cli", "distill",
+                        "--teacher", str(tmp_path / "teacher"), "--corpus", str(corpus), "--out",
+                        str(tmp_path / "two"), "--steps", "3", "--batch-size", "4", "--seq-len",
+                        "24", "--no-progress"], env=subprocess_env(tmp_path), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    assert (tmp_path / "two" / "model.safetensors").is_file()
+
 
 def test_distill_refuses_what_would_crash_or_learn_nothing(tmp_path, capsys):
     """A --tokenizer with another vocabulary and a --seq-len past the teacher's positions
