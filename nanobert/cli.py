@@ -219,7 +219,12 @@ def _error(message) -> None:
     """The one line of an error, on stderr; a path of bytes that are not UTF-8 (lone
     surrogates in Python) is shown with backslash escapes rather than failing to print."""
     line = f"nanobert: error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
-    print(line, file=sys.stderr)
+    if sys.stderr is None:      # (fd 2 closed: print() would have written it to stdout)
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):   # (2>/dev/full: the status says it, 2, not a traceback's 1)
+        pass
 
 
 def main(argv=None) -> int:

@@ -242,6 +242,14 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, with its errors on one line: `nanobert: error: --flag: got X, expected ...`
     and exit status 2, like every other error the user can fix."""
 
+    noting = True      # (given_dests parses again: its parse says nothing)
+
+    def __init__(self, *args, **kwargs):
+        # no abbreviations: `--corp` for --corpus slipped past the check of a list flag
+        # given twice, and a new flag could make an old abbreviation ambiguous
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
         self._no_list_flag_twice(args)
@@ -249,19 +257,24 @@ class OneLineParser(argparse.ArgumentParser):
 
     def _no_list_flag_twice(self, args: list) -> None:
         """A flag of several values given twice (`--corpus a.txt --corpus b.txt`): argparse
-        kept the last list, and the first was never read, not even checked to exist."""
+        kept the last list, and the first was never read, not even checked to exist. A
+        flag of one value given twice keeps the last, as argparse does (a command line
+        that adds to another), with a note (it was said nowhere)."""
         seen = set()
         for a in args:
             if a == "--":
                 return
             action = self._option_string_actions.get(a.split("=", 1)[0])
-            if action is None or action.nargs not in ("+", "*") or \
-                    isinstance(action, argparse._AppendAction):
+            if action is None or isinstance(action, argparse._AppendAction):
                 continue
-            if action.dest in seen:
-                flag = action.option_strings[-1]
+            flag = action.option_strings[-1]
+            if action.dest in seen and action.nargs in ("+", "*"):
                 self.error(f"{flag}: given twice (only the last would be read); list every "
                            f"value after one {flag}: {flag} A B")
+            if action.dest in seen and action.nargs is None and self.noting and isinstance(
+                    action, argparse._StoreAction):
+                from .files import note
+                note(f"{flag} given more than once: the last one is used")
             seen.add(action.dest)
 
     def _dash_values_joined(self, args: list) -> list:
@@ -305,9 +318,11 @@ def given_dests(parser: argparse.ArgumentParser, argv) -> set:
             action.default = argparse.SUPPRESS
             if isinstance(action, argparse._SubParsersAction):
                 parsers += list(action.choices.values())
+    OneLineParser.noting = False
     try:
         return set(vars(parser.parse_args(argv)))
     finally:
+        OneLineParser.noting = True
         for action, default in saved:
             action.default = default
 

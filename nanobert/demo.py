@@ -211,9 +211,16 @@ def demo_cmd(args):
         raise NanobertError(f"{' and '.join(sized)} size{'s' if len(sized) == 1 else ''} the "
                             "tweet split; with --train and "
                             "--dev the files are used whole (cut them to size instead)")
-    # everything that can fail on the flags, before --out is touched
+    # everything that can fail on the flags, before --out is touched or the tweets read
     if args.freeze_layers is None:
         args.freeze_layers = half_the_blocks(args.model)
+    from .checkpoint import block_counts
+    from .finetune import FinetuneConfig, check_freeze_layers
+    counts = block_counts(args.model)
+    if counts is not None:
+        check_freeze_layers(args.freeze_layers, *counts)
+    FinetuneConfig.create(task="classify", model=args.model, train="-", dev="-", out_dir=str(out),
+                          **finetune_fields(args, None))   # (--epochs 1e12: said after 6 s)
     corpus = None if args.train else find_corpus()
     rows = None if args.train else distinct(read_tweets(corpus))
     if rows is not None and not (1 <= min(args.n_train, args.n_dev)
@@ -244,12 +251,17 @@ def demo_cmd(args):
         eval_every = None if args.train else max(1, -(-n_train // args.batch_size) // 2)
         with rundir.hosting(out):     # finetune runs inside the demo's run
             best = finetune("classify", args.model, train_path, dev_path, out,
-                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                            max_length=args.max_length, seed=args.seed, warmup_ratio=0.1,
-                            freeze_embeddings=True, freeze_layers=args.freeze_layers,
-                            group_by_length=True, eval_every=eval_every, resume=args.resume)
+                            **finetune_fields(args, eval_every))
     report(best, out, dev_path, args, t0)     # the finished model, as a user loads it
     return 0
+
+
+def finetune_fields(args, eval_every) -> dict:
+    """The demo's recipe, as FinetuneConfig fields."""
+    return dict(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                max_length=args.max_length, seed=args.seed, warmup_ratio=0.1,
+                freeze_embeddings=True, freeze_layers=args.freeze_layers,
+                group_by_length=True, eval_every=eval_every, resume=args.resume)
 
 
 def check_held_out(train, dev, digests) -> None:

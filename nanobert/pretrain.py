@@ -730,8 +730,8 @@ def mask_positions(tok, text: str) -> tuple:
         report_truncation(tok, [encoding], [text], tok.model_max_length, "texts", flag=None)
         written = text.count(mask)
         if written > len(where):
-            note(f"{written - len(where)} of the {written} {mask} tokens are past the "
-                 f"{ids.shape[1]} tokens the model reads: not answered")
+            note(f"{written - len(where)} of the {written} {mask} tokens of {_shown(text)} are "
+                 f"past the {ids.shape[1]} tokens the model reads: not answered")
         return enc, where
     full = tok.plain([text])[0].ids if mask in text else []
     if tok.mask_id in full:   # there is one, past the length the model reads
@@ -744,11 +744,12 @@ def mask_positions(tok, text: str) -> tuple:
     raise NanobertError(f"no {mask} token in {_shown(text)}{hint}")
 
 
-def fill_mask(model, tok, text: str, k: int = 5) -> list:
+def fill_mask(model, tok, text: str, k: int = 5, positions=None) -> list:
     """For each [MASK] in `text`: a list of (token, probability), best first. Special
     tokens ([MASK], [CLS], [PAD], ...) are never candidates; the probabilities are the
-    model's, over the whole vocabulary."""
-    enc, where = mask_positions(tok, text)
+    model's, over the whole vocabulary. `positions`: mask_positions(tok, text), when
+    already found."""
+    enc, where = positions or mask_positions(tok, text)
     with torch.no_grad():
         logits = model(**enc).logits[0, where]                      # (n_masks, V)
     probs = logits.float().softmax(-1)
@@ -772,11 +773,11 @@ def fill_mask_cmd(args):
     if tok.mask_id is None:
         raise NanobertError(f"{args.model}: the vocabulary has no [MASK] token")
     model.eval()
-    for text in args.text:        # every text checked before any is filled
-        mask_positions(tok, text)
+    # every text checked before any is filled (once: its notes were said twice)
+    checked = [mask_positions(tok, text) for text in args.text]
     mask = tok.id_to_token(tok.mask_id)       # [MASK], <mask>, ... as the model writes it
-    for text in args.text:
-        preds = fill_mask(model, tok, text, args.top_k)
+    for text, positions in zip(args.text, checked):
+        preds = fill_mask(model, tok, text, args.top_k, positions)
         if args.json:
             print(json.dumps({"text": text, "masks": [[{"token": t, "p": round(p, 6)} for t, p in m]
                                                       for m in preds]}))
@@ -815,7 +816,13 @@ def ablate_masking_cmd(args):
 def parse_splits(text: str) -> list:
     """--splits: the splits, exactly as given (80.5/9.5/10 is not 80/10/10); two are the
     same only when they are equal as numbers (80/10/10 and 80.0/10/10)."""
-    given = [s.strip() for s in text.split(",") if s.strip()]
+    given = [s.strip() for s in text.split(",")]
+    if len(given) > 1 and not given[-1]:     # (a trailing comma is no split)
+        given.pop()
+    if len(given) > 1 and not all(given):   # ('80/10/10,,': a split left out, unsaid)
+        raise NanobertError(f"--splits: got {text!r}, an empty split between commas; expected "
+                            "comma-separated splits like 80/10/10,100/0/0")
+    given = [g for g in given if g]
     try:
         splits = [parse_split(s) for s in given]
     except ValueError as e:

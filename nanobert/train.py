@@ -105,7 +105,8 @@ class TrainConfig(Config):
                          "flags only)")
     overwrite: bool = param(False, "start over in an OUT that holds another run's model or "
                             "checkpoint (it is cleared first)")
-    progress: bool = param(True, "a progress bar with loss and throughput")
+    progress: bool = param(True, "a progress bar with loss and throughput (into a log or a "
+                           "pipe: a line every 30 s)")
 
 
 # ----------------------------------------------------------------------------------
@@ -191,6 +192,7 @@ def _trim_heap():
 
 TRIM_EVERY_S = 30.0
 _TRIMMER = None
+PLAIN_PROGRESS_S = 30.0   # a progress line into a log at most this often (no bar there)
 
 
 class WeightAverage:
@@ -405,6 +407,7 @@ class Trainer:
         # (epoch, batch_index)
         self.step, self.epoch, self.batch_index = 0, 0, 0
         self.bar = None
+        self.last_line = 0.0       # when _progress_line last wrote
         self._saved_step = None
         self.best: Optional[dict] = None     # metrics of the best evaluation so far
         self.last_eval: Optional[dict] = None
@@ -573,7 +576,9 @@ class Trainer:
         self._boundary_rng = _rng_state()
 
     def _progress_bar(self):
-        if not self.cfg.progress:
+        """A bar on a terminal; into a log or a pipe, where a bar's redraws pile up, a
+        line now and then instead (_progress_line)."""
+        if not self.cfg.progress or sys.stderr is None or not sys.stderr.isatty():
             return None
         from tqdm.auto import tqdm
         return tqdm(total=self.total_steps, initial=self.step - (self._pending is not None),
@@ -681,7 +686,18 @@ class Trainer:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{rec['loss']:.4f}", ex_s=f"{rec['examples_per_s']:.1f}",
                                  refresh=False)
+        elif self.cfg.progress and self.is_main:
+            self._progress_line(rec)
         self._reset_window()
+
+    def _progress_line(self, rec: dict):
+        """The bar's news as a line on stderr, every PLAIN_PROGRESS_S at most and at the
+        last step, for a run whose stderr is a log or a pipe."""
+        now = time.time()
+        if now - self.last_line >= PLAIN_PROGRESS_S or rec["step"] >= self.total_steps:
+            self.last_line = now
+            print(f"step {rec['step']}/{self.total_steps}: loss {rec['loss']:.4f}, "
+                  f"{rec['examples_per_s']:.1f} examples/s", file=sys.stderr, flush=True)
 
     def _watch_loss(self, step: int, loss: float):
         """A loss that explodes but stays finite (a learning rate far too high: minilm on

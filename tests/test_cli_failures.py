@@ -111,6 +111,19 @@ def test_a_closed_stdout_is_no_error(tiny):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
 
 
+def test_an_error_with_stderr_closed_or_full_is_still_status_2(tmp_path):
+    """`info nosuch 2>/dev/full` or `2>&-` ended with status 1: writing the error line
+    itself failed (and with fd 2 closed, print() sent it to stdout)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = [sys.executable, "-m", "nanobert", "info", str(tmp_path / "nosuch")]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=full, env=env, timeout=300)
+    assert done.returncode == 2 and done.stdout == b""
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                          timeout=300, close_fds=True, preexec_fn=lambda: os.close(2))
+    assert done.returncode == 2 and done.stdout == b""
+
+
 def test_a_write_refused_by_the_file_size_limit_is_one_line(tiny, tmp_path):
     """Under `ulimit -f` (batch schedulers set it) every writer but embed ended in a
     traceback of OSError(EFBIG) or of safetensors' '(os error 27)'."""

@@ -242,6 +242,24 @@ def test_a_flag_of_several_values_given_twice_is_refused(capsys):
                                            f"{flag} A B\n")
 
 
+def test_no_abbreviated_flags_and_a_repeated_value_is_noted(capsys):
+    """`--corp b.txt` beside `--corpus a.txt` (argparse's abbreviation) slipped past the
+    check above: only b.txt was read. A flag of one value given twice keeps the last
+    (a command line that adds to another), now said once."""
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", "--corpus", "a.txt", "--corp", "b.txt", "--out", "o"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --corp b.txt" in capsys.readouterr().err
+    from nanobert.cli import build_parser
+    from nanobert.config import given_dests
+    argv = ["embed", "--input", "a", "--out", "b.npy", "--batch-size", "4", "--batch-size=8"]
+    args = build_parser().parse_args(argv)
+    given_dests(build_parser(), argv)
+    assert args.batch_size == 8
+    assert capsys.readouterr().err == ("nanobert: note: --batch-size given more than once: the "
+                                       "last one is used\n")
+
+
 def test_a_commands_flag_before_the_command_is_named(capsys):
     """`nanobert --threads 2 finetune` said "COMMAND: invalid choice: '2'"."""
     with pytest.raises(SystemExit) as e:

@@ -97,6 +97,21 @@ def test_the_demo_refuses_its_training_file_as_dev(tiny, tmp_path, capsys):
         assert not out.exists()
 
 
+def test_the_demos_flags_are_checked_before_the_tweets_are_read(tiny, tmp_path, capsys,
+                                                                monkeypatch):
+    """--epochs 1e12 was refused by finetune, after the 37k tweets were read and split."""
+    import nanobert.demo as D
+
+    def unread():
+        raise AssertionError("the tweets were read")
+    monkeypatch.setattr(D, "find_corpus", unread)
+    for flags, says in ((["--epochs", "1000000000000"], "--epochs: got 1000000000000"),
+                        (["--freeze-layers", "7"], "--freeze-layers 7: the model has 2 blocks")):
+        rc = cli.main(["demo", "--model", str(tiny), "--out", str(tmp_path / "o"), *flags])
+        err = capsys.readouterr().err
+        assert rc == 2 and says in err, err
+
+
 def test_the_demo_shows_pairs_and_long_labels_in_columns(tiny, tmp_path, capsys):
     train = write_pairs(tmp_path / "train.tsv", pair_rows(16, 1))
     dev = write_pairs(tmp_path / "dev.tsv", pair_rows(6, 2))

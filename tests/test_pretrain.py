@@ -566,6 +566,11 @@ def test_ablation_trains_and_names_the_exact_split(corpus_dir, tmp_path, capsys)
         parse_splits("80/10/10,80.0/10/10")
     with pytest.raises(NanobertError, match="more than 10 decimals"):
         parse_splits("33.333333333333333/33.333333333333333/33.333333333333334")
+    # a trailing comma is no split; an empty one between commas is a typo ('80/10/10,,'
+    # trained 80/10/10 alone, unsaid)
+    assert parse_splits("80/10/10,") == [(0.8, 0.1, 0.1)]
+    with pytest.raises(NanobertError, match="an empty split between commas"):
+        parse_splits("80/10/10,,100/0/0")
     out = tmp_path / "abl"
     assert main(ablation_argv(corpus_dir, out, 1, "80.5/9.5/10,80/10/10")) == 0
     assert sorted(p.name for p in out.glob("split-*")) == ["split-80-10-10", "split-80.5-9.5-10"]

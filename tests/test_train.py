@@ -1,6 +1,7 @@
 """The shared training loop: schedule, parameter groups, accumulation, exact resume."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -83,6 +84,18 @@ def test_trainer_logs_the_schedule(tmp_path):
     assert max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == 2
     assert (tmp_path / "training_curve.png").stat().st_size > 1000
     assert (tmp_path / "checkpoint" / "state.json").is_file()
+
+
+def test_into_a_log_progress_is_a_line_not_a_bar(tmp_path, capsys, monkeypatch):
+    """Into a file or a pipe the bar's redraws piled up in the log (a carriage return per
+    update): there a line says how it goes, every PLAIN_PROGRESS_S and at the end."""
+    import nanobert.train as T
+    monkeypatch.setattr(T, "PLAIN_PROGRESS_S", 0.0)
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=1, lr=1e-3, log_every=3, progress=True)
+    Trainer(tiny_model(), cfg, batches, steps_per_epoch=6).fit()
+    err = capsys.readouterr().err
+    assert "\r" not in err and "it/s" not in err
+    assert re.findall(r"^step (\d)/6: loss \d\.\d{4}, [\d.]+ examples/s$", err, re.M) == ["3", "6"]
 
 
 def test_the_heap_is_trimmed_as_training_goes(tmp_path, monkeypatch):
