@@ -20,6 +20,7 @@ Every problem is a `NanobertError` naming the file and line.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import functools
 import itertools
@@ -1017,6 +1018,22 @@ def _broken_row_hint(fields: list, after, width: int) -> str:
             "the two lines, or remove the row)")
 
 
+def _refuse_lone_cr(path) -> None:
+    """A lone CR in a file whose lines end in LF is a line break inside a text (a text
+    pasted from elsewhere): read as one, it split the line in two, and every output row
+    after it answered the line before (plain text), or a sentence in two (CoNLL). A file
+    whose every line ends in a lone CR (old Mac) is read as it is."""
+    lone, lf = None, False
+    for k, t in read_lines(path, keep_ends=True):
+        if lone is None and t.endswith("\r"):
+            lone = k
+        lf = lf or t.endswith("\n")
+        if lone is not None and lf:
+            raise data_error(path, lone, "ends in a lone CR (a carriage return inside the "
+                             "line?), which would break it in two; remove it (tr -d '\\r' "
+                             "removes every CR)")
+
+
 def _lone_cr_hint(path, n: int) -> str:
     """Why a row is short, where it is so: it ends in a lone CR (a line break in that
     text) in a file whose lines end in LF."""
@@ -1256,6 +1273,7 @@ def read_text_lines(path) -> list:
     if looks_like_conll(path):
         raise data_error(path, n, "CoNLL columns (a token and its tag a line), not one text "
                          "a line; a tagger (--task ner) reads these")
+    _refuse_lone_cr(path)
     out = [Example(t, line=k) for k, t in read_lines(path) if not blank(t)]
     skipped = out[-1].line - len(out)   # blank lines before the last text (none after it)
     if skipped > 0:   # (a line of invisible characters is blank too: it was read as a text)
@@ -1292,6 +1310,21 @@ def _json_string_lines(path, strict: bool = True) -> Optional[list]:
     return out
 
 
+def _note_stray_labels(examples, where) -> None:
+    """A note for a class of one row in a training set of many (a stray '2' in a file of
+    0s and 1s trained a 3-class model, said only as '3 labels')."""
+    counts = collections.Counter(e.label for e in examples if e.label is not None)
+    total = sum(counts.values())
+    lone = [label for label, n in counts.items() if n == 1]
+    if total >= STRAY_AMONG and lone and len(lone) < len(counts) / 2:
+        first = next(e for e in examples if e.label == lone[0])
+        note(f"{where}: {len(lone)} label{'s' if len(lone) > 1 else ''} of a single row "
+             f"(first {lone[0]!r}, line {first.line}) of {total}: a class each, or a typo?")
+
+
+STRAY_AMONG = 50   # a class of one row among this many rows or more is noted
+
+
 def label_set(examples, path=None) -> list:
     """The classes of a training set, sorted: numerically when all are integers, else
     alphabetically. A set with one class, or of real-valued scores, is refused: neither
@@ -1306,7 +1339,14 @@ def label_set(examples, path=None) -> list:
         why = ("is too large a number (beyond float range)" if NUMBER.fullmatch(odd.label)
                else "is not a number like the other labels (a missing value?)")
         raise data_error(where, odd.line, f"label {odd.label!r} {why}")
+    nan = next((e for e in examples if e.label in missing and float(e.label) != float(e.label)),
+               None)
+    if nan is not None and len(labels) > 1:   # (among words: a class 'NaN', unsaid)
+        note(f"{where}: label {nan.label!r} (line {nan.line}) is what a table writes for a "
+             "missing value; it is a class here (fill it in, or leave the row out, if it is "
+             "not one)")
     _one_kind(examples, labels, numbers, missing, where)
+    _note_stray_labels(examples, where)
     if labels and all(v is not None for v in numbers.values()):
         frac = next((e for e in examples if e.label is not None
                      and not numbers[e.label].is_integer()), None)
@@ -1457,6 +1497,7 @@ def read_conll(path, require_tags=True) -> list:
             return _read_json_ner(path, require_tags)
         raise data_error(path, n, "JSON, not CoNLL columns (a token and its tag a line, a blank "
                          "line between sentences) nor JSON Lines of tokens and tags")
+    _refuse_lone_cr(path)     # (a CR at a token's start broke its sentence in two)
     out, words, tags, start, comments = [], [], [], 0, []
     width = None  # (columns, line) of the first token line: every token line has as many
     columns = conll_splitter()
@@ -1855,7 +1896,8 @@ def is_sts_original(path, given=()) -> bool:
     `given` by name) and the file is named as the release's are (sts-*.csv) or its next
     lines have the layout."""
     path = Path(path)
-    first = _first_content(path)[1]
+    n, first = _first_content(path)
+    _refuse_glue_stsb_without_header(first, path, n)
     if _is_sts_row(first):
         return True
     fields = first.split("\t")
@@ -1865,6 +1907,20 @@ def is_sts_original(path, given=()) -> bool:
         return True
     after = (t for _, t in itertools.islice(read_lines(path), 1, 50) if t.strip())
     return any(_is_sts_row(t) for t in itertools.islice(after, 5))
+
+
+GLUE_STSB = "index genre filename year old_index source1 source2 sentence1 sentence2 score"
+
+
+def _refuse_glue_stsb_without_header(first: str, path, line) -> None:
+    """A GLUE STS-B row with its header line gone has the release layout's number in
+    its fifth field: it was read as the STS Benchmark's, its old_index taken for the
+    score and its source columns for the sentences (a wrong Spearman, exit 0)."""
+    fields = first.split("\t")
+    if len(fields) == len(GLUE_STSB.split()) and fields[0].strip().isdigit() and \
+            _as_float(fields[-1]) is not None and _as_float(fields[4]) is not None:
+        raise data_error(path, line, "a GLUE STS-B row without the header line, which names "
+                         f"its columns; put the header back (tab-separated: {GLUE_STSB})")
 
 
 def _is_sts_row(text: str) -> bool:

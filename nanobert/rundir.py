@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from .files import (LEFTOVER, NanobertError, check_not_input, check_output_dir, clear_leftovers,
-                    note, process_alive, write_failure, write_text)
+                    note, path_kind, process_alive, write_failure, write_text)
 
 RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
@@ -69,6 +69,9 @@ def file_digest(path) -> dict:
     files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
     if not path.exists():
         raise NanobertError(f"{path}: no such file")
+    if path_kind(path) == "other":   # (a FIFO: hashing it waited for good, or drained it)
+        raise NanobertError(f"{path}: not a regular file (a pipe or a device); save the data "
+                            "to a file and pass its path")
     for name in files:
         if path.is_dir():
             h.update(str(name.relative_to(path)).encode() + b"\0")

@@ -136,3 +136,18 @@ def loaded_corpus(corpus_dir, tmp_path_factory):
                        cache_dir=cache, log=lambda *a: None), cache
 
 
+
+
+def with_flags(argv: list, extra: list) -> list:
+    """`argv` with the flags of `extra` put in: a flag already in `argv` takes the new
+    value where it was (a command line given a flag twice says so in a note), others are
+    added at the end. A flag followed by no value is a switch."""
+    argv, extra = list(argv), [str(x) for x in extra]
+    while extra:
+        flag = extra.pop(0)
+        value = [extra.pop(0)] if extra and not extra[0].startswith("--") else []
+        if flag in argv and value:
+            argv[argv.index(flag) + 1] = value[0]
+        else:
+            argv += [flag, *value]
+    return argv

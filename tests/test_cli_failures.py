@@ -124,6 +124,17 @@ def test_an_error_with_stderr_closed_or_full_is_still_status_2(tmp_path):
     assert done.returncode == 2 and done.stdout == b""
 
 
+def test_an_error_line_quoting_a_huge_value_is_cut(capsys):
+    """A 100 kB label (or a 300 kB first row) was quoted whole: a 100 kB error line. The
+    line keeps its start (the file and line) and its end (the advice)."""
+    from nanobert.cli import ERROR_CHARS, _error
+    _error(f"data.tsv:6: unknown label '{'x' * 100_000}' (the model knows 0, 1)")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < ERROR_CHARS + 100
+    assert err.startswith("nanobert: error: data.tsv:6: unknown label 'xxx")
+    assert err.endswith("xxx' (the model knows 0, 1)\n") and "characters ...]" in err
+
+
 def test_a_write_refused_by_the_file_size_limit_is_one_line(tiny, tmp_path):
     """Under `ulimit -f` (batch schedulers set it) every writer but embed ended in a
     traceback of OSError(EFBIG) or of safetensors' '(os error 27)'."""

@@ -72,6 +72,21 @@ def test_csv_and_jsonl(tmp_path):
     assert label_set(ex) == ["2", "10"]  # integers sort numerically
 
 
+def test_a_missing_value_among_word_labels_and_a_stray_class_are_noted(tmp_path,
+                                                                               capsys):
+    """'NaN' (a missing value written out) among pos/neg trained a third class 'NaN' without
+    a word; a lone '2' among 60 rows of 0/1 trained a 3-class model, said as '3 labels'."""
+    p = write(tmp_path, "d.csv", "text,label\n" + "a,pos\nb,neg\n" * 3 + "c,NaN\n")
+    assert label_set(read_classification(p), p) == ["NaN", "neg", "pos"]
+    assert capsys.readouterr().err == (f"nanobert: note: {p}: label 'NaN' (line 8) is what a "
+                                       "table writes for a missing value; it is a class here "
+                                       "(fill it in, or leave the row out, if it is not one)\n")
+    p = write(tmp_path, "s.tsv", "sentence\tlabel\n" + "a\t0\nb\t1\n" * 30 + "c\t2\n")
+    assert label_set(read_classification(p), p) == ["0", "1", "2"]
+    assert capsys.readouterr().err == (f"nanobert: note: {p}: 1 label of a single row (first "
+                                       "'2', line 62) of 61: a class each, or a typo?\n")
+
+
 def test_columns_named_by_flags(tmp_path):
     p = write(tmp_path, "d.csv", "review,stars,other\ngood,5,x\nbad,1,y\n")
     with pytest.raises(NanobertError, match=r"d\.csv:1: no text column"):

@@ -46,6 +46,12 @@ def test_glue_stsb_tsv(tmp_path):
     assert D.read_text_rows(unlabelled)[0].score is None
     with pytest.raises(NanobertError, match="no score column"):
         D.read_text_rows(unlabelled, require_score=True)
+    # its header line gone, it was read as the STS Benchmark's layout: old_index as the
+    # score, the source columns as the sentences (a wrong Spearman, exit 0)
+    headless = _write(tmp_path / "h.tsv", f.read_text().split("\n", 1)[1])
+    with pytest.raises(NanobertError, match=r"h\.tsv:1: a GLUE STS-B row without the header "
+                                            r"line"):
+        D.read_text_rows(headless)
 
 
 def test_triplets_rerank_rows_and_single_texts(tmp_path):

@@ -8,7 +8,7 @@ import torch
 
 import nanobert
 from nanobert.distill import DistillWeights, distill_loss, init_from_teacher, student_config
-from conftest import WORDS, random_batch
+from conftest import WORDS, random_batch, with_flags
 
 
 def _teacher(layers=4):
@@ -136,7 +136,7 @@ def test_distill_refuses_what_would_crash_or_learn_nothing(tmp_path, capsys):
 
     def refusal(extra):
         try:
-            rc = main(base + extra)
+            rc = main(with_flags(base, extra))
         except SystemExit as e:
             rc = e.code
         err = capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 import transformers
 import torch
 
-from conftest import counted_chunks, tiny_model_dir
+from conftest import counted_chunks, tiny_model_dir, with_flags
 import nanobert
 from nanobert import cli
 from nanobert.files import NanobertError
@@ -679,8 +679,8 @@ def test_teachers_pass_on_what_they_learnt_and_are_checked(tiny_dir, tmp_path, c
               "trained on single texts, but the training data are text pairs")]
     for i, (flags, why) in enumerate(cases):
         try:  # (a bad flag value ends in argparse's exit)
-            rc = cli.main(["finetune", "--task", "classify", "--out", str(tmp_path / f"x{i}")]
-                          + common + flags)
+            rc = cli.main(with_flags(["finetune", "--task", "classify", "--out",
+                                      str(tmp_path / f"x{i}")] + common, flags))
         except SystemExit as e:
             rc = e.code
         err = capsys.readouterr().err

@@ -8,7 +8,7 @@ import random
 import pytest
 
 import nanobert
-from conftest import tiny_model_dir
+from conftest import tiny_model_dir, with_flags
 from nanobert import cli
 from nanobert import biencoder as E
 from nanobert.data import read_beir
@@ -220,7 +220,7 @@ def test_flags_a_run_would_not_use_and_outputs_inside_its_data_are_refused(tmp_p
              "run trains no head"),
             (["--out", str(tmp_path / "empty"), "--model", str(tmp_path / "empty")],
              "is the input " + str(tmp_path / "empty") + " (--model)")):
-        assert cli.main(base + extra) == 2, extra
+        assert cli.main(with_flags(base, extra)) == 2, extra
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
     assert not (beir / "run").exists() and not (tmp_path / "o").exists()

@@ -444,6 +444,20 @@ def test_plain_text_predict_input_whatever_its_first_line(tmp_path, first):
     assert [e.text_a for e in D.read_inputs(p)] == [first, "second line here"]
 
 
+def test_a_lone_cr_in_plain_text_or_conll_is_refused_with_its_line(tmp_path):
+    """'bad\\rfilm' among LF lines was two inputs: every output row after it answered the
+    line before, unsaid (a CR at a CoNLL token broke its sentence in two). A file whose
+    every line ends in a CR (old Mac) or CRLF is read as it is."""
+    for name, body, read in (("in.txt", b"good movie\nbad\rfilm\nok then\n", D.read_inputs),
+                             ("n.conll", b"EU B-ORG\n\rrejects O\n", D.read_conll)):
+        p = write(tmp_path, name, body)
+        assert error_of(read, p).startswith(f"{p}:2: ends in a lone CR (a carriage return "
+                                            "inside the line?)")
+    for body in (b"a\rb\rc\r", b"a\r\nb\r\n"):
+        assert [e.text_a for e in D.read_inputs(write(tmp_path, "ok.txt", body))] == \
+            ["a", "b", "c"][:body.count(b"\r")]
+
+
 def test_predict_input_with_a_header_is_a_table(tmp_path):
     p = write(tmp_path, "in.tsv", "sentence\tlabel\ngreat\t1\n")
     assert [(e.text_a, e.label) for e in D.read_inputs(p)] == [("great", "1")]

@@ -37,6 +37,15 @@ def fp(data, **flags):
     return fingerprint("classify", [data], dict(dict(lr=1e-3, seed=1, out="x"), **flags))
 
 
+def test_a_pipe_given_as_data_is_refused_before_it_is_hashed(tmp_path):
+    """finetune --train FIFO waited for good: the fingerprint read the pipe before any
+    reader's check that the data is a regular file (<(cat f) was drained first)."""
+    fifo = tmp_path / "train.tsv"
+    os.mkfifo(fifo)
+    with pytest.raises(NanobertError, match=r"train\.tsv: not a regular file \(a pipe or a "):
+        fingerprint("classify", [fifo], {})
+
+
 def test_a_run_is_unfinished_until_it_ends(tmp_path, data):
     out = tmp_path / "out"
     with run(out, "finetune", fp(data)):
@@ -762,9 +771,18 @@ def tweets(fixture_dir, tmp_path, monkeypatch):
 
 
 def demo(d, out, *more) -> list:
-    return ["demo", "--model", str(d / "base"), "--out", str(out), "--n-train", "24",
-            "--n-dev", "6", "--epochs", "2", "--batch-size", "4", "--max-length", "16",
-            "--show", "2", *map(str, more)]
+    """The demo's command line, `more` flags replacing the fixture's (a flag given twice is
+    noted)."""
+    flags = {"--model": str(d / "base"), "--out": str(out), "--n-train": "24", "--n-dev": "6",
+             "--epochs": "2", "--batch-size": "4", "--max-length": "16", "--show": "2"}
+    more, switches = list(map(str, more)), []
+    while more:
+        flag = more.pop(0)
+        if more and not more[0].startswith("--"):
+            flags[flag] = more.pop(0)
+        else:
+            switches.append(flag)              # (--resume, --overwrite)
+    return ["demo", *[x for kv in flags.items() for x in kv], *switches]
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -810,7 +828,7 @@ def test_a_failed_demo_takes_back_its_split(fixture_dir, tweets, tmp_path, capsy
     out = tmp_path / "new"
     refused(capsys, demo(fixture_dir, out, "--max-length", "64"), "--max-length 64")
     assert not out.exists()
-    refused(capsys, demo(fixture_dir, out) + ["--model", str(tmp_path / "nosuch")], "nosuch")
+    refused(capsys, demo(fixture_dir, out, "--model", tmp_path / "nosuch"), "nosuch")
     assert not out.exists()
     mine = tmp_path / "mine"
     (mine / "data").mkdir(parents=True)
