@@ -215,17 +215,12 @@ def _device(path) -> int:
     return p.stat().st_dev
 
 
-ERROR_CHARS = 1000   # an error line is cut to about this, its start and its end kept
-
-
 def _error(message) -> None:
     """The one line of an error, on stderr; a path of bytes that are not UTF-8 (lone
     surrogates in Python) is shown with backslash escapes rather than failing to print."""
-    line = f"nanobert: error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(line) > ERROR_CHARS:   # (a 100 kB label, a 300 kB first row: quoted whole)
-        cut = len(line) - ERROR_CHARS
-        line = f"{line[:ERROR_CHARS * 3 // 4]} [... {cut:,} characters ...] " \
-               f"{line[-ERROR_CHARS // 4:]}"
+    from .files import cut_line
+    line = cut_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
+                    .decode("utf-8"))
     if sys.stderr is None:      # (fd 2 closed: print() would have written it to stdout)
         return
     try:

@@ -1018,20 +1018,37 @@ def _broken_row_hint(fields: list, after, width: int) -> str:
             "the two lines, or remove the row)")
 
 
-def _refuse_lone_cr(path) -> None:
-    """A lone CR in a file whose lines end in LF is a line break inside a text (a text
-    pasted from elsewhere): read as one, it split the line in two, and every output row
-    after it answered the line before (plain text), or a sentence in two (CoNLL). A file
-    whose every line ends in a lone CR (old Mac) is read as it is."""
-    lone, lf = None, False
+def lines_without_inner_cr(path):
+    """read_lines(path), refusing a lone CR inside a line of a file whose lines end in LF:
+    a line break inside a text (pasted from elsewhere). Read as one, it split the line in
+    two, and every output row after it answered the line before (plain text), or a
+    sentence in two (CoNLL). Not refused: CRs that end a line (CR CR LF, a stray CR at
+    the end) and a file whose lines end in a CR (old Mac), a final LF or not."""
+    inner, lf_lines, parts = None, 0, []    # parts: (line, text) of the physical line so far
     for k, t in read_lines(path, keep_ends=True):
-        if lone is None and t.endswith("\r"):
-            lone = k
-        lf = lf or t.endswith("\n")
-        if lone is not None and lf:
-            raise data_error(path, lone, "ends in a lone CR (a carriage return inside the "
-                             "line?), which would break it in two; remove it (tr -d '\\r' "
-                             "removes every CR)")
+        parts.append((k, t.rstrip("\r\n")))
+        yield parts[-1]
+        if t.endswith("\n"):
+            lf_lines += 1
+            inner = inner or _inner_cr(parts)
+            parts = []
+        if inner is not None and lf_lines > 1:
+            break
+    # (one LF line holding CRs and nothing after it: an old Mac file with a final LF)
+    inner = inner or (_inner_cr(parts) if lf_lines else None)
+    if inner is not None and (lf_lines > 1 or parts):
+        raise data_error(path, inner, "holds a lone CR (a carriage return inside the line?), "
+                         "which would break it in two; remove it (tr -d '\\r' removes every CR)")
+
+
+def _inner_cr(parts: list) -> Optional[int]:
+    """The line number where a physical line's texts split at CRs begin, when the CRs
+    break it in two (a CR at its start made a blank line: a sentence break in CoNLL), not
+    when they only end it (CR CR LF)."""
+    texts = [t for _, t in parts]
+    while len(texts) > 1 and not texts[-1].strip():
+        texts.pop()
+    return parts[0][0] if len(texts) > 1 else None
 
 
 def _lone_cr_hint(path, n: int) -> str:
@@ -1125,7 +1142,8 @@ def read_classification(path, text_column=None, pair_column=None, label_column=N
     _not_fasttext(path)
     if fmt == "jsonl":
         out = _read_jsonl_examples(path, cols)
-    elif fmt in ("tsv", "csv") and is_sts_original(path):
+    elif fmt in ("tsv", "csv") and is_sts_original(path, tuple(
+            c for c in (text_column, pair_column, label_column) if c)):
         if not (text_column or label_column):
             raise data_error(path, 1, "STS Benchmark rows (a similarity score and two "
                              "sentences a line), not texts with class labels: finetune/"
@@ -1273,8 +1291,7 @@ def read_text_lines(path) -> list:
     if looks_like_conll(path):
         raise data_error(path, n, "CoNLL columns (a token and its tag a line), not one text "
                          "a line; a tagger (--task ner) reads these")
-    _refuse_lone_cr(path)
-    out = [Example(t, line=k) for k, t in read_lines(path) if not blank(t)]
+    out = [Example(t, line=k) for k, t in lines_without_inner_cr(path) if not blank(t)]
     skipped = out[-1].line - len(out)   # blank lines before the last text (none after it)
     if skipped > 0:   # (a line of invisible characters is blank too: it was read as a text)
         note(f"{path}: {skipped} blank line{'s' * (skipped != 1)} skipped (row i of the output "
@@ -1497,7 +1514,6 @@ def read_conll(path, require_tags=True) -> list:
             return _read_json_ner(path, require_tags)
         raise data_error(path, n, "JSON, not CoNLL columns (a token and its tag a line, a blank "
                          "line between sentences) nor JSON Lines of tokens and tags")
-    _refuse_lone_cr(path)     # (a CR at a token's start broke its sentence in two)
     out, words, tags, start, comments = [], [], [], 0, []
     width = None  # (columns, line) of the first token line: every token line has as many
     columns = conll_splitter()
@@ -1509,7 +1525,7 @@ def read_conll(path, require_tags=True) -> list:
         words.clear()
         tags.clear()
 
-    for n, text in read_lines(path):
+    for n, text in lines_without_inner_cr(path):   # (a CR broke a sentence in two)
         cols = columns(text)
         if not cols:
             flush()
@@ -1897,7 +1913,8 @@ def is_sts_original(path, given=()) -> bool:
     lines have the layout."""
     path = Path(path)
     n, first = _first_content(path)
-    _refuse_glue_stsb_without_header(first, path, n)
+    if not given:     # (columns given by index read such a file as its user means)
+        _refuse_glue_stsb_without_header(first, path, n)
     if _is_sts_row(first):
         return True
     fields = first.split("\t")
@@ -1916,11 +1933,15 @@ def _refuse_glue_stsb_without_header(first: str, path, line) -> None:
     """A GLUE STS-B row with its header line gone has the release layout's number in
     its fifth field: it was read as the STS Benchmark's, its old_index taken for the
     score and its source columns for the sentences (a wrong Spearman, exit 0)."""
-    fields = first.split("\t")
-    if len(fields) == len(GLUE_STSB.split()) and fields[0].strip().isdigit() and \
-            _as_float(fields[-1]) is not None and _as_float(fields[4]) is not None:
+    fields, names = first.split("\t"), GLUE_STSB.split()
+    if len(fields) in (len(names), len(names) - 1) and fields[0].strip().isdigit() and \
+            _as_float(fields[1]) is None and _as_float(fields[4]) is not None:
+        header = " ".join(names[:len(fields)])          # (the test split has no score)
         raise data_error(path, line, "a GLUE STS-B row without the header line, which names "
-                         f"its columns; put the header back (tab-separated: {GLUE_STSB})")
+                         f"its columns; put the header back (tab-separated: {header}), or "
+                         "give the columns by 0-based index (--text-column 7 "
+                         "--text-pair-column 8" + (" --label-column 9)" if len(fields) ==
+                                                   len(names) else ")"))
 
 
 def _is_sts_row(text: str) -> bool:

@@ -71,17 +71,35 @@ def need(module: str, feature: str, install: str):
         raise NanobertError(f"{feature} needs the package {module}{also}: {install}") from None
 
 
+LINE_CHARS = 1000   # a note or error line is cut to about this, its start and end kept
+
+
+def cut_line(line: str) -> str:
+    """`line` cut to about LINE_CHARS, its start (the file and line) and its end (the
+    advice) kept: a 100 kB label, a 300 kB first row were quoted whole."""
+    if len(line) <= LINE_CHARS:
+        return line
+    cut = len(line) - LINE_CHARS
+    return f"{line[:LINE_CHARS * 3 // 4]} [... {cut:,} characters ...] {line[-LINE_CHARS // 4:]}"
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
-    texts cut): one line on stderr."""
+    texts cut): one line on stderr (none when stderr is closed or full: a note stops
+    nothing, its failed write neither)."""
     for path, name in _SHOWN_AS.items():
         msg = msg.replace(path, name)
+    if sys.stderr is None:
+        return
     # a progress bar on the screen: the note on a line of its own, the bar redrawn under
     # it (a note said before a bar closed stuck to the end of the bar's line)
     tqdm = sys.modules.get("tqdm")
     bars = tqdm is not None and getattr(tqdm.tqdm, "_instances", None)
-    with tqdm.tqdm.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
-        print(f"nanobert: note: {msg}", file=sys.stderr, flush=True)
+    try:
+        with tqdm.tqdm.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
+            print(cut_line(f"nanobert: note: {msg}"), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def progress_bar(show: bool, total: int, desc: str, unit: str):

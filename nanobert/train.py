@@ -177,6 +177,17 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return max(0.0, (total - step) / (total - peak))
 
 
+def _bar_shows() -> bool:
+    """Where a progress bar draws: a terminal, or a notebook (tqdm's widget; its stderr is
+    no terminal). A stderr without isatty (a logging wrapper) is a log."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        terminal = bool(isatty and isatty())
+    except (OSError, ValueError):
+        terminal = False
+    return terminal or "ipykernel" in sys.modules
+
+
 def _trim_heap():
     """Hand the heap's freed memory back to the system, every TRIM_EVERY_S at most: the
     outputs of ever-changing shapes (masked tokens, unpadded rows) left glibc's heap
@@ -407,7 +418,8 @@ class Trainer:
         # (epoch, batch_index)
         self.step, self.epoch, self.batch_index = 0, 0, 0
         self.bar = None
-        self.last_line = 0.0       # when _progress_line last wrote
+        self.last_line, self.last_line_step = 0.0, None   # when _progress_line wrote, which
+        self.last_rec = None                               # the last train record
         self._saved_step = None
         self.best: Optional[dict] = None     # metrics of the best evaluation so far
         self.last_eval: Optional[dict] = None
@@ -535,6 +547,8 @@ class Trainer:
                 self._run_epoch()
             if self.bar is not None:
                 self.bar.close()
+            elif self.cfg.progress and self.is_main:   # (the end: early stopping's too)
+                self._progress_line(None)
             if self._saved_step != self.step:
                 self._check_weights()
                 self._save_checkpoint()
@@ -578,7 +592,7 @@ class Trainer:
     def _progress_bar(self):
         """A bar on a terminal; into a log or a pipe, where a bar's redraws pile up, a
         line now and then instead (_progress_line)."""
-        if not self.cfg.progress or sys.stderr is None or not sys.stderr.isatty():
+        if not self.cfg.progress or not _bar_shows():
             return None
         from tqdm.auto import tqdm
         return tqdm(total=self.total_steps, initial=self.step - (self._pending is not None),
@@ -688,14 +702,20 @@ class Trainer:
                                  refresh=False)
         elif self.cfg.progress and self.is_main:
             self._progress_line(rec)
+        self.last_rec = rec
         self._reset_window()
 
-    def _progress_line(self, rec: dict):
+    def _progress_line(self, rec: Optional[dict]):
         """The bar's news as a line on stderr, every PLAIN_PROGRESS_S at most and at the
-        last step, for a run whose stderr is a log or a pipe."""
+        last step, for a run whose stderr is a log or a pipe; rec None: the run's last
+        record, at its end (an early-stopped run said nothing at its end)."""
         now = time.time()
-        if now - self.last_line >= PLAIN_PROGRESS_S or rec["step"] >= self.total_steps:
-            self.last_line = now
+        if rec is None or now - self.last_line >= PLAIN_PROGRESS_S \
+                or rec["step"] >= self.total_steps:
+            rec = rec or self.last_rec
+            if rec is None or rec["step"] == self.last_line_step:
+                return
+            self.last_line, self.last_line_step = now, rec["step"]
             print(f"step {rec['step']}/{self.total_steps}: loss {rec['loss']:.4f}, "
                   f"{rec['examples_per_s']:.1f} examples/s", file=sys.stderr, flush=True)
 

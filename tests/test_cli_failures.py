@@ -5,6 +5,7 @@ command is still importing torch."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -122,17 +123,26 @@ def test_an_error_with_stderr_closed_or_full_is_still_status_2(tmp_path):
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                           timeout=300, close_fds=True, preexec_fn=lambda: os.close(2))
     assert done.returncode == 2 and done.stdout == b""
+    # a note that cannot be written stops nothing (a full stderr had ended the command)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "nanobert", "info", "minilm", "--json",
+                               "--threads", "1", "--threads", "1"], stdout=subprocess.PIPE,
+                              stderr=full, env=env, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout)["layers"] == 6
 
 
 def test_an_error_line_quoting_a_huge_value_is_cut(capsys):
     """A 100 kB label (or a 300 kB first row) was quoted whole: a 100 kB error line. The
     line keeps its start (the file and line) and its end (the advice)."""
-    from nanobert.cli import ERROR_CHARS, _error
+    from nanobert.cli import _error
+    from nanobert.files import LINE_CHARS, note
     _error(f"data.tsv:6: unknown label '{'x' * 100_000}' (the model knows 0, 1)")
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and len(err) < ERROR_CHARS + 100
-    assert err.startswith("nanobert: error: data.tsv:6: unknown label 'xxx")
-    assert err.endswith("xxx' (the model knows 0, 1)\n") and "characters ...]" in err
+    note(f"data.tsv: 1 label of a single row (first '{'y' * 100_000}', line 6)")
+    error, said = capsys.readouterr().err.splitlines()
+    assert len(error) < LINE_CHARS + 100 and len(said) < LINE_CHARS + 100
+    assert error.startswith("nanobert: error: data.tsv:6: unknown label 'xxx")
+    assert error.endswith("xxx' (the model knows 0, 1)") and "characters ...]" in error
+    assert said.startswith("nanobert: note: data.tsv: 1 label") and said.endswith("', line 6)")
 
 
 def test_a_write_refused_by_the_file_size_limit_is_one_line(tiny, tmp_path):

@@ -52,6 +52,14 @@ def test_glue_stsb_tsv(tmp_path):
     with pytest.raises(NanobertError, match=r"h\.tsv:1: a GLUE STS-B row without the header "
                                             r"line"):
         D.read_text_rows(headless)
+    test_split = _write(tmp_path / "t.tsv", "0\tmain-captions\tMSRvid\t2012test\t0024\tnone\t"
+                                           "none\tA girl is styling her hair.\tA girl is "
+                                           "brushing her hair.\n")     # (no score column)
+    with pytest.raises(NanobertError, match=r"without the header line.*--text-pair-column 8\)$"):
+        D.read_text_rows(test_split)
+    # its columns given by index: read as its user means (it had been, and stays so)
+    rows = D.read_text_rows(headless, columns={"text": "7", "pair": "8", "score": "9"})
+    assert rows[0].texts == ('A man "sings".', "A man sings.") and rows[1].score == 0.8
 
 
 def test_triplets_rerank_rows_and_single_texts(tmp_path):

@@ -2,6 +2,7 @@
 import json
 import math
 import re
+import sys
 
 import pytest
 import torch
@@ -96,6 +97,28 @@ def test_into_a_log_progress_is_a_line_not_a_bar(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "\r" not in err and "it/s" not in err
     assert re.findall(r"^step (\d)/6: loss \d\.\d{4}, [\d.]+ examples/s$", err, re.M) == ["3", "6"]
+    # a run that stops early says where it ended; a stderr without isatty (a logging
+    # wrapper) is a log (it had been an AttributeError)
+    monkeypatch.setattr(T, "PLAIN_PROGRESS_S", 1e9)
+
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def write(self, s):
+            self.lines.append(s)
+
+        def flush(self):
+            pass
+    log = Log()
+    monkeypatch.setattr(sys, "stderr", log)
+    scores = iter([0.9, 0.5, 0.4])
+    cfg = cfg.replace(out_dir=str(tmp_path / "early"), epochs=3, eval_every=2, early_stopping=1,
+                      metric="accuracy", greater_is_better=True, log_every=1)
+    Trainer(tiny_model(), cfg, batches, steps_per_epoch=6,
+            evaluate=lambda m: {"accuracy": next(scores)}).fit()
+    said = re.findall(r"^step (\d+)/18: loss", "".join(log.lines), re.M)
+    assert said == ["1", "4"], log.lines                # the first record, and where it stopped
 
 
 def test_the_heap_is_trimmed_as_training_goes(tmp_path, monkeypatch):
