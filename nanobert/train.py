@@ -716,8 +716,11 @@ class Trainer:
             if rec is None or rec["step"] == self.last_line_step:
                 return
             self.last_line, self.last_line_step = now, rec["step"]
-            print(f"step {rec['step']}/{self.total_steps}: loss {rec['loss']:.4f}, "
-                  f"{rec['examples_per_s']:.1f} examples/s", file=sys.stderr, flush=True)
+            if sys.stderr is None:     # (fd 2 closed: print() would write to stdout)
+                return
+            with contextlib.suppress(OSError, ValueError):   # (a full disk stops no run)
+                print(f"step {rec['step']}/{self.total_steps}: loss {rec['loss']:.4f}, "
+                      f"{rec['examples_per_s']:.1f} examples/s", file=sys.stderr, flush=True)
 
     def _watch_loss(self, step: int, loss: float):
         """A loss that explodes but stays finite (a learning rate far too high: minilm on
