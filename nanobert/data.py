@@ -561,6 +561,8 @@ def looks_like_conll(path, sample: int = 50) -> bool:
             continue
         if seen == 0 and cols[0] == "-DOCSTART-":
             return True
+        if _conll_comment(cols, tagged=False):      # ('# sent_id = 1' before a sentence)
+            continue
         seen += 1
         if len(cols) >= 2 and is_iob_tag(cols[-1]):
             tags.append(cols[-1])
@@ -1333,7 +1335,7 @@ def _note_stray_labels(examples, where) -> None:
     counts = collections.Counter(e.label for e in examples if e.label is not None)
     total = sum(counts.values())
     lone = [label for label, n in counts.items() if n == 1]
-    if total >= STRAY_AMONG and lone and len(lone) < len(counts) / 2:
+    if total >= STRAY_AMONG and lone and len(lone) <= len(counts) / 2:
         first = next(e for e in examples if e.label == lone[0])
         note(f"{where}: {len(lone)} label{'s' if len(lone) > 1 else ''} of a single row "
              f"(first {lone[0]!r}, line {first.line}) of {total}: a class each, or a typo?")
@@ -1533,7 +1535,7 @@ def read_conll(path, require_tags=True) -> list:
         if cols[0] == "-DOCSTART-":
             flush()
             continue
-        if require_tags and _conll_comment(cols):
+        if _conll_comment(cols, require_tags):
             comments.append(n)
             continue
         if not words:
@@ -1562,10 +1564,13 @@ def read_conll(path, require_tags=True) -> list:
     return out
 
 
-def _conll_comment(cols: list) -> bool:
-    """A comment line of a tagged CoNLL file ('# sent_id = 1', '# id 3a1 domain=en', as
-    CoNLL-U and MultiCoNER write them): its last column is not a tag (it was an error
-    about the tag '1'); a token '#' tagged 'O' is a token."""
+def _conll_comment(cols: list, tagged: bool = True) -> bool:
+    """A comment line of a CoNLL file ('# sent_id = 1', '# id 3a1 domain=en', as CoNLL-U
+    and MultiCoNER write them): its last column is not a tag (it was an error about the
+    tag '1'); a token '#' tagged 'O' is a token. In a file read without its tags (predict)
+    a comment starts with the word '#' and has more columns ('#hashtag' alone is a token)."""
+    if not tagged:
+        return cols[0] == "#" and len(cols) > 1 and not is_iob_tag(cols[-1])
     return cols[0].startswith("#") and (len(cols) < 2 or not is_iob_tag(cols[-1]))
 
 

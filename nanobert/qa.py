@@ -145,7 +145,7 @@ def word_offsets(context: str, pieces, offsets) -> list:
     the word, as SQuAD's answers are and the HF question-answering pipeline aligns them
     (align_to_words). The words are the tokenizer's (`word_spans`), widened over letters,
     digits and marks only (`in_word`): not over the punctuation in a SentencePiece word
-    ("Paris,"), nor over CJK characters, each a word as BERT reads them."""
+    ("Paris,"), nor over wide characters (CJK, kana, Hangul: `in_word`)."""
     tokens = dict.fromkeys((o, x) for w in pieces       # (each once: the windows overlap)
                            for o, x, s in zip(w.offsets, w.word_ids, w.sequence_ids) if s == 1)
     words = sorted(word_spans(context, *zip(*tokens)).values()) if tokens else []

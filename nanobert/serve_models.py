@@ -369,13 +369,13 @@ class Served:
 def split_spec(spec: str) -> tuple:
     """'NAME=PATH' -> (NAME, PATH); 'PATH' -> (its directory name, PATH). NAME may hold
     '/' (a hub-style name, 'BAAI/bge-small=runs/emb', as clients of other servers send
-    it), so a path holding '=' is taken whole when it exists ('runs/lr=1e-3'). An empty
-    NAME or PATH around the '=' is an error (NanobertError)."""
+    it); a path holding '=' is taken whole when it exists ('runs/lr=1e-3', 'lr=1e-3').
+    An empty NAME or PATH around the '=' is an error (NanobertError)."""
     if not spec.strip():
         raise NanobertError("an empty MODEL argument (give a model directory, 'minilm', a "
                             "hub name or NAME=PATH)")
     name, sep, where = spec.partition("=")
-    named = sep and not ("/" in name and os.path.exists(os.path.expanduser(spec)))
+    named = sep and not os.path.exists(os.path.expanduser(spec))
     if named and not (name.strip() and where.strip()):
         raise NanobertError(f"{spec!r}: empty model {'name' if not name.strip() else 'path'} "
                             "(use NAME=PATH)")
@@ -395,7 +395,7 @@ def load_served(spec: str, dtype: str = "float32") -> Served:
     try:
         path = resolve(where)
     except NanobertError as e:
-        if "/" in name and where != spec:   # ('runs/lr=1e-3', mistyped: it was split)
+        if where != spec:   # (a mistyped path holding "=": said as the path it was too)
             raise NanobertError(f"{spec}: no such model directory (nor, read as NAME=PATH, "
                                 f"a model {where!r}: {e})") from None
         raise

@@ -1,7 +1,8 @@
 """The training loop shared by fine-tuning and pretraining.
 
     for each optimizer step:
-        for each of `grad_accum` micro-batches:   loss = model(**batch).loss / n; backward
+        for each of `grad_accum` micro-batches:   loss = model(**batch).loss * share; backward
+            (share: the micro-batch's part of the step's rows or labelled tokens)
         clip the gradient norm; lr = schedule(step); AdamW step; zero grads
         with `ema`: move the running average of the weights towards the new weights
         every `log_every` steps:  a "train" record in metrics.jsonl

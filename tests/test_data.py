@@ -85,6 +85,9 @@ def test_a_missing_value_among_word_labels_and_a_stray_class_are_noted(tmp_path,
     assert label_set(read_classification(p), p) == ["0", "1", "2"]
     assert capsys.readouterr().err == (f"nanobert: note: {p}: 1 label of a single row (first "
                                        "'2', line 62) of 61: a class each, or a typo?\n")
+    p = write(tmp_path, "s.tsv", "sentence\tlabel\n" + "a\t0\nb\t1\n" * 30 + "c\t2\nd\t11\n")
+    label_set(read_classification(p), p)              # (two typos in a binary file too)
+    assert "2 labels of a single row (first '2', line 62)" in capsys.readouterr().err
 
 
 def test_columns_named_by_flags(tmp_path):

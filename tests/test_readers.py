@@ -592,6 +592,13 @@ def test_conll_comment_lines_are_skipped_with_a_note(tmp_path, capsys):
                                                 (["Paris"], ["B-LOC"])]
     assert capsys.readouterr().err == (f"nanobert: note: {p}: 3 comment lines ('# ...', first "
                                        "line 1) skipped\n")
+    # read without its tags (predict): still CoNLL, comments skipped; '#Paris' alone is a
+    # token (a file starting with a comment had been read as plain text, tags tagged)
+    q = write(tmp_path, "u.conll", "# sent_id = 1\nEU B-ORG\nrejects O\n\n# sent_id = 2\n"
+                                   "#Paris B-LOC\n")
+    assert D.looks_like_conll(q)
+    assert [s.words for s in D.read_conll(q, require_tags=False)] == [["EU", "rejects"],
+                                                                      ["#Paris"]]
 
 
 def test_conll_rows_keep_one_column_count(tmp_path):

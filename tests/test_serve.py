@@ -213,6 +213,8 @@ def test_a_served_name_may_hold_a_slash(server, tmp_path, monkeypatch):
     (tmp_path / "runs" / "lr=1e-3").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert split_spec("runs/lr=1e-3") == ("lr=1e-3", "runs/lr=1e-3")
+    (tmp_path / "lr=1e-2").mkdir()
+    assert split_spec("lr=1e-2") == ("lr=1e-2", "lr=1e-2")
     from nanobert.files import NanobertError
     from nanobert.serve_models import load_served
     with pytest.raises(NanobertError, match=r"^runs/lr=1e-4: no such model directory \(nor, "
