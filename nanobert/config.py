@@ -264,7 +264,8 @@ class OneLineParser(argparse.ArgumentParser):
         for a in args:
             if a == "--":
                 return
-            action = self._option_string_actions.get(a.split("=", 1)[0])
+            name = a[:2] if a[:1] == "-" and a[1:2] not in ("-", "") else a.split("=", 1)[0]
+            action = self._option_string_actions.get(name)    # ('-k2': -k with its value)
             if action is None or isinstance(action, argparse._AppendAction):
                 continue
             flag = action.option_strings[-1]

@@ -258,6 +258,9 @@ def test_no_abbreviated_flags_and_a_repeated_value_is_noted(capsys):
     assert args.batch_size == 8
     assert capsys.readouterr().err == ("nanobert: note: --batch-size given more than once: the "
                                        "last one is used\n")
+    assert build_parser().parse_args(["search", "--corpus", "c", "--query", "q", "-k2",
+                                      "-k", "1"]).k == 1        # (a short flag's value joined)
+    assert "--top-k given more than once" in capsys.readouterr().err
 
 
 def test_a_commands_flag_before_the_command_is_named(capsys):
