@@ -218,15 +218,10 @@ def _device(path) -> int:
 def _error(message) -> None:
     """The one line of an error, on stderr; a path of bytes that are not UTF-8 (lone
     surrogates in Python) is shown with backslash escapes rather than failing to print."""
-    from .files import cut_line
-    line = cut_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
-                    .decode("utf-8"))
-    if sys.stderr is None:      # (fd 2 closed: print() would have written it to stdout)
-        return
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):   # (2>/dev/full: the status says it, 2, not a traceback's 1)
-        pass
+    from .files import cut_line, to_stderr
+    # (2>/dev/full or 2>&-: the status still says it, 2, not a traceback's 1)
+    to_stderr(cut_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
+                       .decode("utf-8")))
 
 
 def main(argv=None) -> int:

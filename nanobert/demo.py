@@ -212,13 +212,11 @@ def demo_cmd(args):
                             "tweet split; with --train and "
                             "--dev the files are used whole (cut them to size instead)")
     # everything that can fail on the flags, before --out is touched or the tweets read
+    from .finetune import FinetuneConfig, check_freeze_before_loading
     if args.freeze_layers is None:
         args.freeze_layers = half_the_blocks(args.model)
-    from .checkpoint import block_counts
-    from .finetune import FinetuneConfig, check_freeze_layers
-    counts = block_counts(args.model)
-    if counts is not None:
-        check_freeze_layers(args.freeze_layers, *counts)
+    else:
+        check_freeze_before_loading(args.model, args.freeze_layers)
     FinetuneConfig.create(task="classify", model=args.model, train="-", dev="-", out_dir=str(out),
                           **finetune_fields(args, None))   # (--epochs 1e12: said after 6 s)
     corpus = None if args.train else find_corpus()

@@ -22,7 +22,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import stat
 import sys
 import weakref
@@ -691,14 +690,15 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
     texts = read_texts(corpus, text_column)
     # READER-TEXTS: who read which corpus file how (its path too: in ~/.cache/nanobert two
     # corpora of one name meet), and what it read
-    where = str(corpus.resolve()).encode("utf-8", "surrogateescape")
+    resolved = corpus.resolve()
+    where = str(resolved).encode("utf-8", "surrogateescape")
     reader = hashlib.sha256(f"{encoder.identity()}\0{text_column}\0".encode()
                             + where).hexdigest()[:8]
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8", "surrogatepass") + b"\0")
     key = f"{reader}-{h.hexdigest()[:16]}"
-    candidates = _cache_paths(corpus.resolve(), key)
+    candidates = _cache_paths(resolved, key)
     width = encoder.model.config.hidden_size
     for c in candidates:
         emb = _cached_array(c, len(texts), width)
@@ -735,8 +735,8 @@ def _prune_stale(cache: Path, reader: str, verbose: bool) -> None:
     behind). Only regular files of this user's are removed; caches of other models, and
     of other corpora of the same name in ~/.cache/nanobert, are kept."""
     stem = cache.name[:-len(".npy")].rsplit("-", 1)[0]         # corpus.nanobert-READER
-    for old in cache.parent.glob(f"{glob.escape(stem)}-*.npy"):
-        if old == cache or not re.fullmatch(r"[0-9a-f]{16}", old.name[len(stem) + 1:-4]):
+    for old in cache.parent.glob(f"{glob.escape(stem)}-{'[0-9a-f]' * 16}.npy"):
+        if old == cache:
             continue
         try:
             st = old.lstat()

@@ -83,23 +83,28 @@ def cut_line(line: str) -> str:
     return f"{line[:LINE_CHARS * 3 // 4]} [... {cut:,} characters ...] {line[-LINE_CHARS // 4:]}"
 
 
+def to_stderr(line: str) -> None:
+    """`line` on stderr, or nothing where it cannot be written: fd 2 closed (print() would
+    send it to stdout) or full (2>/dev/full). A note, an error line or a progress line
+    stops nothing, its failed write neither."""
+    if sys.stderr is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
     texts cut): one line on stderr (none when stderr is closed or full: a note stops
     nothing, its failed write neither)."""
     for path, name in _SHOWN_AS.items():
         msg = msg.replace(path, name)
-    if sys.stderr is None:
-        return
     # a progress bar on the screen: the note on a line of its own, the bar redrawn under
     # it (a note said before a bar closed stuck to the end of the bar's line)
     tqdm = sys.modules.get("tqdm")
-    bars = tqdm is not None and getattr(tqdm.tqdm, "_instances", None)
-    try:
-        with tqdm.tqdm.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
-            print(cut_line(f"nanobert: note: {msg}"), file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
+    bars = sys.stderr is not None and tqdm is not None and getattr(tqdm.tqdm, "_instances", None)
+    with tqdm.tqdm.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
+        to_stderr(cut_line(f"nanobert: note: {msg}"))
 
 
 def progress_bar(show: bool, total: int, desc: str, unit: str):

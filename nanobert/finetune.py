@@ -1284,10 +1284,7 @@ def finetune(config, *args, **fields) -> dict:
             resolve(teacher)
         except NanobertError as e:
             raise NanobertError(f"--teacher {e}") from None
-    if cfg.freeze_layers:   # (before the data is read; an unreadable model is loading's to name)
-        counts = block_counts(cfg.model)
-        if counts:
-            check_freeze_layers(cfg.freeze_layers, *counts)
+    check_freeze_before_loading(cfg.model, cfg.freeze_layers)   # (before the data is read)
     cfg = cfg.replace(retrieval=cfg.retrieval.replace(pooling=sentence_pooling(task, cfg)))
     models = [cfg.model] + cfg.teachers
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
@@ -1390,6 +1387,14 @@ def freeze_layers(model, n: int):
     check_freeze_layers(n, model.config.num_hidden_layers, len(model.bert.blocks))
     for module in (model.bert.emb, *model.bert.blocks[:n]):
         module.requires_grad_(False)
+
+
+def check_freeze_before_loading(model, n: int) -> None:
+    """--freeze-layers n against the blocks model's config.json declares, before anything
+    is read or loaded (an unreadable config is loading's to name)."""
+    counts = block_counts(model) if n else None
+    if counts:
+        check_freeze_layers(n, *counts)
 
 
 def check_freeze_layers(n: int, layers: int, weight_sets: int) -> None:

@@ -1077,8 +1077,8 @@ def pair_loss(pair_logits, pair_labels, reduction: str = "mean") -> torch.Tensor
 
 def masked_lm_loss(logits, labels) -> torch.Tensor:
     """Per-token cross-entropy (MLM, NER), (M, V) vs (M,) (-100: not scored), averaged
-    over the scored tokens; 0 (with its graph) where there are none (rows of [UNK] and special tokens
-    alone: the mean over no token was NaN, and the run stopped as diverged)."""
+    over the scored tokens; 0 (with its graph) where there are none (rows of [UNK] and
+    special tokens alone: the mean over no token was NaN, and the run stopped as diverged)."""
     scored = (labels != -100).sum().clamp(min=1)       # (no host sync: a tensor)
     return F.cross_entropy(logits, labels, reduction="sum") / scored
 

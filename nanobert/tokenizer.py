@@ -574,7 +574,7 @@ class Tokenizer:
             raise ValueError(f"encode_batch(pairs): {len(pairs)} for {len(texts)} texts "
                              "(one each)")
         max_length = self.check_max_length(max_length, pairs is not None) or self.model_max_length
-        inputs = list(texts) if pairs is None else list(zip(texts, pairs))
+        inputs = texts if pairs is None else list(zip(texts, pairs))
         tokenized = inputs
         if pairs is None and not stride:        # (a 5 MB row had taken 4.7 GB)
             tokenized = [self.clip(t, max_length + 1) for t in inputs]

@@ -51,7 +51,7 @@ import torch.nn as nn
 
 from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
                      positive, seed_range)
-from .files import NanobertError, atomic_path, note, signals_replaced, write_text
+from .files import NanobertError, atomic_path, note, signals_replaced, to_stderr, write_text
 
 
 @dataclass
@@ -549,7 +549,7 @@ class Trainer:
             if self.bar is not None:
                 self.bar.close()
             elif self.cfg.progress and self.is_main:   # (the end: early stopping's too)
-                self._progress_line(None)
+                self._progress_line()
             if self._saved_step != self.step:
                 self._check_weights()
                 self._save_checkpoint()
@@ -706,22 +706,18 @@ class Trainer:
         self.last_rec = rec
         self._reset_window()
 
-    def _progress_line(self, rec: Optional[dict]):
+    def _progress_line(self, rec: Optional[dict] = None):
         """The bar's news as a line on stderr, every PLAIN_PROGRESS_S at most and at the
-        last step, for a run whose stderr is a log or a pipe; rec None: the run's last
+        last step, for a run whose stderr is a log or a pipe; with no `rec`, the run's last
         record, at its end (an early-stopped run said nothing at its end)."""
-        now = time.time()
-        if rec is None or now - self.last_line >= PLAIN_PROGRESS_S \
-                or rec["step"] >= self.total_steps:
-            rec = rec or self.last_rec
-            if rec is None or rec["step"] == self.last_line_step:
-                return
-            self.last_line, self.last_line_step = now, rec["step"]
-            if sys.stderr is None:     # (fd 2 closed: print() would write to stdout)
-                return
-            with contextlib.suppress(OSError, ValueError):   # (a full disk stops no run)
-                print(f"step {rec['step']}/{self.total_steps}: loss {rec['loss']:.4f}, "
-                      f"{rec['examples_per_s']:.1f} examples/s", file=sys.stderr, flush=True)
+        now, due = time.time(), rec is None
+        rec = rec or self.last_rec
+        due = due or now - self.last_line >= PLAIN_PROGRESS_S or rec["step"] >= self.total_steps
+        if rec is None or not due or rec["step"] == self.last_line_step:
+            return
+        self.last_line, self.last_line_step = now, rec["step"]
+        to_stderr(f"step {rec['step']}/{self.total_steps}: loss {rec['loss']:.4f}, "
+                  f"{rec['examples_per_s']:.1f} examples/s")
 
     def _watch_loss(self, step: int, loss: float):
         """A loss that explodes but stays finite (a learning rate far too high: minilm on
