@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 
 import nanobert
-from conftest import tiny_classify_task
+from conftest import tiny_classify_task, with_flags
 from nanobert.cli import main
 from nanobert.files import NanobertError
 from nanobert.threads import default_threads
@@ -785,16 +785,9 @@ def tweets(fixture_dir, tmp_path, monkeypatch):
 def demo(d, out, *more) -> list:
     """The demo's command line, `more` flags replacing the fixture's (a flag given twice is
     noted)."""
-    flags = {"--model": str(d / "base"), "--out": str(out), "--n-train": "24", "--n-dev": "6",
-             "--epochs": "2", "--batch-size": "4", "--max-length": "16", "--show": "2"}
-    more, switches = list(map(str, more)), []
-    while more:
-        flag = more.pop(0)
-        if more and not more[0].startswith("--"):
-            flags[flag] = more.pop(0)
-        else:
-            switches.append(flag)              # (--resume, --overwrite)
-    return ["demo", *[x for kv in flags.items() for x in kv], *switches]
+    return with_flags(["demo", "--model", str(d / "base"), "--out", str(out), "--n-train", "24",
+                       "--n-dev", "6", "--epochs", "2", "--batch-size", "4", "--max-length",
+                       "16", "--show", "2"], more)
 
 
 @pytest.mark.usefixtures("one_thread")
