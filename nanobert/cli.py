@@ -47,7 +47,10 @@ TEXT_ARGS = EMPTY_VALUE_OK | {"context", "template", "verdicts", "label_names",
 OWN_STRING_CHECKS = {"serve"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv=None) -> argparse.ArgumentParser:
+    """The whole command line; given the `argv` it will parse, only the module of the
+    command `argv` names is imported (`nanobert --version` and `nanobert predict` load no
+    server, no plots): the other commands stay bare names."""
     from .config import OneLineParser, reject_empty_values, reject_undecodable_text
     from .threads import add_threads_flag
     parser = OneLineParser(
@@ -56,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nanobert {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    wanted = _named_command(argv)
     for name, module_name in COMMANDS.items():
+        if wanted is not None and name != wanted:
+            sub.add_parser(name, add_help=False)
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -75,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
         reject_undecodable_text(p, TEXT_ARGS)
         p.set_defaults(func=run)
     return parser
+
+
+def _named_command(argv):
+    """The command `argv` names with nothing but `--version` before it; "" for `--version`
+    alone (no command's module is needed); None where every command's help may be shown
+    (`--help`, no command, a mistyped one)."""
+    if argv is None:
+        return None
+    for token in argv:
+        if token == "--version":
+            return ""
+        if token.startswith("-"):
+            return None
+        return token if token in COMMANDS else None
+    return None
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -302,8 +324,9 @@ def _command(argv) -> int:
             from .threads import set_threads
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
             from .config import given_dests
-            parser = build_parser()
-            _flags_after_the_command(parser, sys.argv[1:] if argv is None else list(argv))
+            argv = sys.argv[1:] if argv is None else list(argv)
+            parser = build_parser(argv)
+            _flags_after_the_command(parser, argv)
             args = parser.parse_args(argv)
             args._given = given_dests(parser, argv)
             set_threads(args.threads)

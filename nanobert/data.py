@@ -2272,7 +2272,7 @@ def beir_splits(root) -> list:
 def _read_beir_jsonl(path: Path, fields: tuple) -> dict:
     """{_id: the string fields} of corpus.jsonl ((title, text); a null field is "") or
     queries.jsonl (text, which a query must have: an empty one matches nothing)."""
-    out, first = {}, {}
+    out, first, blank = {}, {}, []
     for n, obj in _jsonl_objects(path):
         values = [obj.get(f) for f in fields]
         if not isinstance(obj.get("_id"), (str, int)) or isinstance(obj.get("_id"), bool) \
@@ -2284,6 +2284,8 @@ def _read_beir_jsonl(path: Path, fields: tuple) -> dict:
         values = tuple(v or "" for v in values)
         if len(fields) == 1 and not values[0].strip():
             raise data_error(path, n, f"query {obj['_id']!r} has no text")
+        if not "".join(values).strip():
+            blank.append((obj["_id"], n))
         key = str(obj["_id"])
         if key in first:  # the later one silently replaced the earlier
             raise data_error(path, n, f"_id {key!r} is used twice (first on line {first[key]}); "
@@ -2292,6 +2294,9 @@ def _read_beir_jsonl(path: Path, fields: tuple) -> dict:
         out[key] = values if len(fields) > 1 else values[0]
     if not out:
         raise data_error(path, None, "empty file")
+    if blank:   # (null or "" title and text: embedded as an empty string, found by chance)
+        note(f"{path}: {len(blank)} document(s) have no title and no text (e.g. _id "
+             f"{blank[0][0]!r} on line {blank[0][1]}); they are kept, as empty documents")
     return out
 
 

@@ -322,6 +322,7 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
     from . import data as D
     from .finetune import load_finetuned, predict_classify
     model, tok, settings = load_finetuned(out)   # the kept model, as a user reloads it
+    tok.quiet = True   # (its dev texts' truncation was said while it trained)
     labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
     dev = D.read_classification(dev_path)
     probs = predict_classify(model, tok, dev, settings["max_length"])

@@ -207,24 +207,31 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
     return items
 
 
-def note_questions_cut(tok, cut: int, max_length: int, doc_stride: int, train: bool) -> None:
-    """Say (once per tokenizer, limit and use) how many questions were cut to fit."""
+def note_questions_cut(tok, cut: list, max_length: int, doc_stride: int, train: bool) -> None:
+    """Say (once per tokenizer, limit and use) how many questions were cut to fit, and
+    the id of the first (`cut`: the ids of the questions cut)."""
     from .qa import question_limit
     from .tokenizer import note_once
     if cut:
         limit = question_limit(tok.tk, max_length, doc_stride)
-        note_once(tok, f"{cut} question{'s were' if cut > 1 else ' was'} cut to {limit} "
-                       f"token{'' if limit == 1 else 's'}, half of what a window of "
-                       f"{max_length} (doc stride {doc_stride}) leaves them",
-                  key=("questions cut", train, limit))
+        n = len(cut)
+        note_once(tok, f"{n} {'training ' if train else ''}question{'s were' if n > 1 else ' was'}"
+                       f" cut to {limit} token{'' if limit == 1 else 's'} (the first: id "
+                       f"{cut[0]!r}), half of what a window of {max_length} (doc stride "
+                       f"{doc_stride}) leaves them", key=("questions cut", train, limit))
+
+
+def questions_cut(examples, windows) -> list:
+    """The ids of the questions that `windows` cut, in order."""
+    cut = sorted({w.example for w in windows if w.question_cut})
+    return [examples[i].id for i in cut]
 
 
 def encode_qa(tok, examples, max_length, doc_stride, train=False, quiet=False) -> tuple:
     from .qa import make_windows
     windows = make_windows(tok, examples, max_length, doc_stride, train=train)
     if not quiet:
-        note_questions_cut(tok, len({w.example for w in windows if w.question_cut}),
-                           max_length, doc_stride, train)
+        note_questions_cut(tok, questions_cut(examples, windows), max_length, doc_stride, train)
     items = [{"input_ids": w.ids, "token_type_ids": w.type_ids} for w in windows]
     if train:
         for it, w in zip(items, windows):
@@ -555,13 +562,12 @@ def entity_spans(text, spans: dict, word_preds: dict, id2label: dict) -> list:
 def predict_qa(model, tok, examples, settings, batch_size=64, progress=False):
     """Yield the best answer of each question, its windows made, run and decoded a chunk
     of questions at a time (`in_chunks`)."""
-    cut = 0
+    cut = []
 
     def run(chunk):
-        nonlocal cut
         items, windows = encode_qa(tok, chunk, settings["max_length"], settings["doc_stride"],
                                    quiet=True)
-        cut += len({w.example for w in windows if w.question_cut})
+        cut.extend(questions_cut(chunk, windows))
         spans = run_batches(model, items, batch_size, tok.pad_id or 0, take=span_logits)
         return qa_answers(chunk, windows, spans, settings)
     yield from in_chunks(examples, [len(e.question) + len(e.context) for e in examples], run,
@@ -613,15 +619,14 @@ def qa_features(tok, examples, settings, l2i):
     from collections import Counter
 
     from . import tokenizer
-    max_length, stride, cut, many = settings["max_length"], settings["doc_stride"], 0, []
+    max_length, stride, cut, many = settings["max_length"], settings["doc_stride"], [], []
 
     def chunks():
-        nonlocal cut
         sizes = [len(e.question) + len(e.context) for e in examples]
         for idx in size_runs(sizes, tokenizer.CHUNK_CHARS):
-            items, windows = encode_qa(tok, [examples[i] for i in idx], max_length, stride,
-                                       train=True, quiet=True)
-            cut += len({w.example for w in windows if w.question_cut})
+            chunk = [examples[i] for i in idx]
+            items, windows = encode_qa(tok, chunk, max_length, stride, train=True, quiet=True)
+            cut.extend(questions_cut(chunk, windows))
             many.extend(n for n in Counter(w.example for w in windows).values()
                         if n > MANY_WINDOWS)
             yield items

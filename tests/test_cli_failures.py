@@ -242,7 +242,7 @@ def as_the_command(monkeypatch, command):
 
     from nanobert import cli
 
-    def parser():
+    def parser(argv=None):
         p = argparse.ArgumentParser()
         p.set_defaults(func=command, threads=1)
         return p
@@ -364,3 +364,18 @@ def test_long_work_shows_a_bar_on_a_terminal_only(tiny, tmp_path, monkeypatch, c
         assert main(["search", "--model", str(tiny / "base"), "--corpus", str(corpus),
                      "--query", "the film", "-k", "1"]) == 0
         assert ("encoding" in capsys.readouterr().err) == terminal
+
+
+def test_version_loads_no_torch_and_a_command_loads_only_its_module():
+    """`nanobert --version` answered after torch's 2-4 s import, and every command built
+    the flags of all the others (server, plots) before running."""
+    code = ("import sys; from nanobert.cli import build_parser\n"
+            "try:\n    build_parser(['--version']).parse_args(['--version'])\n"
+            "except SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)\n"
+            "build_parser(['info', 'minilm'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('nanobert.') and "
+            "m.split('.')[1] in ('serve', 'gpt2', 'inspection', 'distill')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[-2:] == ["False", "[]"], out

@@ -270,12 +270,16 @@ def test_beir_queries_need_an_id_and_a_text(tmp_path, query, msg):
         D.read_beir(root)
 
 
-def test_beir_corpus_fields_are_strings_or_null(tmp_path):
+def test_beir_corpus_fields_are_strings_or_null(tmp_path, capsys):
     root = _beir(tmp_path)
     _write(root / "corpus.jsonl", '{"_id": "d1", "title": null, "text": null}\n'
-                                  '{"_id": 2, "text": "two"}\n')
+                                  '{"_id": 2, "text": "two"}\n{"_id": "d3", "text": " "}\n')
     assert D._read_beir_jsonl(root / "corpus.jsonl", ("title", "text")) == \
-        {"d1": ("", ""), "2": ("", "two")}
+        {"d1": ("", ""), "2": ("", "two"), "d3": ("", " ")}
+    # documents with nothing to embed are said, once
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "corpus.jsonl: 2 document(s) have no title and no text " \
+        "(e.g. _id 'd1' on line 1)" in err
     _write(root / "corpus.jsonl", '{"_id": "d1", "title": "T", "text": 0}\n')   # was text ""
     with pytest.raises(NanobertError, match=r"corpus.jsonl:1: expected an object with a string "
                                             r"'_id' and string 'title', 'text'"):

@@ -75,8 +75,9 @@ def test_a_long_question_is_cut_so_windows_move_on(minilm, capsys):
     assert per[0][0].type_ids.count(0) == limit + 2        # [CLS] question [SEP]
     assert len(per[0]) <= 2 * len(per[1]) and len(per[0]) < 20
     capsys.readouterr()
-    encode_qa(tok, [long_q, short_q], 64, 16)
-    assert "1 question was cut to 22 tokens" in capsys.readouterr().err
+    encode_qa(tok, [short_q, long_q], 64, 16, train=True)
+    assert "1 training question was cut to 22 tokens (the first: id 'q')" in \
+        capsys.readouterr().err
     encode_qa(tok, [long_q], 64, 16, quiet=True)
     assert capsys.readouterr().err == ""
 
@@ -462,7 +463,7 @@ def test_training_windows_are_made_a_chunk_of_questions_at_a_time(minilm, capsys
                           base.answers) for i in range(24)]
     want, _ = encode_qa(tok, examples, 40, 8, train=True)
     note = capsys.readouterr().err
-    assert "6 questions were cut" in note
+    assert "6 training questions were cut" in note
     tok.__dict__.pop("_notes", None)
     monkeypatch.setattr(T, "CHUNK_CHARS", 1500)
     calls, real = [], F.encode_qa
