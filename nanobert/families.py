@@ -13,6 +13,7 @@ never reads for some configs (`unused`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -157,7 +158,11 @@ BERT = Family(
 def _roberta_from_hf(d):
     kw = _labels(d, _common_config(d))
     # (XLM-RoBERTa and CamemBERT: RoBERTa's layout under their own model_type)
-    kw.update(family=d.get("model_type", "roberta"), position_offset=d.get("pad_token_id", 1) + 1)
+    pad = d.get("pad_token_id", 1)
+    if not isinstance(pad, int) or isinstance(pad, bool):   # (null: no position to count from)
+        raise ValueError(f"pad_token_id {json.dumps(pad)}: {d.get('model_type', 'roberta')} "
+                         "counts positions from the padding id, which must be an integer")
+    kw.update(family=d.get("model_type", "roberta"), position_offset=pad + 1)
     return kw
 
 

@@ -408,6 +408,15 @@ def first_real_tokens(x, mask):  # x (B, T, H), mask (B, T) 1 on real tokens -> 
     return x[torch.arange(x.shape[0], device=x.device), first]
 
 
+def has_holes(mask) -> bool:  # mask (B, T)
+    """Does a row of `mask` have padding between real tokens (not one block of them)?"""
+    m = mask.bool()
+    cols = torch.arange(m.shape[1], device=m.device)
+    first = torch.where(m, cols, m.shape[1]).amin(1)                   # (B,)
+    last = torch.where(m, cols, -1).amax(1)                            # (B,)
+    return bool(((last - first + 1).clamp(min=0) != m.sum(1)).any())
+
+
 class Layout:
     """Padded layout: activations are (B, T, H); `mask` (B, T) is 1 on real tokens.
     `backend` is "eager" or "sdpa"."""
@@ -959,7 +968,10 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         positions = self.positions(input_ids)                          # (B, T)
-        unpadded = self.config.unpadded and not padded
+        # (a window over a mask with holes counts columns, as transformers' padded path
+        # does; packed, the tokens around a hole would be nearer: the padded layout)
+        unpadded = self.config.unpadded and not padded and not (
+            self.config.local_attention and has_holes(attention_mask))
         if unpadded:
             layout = UnpaddedLayout(attention_mask)
             ids, pos, seg = (layout.unpad(t) for t in (input_ids, positions, token_type_ids))

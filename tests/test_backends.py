@@ -180,6 +180,32 @@ def test_a_local_layers_padding_queries_see_a_key_and_real_rows_keep_their_numbe
     assert ((padded - unpadded) * mask).abs().max() <= TOL
 
 
+def test_a_window_over_a_mask_with_holes_counts_columns_on_every_backend():
+    """A mask with padding between real tokens: the unpadded layout measured ModernBERT's
+    sliding window over the packed tokens, so tokens either side of a hole saw each other
+    where the padded backends (and transformers) count columns (0.25 apart). Such a batch
+    runs padded; a mask without holes stays unpadded."""
+    from nanobert.model import has_holes
+    torch.manual_seed(0)
+    model = Bert(preset("modernbert-tiny", vocab_size=1000, max_position_embeddings=64,
+                        local_attention=4, global_every=3), None).eval()
+    mask = torch.ones(2, 14, dtype=torch.long)
+    mask[0, 5:9] = 0
+    batch = {"input_ids": torch.randint(5, 1000, (2, 14)), "attention_mask": mask}
+    out = {}
+    with torch.inference_mode():
+        for backend in ("eager", "sdpa", "unpadded"):
+            model.config.attn_backend = backend
+            out[backend] = model.bert(**batch).last_hidden_state[mask.bool()]
+        assert type(model.bert(**batch).layout).__name__ == "Layout"
+        batch["attention_mask"] = torch.tensor([[0] * 3 + [1] * 11, [1] * 10 + [0] * 4])
+        assert type(model.bert(**batch).layout).__name__ == "UnpaddedLayout"
+    for backend in ("sdpa", "unpadded"):
+        assert (out[backend] - out["eager"]).abs().max() <= TOL
+    assert has_holes(mask) and not has_holes(batch["attention_mask"])
+    assert not has_holes(torch.zeros(2, 3)) and has_holes(torch.tensor([[1, 0, 1]]))
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_spare_rows_change_nothing(pooling):
     """With and without the spare zero rows of the CPU fast path (round_rows): the same

@@ -383,3 +383,18 @@ def test_mpnet_with_other_than_32_buckets_is_refused(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'config.json'}: relative_attention_num_buckets=64 is "
                             "not supported (MPNet buckets relative positions into 32 in "
                             "transformers; only 32 is)")
+
+
+@pytest.mark.parametrize("pad", [None])   # (strings, floats: the common check of ids)
+def test_a_roberta_config_whose_pad_token_id_is_no_integer_is_refused_by_name(tmp_path, pad):
+    """RoBERTa counts positions from pad_token_id: null was a TypeError's words
+    ("unsupported operand type(s) for +: 'NoneType' and 'int')."""
+    from nanobert.files import NanobertError
+    hf.RobertaModel(FAMILIES["roberta"][0]()).save_pretrained(tmp_path)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**conf, "pad_token_id": pad}))
+    with pytest.raises(NanobertError) as e:
+        load_model(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'config.json'}: pad_token_id {json.dumps(pad)}: "
+                            "roberta counts positions from the padding id, which must be an "
+                            "integer")
