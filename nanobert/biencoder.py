@@ -744,7 +744,7 @@ def text_rows_input(path, cols=None) -> list:
         read_text_lines, read_text_rows, reads_as_table
     fmt = detect_format(path, plain_text=True)
     given = _columns(cols)
-    table = fmt in ("tsv", "csv") and (is_sts_original(path, tuple(given.values())) or
+    table = fmt in ("tsv", "csv", "msrp") and (is_sts_original(path, tuple(given.values())) or
                                        reads_as_table(path, fmt, ANCHOR_COLUMNS, given.values()))
     if fmt == "jsonl" or table:
         return read_text_rows(path, require_score=False, columns=given)

@@ -1241,7 +1241,8 @@ def reads_as_table(path, fmt: str, known, given=()) -> bool:
     around one: `Sentence, paragraph` and `Question, comment or complaint?` are texts).
     A header guessed so gets a note."""
     path = Path(path)
-    if path.suffix.lower() in (".tsv", ".csv") or any(map(is_column_index, given)):
+    if fmt == "msrp" or path.suffix.lower() in (".tsv", ".csv") or \
+            any(map(is_column_index, given)):   # (MSRP: a header detect_format knows)
         return True
     n, first = _first_content(path)
     header = [_unquoted(h.strip() if fmt == "tsv" else h)
@@ -1280,6 +1281,7 @@ def read_text_lines(path) -> list:
     columns is refused: read as text, each of its lines would be taken for an input."""
     path = input_path(path)
     n, first = _first_content(path)
+    _refuse_conll2012(path, n, first)
     if first.lstrip().startswith('"'):
         if path.suffix.lower() in JSON_SUFFIXES:
             return _json_string_lines(path)
@@ -1511,6 +1513,7 @@ def read_conll(path, require_tags=True) -> list:
     """Sentences of a CoNLL file (token first, tag last; blank lines between sentences)."""
     path = input_path(path)
     n, first = _first_content(path)
+    _refuse_conll2012(path, n, first)
     if _is_json_file(path, first):
         if detect_format(path) == "jsonl":
             return _read_json_ner(path, require_tags)
@@ -1562,6 +1565,17 @@ def read_conll(path, require_tags=True) -> list:
         note(f"{path}: {len(comments)} comment line{'s' if len(comments) > 1 else ''} ('# ...', "
              f"first line {comments[0]}) skipped")
     return out
+
+
+def _refuse_conll2012(path, n, first: str) -> None:
+    """An OntoNotes CoNLL-2012 file (`*_gold_conll`): a document id, part and word number
+    before each word, entities in brackets. Read as text, each line was tagged as an
+    input; as CoNLL-2003, its coreference column was "tag '(12' is not IOB"."""
+    if first.startswith("#begin document"):
+        raise data_error(path, n, "an OntoNotes CoNLL-2012 file (#begin document; the word in "
+                         "the 4th column, entities in brackets): nanobert reads CoNLL-2003 "
+                         "columns (the token first, its IOB tag last, a blank line between "
+                         "sentences); convert it to those")
 
 
 def _conll_comment(cols: list, tagged: bool = True) -> bool:
@@ -2055,7 +2069,7 @@ def read_records(path, given=()) -> tuple:
         line, what = _json_trouble(path)
         raise data_error(path, line, f"{what}; expected a TSV/CSV file with a header, or "
                          "JSON Lines")
-    if fmt not in ("tsv", "csv"):
+    if fmt not in ("tsv", "csv", "msrp"):
         raise data_error(path, 1, "expected a TSV/CSV file with a header, or JSON Lines")
     _, header, table = _table(path, fmt, given)
     return header, [(n, dict(zip(header, fields))) for n, fields in table]
@@ -2100,6 +2114,8 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
                          f"...; columns: {shown})")
     unscored = pairs_need_score and _scored_pairs(roles, columns)
     if score is None and (require_score or unscored):
+        if detect_format(path) == "msrp":
+            raise data_error(path, 1, MSRP_UNSCORED)
         hint = UNSCORED_PAIRS.format(*roles) if unscored else ""
         raise data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
                          f"columns: {shown}){hint or '; name it with --label-column'}")
@@ -2122,6 +2138,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         raise data_error(path, None, "no rows (only a header?)")
     if columns.get("score") is None:
         _no_nli_classes(roles, score, out, path)
+        _note_class_scores(roles, score, out, path)
     _note_empty_texts(out, path, "row(s)")
     return out
 
@@ -2154,6 +2171,11 @@ UNSCORED_PAIRS = ("; {0!r}/{1!r} pairs (STS, NLI) are related by their scores, n
                   "so (anchor/positive, query/document, question/answer) or named with "
                   "--text-pair-column")
 
+MSRP_UNSCORED = ("the MSRP paraphrase layout: its 'Quality' column holds classes (1 a "
+                 "paraphrase, 0 not), not similarity scores; fine-tune and evaluate a "
+                 "classifier on it (--task classify), or read the classes as scores with "
+                 "--label-column Quality")
+
 
 def _no_nli_classes(roles: list, score: Optional[str], rows: list, path):
     """Refuse premise/hypothesis pairs whose score, found in a column named `label`, is
@@ -2169,6 +2191,20 @@ def _no_nli_classes(roles: list, score: Optional[str], rows: list, path):
                          "entailment would be the least similar pair. Fine-tune a classifier on "
                          "them (--task classify), train embeddings on (anchor, positive, "
                          "negative) triples, or name a score column with --label-column")
+
+
+def _note_class_scores(roles: list, score: Optional[str], rows: list, path):
+    """Say so where the pairs of classification layouts (sentence1/sentence2, text_a/
+    text_b: not query/document) have a column named `label` of only 0 and 1: read as
+    similarity scores (1 similar), which class labels may not be (GLUE RTE and WNLI: 0 is
+    entailment; their Spearman came out negative, unsaid). Named by --label-column: no
+    note."""
+    if score is not None and score.casefold() == "label" and len(roles) == 2 and \
+            roles[1].casefold() in SCORED_PAIR_COLUMNS and {r.score for r in rows} == {0.0, 1.0}:
+        note(f"{path}: every {score!r} is 0 or 1, read as similarity scores (1: the pair is "
+             "similar); if they are class labels (GLUE RTE, WNLI: 0 is entailment), fine-tune "
+             "a classifier on them (--task classify); --label-column label takes them as "
+             "scores without this note")
 
 
 def _scored_pairs(roles: list, columns: dict) -> bool:

@@ -363,3 +363,36 @@ def test_rows_with_an_empty_text_are_kept_with_one_note(tmp_path, capsys):
                                          "main-news\theadlines\t2016\t0002\t3.0\t\tC d\n")
     assert [r.texts for r in D.read_text_rows(sts)][1] == ("", "C d")  # (the release's layout)
     assert f"{sts}:2: 1 row(s) with an empty text (kept" in capsys.readouterr().err
+
+
+MSRP = ("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+        "1\t1\t2\tA man eats.\tSomeone is eating.\n0\t3\t4\tThe sky is blue.\tCats purr.\n")
+
+
+def test_an_msrp_file_is_read_as_pairs_and_its_classes_are_not_taken_for_scores(tmp_path):
+    """An MSRP file to an embedding model: evaluate said "expected a TSV/CSV file with a
+    header" (it has one), predict read its lines (the header too) as single texts."""
+    p = tmp_path / "msr_paraphrase_test.txt"
+    p.write_text(MSRP, encoding="utf-8")
+    with pytest.raises(NanobertError, match=r"msr_paraphrase_test\.txt:1: the MSRP paraphrase "
+                                            r"layout: its 'Quality' column holds classes"):
+        D.read_text_rows(p, require_score=True)
+    rows = D.read_text_rows(p, require_score=False)
+    assert [r.texts for r in rows] == [("A man eats.", "Someone is eating."),
+                                       ("The sky is blue.", "Cats purr.")]
+    assert [r.score for r in D.read_text_rows(p, columns={"score": "Quality"})] == [1.0, 0.0]
+    from nanobert.biencoder import text_rows_input      # predict --input: pairs, no note
+    assert [r.texts for r in text_rows_input(p)] == [r.texts for r in rows]
+
+
+def test_a_label_column_of_only_0_and_1_read_as_scores_is_noted(tmp_path, capsys):
+    """GLUE RTE given to an embedding model: its classes (0 entailment) were read as
+    similarity scores, a negative Spearman with nothing said."""
+    p = tmp_path / "rte.tsv"
+    p.write_text("index\tsentence1\tsentence2\tlabel\n0\ta b\ta\t0\n1\tc d\te\t1\n")
+    assert [r.score for r in D.read_text_rows(p, require_score=True)] == [0.0, 1.0]
+    assert "rte.tsv: every 'label' is 0 or 1, read as similarity scores" in capsys.readouterr().err
+    D.read_text_rows(p, require_score=True, columns={"score": "label"})
+    p.write_text("sentence1\tsentence2\tlabel\na\tb\t0.5\nc\td\t1\n")
+    D.read_text_rows(p, require_score=True)
+    assert capsys.readouterr().err == ""

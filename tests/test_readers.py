@@ -1018,3 +1018,17 @@ def test_a_fasttext_file_is_named_with_a_way_to_convert_it(tmp_path):
     assert D.read_classification(label_last)[0].text_a == "__label__ is a token"
     table = write(tmp_path, "t.tsv", "__label__1\tI loved it\n__label__0\tawful\n")   # columns
     assert [e.text_a for e in D.read_inputs(table, {"text_column": "1"})] == ["I loved it", "awful"]
+
+
+def test_an_ontonotes_conll2012_file_is_named_as_such_everywhere(tmp_path):
+    """`*_gold_conll` (OntoNotes): predict tagged each of its lines as a text (entities
+    on the document ids, exit 0); evaluate said "tag '(12' is not IOB"."""
+    p = tmp_path / "a.v4_gold_conll"
+    p.write_text("#begin document (bc/cctv/00/cctv_0001); part 000\n"
+                 "bc/cctv/00/cctv_0001 0 0 Bill NNP (TOP(S(NP* - - - Speaker#1 (PERSON* (12\n"
+                 "bc/cctv/00/cctv_0001 0 1 Clinton NNP *) - - - Speaker#1 *) 12)\n\n"
+                 "#end document\n")
+    for read in (D.read_text_lines, D.read_conll, lambda q: D.read_conll(q, False)):
+        with pytest.raises(NanobertError, match=r"a\.v4_gold_conll:1: an OntoNotes CoNLL-2012 "
+                                                r"file .*convert it to those$"):
+            read(p)
