@@ -31,7 +31,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -1503,19 +1503,71 @@ LINGER_MAX_S = 10.0
 
 
 def http_protocol(header_timeout: float, max_header_bytes: int = MAX_HEADER_BYTES,
-                  metrics: Optional[Metrics] = None):
-    """uvicorn's HTTP protocol (httptools) with `HeaderLimits`, its refusals counted in
-    `metrics`; "auto" (no limits) where httptools is not installed."""
+                  metrics: Optional[Metrics] = None, stopping: Callable[[], bool] = bool):
+    """uvicorn's HTTP protocol (httptools) with `HeaderLimits` (and `header_timeout` as
+    the time a client has to read any of its answer, `SendWatch`), its refusals counted
+    in `metrics`; `stopping()`: has a stop signal come? "auto" (no limits) where
+    httptools is not installed."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return "auto"
     return type("TimedHeaders", (HeaderLimits, HttpToolsProtocol),
                 {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes,
-                 "metrics": metrics})
+                 "metrics": metrics, "stopping": staticmethod(stopping)})
 
 
-class HeaderLimits:
+class SendWatch:
+    """A connection whose client reads none of its answer is closed, as nginx's
+    send_timeout closes it: an answer the client does not read stays in the server's
+    memory whole (a 2 MB /tokenize request is a 28 MB answer; 40 clients that never read
+    held 1.2 GB, for good), and, after SIGTERM, held the stop for all of --drain-timeout.
+    While the transport's buffer is over its high-water mark (it paused writing), it must
+    shrink within `header_timeout` seconds (STOP_BODY_S once a stop signal came)."""
+    header_timeout: float = 30.0
+    stopping = staticmethod(bool)
+    send_timer = None
+    send_left = -1          # bytes unsent at the last look
+    send_still = 0.0        # seconds they have not shrunk
+
+    def pause_writing(self):
+        super().pause_writing()
+        self.send_left, self.send_still = self.transport.get_write_buffer_size(), 0.0
+        self._watch_send()
+
+    def resume_writing(self):
+        super().resume_writing()
+        self._stop_send_watch()
+
+    def _watch_send(self):
+        self._stop_send_watch()
+        self.send_timer = self.loop.call_later(SEND_LOOK_S, self._look_at_send)
+
+    def _stop_send_watch(self):
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _look_at_send(self):
+        self.send_timer = None
+        if self.transport.is_closing() and not self.transport.get_write_buffer_size():
+            return
+        left = self.transport.get_write_buffer_size()
+        self.send_still = 0.0 if left < self.send_left else self.send_still + SEND_LOOK_S
+        self.send_left = left
+        limit = STOP_BODY_S if self.stopping() else self.header_timeout
+        if self.send_still >= limit:
+            self.logger.warning(f"closed a connection whose client read none of its answer "
+                                f"in {self.send_still:g} s ({left} bytes unsent)")
+            self.transport.abort()
+            return
+        self._watch_send()
+
+
+SEND_LOOK_S = 0.5   # how often SendWatch looks at an answer the client is not reading
+
+
+class HeaderLimits(SendWatch):
     """Limits on a request's headers, mixed into uvicorn's protocol: a connection that
     sends none, or stops in the middle of them, is closed after `header_timeout` seconds
     (without it such connections stayed open for good, each holding a file descriptor:
@@ -1685,6 +1737,7 @@ class HeaderLimits:
 
     def connection_lost(self, exc):
         _stop_header_timer(self)
+        self._stop_send_watch()
         cycles = [self.running_cycle, self.cycle] + [c for c, _ in self.pipeline]
         self.pipeline.clear()          # never started: nothing to answer on a closed connection
         super().connection_lost(exc)
@@ -1866,7 +1919,9 @@ def serve_cmd(args):
     uv = uvicorn.Config(make_app(server), host=config.host, port=config.port, log_level="warning",
                         timeout_graceful_shutdown=config.drain_timeout,
                         timeout_keep_alive=KEEP_ALIVE_S,
-                        access_log=False, http=http_protocol(config.body_timeout, metrics=server.metrics))
+                        access_log=False, http=http_protocol(
+                            config.body_timeout, metrics=server.metrics,
+                            stopping=lambda: bool(server.stopping and server.stopping.is_set())))
     import logging
     logging.getLogger("uvicorn.error").addFilter(not_drain_deadline)   # (after its log setup)
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import random
@@ -1116,6 +1117,47 @@ def test_a_body_still_arriving_at_sigterm_does_not_hold_the_drain():
         assert s.proc.wait(30) == 0 and time.time() - start < 10
         log = s.proc.stdout.read()
         assert "still running" not in log and "Traceback" not in log, log
+    finally:
+        s.close()
+
+
+def _unread_answer(port: int) -> socket.socket:
+    """A connection that asks /tokenize for a 7 MB answer and reads none of it."""
+    body = json.dumps({"inputs": [" ".join(["word"] * 200)] * 500}).encode()
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    c.connect(("127.0.0.1", port))
+    c.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return c
+
+
+def test_an_answer_nobody_reads_is_dropped_after_the_body_timeout_and_holds_no_stop():
+    """A client that never read its answer kept all of it in the server's memory for as
+    long as it stayed connected (40 such clients: +1.2 GB, for good), and, after SIGTERM,
+    held the stop for all of --drain-timeout. Its connection is closed once it has read
+    nothing for --body-timeout s (STOP_BODY_S s after a stop signal)."""
+    s = Running(["minilm"], "--body-timeout", "2", "--drain-timeout", "20",
+                "--payload-limit", "10000000")
+    try:
+        clients = [_unread_answer(s.port) for _ in range(4)]
+        time.sleep(5)                              # past --body-timeout: closed
+        for c in clients:                          # what the kernel held, then the end
+            c.settimeout(10)
+            got = 0
+            with contextlib.suppress(ConnectionResetError):
+                got = sum(len(b) for b in iter(lambda: c.recv(1 << 16), b""))
+            assert got < 7_000_000, got
+        assert s.post("/embed", {"inputs": "still serving"}).status_code == 200
+        late = _unread_answer(s.port)              # now a stop signal comes
+        time.sleep(1)
+        start = time.time()
+        log = s.stop_log()
+        assert time.time() - start < 8 and s.proc.returncode == 0, log
+        assert log.count("closed a connection whose client read none of its answer") == 5, log
+        assert "Traceback" not in log
+        for c in clients + [late]:
+            c.close()
     finally:
         s.close()
 
