@@ -1033,7 +1033,7 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
             state[tied] = state[tied].clone()
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
-            tokenizer.save(tmp)
+            tokenizer.save(tmp, token_types=model.config.type_vocab_size > 1)
         for name, text in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(text, encoding="utf-8")

@@ -389,16 +389,39 @@ def make_pairs(corpus: TokenizedCorpus, chunks: np.ndarray, kind: str, rng,
         a, b = (c0, m), (m, c1)
         label = int(rng.random() < 0.5)
         if label and kind == NSP:
-            other = int(rng.integers(corpus.n_docs - 1))
-            other += other >= d                         # any document but this one
-            t0, t1 = corpus.doc_span(other)
-            n = b[1] - b[0]
-            start = int(rng.integers(t0, max(t0, t1 - n) + 1))
-            b = (start, min(t1, start + n))
+            b = random_sentences(corpus, d, b[1] - b[0], rng, whole=len(bounds) > 0)
         elif label:                                     # SOP: swap
             a, b = b, a
         out.append((*a, *b, label))
     return np.asarray(out, np.int64).reshape(-1, 5)
+
+
+def random_sentences(corpus: TokenizedCorpus, d: int, n: int, rng, whole: bool = True,
+                     tries: int = 10) -> tuple:
+    """NSP's NotNext segment B for an IsNext one of n tokens, shaped as that one is (it
+    runs from A's end to the end of a chunk: whole sentences, or, `whole` False, from
+    inside a sentence): n tokens of another document than d. A run of whole sentences
+    within 2 tokens of n, from a random one of up to `tries` documents; else (or not
+    `whole`) n tokens that end at a sentence end. Text from a random token had begun and
+    ended mid-sentence: 2% ended with a full stop, against 78%, and 'does B end with a
+    full stop' alone scored 88% on NSP."""
+    for _ in range(tries):
+        other = int(rng.integers(corpus.n_docs - 1))
+        other += other >= d                             # any document but this one
+        bounds = corpus.sents[corpus.docs[other]:corpus.docs[other + 1] + 1]  # starts, end
+        starts = bounds[:-1]
+        ends = bounds[np.searchsorted(bounds, starts + n, side="right") - 1]  # last <= s + n
+        near = np.flatnonzero(ends - starts >= n - 2) if whole else []
+        if len(near):
+            i = int(rng.choice(near))
+            return int(starts[i]), int(ends[i])
+        late = bounds[1:][bounds[1:] >= bounds[0] + n]  # sentence ends n tokens in or more
+        if not whole and len(late):
+            e = int(rng.choice(late))
+            return e - n, e
+    late = bounds[1:][bounds[1:] >= bounds[0] + n]
+    e = int(rng.choice(late)) if len(late) else int(bounds[-1])
+    return max(int(bounds[0]), e - n), e
 
 
 class PretrainData:

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
                      param)
 from .files import NanobertError, atomic_path, check_output_dir, check_outside, note, write_text
-from .masking import (IGNORE, SPLIT_DECIMALS, Masker, fixed_masks, parse_split, split_name,
-                      word_continuations)
+from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
+                      split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
 from .train import TrainConfig, keeps_random_state
 
@@ -596,7 +596,7 @@ def _validation_batches(run: _Run, masker: Masker) -> list:
                             "the held-out documents); use a tokenizer that covers the corpus, "
                             "or train one (leave --tokenizer out), or --val-fraction 0")
     run.say(f"validation: {sum(len(b['input_ids']) for b in batches)} rows, {masked} masked "
-            "tokens (fixed masks, 80/10/10)")
+            f"tokens (fixed masks: {STANDARD_MASKS})")
     return batches
 
 
@@ -655,7 +655,7 @@ def _new_model(run: _Run, make_model=None):
             untie_decoder(model)    # a decoder matrix of its own, as the config asks
     if run.rank == 0:
         run.out.mkdir(parents=True, exist_ok=True)
-        run.tok.save(run.out)  # the vocabulary, before any checkpoint (resume reads it back)
+        run.tok.save(run.out, token_types=model.config.type_vocab_size > 1)  # (resume reads it)
         k = cfg.trainer.grad_accum
         from .info import saved_parameters
         n = saved_parameters(model)            # those saved, as `nanobert info` counts them

@@ -474,9 +474,12 @@ class Tokenizer:
                                     max_input_chars_per_word=MAX_WORD_CHARS)
         return cls(_bert_pipeline(tk, lowercase), model_max_length, lowercase)
 
-    def save(self, out_dir):
+    def save(self, out_dir, token_types: bool = True):
         """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json, and
-        vocab.txt for WordPiece vocabularies."""
+        vocab.txt for WordPiece vocabularies. `token_types` False: for a model of one
+        segment type (RoBERTa, DistilBERT, ModernBERT), transformers' tokenizer is told to
+        give no token_type_ids, as their own tokenizers give none (a pair's 1s were an
+        IndexError in RobertaModel, and DistilBertModel takes no such argument)."""
         out_dir = Path(out_dir)
         if out_dir.exists() and not out_dir.is_dir():
             raise NanobertError(f"{out_dir}: is a file, not a folder to save a tokenizer in")
@@ -489,6 +492,8 @@ class Tokenizer:
                         "tokenize_chinese_chars": bool(bert["handle_chinese_chars"])}
         else:  # tokenizer.json as it is
             settings = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        if not token_types:
+            settings["model_input_names"] = ["input_ids", "attention_mask"]
         files = {
             "tokenizer.json": self.tk.to_str(),
             "tokenizer_config.json": json.dumps(dict(

@@ -106,6 +106,13 @@ def test_pairs_balanced_and_correct(loaded_corpus, kind):
         else:
             assert doc(a0) == doc(b0)
             assert (b0 == a1) if y == 0 else (b1 == a0)            # in order / swapped
+    if kind == NSP:   # NotNext B ends where IsNext B ends (a sentence end), as long
+        bounds = set(train.sents.tolist())   # (from a random token: a full-stop shortcut)
+        for y in (0, 1):
+            rows = pairs[pairs[:, 4] == y]
+            assert np.mean([b1 in bounds for b1 in rows[:, 3]]) > 0.9, y
+        length = [np.mean(np.diff(pairs[pairs[:, 4] == y][:, 2:4])) for y in (0, 1)]
+        assert abs(length[1] / length[0] - 1) < 0.15, length
     # rows: [CLS] A [SEP] B [SEP], segment 1 on B
     data = PretrainData(train, tok, 32, pairs=kind)
     b = data.rows(0, [0])

@@ -108,3 +108,22 @@ def test_classify_and_embed_directories_say_the_window_nanobert_uses(tiny_dir, t
     texts = [LONG_DOC, "the cat eats."]
     np.testing.assert_allclose(st.encode(texts), np.asarray(nanobert.Encoder(emb).encode(texts)),
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["roberta", "distilbert", "modernbert", "bert"])
+def test_a_saved_model_of_one_segment_type_runs_in_transformers_on_pairs(tmp_path, variant):
+    """A roberta-tiny model saved with nanobert's WordPiece tokenizer: transformers'
+    tokenizer gave a pair token_type_ids of 1, an IndexError in RobertaModel's table of
+    one type (and DistilBertModel takes no token_type_ids at all). Models of one type
+    say so in tokenizer_config.json, as their own tokenizers do; BERT keeps its types."""
+    from transformers import AutoModel, AutoTokenizer
+    tok = nanobert.Tokenizer.train([" ".join(WORDS)] * 20, vocab_size=80, min_frequency=1)
+    config = nanobert.preset(f"{variant}-tiny", vocab_size=tok.vocab_size,
+                             pad_token_id=tok.pad_id, num_hidden_layers=1)
+    nanobert.Bert(config, None).save_pretrained(tmp_path, tokenizer=tok)
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path)
+    enc = hf_tok("the cat eats", "a dog runs", return_tensors="pt")
+    assert ("token_type_ids" in enc) == (variant == "bert")
+    with torch.no_grad():
+        out = AutoModel.from_pretrained(tmp_path)(**enc).last_hidden_state
+    assert out.shape[:2] == enc["input_ids"].shape

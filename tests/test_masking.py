@@ -172,6 +172,18 @@ def test_for_tokenizer_and_fixed_masks(tmp_path):
     assert torch.equal(a[1], again[1]) and torch.equal(a[0], again[0])
 
 
+def test_validation_masks_are_the_same_whatever_the_training_masks():
+    """fixed_masks took --mask-prob and --whole-word-mask from the training masker: runs
+    at 15% and 30%, or by tokens and by whole words, were scored on different tasks."""
+    ids, mask = batch()
+    plain = fixed_masks(masker(), ids, mask, seed=3)
+    for kw in ({"mask_prob": 0.3}, {"whole_word": True}, {"split": (0.0, 0.0, 1.0)}):
+        other = fixed_masks(masker(**kw), ids, mask, seed=3)
+        assert torch.equal(other[0], plain[0]) and torch.equal(other[1], plain[1]), kw
+    rate = (plain[1] != IGNORE).sum() / ((mask == 1) & (ids > 4)).sum()
+    assert 0.12 < rate < 0.18
+
+
 def bpe_tokenizer(tmp_path, byte_level: bool):
     """A small BPE tokenizer.json (RoBERTa's byte-level one, or one whose pieces carry no
     word marks) loaded as nanobert reads it."""
