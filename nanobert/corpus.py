@@ -99,9 +99,12 @@ def document_lines(files: Sequence) -> Iterator[tuple]:
 
 
 def iter_documents(files: Sequence) -> Iterator[list]:
-    """Documents as lists of non-blank lines (`document_lines`)."""
+    """Documents as lists of non-blank lines (`document_lines`), a line over LINE_CHARS
+    characters in pieces (`line_pieces`): a 200 MB line (no sentence end in it) was one
+    string for the vocabulary trainer and the tokenizer, 15 GB and growing, and the
+    trainer never came back to Python to see a Ctrl-C."""
     for _, group in itertools.groupby(document_lines(files), key=lambda dl: dl[0]):
-        yield [line for _, line in group]
+        yield [piece for _, line in group for piece in line_pieces(line, LINE_CHARS)]
 
 
 PART_CHARS = 200_000     # the most characters of a document `StreamingCorpus` holds at once
@@ -214,20 +217,24 @@ class TokenizedCorpus:
 
 
 def tokenize_documents(docs: Sequence, tok, chunk: int = 2048) -> TokenizedCorpus:
-    """Split each document's lines into sentences and encode them (no special tokens)."""
+    """Split each document's lines into sentences and encode them (no special tokens),
+    `chunk` sentences (or CHUNK_CHARS characters) at a time."""
     flat_sents, doc_starts = [], [0]
     for doc in docs:
         for line in doc:
             flat_sents.extend(sentences(line))
         doc_starts.append(len(flat_sents))
-    ids, lengths = [], []
-    for i in range(0, len(flat_sents), chunk):
-        for enc in tok.plain(flat_sents[i:i + chunk], add_special_tokens=False):
-            ids.extend(enc.ids)
-            lengths.append(len(enc.ids))
+    from .batching import size_runs
+    from .tokenizer import CHUNK_CHARS
+    ids, lengths = [], []     # (ids a chunk at a time as arrays: a list of ints took 36
+    for run in size_runs([len(t) for t in flat_sents], CHUNK_CHARS, chunk):   # bytes a token)
+        encs = tok.plain([flat_sents[i] for i in run], add_special_tokens=False)
+        ids.append(np.fromiter((t for e in encs for t in e.ids), np.int32))
+        lengths.extend(len(e.ids) for e in encs)
     sents = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=sents[1:])
-    return TokenizedCorpus(np.asarray(ids, np.int32), sents, np.asarray(doc_starts, np.int64))
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+    return TokenizedCorpus(ids, sents, np.asarray(doc_starts, np.int64))
 
 
 HOLDOUT_SEED = 0   # what a run is scored on never depends on its --seed

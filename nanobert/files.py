@@ -512,11 +512,14 @@ def write_failure(e: BaseException):
 
 def path_failure(e: BaseException):
     """The one line for a path the system cannot look up, wherever it was met (a
-    `resolve()`, an `exists()`, a mkdir): a loop of symbolic links, a name too long.
+    `resolve()`, an `exists()`, a mkdir): a loop of symbolic links, a name too long, a
+    file or folder the user may not read or write.
     Python before 3.13 raises a RuntimeError for the loop in `Path.resolve`. Else None."""
     if isinstance(e, OSError) and e.errno in (errno.ELOOP, errno.ENAMETOOLONG):
         shown = e.filename if e.filename is not None else "a path"
         return f"{shown}: cannot be used ({e.strerror or e})"
+    if isinstance(e, PermissionError) and e.filename is not None:   # (a file read or written
+        return f"{e.filename}: cannot be used ({e.strerror or e})"     # where no check looked)
     if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):
         return f"{str(e)[len('Symlink loop from '):].strip(chr(39))}: cannot be used (a loop of " \
                "symbolic links)"

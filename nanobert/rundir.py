@@ -148,7 +148,7 @@ def _plain(v):
 
 def differences(old: dict, new: dict, limit: int = 3) -> list:
     """Human-readable differences between two fingerprints, at most `limit`."""
-    out, names = [], new.get("names") or []
+    out, names, read = [], new.get("names") or [], old.get("names") or []
     old, new = _comparable(old, new)
     if old.get("task") != new.get("task"):
         out.append(f"task {old.get('task')} there, {new.get('task')} now")
@@ -160,14 +160,24 @@ def differences(old: dict, new: dict, limit: int = 3) -> list:
         shown = ", ".join(names[i] if i < len(names) else f"data file {i + 1}" for i in moved)
         out.append(f"the same data files in another order (the run read them as {shown})")
     else:
-        out += [(f"{names[i]} has other content" if i < len(names) else
-                 f"data file {i + 1} has other content") + _sizes(x, y)
+        out += [_other_content(i, names, read) + _sizes(x, y)
                 for i, (x, y) in enumerate(zip(a, b)) if x != y]
     fa, fb = old.get("flags", {}), new.get("flags", {})
     named = {"task"} if old.get("task") != new.get("task") else set()   # said once, above
     out += [_flag_difference(k, fa.get(k), fb.get(k))
             for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k not in named]
     return list(dict.fromkeys(out))[:limit]   # (one folder as --train and --dev: said once)
+
+
+def _other_content(i: int, names: list, read: list) -> str:
+    """'data.tsv has other content', or, where the run read another path in that place
+    (--train given another file), 'dev.tsv has other content than train.tsv, which the
+    run read' (the sizes that follow are of those two)."""
+    if i >= len(names):
+        return f"data file {i + 1} has other content"
+    if i < len(read) and Path(read[i]) != Path(names[i]):
+        return f"{names[i]} has other content than {read[i]}, which the run read"
+    return f"{names[i]} has other content"
 
 
 def _reordered(there: list, now: list) -> Optional[list]:

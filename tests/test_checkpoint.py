@@ -411,6 +411,23 @@ def test_multi_label_classifier_refused_unless_given_new_labels(tmp_path):
     assert model.config.problem_type == "single_label_classification"
 
 
+def test_a_config_of_one_label_over_a_classifier_of_two_is_blamed_on_the_file(tmp_path):
+    """config.json saying one label (a regression head) over a 3-output classifier was
+    an OtherLabels traceback in info, predict, evaluate, serve..., with the API's advice
+    (load it with head=None)."""
+    _random_hf_dir(tmp_path, hf.BertForSequenceClassification)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    for change in ({"num_labels": 1}, {"id2label": {"0": "a"}, "label2id": {"a": 0}}):
+        edited = {k: v for k, v in conf.items() if k not in ("id2label", "label2id")}
+        (tmp_path / "config.json").write_text(json.dumps({**edited, **change}))
+        with pytest.raises(NanobertError) as e:
+            load_model(tmp_path)
+        assert str(e.value) == (f"{tmp_path / 'config.json'}: says one label (num_labels or "
+                                "id2label: a regression head), but the checkpoint's "
+                                "classifier has 3 outputs")
+    assert load_model(tmp_path, head=None).head is None
+
+
 @pytest.mark.parametrize("cls, task", [(hf.BertForSequenceClassification, "classify"),
                                        (hf.BertForTokenClassification, "ner")])
 def test_two_labels_saved_without_names_read_as_transformers_names_them(tmp_path, cls, task):
@@ -552,3 +569,18 @@ def test_load_leaves_the_callers_random_stream_as_it_was(minilm_dir):
     torch.manual_seed(2)
     other, _ = nanobert.load(minilm_dir, head="classify")
     assert torch.equal(again.classifier.weight, other.classifier.weight)
+
+
+
+def test_a_link_to_no_directory_is_named_not_looked_up_on_the_hub(tmp_path, monkeypatch):
+    """A dangling link (or a loop) given as the model, without a slash, was taken for a
+    hub name: 'the Hugging Face Hub cannot be reached ... not in the local cache'."""
+    from nanobert.checkpoint import resolve
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    for name, target in (("gone", tmp_path / "nowhere"), ("a", "b")):
+        with pytest.raises(NanobertError, match=f"^{name}: a symbolic link that leads to no "
+                                                f"directory \\(to {target}\\)$"):
+            resolve(name)

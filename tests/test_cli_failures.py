@@ -379,3 +379,36 @@ def test_version_loads_no_torch_and_a_command_loads_only_its_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out[-2:] == ["False", "[]"], out
+
+
+def test_a_file_the_user_may_not_read_or_write_is_one_line_wherever_it_is_met(
+        monkeypatch, capsys):
+    """Unreadable inputs were a PermissionError traceback (exit 1) in the commands that
+    fingerprint their inputs (finetune, pretrain, distill), and for a model folder that
+    may not be entered; safetensors calls such a file missing."""
+    from nanobert import cli
+
+    def command(args):   # (an open that no check looked at before)
+        raise PermissionError(13, "Permission denied", "data/train.tsv")
+    as_the_command(monkeypatch, command)
+    assert cli.main([]) == 2
+    assert capsys.readouterr().err == \
+        "nanobert: error: data/train.tsv: cannot be used (Permission denied)\n"
+
+
+def test_weights_safetensors_may_not_read_are_not_called_missing(tmp_path, monkeypatch):
+    from nanobert import checkpoint
+    from nanobert.files import NanobertError
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+
+    def refused(path, *a, **k):
+        if str(path).endswith("model.safetensors"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return open_(path, *a, **k)
+    open_ = open
+    monkeypatch.setattr("safetensors.torch.load_file",
+                        lambda f: (_ for _ in ()).throw(FileNotFoundError(f)))
+    monkeypatch.setattr("builtins.open", refused)
+    with pytest.raises(NanobertError, match=r"model\.safetensors: cannot be read \(Permission "
+                                            r"denied\)$"):
+        checkpoint.read_weights(tmp_path)

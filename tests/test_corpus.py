@@ -226,6 +226,31 @@ def test_streaming_reads_a_document_a_part_at_a_time_with_the_same_rows(tmp_path
     assert ["".join(lines) for _, lines in parts] == ["".join(d) for d in docs]
 
 
+def test_a_long_line_is_read_in_pieces_and_tokenized_a_chunk_at_a_time(tmp_path,
+                                                                        loaded_corpus,
+                                                                        monkeypatch):
+    """A corpus of one 200 MB line took pretrain past 15 GB (one string to train the
+    vocabulary on and to tokenize): the in-memory corpus cuts lines over LINE_CHARS, as
+    --streaming does, and tokenizes CHUNK_CHARS characters at a time."""
+    from nanobert import corpus as C
+    (tok, _, _), _ = loaded_corpus
+    f = tmp_path / "one.txt"
+    f.write_text("the cat sat on a mat " * 500 + "\n\nthe end .\n")
+    monkeypatch.setattr(C, "LINE_CHARS", 1000)
+    docs = list(C.iter_documents([f]))
+    assert len(docs) == 2 and len(docs[0]) > 10 and max(map(len, docs[0])) <= 1000
+    assert "".join(docs[0]) == ("the cat sat on a mat " * 500).strip()
+    seen = []
+    real = tok.plain
+    monkeypatch.setattr(tok, "plain", lambda texts, **kw: seen.append(
+        sum(map(len, texts))) or real(texts, **kw))
+    monkeypatch.setattr("nanobert.tokenizer.CHUNK_CHARS", 3000)
+    c = C.tokenize_documents(docs, tok)
+    assert len(seen) > 3 and max(seen) <= 3000 and c.n_docs == 2
+    assert c.ids.dtype == np.int32 and len(c.sents) - 1 == sum(
+        len(C.sentences(p)) for d in docs for p in d)
+
+
 def test_a_cache_entry_of_the_wrong_kind_is_noted_and_the_run_goes_on(tmp_path, capsys):
     """A folder where the tokenized corpus's file goes, or a file where the tokenizer's
     folder goes, in a shared --cache-dir: a traceback. A damaged entry was already

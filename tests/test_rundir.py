@@ -744,6 +744,10 @@ def test_differences_say_each_thing_once_and_plainly(data):
     # the same corpus files in another order: not "each has other content" (sizes swapped)
     other = data.parent / "other.tsv"
     other.write_text("sentence\tlabel\nshort\t0\n")
+    # --train given another file: that one is not blamed for having changed
+    swapped = fingerprint("classify", [other], {"task": "classify", "max_train_examples": None})
+    assert differences(a, swapped)[0].startswith(
+        f"{other} has other content than {data}, which the run read")
     there, now = (fingerprint("pretrain", files, {}) for files in ([data, other], [other, data]))
     assert differences(there, now) == [
         f"the same data files in another order (the run read them as {data}, {other})"]
