@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -431,11 +432,14 @@ def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names
     plt = figures.pyplot()
     label_names = label_names or {}
     fig, ax = plt.subplots(figsize=(7.5, 5.5), layout="constrained")
-    cmap = plt.get_cmap("tab10")
     labels = np.asarray(labels)
-    for i, lab in enumerate(sorted(set(labels.tolist()))):
+    kinds = sorted(set(labels.tolist()), key=_natural)
+    # 10 colours, or 20 (paired shades) for more labels; past 20, markers tell them apart
+    cmap = plt.get_cmap("tab10" if len(kinds) <= 10 else "tab20")
+    for i, lab in enumerate(kinds):
         sel = labels == lab
-        ax.scatter(points[sel, 0], points[sel, 1], s=14, alpha=0.75, color=cmap(i % 10),
+        ax.scatter(points[sel, 0], points[sel, 1], s=14, alpha=0.75, color=cmap(i % cmap.N),
+                   marker="osD^v<>"[i // cmap.N % 7],
                    label=f"{label_names.get(lab, lab)} ({int(sel.sum())})")
     ax.legend(title="label", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
               frameon=False)
@@ -443,6 +447,13 @@ def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names
     ax.set_xticks([])
     ax.set_yticks([])
     _save(fig, out)
+
+
+def _natural(label) -> tuple:
+    """Labels in reading order: 'class_2' before 'class_10', 2 before 10 (a legend of 12
+    labels read 0, 10, 11, 1, 2, ...)."""
+    parts = re.split(r"(\d+)", str(label))
+    return tuple((0, int(p), "") if p.isdecimal() else (1, 0, p) for p in parts)
 
 
 @dataclass
@@ -560,7 +571,7 @@ def tsne_cmd(args):
              f"n={len(rep['labels'])}, silhouette ({args.metric}, original space) "
              f"= {rep['silhouette']:.3f}")
     plot_tsne(points, rep["labels"], args.out, title, names)
-    counts = {lab: rep["labels"].count(lab) for lab in sorted(set(rep["labels"]))}
+    counts = {lab: rep["labels"].count(lab) for lab in sorted(set(rep["labels"]), key=_natural)}
     print(f"{len(rep['labels'])} examples {counts} -> {args.out}")
     print(f"silhouette ({args.metric}, {rep['vectors'].shape[1]}-d {what} vectors): "
           f"{rep['silhouette']:.4f}")

@@ -17,6 +17,7 @@ N processes compute the same update as one (masks are keyed by sequence, not by 
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import dataclasses
@@ -797,6 +798,16 @@ def ablate_masking_args(p):
     add_flags(p, PretrainConfig, skip=("mask_split",), max_steps=1000)
     p.add_argument("--splits", default="80/10/10,100/0/0,0/0/100,50/50/0",
                    help="comma-separated [MASK]/random/unchanged splits to compare")
+    p.add_argument("--mask-split", action=_UseSplits, help=argparse.SUPPRESS)
+
+
+class _UseSplits(argparse.Action):
+    """pretrain's --mask-split given to ablate-masking: said what to give instead (it was
+    argparse's bare "unrecognized arguments")."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"--mask-split {values}: ablate-masking compares several splits; give "
+                     f"them with --splits (e.g. --splits {values},80/10/10)")
 
 
 def ablate_masking_cmd(args):

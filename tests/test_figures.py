@@ -22,6 +22,7 @@ def test_characters_no_font_has_are_named_once_in_a_note(tmp_path, capsys):
     import warnings
     from nanobert import figures
     plt = figures.pyplot()
+    plt.close("all")      # (figures other tests left open: this one's must close)
     fig, ax = plt.subplots()
     ax.set_title("\ue000\ue001\ue000 private-use characters")
     ax.set_xticks([0, 1], ["\ue001", "ok"])

@@ -404,3 +404,24 @@ def test_attention_maps_check_max_length(tiny_dir):
             attention_maps(model, tok, "hello world", max_length=bad)
     with pytest.raises(TypeError, match="max_length must be"):
         attention_maps(model, tok, "hello world", max_length="5")
+
+
+def test_tsne_tells_twelve_labels_apart_and_lists_them_in_reading_order(tmp_path,
+                                                                         monkeypatch):
+    """Past 10 labels the colours repeated (label 0 and label 10 both blue), and the
+    legend read 0, 10, 11, 1, 2, ..."""
+    import matplotlib.axes
+    from nanobert.inspection import plot_tsne
+    seen = []
+    real = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", lambda self, *a, **k: seen.append(
+        (k["label"].split(" ")[0], k["color"], k["marker"])) or real(self, *a, **k))
+    labels = [f"class_{i % 12}" for i in range(48)]
+    plot_tsne(np.random.default_rng(0).normal(size=(48, 2)), labels, tmp_path / "t.png")
+    assert [s[0] for s in seen] == [f"class_{i}" for i in range(12)]
+    assert len({(c, m) for _, c, m in seen}) == 12 and len({c for _, c, _ in seen}) == 12
+    seen.clear()
+    plot_tsne(np.zeros((50, 2)) + np.arange(50)[:, None], [str(i) for i in range(25)] * 2,
+              tmp_path / "u.png")
+    assert [s[0] for s in seen] == [str(i) for i in range(25)]
+    assert len({(c, m) for _, c, m in seen}) == 25

@@ -963,3 +963,13 @@ def test_splits_equal_as_numbers_are_the_same_run(tmp_path):
     assert runs[0] == runs[1] == runs[2] == runs[3]
     other = PretrainConfig.create(corpus=[str(corpus)], mask_split="70/20/10", max_steps=5)
     assert runs[0] != _fingerprint(other)
+
+
+def test_ablate_masking_points_mask_split_at_splits(capsys):
+    """`ablate-masking --mask-split X` was argparse's bare 'unrecognized arguments'."""
+    with pytest.raises(SystemExit) as e:
+        main(["ablate-masking", "--corpus", "c.txt", "--out", "o", "--mask-split", "90/5/5"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--mask-split 90/5/5: ablate-masking compares several splits; give them with --splits "
+        "(e.g. --splits 90/5/5,80/10/10)")
