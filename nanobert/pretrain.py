@@ -798,7 +798,8 @@ def ablate_masking_args(p):
     add_flags(p, PretrainConfig, skip=("mask_split",), max_steps=1000)
     p.add_argument("--splits", default="80/10/10,100/0/0,0/0/100,50/50/0",
                    help="comma-separated [MASK]/random/unchanged splits to compare")
-    p.add_argument("--mask-split", action=_UseSplits, help=argparse.SUPPRESS)
+    p.add_argument("--mask-split", action=_UseSplits, help=argparse.SUPPRESS,
+                   dest="_mask_split", default=argparse.SUPPRESS)
 
 
 class _UseSplits(argparse.Action):
