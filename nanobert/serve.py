@@ -59,7 +59,8 @@ class ServeConfig:
     api_key: Optional[str] = None       # when set, every route but /health needs it
     threads: Optional[int] = None       # torch threads of the inference thread
     dtype: str = "float32"              # or "int8": int8 Linear layers (nanobert.quantize)
-    body_timeout: float = 30.0          # seconds to receive a request's body; then 408
+    body_timeout: float = 30.0          # seconds to receive a body (then 408), headers, or
+                                        # for a client to read any of its answer (then closed)
     warmup: bool = True                 # build every batch shape's kernels before serving
     drain_timeout: float = 25.0         # SIGTERM: seconds to finish requests in flight; then 503
     cors_origins: tuple = ()            # web pages (origins) whose scripts may call the API
@@ -1352,8 +1353,9 @@ def serve_args(p):
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--body-timeout", type=checked(float), default=d.body_timeout,
                    metavar="SECONDS",
-                   help="time to receive a request's body; a slower one is answered 408 (a "
-                        "stalled client would otherwise hold its place in flight)")
+                   help="time to receive a request's body (a slower one is answered 408: a "
+                        "stalled client would otherwise hold its place in flight), a new "
+                        "connection's headers, and a client to read any of its answer")
     p.add_argument("--drain-timeout", type=checked(float), default=d.drain_timeout,
                    metavar="SECONDS",
                    help="on SIGTERM or Ctrl-C, time to answer the requests in flight; those "
