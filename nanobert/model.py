@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 try:  # optional: varlen attention kernels for CUDA
     from flash_attn import flash_attn_varlen_func
@@ -385,8 +386,12 @@ class Linear(nn.Linear):
         return state
 
     def _weight_copy(self, layout: str):
-        """The weight laid out for one kernel: "onednn" (blocked) or "kn" (transposed)."""
-        key = (self.weight.data_ptr(), self.weight._version)
+        """The weight laid out for one kernel: "onednn" (blocked) or "kn" (transposed),
+        made again when the weight changed: its storage, its version (in-place ops under
+        no_grad), or after any optimizer step in the process (the fused AdamW kernel moves
+        no version, and inference after a step of one's own loop ran on the old weights).
+        An edit through `.data` is not seen: edit under torch.no_grad() instead."""
+        key = (self.weight.data_ptr(), self.weight._version, OPTIMIZER_STEPS[0])
         if getattr(self, "_packed", (None,))[0] != key:
             self._packed = (key, {})
         copies, w = self._packed[1], self.weight.detach()
@@ -394,6 +399,16 @@ class Linear(nn.Linear):
             copies[layout] = (w.t().contiguous() if layout == "kn"
                               else torch.ops.mkldnn._reorder_linear_weight(w))
         return copies[layout]
+
+
+OPTIMIZER_STEPS = [0]   # steps any torch optimizer took in this process (Linear's copies)
+
+
+def _count_step(optimizer, args, kwargs):
+    OPTIMIZER_STEPS[0] += 1
+
+
+register_optimizer_step_post_hook(_count_step)
 
 
 # ----------------------------------------------------------------------------------

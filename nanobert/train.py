@@ -363,10 +363,9 @@ def _resolve_amp(amp: str, device: torch.device):
 
 
 def _forget_packed_weights(model: nn.Module):
-    """nanobert.model.Linear keeps a packed copy of its weight for CPU inference, keyed
-    by the weight's version counter; the fused AdamW kernel updates weights in place
-    without moving that counter, so after an update the copies are dropped (otherwise an
-    evaluation would run on the weights of an earlier step)."""
+    """nanobert.model.Linear keeps a packed copy of its weight for CPU inference, made
+    again when the weight changes (model.Linear._weight_copy); weights swapped through
+    `.data` (the averaged ones) are not seen to change, so the copies are dropped."""
     from .model import Linear
     for m in model.modules():
         if isinstance(m, Linear):
@@ -498,8 +497,7 @@ class Trainer:
                 self.scaler.update()
             else:
                 self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            _forget_packed_weights(self.model)
+            self.optimizer.zero_grad(set_to_none=True)   # (Linear's weight copies see the step)
             if self.average is not None:
                 self.average.update()
             self.step += 1

@@ -277,3 +277,26 @@ def test_big_windowed_key_masks_are_not_kept():
     assert M._key_mask(64, 64, 16, torch.float32, torch.device("cpu")) is small
     assert torch.equal(M._key_mask(1100, 1104, 128, torch.float32, torch.device("cpu")), big)
     assert big[0, 64].item() == 0 and big[0, 65].item() == -float("inf") and big[0, 1100] < 0
+
+
+def test_inference_after_a_fused_optimizer_step_in_ones_own_loop_uses_the_new_weights():
+    """The CPU inference path's copies of each weight were keyed by the weight's version,
+    which the fused AdamW kernel does not move: after a step of one's own loop, no_grad
+    outputs came from the old weights (1.2 off), with nothing said."""
+    from nanobert.model import Bert, preset
+    torch.manual_seed(0)
+    model = Bert(preset("tiny", vocab_size=100, max_position_embeddings=32, num_labels=2),
+                 "classify")
+    batch = {"input_ids": torch.randint(5, 100, (2, 12)),
+             "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for _ in range(2):
+        model.train()
+        model(**batch, labels=torch.tensor([1, 0])).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            fast = model(**batch).logits
+        slow = model(**batch).logits.detach()        # autograd on: the weights themselves
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
