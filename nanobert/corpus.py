@@ -301,7 +301,7 @@ def load_corpus(paths, tokenizer=None, vocab_size: int = 8000, val_fraction: flo
     from .tokenizer import Tokenizer
     files = corpus_files(paths)
     docs = list(iter_documents(files))
-    key = files_hash(files)
+    key = f"{files_hash(files)}-l{LINE_CHARS}"   # (how lines are cut shapes the cache)
     try:
         train_idx, val_idx = holdout(len(docs), val_fraction)
     except NanobertError as e:  # say which corpus
@@ -418,7 +418,7 @@ def random_sentences(corpus: TokenizedCorpus, d: int, n: int, rng, whole: bool =
         bounds = corpus.sents[corpus.docs[other]:corpus.docs[other + 1] + 1]  # starts, end
         starts = bounds[:-1]
         ends = bounds[np.searchsorted(bounds, starts + n, side="right") - 1]  # last <= s + n
-        near = np.flatnonzero(ends - starts >= n - 2) if whole else []
+        near = np.flatnonzero(ends - starts >= max(1, n - 2)) if whole else []   # (never empty)
         if len(near):
             i = int(rng.choice(near))
             return int(starts[i]), int(ends[i])

@@ -376,10 +376,10 @@ def note_sample(labels: Sequence[str], sampled: Sequence[str], n: int, flag: str
     `labels`) holds when it is not n examples spread evenly: the data has fewer than n,
     or a label has fewer than its even share."""
     counts, got = Counter(labels), Counter(sampled)
-    short = sorted(lab for lab in counts if got[lab] < n // len(counts))
+    short = sorted((lab for lab in counts if got[lab] < n // len(counts)), key=_natural)
     if len(sampled) == n and not short:
         return
-    held = ", ".join(f"{got[lab]} of {lab!r}" for lab in sorted(got))
+    held = ", ".join(f"{got[lab]} of {lab!r}" for lab in sorted(got, key=_natural))
     why = (f"all the data has ({held})" if len(sampled) < n else
            f"{held}: the data has fewer of {', '.join(map(repr, short))} than an even share")
     note(f"{flag} {n}: {len(sampled)} examples used, {why}")
@@ -435,11 +435,13 @@ def plot_tsne(points: np.ndarray, labels, out, title: str = "t-SNE", label_names
     labels = np.asarray(labels)
     kinds = sorted(set(labels.tolist()), key=_natural)
     # 10 colours, or 20 (paired shades) for more labels; past 20, markers tell them apart
-    cmap = plt.get_cmap("tab10" if len(kinds) <= 10 else "tab20")
+    # (tab20's dark shades first, then the light ones: neighbours in the legend differ)
+    colours = [plt.get_cmap("tab10")(i) for i in range(10)] if len(kinds) <= 10 else \
+        [plt.get_cmap("tab20")(i) for i in list(range(0, 20, 2)) + list(range(1, 20, 2))]
     for i, lab in enumerate(kinds):
         sel = labels == lab
-        ax.scatter(points[sel, 0], points[sel, 1], s=14, alpha=0.75, color=cmap(i % cmap.N),
-                   marker="osD^v<>"[i // cmap.N % 7],
+        ax.scatter(points[sel, 0], points[sel, 1], s=14, alpha=0.75,
+                   color=colours[i % len(colours)], marker="osD^v<>"[i // len(colours) % 7],
                    label=f"{label_names.get(lab, lab)} ({int(sel.sum())})")
     ax.legend(title="label", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
               frameon=False)

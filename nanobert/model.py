@@ -1178,12 +1178,12 @@ class Bert(nn.Module):
         pair_labels = targets.get("pair_labels")
         start_positions, end_positions = targets.get("start_positions"), targets.get("end_positions")
         head = self.head
-        unpadded = self.config.unpadded
         enc = self.bert(input_ids, attention_mask, token_type_ids, output_attentions,
-                        keep_unpadded=unpadded and head in ("mlm", "pretraining", "token"),
+                        keep_unpadded=head in ("mlm", "pretraining", "token"),
                         first_only=first_only and head in ("classify", "regression"))
         out = Output(hidden=enc)
         h, layout = enc.last_hidden_state, enc.layout  # h: (B, T, H) or (N, H)
+        unpadded = isinstance(layout, UnpaddedLayout)   # (the batch's: holes run padded)
         if head in ("mlm", "pretraining"):
             if labels is not None and not mlm_full:
                 flat = layout.unpad(labels) if unpadded else labels.flatten()   # (N,)/(B*T,)

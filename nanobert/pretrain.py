@@ -807,8 +807,9 @@ class _UseSplits(argparse.Action):
     argparse's bare "unrecognized arguments")."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        other = "100/0/0" if values.replace(" ", "") == "80/10/10" else "80/10/10"
         parser.error(f"--mask-split {values}: ablate-masking compares several splits; give "
-                     f"them with --splits (e.g. --splits {values},80/10/10)")
+                     f"them with --splits (e.g. --splits {values},{other})")
 
 
 def ablate_masking_cmd(args):

@@ -175,9 +175,14 @@ def _other_content(i: int, names: list, read: list) -> str:
     run read' (the sizes that follow are of those two)."""
     if i >= len(names):
         return f"data file {i + 1} has other content"
-    if i < len(read) and Path(read[i]) != Path(names[i]):
+    if i < len(read) and _where(read[i]) != _where(names[i]):
         return f"{names[i]} has other content than {read[i]}, which the run read"
     return f"{names[i]} has other content"
+
+
+def _where(name: str) -> str:
+    """A path as the system finds it (one file given as 'a.tsv' and '/x/a.tsv' is one)."""
+    return os.path.realpath(name)
 
 
 def _reordered(there: list, now: list) -> Optional[list]:

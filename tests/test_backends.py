@@ -203,6 +203,16 @@ def test_a_window_over_a_mask_with_holes_counts_columns_on_every_backend():
     for backend in ("sdpa", "unpadded"):
         assert (out[backend] - out["eager"]).abs().max() <= TOL
     assert has_holes(mask) and not has_holes(batch["attention_mask"])
+    # a head over the encoder follows the batch's layout (it took the config's: an
+    # AttributeError, 'Layout' has no 'unpad', for MLM on the unpadded backend)
+    labels = torch.full((2, 14), -100)
+    labels[:, 2] = 7
+    mlm = Bert(model.config, "mlm").eval()
+    losses = {}
+    for backend in ("eager", "unpadded"):
+        mlm.config.attn_backend = backend
+        losses[backend] = mlm(batch["input_ids"], mask, labels=labels).loss
+    assert (losses["eager"] - losses["unpadded"]).abs() <= TOL
     assert not has_holes(torch.zeros(2, 3)) and has_holes(torch.tensor([[1, 0, 1]]))
 
 

@@ -97,7 +97,7 @@ def test_pairs_balanced_and_correct(loaded_corpus, kind):
     ends = train.sents[train.docs[1:]]
     doc = lambda t: int(np.searchsorted(ends, t, side="right"))  # noqa: E731
     for a0, a1, b0, b1, y in pairs.tolist():
-        assert a1 > a0 and b1 > b0 and (a1 - a0) + (b1 - b0) <= 29
+        assert a1 > a0 and b1 > b0 and (a1 - a0) + (b1 - b0) <= 29   # (no empty segment)
         if kind == NSP:
             if y == 0:
                 assert b0 == a1 and doc(a0) == doc(b0)              # B continues A
@@ -274,3 +274,20 @@ def test_a_cache_entry_of_the_wrong_kind_is_noted_and_the_run_goes_on(tmp_path, 
     assert f"cache {folder} cannot be written (Not a directory): not cached" in err
     assert f"cache {tokens} cannot be written (Is a directory): not cached" in err
     assert again.tk.to_str() == tok.tk.to_str() and (train2.ids == train.ids).all()
+
+
+def test_a_notnext_segment_for_a_short_isnext_one_is_never_empty():
+    """An IsNext segment of 1-2 tokens took a NotNext one within 2 tokens of its length:
+    0 tokens, a row '[CLS] A [SEP] [SEP]' (9-80 rows an epoch of WikiText-2)."""
+    from nanobert.corpus import TokenizedCorpus, random_sentences
+    ids = np.arange(40, dtype=np.int32)
+    corpus = TokenizedCorpus(ids, np.array([0, 5, 12, 20, 27, 33, 40]), np.array([0, 2, 4, 6]))
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 7, 30):
+        for whole in (True, False):
+            for _ in range(50):
+                b0, b1 = random_sentences(corpus, 0, n, rng, whole=whole)
+                other = np.searchsorted(corpus.sents[corpus.docs[1:]], b0, side="right")
+                assert 0 < b1 - b0 <= n and other != 0, (n, whole, b0, b1)
+                assert corpus.sents[corpus.docs[other]] <= b0 < b1 <= \
+                    corpus.sents[corpus.docs[other + 1]]

@@ -973,3 +973,6 @@ def test_ablate_masking_points_mask_split_at_splits(capsys):
     assert capsys.readouterr().err.strip().endswith(
         "--mask-split 90/5/5: ablate-masking compares several splits; give them with --splits "
         "(e.g. --splits 90/5/5,80/10/10)")
+    with pytest.raises(SystemExit):     # (not the same split twice, which --splits refuses)
+        main(["ablate-masking", "--corpus", "c.txt", "--out", "o", "--mask-split", "80/10/10"])
+    assert capsys.readouterr().err.strip().endswith("(e.g. --splits 80/10/10,100/0/0)")

@@ -748,6 +748,9 @@ def test_differences_say_each_thing_once_and_plainly(data):
     swapped = fingerprint("classify", [other], {"task": "classify", "max_train_examples": None})
     assert differences(a, swapped)[0].startswith(
         f"{other} has other content than {data}, which the run read")
+    # ... but the same file, spelled another way, is only said to have changed
+    respelled = dict(same_size, names=[str(data.parent / ".." / data.parent.name / data.name)])
+    assert differences(a, respelled) == [f"{respelled['names'][0]} has other content"]
     there, now = (fingerprint("pretrain", files, {}) for files in ([data, other], [other, data]))
     assert differences(there, now) == [
         f"the same data files in another order (the run read them as {data}, {other})"]
