@@ -1,7 +1,8 @@
 """Writing figures: every plot of nanobert (training curves, attention maps, t-SNE,
 confusion matrices, the masking ablation) goes through `pyplot()` and `save()`.
 
-- matplotlib draws headless (Agg), so plots work over ssh and in CI;
+- matplotlib draws headless (Agg) figures of their own, so plots work over ssh and in CI,
+  and pyplot's backend (a notebook's inline plots) is left as the user has it;
 - text in a script DejaVu Sans lacks (CJK tokens, Arabic or Hindi label names) is drawn
   with any installed font that has it, as matplotlib falls back along a family list;
 - a character no installed font has is named once, in one note, instead of a warning
@@ -41,17 +42,39 @@ def font_families(installed) -> list:
 
 
 def pyplot():
-    """matplotlib.pyplot, headless, with the fonts of `font_families`."""
+    """What nanobert's plots use of matplotlib.pyplot (`Figures`), drawing headless, with
+    the fonts of `font_families` where the process keeps matplotlib's default font."""
     _writable_matplotlib_folder()
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib import font_manager
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    matplotlib.rcParams["font.family"] = font_families(installed)
+    if matplotlib.rcParams["font.family"] == ["sans-serif"]:   # (a user's choice is kept)
+        installed = {f.name for f in font_manager.fontManager.ttflist}
+        matplotlib.rcParams["font.family"] = font_families(installed)
     # (a fallback font of one weight only: "Failed to find font weight normal", twice a plot)
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
-    return plt
+    return Figures
+
+
+class Figures:
+    """pyplot's subplots, figure and get_cmap, without pyplot's global state: each figure
+    is a matplotlib Figure of its own, drawn by Agg when saved and freed with its last
+    reference. pyplot had been switched to Agg for the whole process, and a notebook's
+    inline plots showed nothing after nanobert drew one."""
+
+    @staticmethod
+    def figure(figsize=None, layout=None, dpi=None):
+        from matplotlib.figure import Figure
+        return Figure(figsize=figsize, layout=layout, dpi=dpi)
+
+    @staticmethod
+    def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, layout=None, **kw):
+        fig = Figures.figure(figsize=figsize, layout=layout)
+        return fig, fig.subplots(nrows, ncols, **kw)
+
+    @staticmethod
+    def get_cmap(name: str):
+        import matplotlib
+        return matplotlib.colormaps[name]
 
 
 def _writable_matplotlib_folder():
@@ -76,11 +99,17 @@ def _writable_matplotlib_folder():
         os.environ["MPLCONFIGDIR"] = folder
 
 
+def _close(fig) -> None:
+    """Close a figure pyplot made (a Figures one has nothing to close)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None and getattr(fig, "number", None) is not None:
+        plt.close(fig)
+
+
 def save(fig, out, dpi: int = 100, fmt: str = "png", layout: bool = False,
          tight: bool = False) -> None:
     """Write `fig` to `out` (atomically) and close it. `layout`: fig.tight_layout() first;
     `tight`: crop to what is drawn (bbox_inches="tight": long names are never cut)."""
-    import matplotlib.pyplot as plt
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -89,7 +118,7 @@ def save(fig, out, dpi: int = 100, fmt: str = "png", layout: bool = False,
             with atomic_path(Path(out)) as tmp:
                 fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight" if tight else None)
         finally:
-            plt.close(fig)
+            _close(fig)
     missing = []
     for w in caught:
         m = MISSING_GLYPH.search(str(w.message))

@@ -22,7 +22,6 @@ def test_characters_no_font_has_are_named_once_in_a_note(tmp_path, capsys):
     import warnings
     from nanobert import figures
     plt = figures.pyplot()
-    plt.close("all")      # (figures other tests left open: this one's must close)
     fig, ax = plt.subplots()
     ax.set_title("\ue000\ue001\ue000 private-use characters")
     ax.set_xticks([0, 1], ["\ue001", "ok"])
@@ -34,7 +33,8 @@ def test_characters_no_font_has_are_named_once_in_a_note(tmp_path, capsys):
     import re
     assert sorted(re.search(r"has them \((.*?)\)", err).group(1)) == ["\ue000", "\ue001"]
     assert str(tmp_path / "p.png") in err
-    assert (tmp_path / "p.png").stat().st_size > 0 and not plt.get_fignums()
+    import matplotlib.pyplot
+    assert (tmp_path / "p.png").stat().st_size > 0 and not matplotlib.pyplot.get_fignums()
 
 
 def test_no_matplotlib_warning_where_home_cannot_be_written(tmp_path):
@@ -57,3 +57,24 @@ def test_no_matplotlib_warning_where_home_cannot_be_written(tmp_path):
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert (tmp_path / "p.png").stat().st_size > 0 and not (tmp_path / "gone").exists()
     assert not list((tmp_path / "tmp").iterdir())          # (its folder removed at exit)
+
+
+def test_drawing_leaves_pyplot_and_a_chosen_font_as_they_were(tmp_path):
+    """Every plot switched pyplot to Agg for the whole process (a notebook's inline plots
+    then showed nothing) and replaced the user's font.family."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = ("import matplotlib; matplotlib.rcParams['font.family'] = ['serif']\n"
+            "from nanobert.figures import pyplot, save\n"
+            "fig, ax = pyplot().subplots(figsize=(2, 2), layout='constrained')\n"
+            "ax.plot([1, 2]); save(fig, %r)\n"
+            "import matplotlib.pyplot as plt\n"
+            "print(matplotlib.get_backend(), matplotlib.rcParams['font.family'], "
+            "plt.get_fignums())" % str(tmp_path / "p.png"))
+    env = dict(os.environ, PYTHONPATH=str(root), MPLBACKEND="svg")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    assert out == ["svg", "['serif']", "[]"] and (tmp_path / "p.png").stat().st_size > 0

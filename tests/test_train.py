@@ -722,26 +722,26 @@ def test_a_signal_right_after_the_update_is_held_to_the_end_of_the_step(
     new weights under the old step (a resume then repeated the update)."""
     import signal
     import nanobert.cli as cli
-    import nanobert.train as train
     from nanobert.cli import _interrupt
     sig = getattr(signal, signame)
     # (as inside a command: after an earlier test's cli.main returned, _interrupt took the
     # command for finished and ignored the signal)
     monkeypatch.setattr(cli, "_RETURNED", [])
+    from torch.optim.optimizer import register_optimizer_step_post_hook
     exact_run(tmp_path / "ref")
-    forget, calls = train._forget_packed_weights, {"n": 0}
+    calls = {"n": 0}
 
-    def signalled(model):  # (called once per step, right after the update)
+    def signalled(optimizer, args, kwargs):  # (right after each update)
         calls["n"] += 1
         if calls["n"] == nth:
             signal.raise_signal(sig)
-        return forget(model)
-    monkeypatch.setattr(train, "_forget_packed_weights", signalled)
+    hook = register_optimizer_step_post_hook(signalled)
     before = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with pytest.raises(KeyboardInterrupt):
             exact_run(tmp_path / "cut")
     finally:
+        hook.remove()
         signal.signal(signal.SIGTERM, before)
     monkeypatch.undo()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -805,11 +805,10 @@ def test_training_curve_keeps_each_metric_readable_and_names_each_loss(tmp_path,
     flat line at 0. It also called MLM + NSP "train loss" beside MLM-only "eval loss".
     Metrics off [0, 1] get an axis of their own; losses go to the loss panel; the labels
     come from the loss and evaluation functions."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from nanobert import figures
     from nanobert import train as T
     from nanobert.pretrain import mlm_loss_fn
+    plt = figures.pyplot()
     evals = [{"type": "eval", "step": s, "loss": 7 - s / 10, "mlm_accuracy": s / 100,
               "perplexity": 1800 - 100 * s, "pair_accuracy": 0.5, "pair_loss": 0.69}
              for s in (1, 2, 3)]
@@ -818,7 +817,6 @@ def test_training_curve_keeps_each_metric_readable_and_names_each_loss(tmp_path,
     where = {ln.get_label(): ln.axes for a in fig.axes for ln in a.get_lines()}
     assert where["mlm_accuracy"] is where["pair_accuracy"] is ax
     assert where["perplexity (right axis)"] is not ax and len(fig.axes) == 2
-    plt.close(fig)
 
     drawn = {}
     real = T._plot_eval_metrics
@@ -838,16 +836,14 @@ def test_training_curve_keeps_each_metric_readable_and_names_each_loss(tmp_path,
 def test_a_single_evaluation_is_drawn_on_whole_steps(tmp_path, monkeypatch, train_steps):
     """One evaluation (an epoch on a small file) drew its panel from step 12.3 to 13.7:
     the panels share the step axis, and one step in all gets a whole step either side."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from nanobert import figures
     from nanobert import train as T
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in
                            [{"type": "train", "step": s, "loss": 1 / s} for s in train_steps]
                            + [{"type": "eval", "step": 13, "loss": 0.5, "accuracy": 0.7}]))
-    figs = []
-    monkeypatch.setattr(plt, "close", figs.append)
+    figs, save = [], figures.save
+    monkeypatch.setattr(figures, "save", lambda fig, *a, **k: figs.append(fig) or save(fig, *a, **k))
     T.plot_training_curve(log, tmp_path / "c.png")
     for ax in figs[0].axes:
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
