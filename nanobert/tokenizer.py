@@ -387,6 +387,10 @@ class Tokenizer:
 
     def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True,
                  specials: Optional[dict] = None):
+        if not isinstance(tk, HFTokenizer):   # (Tokenizer("minilm"): an AttributeError)
+            raise TypeError(f"Tokenizer(tk) wraps a tokenizers.Tokenizer, got "
+                            f"{type(tk).__name__}; a model's tokenizer is "
+                            f"Tokenizer.from_dir({str(tk)[:60]!r}) or nanobert.load(...)[1]")
         tk.no_truncation()
         tk.no_padding()
         self.tk = tk
@@ -414,7 +418,11 @@ class Tokenizer:
         """A tokenizer directory (tokenizer.json when present, else vocab.txt) or one of
         those files; casing, accents and CJK splitting of a BERT WordPiece tokenizer from
         the tokenizer_config.json there, as transformers reads them."""
-        path, kind, file = _tokenizer_source(Path(path))
+        path = Path(path).expanduser()
+        from .checkpoint import _looks_local, resolve
+        if not path.exists() and not _looks_local(str(path)):
+            path = resolve(path)      # 'minilm' or a hub name, as every model argument is
+        path, kind, file = _tokenizer_source(path)
         conf = _read_json(path / "tokenizer_config.json")
         bert = _bert_settings(conf, lowercase)
         lowercase = bert["lowercase"]

@@ -564,3 +564,13 @@ def test_a_long_text_of_each_call_is_noted_once(minilm_dir, capsys):
     assert capsys.readouterr().err.count("note:") == 1 and len(tok._notes) == 1
     list(encode_chunks(tok, ["short", "word " * 40], None, 16))     # another kind: said
     assert "1 of 2 texts is longer than 16 tokens" in capsys.readouterr().err
+
+
+def test_a_tokenizer_is_named_as_models_are_and_a_string_is_not_one():
+    """Tokenizer.from_dir('minilm') said 'no such directory' where every other part of
+    the API takes the name, and Tokenizer('minilm') was an AttributeError."""
+    from nanobert import Tokenizer
+    assert Tokenizer.from_dir("minilm").vocab_size == 30522
+    with pytest.raises(TypeError, match=r"wraps a tokenizers\.Tokenizer, got str; .*"
+                                        r"Tokenizer\.from_dir\('minilm'\)"):
+        Tokenizer("minilm")
