@@ -735,7 +735,14 @@ class Trainer:
         key = self.cfg.metric
         if key in metrics and isinstance(metrics[key], float) and math.isnan(metrics[key]):
             return False
-        if key not in metrics or self.best is None or key not in self.best:
+        if key not in metrics:   # (a metric the evaluation never reports: each one was
+            reported = [k for k, v in metrics.items()             # "better", the last kept)
+                        if isinstance(v, (int, float)) and k not in ("step", "epoch")]
+            if reported:
+                raise NanobertError(f"metric {key!r}: the evaluation reports "
+                                    f"{', '.join(reported)}; choose one of those")
+            return True
+        if self.best is None or key not in self.best:
             return True
         a, b = metrics[key], self.best[key]
         return a > b if self.cfg.greater_is_better else a < b

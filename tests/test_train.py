@@ -458,6 +458,18 @@ def test_a_nan_metric_is_never_the_best(tmp_path):
     assert [r["accuracy"] for r in evals] == [None, 0.6, None]
 
 
+def test_a_metric_the_evaluation_never_reports_is_refused_by_name(tmp_path):
+    """A metric the evaluation does not report (a misspelt 'acuracy') made every
+    evaluation count as better: the last model was kept, with nothing said."""
+    from nanobert.files import NanobertError
+    cfg = TrainConfig(out_dir=str(tmp_path), epochs=2, metric="acuracy",
+                      greater_is_better=True, progress=False)
+    with pytest.raises(NanobertError, match=r"^metric 'acuracy': the evaluation reports "
+                                            r"accuracy, f1; choose one of those$"):
+        Trainer(tiny_model(), cfg, lambda e, s: batches(e, s, n=2), steps_per_epoch=2,
+                evaluate=lambda m: {"accuracy": 0.5, "f1": 0.4}).fit()
+
+
 def test_a_run_whose_every_metric_is_nan_says_no_model_was_kept(tmp_path):
     """It printed "model saved in" over a directory with no model."""
     cfg = TrainConfig(out_dir=str(tmp_path), epochs=2, metric="spearman", progress=False)
