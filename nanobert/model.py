@@ -388,10 +388,11 @@ class Linear(nn.Linear):
     def _weight_copy(self, layout: str):
         """The weight laid out for one kernel: "onednn" (blocked) or "kn" (transposed),
         made again when the weight changed: its storage, its version (in-place ops under
-        no_grad), or after any optimizer step in the process (the fused AdamW kernel moves
-        no version, and inference after a step of one's own loop ran on the old weights).
-        An edit through `.data` is not seen: edit under torch.no_grad() instead."""
-        key = (self.weight.data_ptr(), self.weight._version, OPTIMIZER_STEPS[0])
+        no_grad), or after `weights_changed` (any optimizer step in the process: the fused
+        AdamW kernel moves no version, and inference after a step of one's own loop ran on
+        the old weights). An edit through `.data` is not seen: edit under torch.no_grad()
+        instead, or call weights_changed()."""
+        key = (self.weight.data_ptr(), self.weight._version, WEIGHT_CHANGES[0])
         if getattr(self, "_packed", (None,))[0] != key:
             self._packed = (key, {})
         copies, w = self._packed[1], self.weight.detach()
@@ -401,14 +402,16 @@ class Linear(nn.Linear):
         return copies[layout]
 
 
-OPTIMIZER_STEPS = [0]   # steps any torch optimizer took in this process (Linear's copies)
+WEIGHT_CHANGES = [0]   # optimizer steps and other changes of weights in this process
 
 
-def _count_step(optimizer, args, kwargs):
-    OPTIMIZER_STEPS[0] += 1
+def weights_changed(*_):
+    """Every Linear's weight copies are made again: an optimizer step took place (a hook
+    of every torch optimizer), or weights were swapped through `.data`."""
+    WEIGHT_CHANGES[0] += 1
 
 
-register_optimizer_step_post_hook(_count_step)
+register_optimizer_step_post_hook(weights_changed)
 
 
 # ----------------------------------------------------------------------------------

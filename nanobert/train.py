@@ -211,7 +211,7 @@ class WeightAverage:
     """An exponential moving average of the trainable weights (Polyak averaging): after
     each optimizer step, avg <- d*avg + (1-d)*w. Early on d is capped at (1+k)/(10+k)
     (k = updates so far) so that the average does not stay pinned to the starting
-    weights. `swapped(model)` puts the average into the model for a while (zero-copy)."""
+    weights. `swapped()` puts the average into the model for a while (zero-copy)."""
 
     def __init__(self, model: nn.Module, decay: float):
         self.decay, self.updates = decay, 0
@@ -226,13 +226,15 @@ class WeightAverage:
         self.updates += 1
 
     @contextlib.contextmanager
-    def swapped(self, model: nn.Module):
+    def swapped(self):
         """The model holds the averaged weights inside the block, its own after it."""
+        from .model import weights_changed
+
         def swap():
             with signals_deferred():   # (a Ctrl-C half way would mix the two sets)
                 for p, avg in zip(self.params, self.shadow):
                     p.data, avg.data = avg.data, p.data
-                _forget_packed_weights(model)
+                weights_changed()   # (a swap through .data moves no version)
         swap()
         try:
             yield
@@ -362,16 +364,6 @@ def _resolve_amp(amp: str, device: torch.device):
     return torch.bfloat16, False
 
 
-def _forget_packed_weights(model: nn.Module):
-    """nanobert.model.Linear keeps a packed copy of its weight for CPU inference, made
-    again when the weight changes (model.Linear._weight_copy); weights swapped through
-    `.data` (the averaged ones) are not seen to change, so the copies are dropped."""
-    from .model import Linear
-    for m in model.modules():
-        if isinstance(m, Linear):
-            m.__dict__.pop("_packed", None)
-
-
 def _adamw(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over `param_groups`; the fused kernel (CUDA, and CPU since torch 2.4) is
     several times faster where it exists."""
@@ -497,7 +489,7 @@ class Trainer:
                 self.scaler.update()
             else:
                 self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)   # (Linear's weight copies see the step)
+            self.optimizer.zero_grad(set_to_none=True)
             if self.average is not None:
                 self.average.update()
             self.step += 1
@@ -708,10 +700,12 @@ class Trainer:
         """The bar's news as a line on stderr, every PLAIN_PROGRESS_S at most and at the
         last step, for a run whose stderr is a log or a pipe; with no `rec`, the run's last
         record, at its end (an early-stopped run said nothing at its end)."""
-        now, due = time.time(), rec is None
-        rec = rec or self.last_rec
-        due = due or now - self.last_line >= PLAIN_PROGRESS_S or rec["step"] >= self.total_steps
-        if rec is None or not due or rec["step"] == self.last_line_step:
+        now, at_end = time.time(), rec is None
+        rec = self.last_rec if at_end else rec
+        if rec is None or rec["step"] == self.last_line_step:
+            return
+        if not at_end and now - self.last_line < PLAIN_PROGRESS_S and \
+                rec["step"] < self.total_steps:
             return
         self.last_line, self.last_line_step = now, rec["step"]
         to_stderr(f"step {rec['step']}/{self.total_steps}: loss {rec['loss']:.4f}, "
@@ -735,8 +729,8 @@ class Trainer:
         key = self.cfg.metric
         if key in metrics and isinstance(metrics[key], float) and math.isnan(metrics[key]):
             return False
-        if key not in metrics:   # (a metric the evaluation never reports: each one was
-            reported = [k for k, v in metrics.items()             # "better", the last kept)
+        if key not in metrics:   # (one it never reports made each evaluation "better")
+            reported = [k for k, v in metrics.items()
                         if isinstance(v, (int, float)) and k not in ("step", "epoch")]
             if reported:
                 raise NanobertError(f"metric {key!r}: the evaluation reports "
@@ -764,7 +758,7 @@ class Trainer:
         return metrics
 
     def _evaluate_and_keep_best(self):
-        with self.average.swapped(self.model) if self.average else contextlib.nullcontext():
+        with self.average.swapped() if self.average else contextlib.nullcontext():
             self._evaluate_and_save_best()
         patience = self.cfg.early_stopping
         self.stopped_early = self._agree(bool(patience) and self.evals_since_best >= patience)
