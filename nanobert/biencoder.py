@@ -795,23 +795,29 @@ RERANK_SETTINGS = ("hard_negatives", "holdout", "split", "retriever", "rerank_k"
 
 def embed_predict(model, tok, rows, settings, batch_size=64, progress=False):
     """Yield per row, for pairs: {"text", "pair", "cosine"}; for single texts: {"text",
-    "embedding"} (a list of floats, 30 bytes a dimension: made as it is printed)."""
+    "embedding"} (a list of floats, 30 bytes a dimension: made as it is printed), a
+    chunk of rows at a time (`predict` prints each as it comes: a million texts had all
+    been embedded, 1.5 GB of vectors, before the first line)."""
+    from .batching import size_runs
     from .embed import encode
-
-    def vectors(texts):
-        return encode(model, tok, texts, settings.get("pooling"), batch_size=batch_size,
-                      progress=progress)
+    from .files import progress_bar
+    from .tokenizer import CHUNK_CHARS
     single = all(len(r.texts) == 1 for r in rows)
     if not single and any(len(r.texts) != 2 for r in rows):
         raise NanobertError("give all inputs as single texts, or all as (text, text_pair)")
-    a = vectors([r.texts[0] for r in rows])
-    if single:
-        for r, v in zip(rows, a):
-            yield {"text": r.texts[0], "embedding": [round(x, 6) for x in v.tolist()]}
-        return
-    b = vectors([r.texts[1] for r in rows])
-    for r, u, v in zip(rows, a, b):
-        yield {"text": r.texts[0], "pair": r.texts[1], "cosine": round(float(u @ v), 6)}
+    with progress_bar(progress, len(rows), "predicting", "text") as bar:
+        for idx in size_runs([sum(len(t) for t in r.texts) for r in rows], CHUNK_CHARS):
+            chunk = [rows[i] for i in idx]
+            vectors = [encode(model, tok, [r.texts[k] for r in chunk], settings.get("pooling"),
+                              batch_size=batch_size) for k in range(len(chunk[0].texts))]
+            bar.update(len(idx))
+            for j, r in enumerate(chunk):
+                if single:
+                    yield {"text": r.texts[0],
+                           "embedding": [round(x, 6) for x in vectors[0][j].tolist()]}
+                else:
+                    yield {"text": r.texts[0], "pair": r.texts[1],
+                           "cosine": round(float(vectors[0][j] @ vectors[1][j]), 6)}
 
 
 def embed_show(r: dict) -> str:

@@ -36,7 +36,7 @@ from .batching import (CudaGraphs, forward_tokens, restore_order, sorted_batches
 from .checkpoint import (POOLINGS, declared_max_length, sbert_config, st_json, st_prompts,
                          st_top_folder)
 from .config import at_least, check_count, checked, max_length_range
-from .files import (ONE_LINE, NanobertError, atomic_path, check_output_file, note, progress_bar,
+from .files import (NanobertError, atomic_path, check_output_file, note, one_line, progress_bar,
                     spooled_stdin)
 from .model import first_real_tokens
 from .quantize import add_dtype_flag
@@ -855,7 +855,7 @@ def search_cmd(args):
                           for q, hits in zip(args.query, results)]))
         return 0
     for q, hits in zip(args.query, results):      # one hit a line: line breaks escaped
-        print(f"query: {q.translate(ONE_LINE)}")
+        print(f"query: {one_line(q)}")
         for rank, (i, s, t) in enumerate(hits, 1):
-            print(f"{rank:>3}. {s:.4f}  {t.translate(ONE_LINE)}")
+            print(f"{rank:>3}. {s:.4f}  {one_line(t)}")
     return 0

@@ -74,13 +74,22 @@ def need(module: str, feature: str, install: str):
 LINE_CHARS = 1000   # a note or error line is cut to about this, its start and end kept
 
 
-def cut_line(line: str) -> str:
-    """`line` cut to about LINE_CHARS, its start (the file and line) and its end (the
-    advice) kept: a 100 kB label, a 300 kB first row were quoted whole."""
-    if len(line) <= LINE_CHARS:
+def cut_line(line: str, most: int = LINE_CHARS) -> str:
+    """`line` cut to about `most` characters, its start (the file and line) and its end
+    (the advice) kept: a 100 kB label, a 300 kB first row were quoted whole."""
+    if len(line) <= most:
         return line
-    cut = len(line) - LINE_CHARS
-    return f"{line[:LINE_CHARS * 3 // 4]} [... {cut:,} characters ...] {line[-LINE_CHARS // 4:]}"
+    cut = len(line) - most
+    return f"{line[:most * 3 // 4]} [... {cut:,} characters ...] {line[-most // 4:]}"
+
+
+SHOWN_CHARS = 10_000   # a text in plain output is cut to about this (--json: whole)
+
+
+def one_line(text: str) -> str:
+    """`text` as a field of plain `predict`/`search` output: escaped to one line (ONE_LINE)
+    and cut to about SHOWN_CHARS (a 200 MB input line had been printed whole)."""
+    return cut_line(text, SHOWN_CHARS).translate(ONE_LINE)
 
 
 def to_stderr(line: str) -> None:

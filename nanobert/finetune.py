@@ -50,8 +50,8 @@ from .batching import (FeatureRows, forward_tokens, pad_rows, size_runs, sorted_
                        to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
-from .files import (ONE_LINE, NanobertError, check_output_dir, check_outside, note, progress_bar,
-                    some_of, spooled_stdin, with_article)
+from .files import (NanobertError, check_output_dir, check_outside, note, progress_bar,
+                    some_of, spooled_stdin, with_article, one_line as field)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig, keeps_random_state
@@ -746,9 +746,9 @@ def qa_predict(model, tok, examples, settings, batch_size=64, progress=False):
 
 
 def one_line(r: dict) -> dict:
-    """A result with its strings (text, pair, question, answer, label) escaped for a line
-    of plain output (ONE_LINE); offsets still count characters of the original text."""
-    return {k: v.translate(ONE_LINE) if isinstance(v, str) else v for k, v in r.items()}
+    """A result with its strings (text, pair, question, answer, label) as fields of a line
+    of plain output (files.one_line); offsets still count characters of the original text."""
+    return {k: field(v) if isinstance(v, str) else v for k, v in r.items()}
 
 
 def classify_show(r: dict) -> str:   # (a pair's texts in columns of their own, as score_show)
@@ -759,7 +759,7 @@ def classify_show(r: dict) -> str:   # (a pair's texts in columns of their own, 
 def ner_show(r: dict) -> str:
     # (the entity's text escaped as the text line is: repr() had written a no-break or
     # zero-width space inside one as \xa0 or \u200b, and the text line had it raw)
-    shown = "  ".join(f"[{e['type']} {e['start']}:{e['end']} '{e['text'].translate(ONE_LINE)}' "
+    shown = "  ".join(f"[{e['type']} {e['start']}:{e['end']} '{field(e['text'])}' "
                       f"{e['score']:.2f}]" for e in r["entities"]) or "(no entities)"
     return f"{r['text']}\n  {shown}"
 
@@ -1347,8 +1347,8 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     if cfg.attn_backend:
         save = saved_with_backend(save, model.config.attn_backend)
         model.config.attn_backend = cfg.attn_backend
-    metric = task.metric(dev) if callable(task.metric) else task.metric
-    trainer_cfg = cfg.trainer.replace(metric=metric, greater_is_better=task.greater_is_better,
+    metric, greater_is_better = dev_metric(task, dev, cfg.trainer)
+    trainer_cfg = cfg.trainer.replace(metric=metric, greater_is_better=greater_is_better,
                                       log_every=log_every(steps_per_epoch))
     evaluate = _dev_evaluation(task, tok, dev, settings, cfg.batch_size)
     loss_fn = task.loss(cfg) if task.loss else None
@@ -1356,6 +1356,20 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
         loss_fn = _teacher_loss(task, cfg, model, tok, evaluate, metric, settings.get("pairs"))
     return Trainer(model, trainer_cfg, batches, steps_per_epoch, evaluate=evaluate, save=save,
                    loss_fn=loss_fn).fit()
+
+
+def dev_metric(task: Task, dev, trainer: TrainConfig) -> tuple:
+    """The dev metric that picks the best model, and whether higher is better: the task's
+    own, or one named in Python (`cfg.replace(metric="f1_macro")`; the Trainer refuses a
+    name the evaluation never reports). A named one is better higher unless its name says
+    it is a loss (`greater_is_better=True` with it: higher anyway)."""
+    given = trainer.given_fields()
+    if "metric" not in given:
+        return (task.metric(dev) if callable(task.metric) else task.metric,
+                task.greater_is_better)
+    if "greater_is_better" in given:
+        return trainer.metric, trainer.greater_is_better
+    return trainer.metric, "loss" not in trainer.metric
 
 
 def _teacher_loss(task: Task, cfg: FinetuneConfig, model, tok, evaluate, metric: str,

@@ -807,9 +807,13 @@ class _UseSplits(argparse.Action):
     argparse's bare "unrecognized arguments")."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        other = "100/0/0" if values.replace(" ", "") == "80/10/10" else "80/10/10"
+        try:        # (a split that is no split is not suggested back)
+            given = split_name(parse_split(values))
+        except ValueError:
+            given = "80/10/10"
+        other = "100/0/0" if given == "80/10/10" else "80/10/10"
         parser.error(f"--mask-split {values}: ablate-masking compares several splits; give "
-                     f"them with --splits (e.g. --splits {values},{other})")
+                     f"them with --splits (e.g. --splits {given},{other})")
 
 
 def ablate_masking_cmd(args):

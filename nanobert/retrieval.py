@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -285,6 +286,9 @@ class Reranker:
                  device: Optional[str] = None, dtype: str = "float32"):
         import nanobert
         from .checkpoint import read_settings, resolve
+        if not isinstance(model_dir, (str, Path)):   # (its settings live beside its weights)
+            raise TypeError("Reranker(model_dir): expected a cross-encoder's directory or name "
+                            f"(str or path), got {type(model_dir).__name__}")
         self.batch_size = check_count(batch_size, "batch_size")
         check_count(max_length, "max_length", none_ok=True)
         self.model, self.tokenizer = nanobert.load(model_dir, dtype=dtype)

@@ -79,6 +79,8 @@ def test_reranker_settings_are_checked_and_good_calls_still_work(dirs, reranker)
         with pytest.raises(error, match=words):
             Reranker(dirs["rerank"], **kw)
     assert Reranker(dirs["rerank"], max_length=5).max_length == 5
+    with pytest.raises(TypeError, match=r"Reranker\(model_dir\): expected .* got Bert"):
+        Reranker(reranker.model, reranker.tokenizer)     # (loaded objects: Encoder's way)
     ranked = reranker.rerank("cat", np.array(DOCS), k=np.int64(2))
     assert len(ranked) == 2 and sorted(i for i, _, _ in reranker.rerank("cat", DOCS)) == [0, 1, 2]
     hits = [(7, 0.5, "a dog ran"), (9, 0.4, "the cat sat")]

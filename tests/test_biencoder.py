@@ -439,6 +439,28 @@ def test_score_predict_yields_a_chunk_before_reading_the_next(minilm_dir, monkey
     assert [r["pair"] for r in got] == [r.texts[1] for r in rows]
 
 
+def test_embed_predict_yields_a_chunk_before_embedding_the_next(minilm_dir, monkeypatch):
+    """`predict` on a bi-encoder printed nothing until every text was embedded (a million
+    texts: 1.5 GB of vectors first); each chunk's vectors and cosines now come before the
+    next chunk is tokenized, equal to encode's on all the texts."""
+    import nanobert.tokenizer as T
+    from nanobert.embed import encode
+    model, tok = nanobert.load(minilm_dir, head=None)
+    texts = [f"text number {i} " + "word " * (i % 7) for i in range(20)]
+    monkeypatch.setattr(T, "CHUNK_CHARS", 60)
+    encoded = counted_chunks(monkeypatch, tok, 1000)
+    results = E.embed_predict(model.eval(), tok, [E.text_input(i, t) for i, t in
+                                                  enumerate(texts)], {}, 4)
+    first = next(results)
+    assert first["text"] == texts[0] and len(encoded) == 1
+    got = np.array([first["embedding"]] + [r["embedding"] for r in results])
+    assert len(encoded) > 3 and np.abs(got - encode(model, tok, texts)).max() < 2e-6
+    pairs = [E.text_input(i, (t, texts[-1 - i])) for i, t in enumerate(texts)]
+    cosines = [r["cosine"] for r in E.embed_predict(model, tok, pairs, {}, 4)]
+    a, b = encode(model, tok, texts), encode(model, tok, texts[::-1])
+    assert cosines == pytest.approx((a * b).sum(-1).tolist(), abs=2e-6)
+
+
 def test_task_functions_regression_and_rerank(minilm_dir, tmp_path):
     model, tok = nanobert.load(minilm_dir, head="regression")
     rows = [TextRow(("a cat sits", "a cat is sitting"), 4.5, 1), TextRow(("a cat", "stocks fell"), 0.2, 2),

@@ -1127,6 +1127,29 @@ def test_plain_predict_output_keeps_one_record_a_line(tiny_dir, tmp_path, capsys
     assert question == "where does\\nalice\\tlive" and "\t" not in answer
 
 
+def test_plain_output_cuts_a_huge_text_and_json_keeps_it_whole(tiny_dir, tmp_path, capsys):
+    """A 200 MB input line was printed whole by plain `predict` and `search`; a text is
+    now cut to about files.SHOWN_CHARS there, its start and end kept, and --json keeps it."""
+    from nanobert.files import SHOWN_CHARS
+    clf = head_dir(tiny_dir, tmp_path / "clf", "classify",
+                    {"task": "classify", "max_length": 16, "pairs": False}, {0: "bad", 1: "good"})
+    text = "alice " * 5000 + "the end"
+    (tmp_path / "in.txt").write_text(text + "\nshort one\n")
+    assert cli.main(["predict", "--model", str(clf), "--input", str(tmp_path / "in.txt")]) == 0
+    long, short = capsys.readouterr().out.splitlines()
+    shown = long.split("\t")[2]
+    assert len(shown) < SHOWN_CHARS + 50 and shown.startswith("alice alice")
+    assert shown.endswith("alice the end") and f"[... {len(text) - SHOWN_CHARS:,} characters" \
+        in shown and short.endswith("\tshort one")
+    assert cli.main(["predict", "--model", str(clf), "--json", "--input",
+                     str(tmp_path / "in.txt")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["text"] == text
+    assert cli.main(["search", "--model", str(tiny_dir), "--corpus", str(tmp_path / "in.txt"),
+                     "--query", "alice", "-k", "2"]) == 0
+    hits = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  ")]
+    assert len(hits) == 2 and max(len(h) for h in hits) < SHOWN_CHARS + 80
+
+
 def test_long_sentences_are_tagged_in_windows_word_by_word(minilm, capsys):
     """A sentence over max_length tokens is tagged in overlapping windows, not cut (its
     last words were O): each word gets its own first sub-word's tag, also where a window
@@ -1533,3 +1556,21 @@ def test_a_sample_larger_than_the_file_is_noted(tiny_dir, tmp_path, capsys):
     assert rc == 0 and f"--max-train-examples 1000000 is over the 24 examples of {train}: all " \
         "of them are used" in err
     assert "--max-dev-examples" not in err                 # (5 of 8: a sample, as asked)
+
+
+def test_a_metric_named_in_python_picks_the_best_model_and_a_misspelt_one_is_refused(
+        tiny_dir, tmp_path):
+    from nanobert.files import NanobertError
+    ft = importlib.import_module("nanobert.finetune")
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(16, 0))
+    cfg = ft.FinetuneConfig(task="classify", model=str(tiny_dir), train=str(train),
+                            dev=str(train)).replace(max_length=16, batch_size=8,
+                                                    progress=False, epochs=1)
+    with pytest.raises(NanobertError, match="metric 'f1_mcaro'"):
+        ft.finetune(cfg.replace(out_dir=str(tmp_path / "a"), metric="f1_mcaro"))
+    task = ft.get_task("classify")
+    assert ft.dev_metric(task, [], cfg.trainer) == ("accuracy", True)
+    assert ft.dev_metric(task, [], cfg.trainer.replace(metric="mcc")) == ("mcc", True)
+    assert ft.dev_metric(task, [], cfg.trainer.replace(metric="dev_loss")) == ("dev_loss", False)
+    best = ft.finetune(cfg.replace(out_dir=str(tmp_path / "b"), metric="mcc"))
+    assert "mcc" in best

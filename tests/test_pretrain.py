@@ -976,3 +976,7 @@ def test_ablate_masking_points_mask_split_at_splits(capsys):
     with pytest.raises(SystemExit):     # (not the same split twice, which --splits refuses)
         main(["ablate-masking", "--corpus", "c.txt", "--out", "o", "--mask-split", "80/10/10"])
     assert capsys.readouterr().err.strip().endswith("(e.g. --splits 80/10/10,100/0/0)")
+    for split in ("nonsense", "80/10"):    # (no split: the suggestion holds valid ones)
+        with pytest.raises(SystemExit):
+            main(["ablate-masking", "--corpus", "c.txt", "--out", "o", "--mask-split", split])
+        assert capsys.readouterr().err.strip().endswith("(e.g. --splits 80/10/10,100/0/0)")
