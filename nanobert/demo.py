@@ -353,6 +353,10 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
          "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
     print(f"\nmodel, metrics.jsonl, training_curve.png and confusion_matrix.png are in {out}/ "
           f"({time.time() - t0:.0f} s)")
+    kept = sum(f.stat().st_size for f in (out / "checkpoint").glob("*") if f.is_file())
+    if kept:      # (a student who only ran the demo never read that it may go)
+        print(f"{out}/checkpoint/ ({kept / 1e6:.0f} MB) is the training state --resume would "
+              "continue from: delete it once you are done")
     print(f"try:  {try_line(out, dev if args.train else None)}")
 
 

@@ -663,6 +663,15 @@ def _cache_paths(corpus: Path, key: str) -> list[Path]:
     return [corpus.parent / name] + ([home / ".cache" / "nanobert" / name] if home.is_dir() else [])
 
 
+def _mode_writable(folder: Path) -> bool:
+    """Does the folder's mode let someone write in it? Root may write in a folder of mode
+    555 (a shared, read-only dataset's), which os.access does not refuse it either."""
+    try:
+        return bool(folder.stat().st_mode & 0o222)
+    except OSError:
+        return False
+
+
 def _cached_array(path: Path, rows: int, width: int):
     """The cached (rows, width) float array at `path`, or None when there is none or it
     does not fit: unreadable, another shape (another model's width, another corpus),
@@ -710,6 +719,8 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
     for c in candidates:
         if c.is_symlink():   # (planted beside a shared corpus, it was written through)
             continue
+        if c.parent == resolved.parent and not _mode_writable(c.parent):
+            continue         # (root writes through a read-only mode: a shared dataset's)
         try:
             with atomic_path(c, mode=_cache_mode(corpus)) as tmp:
                 with open(tmp, "wb") as f:

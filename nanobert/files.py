@@ -56,6 +56,17 @@ ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x5c, *range(0x7f, 0xa
                                              0x2028, 0x2029]}
 
 
+def check_one_process(command: str) -> None:
+    """Under torchrun (WORLD_SIZE over 1), a command that trains in one process only is
+    refused in one line: each worker had run it whole, and the second was refused its
+    --out as "being written by another nanobert process", the folder left marked running."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1:
+        raise NanobertError(f"{command} trains in one process, and torchrun started {world}: "
+                            "run it without torchrun (pretrain and distill train across "
+                            "several)")
+
+
 def need(module: str, feature: str, install: str):
     """`import module`, or one line saying that `feature` needs it and how to install it
     (`install`), naming the module actually missing when it is one the package itself

@@ -50,8 +50,8 @@ from .batching import (FeatureRows, forward_tokens, pad_rows, size_runs, sorted_
                        to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
-from .files import (NanobertError, check_output_dir, check_outside, note, progress_bar,
-                    some_of, spooled_stdin, with_article, one_line as field)
+from .files import (NanobertError, check_one_process, check_output_dir, check_outside, note,
+                    progress_bar, some_of, spooled_stdin, with_article, one_line as field)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
 from .train import TrainConfig, keeps_random_state
@@ -1186,7 +1186,8 @@ class FinetuneConfig(Config):
                           "max_steps": None,
                           "eval_every": None, "early_stopping": None, "ema": None, "seed": None,
                           "grad_accum": None, "resume": None, "overwrite": None, "device": None,
-                          "progress": None}}
+                          "progress": None, "warmup_steps": None, "max_grad_norm": None,
+                          "amp": None, "save_every": None}}
 
     def __post_init__(self):
         for name in REQUIRED_PATHS:   # (before the checks of Config, which name no field)
@@ -1228,6 +1229,7 @@ class FinetuneConfig(Config):
         """A flag that changes nothing in this run (--doc-stride on a classifier, --loss
         on a reranker, --temperature without a teacher) is refused, not silently dropped,
         at any value."""
+        self.trainer.check_given()
         changed = self.given_fields() | self.retrieval.given_fields()
         for name in ("teacher_weight", "temperature"):
             if not self.teachers and name in changed:
@@ -1265,6 +1267,7 @@ def finetune(config, *args, **fields) -> dict:
     if not isinstance(config, (FinetuneConfig, str)):
         raise TypeError("finetune(config): expected a FinetuneConfig (or a task name, "
                         f"then model, train, dev, out_dir), got {type(config).__name__}")
+    check_one_process("finetune")
     config = FinetuneConfig.given("finetune", config, args, fields,
                                   ("task", "model", "train", "dev", "out_dir"))
     for name in ("model", "train", "dev"):
@@ -1818,7 +1821,8 @@ def finetune_args(p):
 
 
 def finetune_cmd(args):
-    """Fine-tune a model for classification, NER or QA; writes an HF model directory."""
+    """Fine-tune a model for classification, regression, NER, QA, embeddings or reranking;
+    writes an HF model directory."""
     cfg = FinetuneConfig.from_args(args)
     best = finetune(cfg)
     shown = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if isinstance(v, float))

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
                      param)
-from .files import NanobertError, atomic_path, check_output_dir, check_outside, note, write_text
+from .files import (NanobertError, atomic_path, check_one_process, check_output_dir, check_outside,
+                    note, write_text)
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
                       split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
@@ -146,11 +147,13 @@ class PretrainConfig(Config):
                           "warmup_ratio": None, "weight_decay": None, "grad_accum": None,
                           "seed": None, "eval_every": None, "save_every": None,
                           "resume": None, "overwrite": None, "device": None,
-                          "progress": None}}
+                          "progress": None, "warmup_steps": None, "max_grad_norm": None,
+                          "amp": None}}
 
     def check_given(self):
         """Two flags that say one thing, refused together at any value (--vocab-size
         8000, its default, was dropped silently beside --tokenizer)."""
+        self.trainer.check_given()
         given = self.given_fields()
         if self.tokenizer and "vocab_size" in given:
             raise NanobertError(f"--vocab-size {self.vocab_size}: the size of a vocabulary "
@@ -818,6 +821,7 @@ class _UseSplits(argparse.Action):
 
 def ablate_masking_cmd(args):
     """Train the same small model under several mask splits; compare validation MLM loss."""
+    check_one_process("ablate-masking")
     cfg = PretrainConfig.from_args(args)
     splits = parse_splits(args.splits)
     if not cfg.val_fraction:

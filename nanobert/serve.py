@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import hmac
 import json
 import math
@@ -422,8 +423,8 @@ class Server:
         start = time.perf_counter()
         out = await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
         self.metrics.tokenize.observe(time.perf_counter() - start)
-        if truncate:
-            self.metrics.truncated.inc(sum(getattr(out, "truncated", ())))
+        if truncate:     # (counted once the request is answered: see `endpoint`)
+            TRUNCATED.get()[0] += sum(getattr(out, "truncated", ()))
         return out
 
     async def on_tokenizer(self, fn, *args):
@@ -474,6 +475,10 @@ class Server:
 
 
 RATE_PROBE_TOKENS = 1024
+
+
+# the truncated inputs of the request being handled, counted in /metrics once it is answered
+TRUNCATED = contextvars.ContextVar("nanobert_truncated", default=[0])
 
 
 def forward_rate(model, max_length: int) -> float:
@@ -568,7 +573,7 @@ async def embed(server: Server, body: dict) -> dict:
 
 
 async def logits_of(server: Server, m: Served, texts, pairs, truncate: bool, name: str):
-    clipped, clipped_pairs = await server.on_tokenizer(m.clip, texts, pairs)
+    clipped, clipped_pairs = await server.on_tokenizer(m.clip, texts, pairs, True)
     counts = await server.tokenized(m.count, clipped, clipped_pairs, truncate=truncate)
     if not truncate:
         sent = [len(t) + len(p or "") for t, p in zip(texts, pairs or [None] * len(texts))]
@@ -1198,6 +1203,7 @@ def endpoint(server: Server, route: Route):
     async def handle(request):
         start = time.perf_counter()
         counted, held = False, 0
+        TRUNCATED.set(truncated := [0])    # (Server.tokenized's count of its cut inputs)
         try:
             if not route.open and not authorized(request, server.config.api_key):
                 raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
@@ -1207,9 +1213,8 @@ def endpoint(server: Server, route: Route):
                 response = route.handler(server, **request.path_params)
             else:
                 check_room(server)       # full already: no need to receive the body
-                # a body still arriving holds no place in flight (a few hundred clients
-                # sending slowly took every place, and everyone else got 429 until
-                # --body-timeout); the bytes of such bodies have a budget of their own
+                # a body still arriving holds no place in flight (a few hundred slow senders
+                # took every place); the bytes of such bodies have a budget of their own
                 body, held_bytes = await read_body(request, server.config.payload_limit,
                                                    server.config.body_timeout, server.bodies,
                                                    route.fields, server.stopping)
@@ -1245,6 +1250,7 @@ def endpoint(server: Server, route: Route):
                 server.in_flight -= 1
                 server.metrics.in_flight.dec()
         status = request.scope.get("nanobert.refused", response.status_code)  # (_refuse)
+        server.metrics.truncated.inc(truncated[0] if status == 200 else 0)   # (413: no cut)
         server.metrics.requests.labels(route.path, str(status)).inc()
         server.metrics.latency.labels(route.path).observe(time.perf_counter() - start)
         return response

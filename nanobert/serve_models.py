@@ -190,15 +190,16 @@ class Served:
         """The HTTP routes of `routes` (embed: the OpenAI-compatible one too)."""
         return [p for r in self.routes for p in ROUTE_PATHS.get(r, ("/" + r,))]
 
-    def clip(self, texts, pairs=None) -> tuple:
+    def clip(self, texts, pairs=None, ids_only: bool = False) -> tuple:
         """(texts, pairs) cut short where they are far over the token limit, without
         changing what the model reads (Tokenizer.clip_pair): a 2 MB input took the
         tokenizer 10-20 s, twice, and held up every request behind it. On a tokenize
-        thread: it may tokenize (a prefix of the text)."""
+        thread: it may tokenize (a prefix of the text). `ids_only`: the route reads no
+        offsets, so a repeated first text may be squeezed (Tokenizer.clip_pairs)."""
         tok = self.counter
         if pairs is None:
             return [tok.clip(t, self.max_length + 1) for t in texts], None
-        cut = tok.clip_pairs(texts, pairs, self.max_length)
+        cut = tok.clip_pairs(texts, pairs, self.max_length, ids_only)
         return [t for t, _ in cut], [p for _, p in cut]
 
     def least_tokens(self, texts, limit: int) -> int:
@@ -345,6 +346,8 @@ class Served:
              "dtype": getattr(self.model, "dtype_name", "float32"), "device": self.device}
         if self.task in ("classify", "ner"):
             d["labels"] = self.labels
+        if self.task in ("classify", "regression"):   # what /classify inputs it takes
+            d["pairs"] = self.takes_pairs                 # (null: not recorded, either)
         if self.task == "embed":
             d["pooling"] = self.pooling
         if self.task == "qa":
@@ -357,6 +360,8 @@ class Served:
                  "ner": f"{len(self.labels)} tags",
                  "qa": f"windows of {self.max_length}, stride {self.settings.get('doc_stride')}",
                  "regression": "one score"}[self.task]
+        if self.task in ("classify", "regression") and self.takes_pairs is not None:
+            extra += "; text pairs" if self.takes_pairs else "; single texts"
         dtype = getattr(self.model, "dtype_name", "float32")
         return f"{extra}; max {self.max_length} tokens; {dtype} on {self.device}; {self.path}"
 

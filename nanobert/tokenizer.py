@@ -644,15 +644,40 @@ class Tokenizer:
                 return AtLeast(settled)
         return len(self.plain([text], add_special_tokens=False)[0].ids)
 
-    def clip_pairs(self, texts: Sequence[str], pairs: Sequence[str], max_length: int) -> list:
+    def clip_pairs(self, texts: Sequence[str], pairs: Sequence[str], max_length: int,
+                   ids_only: bool = False) -> list:
         """[(a, b)] of `clip_pair`, each distinct first text cut once beforehand against
         the longest second one (safe for the same reason): a query repeated in every
-        pair of a rerank was scanned once per document (1.8 MB x 1,000: 126 s)."""
+        pair of a rerank was scanned once per document (1.8 MB x 1,000: 126 s).
+        `ids_only` (the caller reads no offsets): a first text that no cut shortens, one
+        word of megabytes, is `squeezed` once, where it had been tokenized again for
+        each document (1.6 MB: 3.5 s a document)."""
         if pairs:
             keep = max_length + 1 + TOKENS_PER_CHAR * max(len(p or "") for p in pairs)
             first = {t: self.clip(t, keep) for t in set(texts)}
+            if ids_only:
+                first = {t: self.squeezed(c) if len(c) > SQUEEZE_CHARS else c
+                         for t, c in first.items()}
             texts = [first[t] for t in texts]
         return [self.clip_pair(a, b, max_length) for a, b in zip(texts, pairs)]
+
+    def squeezed(self, text: str) -> str:
+        """A text with exactly the tokens (ids) of `text`, shorter where many characters
+        make one token or none: a WordPiece word past its max_input_chars_per_word is one
+        [UNK] at any length, and spaces or control characters make no token. The middle
+        of each such run is cut out, SQUEEZE_CHARS // 2 kept at each end, and the result
+        is checked by tokenizing it (`text` itself where that differs). Offsets into it
+        are not those of `text`: for inputs whose ids alone are read."""
+        enc = self.plain([text], add_special_tokens=False)[0]
+        points = sorted({0, len(text), *(i for span in enc.offsets for i in span)})
+        half = SQUEEZE_CHARS // 2
+        pieces = [text[a:b] if b - a <= 2 * half else text[a:a + half] + text[b - half:b]
+                  for a, b in zip(points, points[1:])]
+        short = "".join(pieces)
+        if len(short) < len(text) and \
+                self.plain([short], add_special_tokens=False)[0].ids == enc.ids:
+            return short
+        return text
 
     def clip_pair(self, a: str, b: Optional[str], max_length: int) -> tuple:
         """(a, b) cut short, without changing what truncating them together to
@@ -952,6 +977,8 @@ def _merge_word(words, i, f, pair, merged, count, where, heap):
 WORD_RUN = re.compile(r"[^ ]+")   # what lies between plain spaces
 TOKENS_PER_CHAR = 4               # the most tokens any tokenizer here makes of a character
 CLIP_MIN_CHARS = 16               # a text under this many characters per kept run is left whole
+SQUEEZE_CHARS = 512               # a run of characters over this that makes one token or none
+                                  # is cut to it (Tokenizer.squeezed)
 
 
 def clip_text(text: str, keep: int) -> str:

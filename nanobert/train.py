@@ -109,6 +109,13 @@ class TrainConfig(Config):
     progress: bool = param(True, "a progress bar with loss and throughput (into a log or a "
                            "pipe: a line every 30 s)")
 
+    def check_given(self):
+        """--warmup-steps takes precedence over --warmup-ratio: given together, one would be
+        dropped without a word."""
+        if {"warmup_steps", "warmup_ratio"} <= self.given_fields():
+            raise NanobertError(f"--warmup-steps {self.warmup_steps} and --warmup-ratio "
+                                f"{self.warmup_ratio:g} both set the warmup; drop one of them")
+
 
 # ----------------------------------------------------------------------------------
 # Pieces: parameter groups, the learning-rate schedule, RNG state

@@ -166,6 +166,9 @@ def test_startup_prints_models_and_routes(server):
     routes = {m["name"]: m["routes"] for m in info["models"]}
     assert routes["minilm"] == ["/v1/embeddings", "/embed", "/tokenize"]
     assert routes["sst"] == ["/classify", "/rerank", "/tokenize"]
+    pairs = {m["name"]: m.get("pairs", "-") for m in info["models"]}   # (what /classify takes)
+    assert pairs == {"minilm": "-", "sst": None, "tags": "-", "reader": "-", "cross": True}
+    assert re.search(r"^  cross +rerank +one score; text pairs;", out, re.M)
     listed = server.http.get("/v1/models").json()          # OpenAI's client.models.list()
     assert listed["object"] == "list"
     assert {m["id"]: m["task"] for m in listed["data"]} == tasks
@@ -468,7 +471,7 @@ def test_a_request_of_more_tokens_than_the_limit_is_a_413(models):
     """/ner reads a text of any length in windows: one request of 100 kB of punctuation
     held a 2-core server for two minutes. Over --max-request-tokens, counted over every
     window, it is a 413 giving the count and the limit; shorter ones are answered."""
-    s = Running([f"tags={models['tags']}"], "--max-request-tokens", "200")
+    s = Running([f"tags={models['tags']}", "minilm"], "--max-request-tokens", "200")
     try:
         assert s.http.get("/info").json()["limits"]["max_request_tokens"] == 200
         ok = s.post("/ner", {"inputs": ["Mary met John in Paris."] * 4})
@@ -479,6 +482,10 @@ def test_a_request_of_more_tokens_than_the_limit_is_a_413(models):
         assert re.search(r"request of \d+ tokens .* over the limit of 200 \(--max-request-tokens\)",
                          r.json()["error"]["message"])
         assert s.post("/ner", {"inputs": ["Mary met John."]}).status_code == 200
+        # inputs cut to the model's length, in a request then refused, count as cut in
+        # /metrics only once answered (a refused 1,200 had added 1,200)
+        r = s.post("/embed", {"inputs": ["word " * 300] * 3})
+        assert r.status_code == 413 and s.metric("nanobert_truncated_inputs_total") == 0
     finally:
         s.close()
 
@@ -594,6 +601,12 @@ def test_a_long_query_or_question_is_cut_once_not_per_document(models):
     assert time.perf_counter() - start < 2 and max(map(len, texts)) < 400 and pairs == docs
     with m.counter.truncating(32) as tk:
         assert tk.encode(texts[7], docs[7]).ids == tk.encode("!" * 400, docs[7]).ids
+    word = "a" * 1_600_000 + " b"     # (one [UNK]: no cut; squeezed once, as the route does)
+    start = time.perf_counter()
+    texts, pairs = m.clip([word] * len(docs), docs, ids_only=True)
+    assert time.perf_counter() - start < 10 and max(map(len, texts)) < 2000 and pairs == docs
+    with m.counter.truncating(32) as tk:
+        assert tk.encode(texts[7], docs[7]).ids == tk.encode("a" * 200 + " b", docs[7]).ids
     reader = load_served(f"reader={models['reader']}")
     start = time.perf_counter()
     work = reader.qa_windows([("who " * 200_000, "Mary lives in Paris."), ("who?", "Paris.")])
@@ -632,11 +645,11 @@ def test_a_slow_input_holds_up_only_its_own_tokenize_thread(models):
     m = load_served(f"sst={models['sst']}")
     clip, counters = m.clip, set()
 
-    def slow_clip(texts, pairs=None):
+    def slow_clip(texts, pairs=None, ids_only=False):
         counters.add(id(m.counter))
         if texts == ["slow"]:
             time.sleep(3)
-        return clip(texts, pairs)
+        return clip(texts, pairs, ids_only)
 
     m.clip = slow_clip
     s = Server([m], ServeConfig(warmup=False))

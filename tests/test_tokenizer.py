@@ -149,6 +149,36 @@ def test_clip_pair_gives_the_same_truncated_pairs(minilm_dir):
     assert len(tok.clip_pair(_hard_text(6), None, 16)[0]) < len(_hard_text(6))
 
 
+def test_a_repeated_first_text_no_cut_shortens_is_squeezed_to_the_same_ids(minilm_dir,
+                                                                            tmp_path):
+    """One word of megabytes is one WordPiece [UNK] and has no word start to cut at: a
+    /rerank query of it was tokenized whole again for each document (1.6 MB: 3.5 s a
+    document). Squeezed (the middles of runs that make one token or none cut out), it
+    gives the same ids, pair by pair, for every tokenizer; where it cannot, it is kept."""
+    texts = ["a" * 60_000, "a" * 60_000 + " tail words", "x" + " " * 60_000 + "y z",
+             ("b" * 3000 + ". ") * 20, "\u200b" * 20_000 + "word " + "\x1c" * 20_000,
+             _hard_text(7, 400)]
+    docs = ["short doc", "", _hard_text(8, 50), "the cat " * 400]
+    for name, tk in _tokenizers(minilm_dir, tmp_path).items():
+        tok = Tokenizer(tk)
+        for text in texts:
+            short = tok.squeezed(text)
+            assert tk.encode(short, add_special_tokens=False).ids == \
+                tk.encode(text, add_special_tokens=False).ids, (name, text[:8])
+            if name != "wordpiece":    # (a long BPE word is many tokens: clip cuts it)
+                continue
+            assert text[0] == "-" or len(short) < 20_000, text[:8]
+            for max_length in (16, 128):
+                # (the whole texts truncated by tokenizers pair every overflowing piece:
+                # gigabytes; clip_pairs's cut is shown equal to them in the test above)
+                cut = tok.clip_pairs([text] * len(docs), docs, max_length, ids_only=True)
+                ref = tok.clip_pairs([text] * len(docs), docs, max_length)
+                with tok.truncating(max_length) as t:    # (holds the tokenizer's lock)
+                    whole, clipped = t.encode_batch(ref), t.encode_batch(cut)
+                assert [c.ids for c in clipped] == [w.ids for w in whole], (name, text[:8])
+                assert [c.type_ids for c in clipped] == [w.type_ids for w in whole]
+
+
 def test_clip_cuts_texts_without_spaces_at_a_cost_in_the_tokens_kept(minilm_dir, tmp_path):
     """A text with no plain space (CJK, punctuation, words between newlines or tabs) is
     cut after tokenizing a prefix of it, not all of it: 2 MB of "!" cost the tokenizer 4 s

@@ -861,3 +861,21 @@ def test_a_single_evaluation_is_drawn_on_whole_steps(tmp_path, monkeypatch, trai
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
         assert ax.get_xlim()[0] <= 12 and ax.get_xlim()[1] >= 13
+
+
+def test_trainer_flags_of_finetune_and_pretrain_and_two_warmups_refused(capsys):
+    """Gradient clipping, mixed precision, warmup steps (and finetune's checkpoint
+    interval) were TrainConfig fields without flags; --warmup-steps beside --warmup-ratio
+    would drop the ratio without a word."""
+    from nanobert.cli import build_parser, main
+    from nanobert.finetune import FinetuneConfig
+    base = ["finetune", "--task", "classify", "--model", "minilm", "--train", "t", "--dev", "d",
+            "--out", "o"]
+    args = build_parser(base).parse_args(base + ["--max-grad-norm", "0.5", "--amp", "off",
+                                                 "--warmup-steps", "7", "--save-every", "9"])
+    t = FinetuneConfig.from_args(args).trainer
+    assert (t.max_grad_norm, t.amp, t.warmup_steps, t.save_every) == (0.5, "off", 7, 9)
+    for cmd in (base, ["pretrain", "--corpus", "c.txt", "--out", "o"]):
+        assert main(cmd + ["--warmup-steps", "3", "--warmup-ratio", "0.2"]) == 2
+        assert capsys.readouterr().err.strip().endswith(
+            "--warmup-steps 3 and --warmup-ratio 0.2 both set the warmup; drop one of them")
