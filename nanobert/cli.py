@@ -294,12 +294,12 @@ def _escape_what_output_cannot_show():
 
 
 def _leave_processes(code: int):
-    """A torchrun worker (pretrain, distill) takes its process group down with the other
-    ranks (nanobert.pretrain.leave_processes), then exits at once with `code`: what is
-    left to do is the interpreter's teardown, where gloo's threads could still abort
-    the process after its work was done and written."""
-    pretrain = sys.modules.get("nanobert.pretrain")
-    if pretrain is not None and pretrain.leave_processes(ok=code == 0):
+    """A torchrun worker (pretrain, distill, finetune) takes its process group down with
+    the other ranks (nanobert.train.leave_processes), then exits at once with `code`:
+    what is left to do is the interpreter's teardown, where gloo's threads could still
+    abort the process after its work was done and written."""
+    train = sys.modules.get("nanobert.train")
+    if train is not None and train.leave_processes(ok=code == 0):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

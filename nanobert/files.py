@@ -63,8 +63,8 @@ def check_one_process(command: str) -> None:
     world = os.environ.get("WORLD_SIZE", "1")
     if world.isdigit() and int(world) > 1:
         raise NanobertError(f"{command} trains in one process, and torchrun started {world}: "
-                            "run it without torchrun (pretrain and distill train across "
-                            "several)")
+                            "run it without torchrun (pretrain, distill and finetune train "
+                            "across several)")
 
 
 def need(module: str, feature: str, install: str):

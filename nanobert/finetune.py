@@ -33,9 +33,11 @@ Python callers:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -50,11 +52,11 @@ from .batching import (FeatureRows, forward_tokens, pad_rows, size_runs, sorted_
                        to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
-from .files import (NanobertError, check_one_process, check_output_dir, check_outside, note,
+from .files import (NanobertError, check_output_dir, check_outside, note,
                     progress_bar, some_of, spooled_stdin, with_article, one_line as field)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
-from .train import TrainConfig, keeps_random_state
+from .train import TrainConfig, dist_info, freeze_unused, keeps_random_state, meet, processes
 
 # ----------------------------------------------------------------------------------
 # Training order
@@ -104,14 +106,32 @@ def epoch_batches(lengths, batch_size: int, seed: int, epoch: int, group_by_leng
     n = len(lengths)
     order = epoch_order(n, seed, epoch)
     if not group_by_length:
-        return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+        return process_share([order[i:i + batch_size] for i in range(0, n, batch_size)])
     group = 50 * batch_size
     batches = []
     for i in range(0, n, group):
         chunk = sorted(order[i:i + group], key=lambda j: -lengths[j])
         batches += [chunk[k:k + batch_size] for k in range(0, len(chunk), batch_size)]
     g = torch.Generator().manual_seed(seed * 1000 + epoch + 7919)
-    return [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
+    return process_share([batches[i] for i in torch.randperm(len(batches), generator=g).tolist()])
+
+
+def process_share(plan: list) -> list:
+    """Under torchrun, this process's share of each batch of an epoch's plan: every N-th
+    example of it (N processes), so that they take together the step one process takes
+    on the whole batch (each share's loss weighs by its rows or tokens over all of them:
+    train.loss_shares). A batch of fewer examples than processes (a short remainder)
+    first joins the batch before it. One process: the plan as it is."""
+    rank, world = processes()
+    if world == 1:
+        return plan
+    joined = []
+    for idx in plan:
+        if joined and (len(idx) < world or len(joined[-1]) < world):
+            joined[-1] = joined[-1] + idx
+        else:
+            joined.append(list(idx))
+    return [idx[rank::world] for idx in joined]
 
 
 # ----------------------------------------------------------------------------------
@@ -870,7 +890,8 @@ def feature_batches(items: list, cfg, pad_id: int) -> tuple:
         plan = epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, epoch, cfg.group_by_length)
         for idx in plan[start:]:
             yield collate([items[i] for i in idx], pad_id)
-    return batches, -(-len(items) // cfg.batch_size)
+    return batches, len(epoch_batches(lengths, cfg.batch_size, cfg.trainer.seed, 0,
+                                      cfg.group_by_length))
 
 
 def row_batches(features, cfg, pad_id: int) -> tuple:
@@ -1267,7 +1288,6 @@ def finetune(config, *args, **fields) -> dict:
     if not isinstance(config, (FinetuneConfig, str)):
         raise TypeError("finetune(config): expected a FinetuneConfig (or a task name, "
                         f"then model, train, dev, out_dir), got {type(config).__name__}")
-    check_one_process("finetune")
     config = FinetuneConfig.given("finetune", config, args, fields,
                                   ("task", "model", "train", "dev", "out_dir"))
     for name in ("model", "train", "dev"):
@@ -1298,9 +1318,52 @@ def finetune(config, *args, **fields) -> dict:
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
                             [f for m in models for f in rundir.model_files(m)], as_flags(cfg))
     t = cfg.trainer
-    with rundir.run(t.out_dir, "finetune", fp, resume=t.resume, overwrite=t.overwrite,
-                    reads=models + [cfg.train, cfg.dev]):
-        return _finetune(cfg, task)
+    rank, world, local_rank = dist_info()     # (torchrun: DDP, rank 0 owns --out)
+    check_processes(cfg, task, world)
+    if world > 1 and t.device == "auto" and torch.cuda.is_available():
+        cfg = cfg.replace(device=f"cuda:{local_rank}")
+    owner = contextlib.ExitStack()
+
+    def own():
+        if rank == 0:
+            owner.enter_context(rundir.run(t.out_dir, "finetune", fp, resume=t.resume,
+                                           overwrite=t.overwrite,
+                                           reads=models + [cfg.train, cfg.dev]))
+    with owner:
+        meet(world, own)
+        with silenced(rank > 0):     # (one report, one bar: rank 0's)
+            best = _finetune(cfg.replace(progress=t.progress and rank == 0), task)
+        meet(world)
+        return best
+
+
+def check_processes(cfg: FinetuneConfig, task: Task, world: int):
+    """What runs under torchrun: every task whose loss is a sum over its rows or tokens
+    (each process takes a share of each batch: process_share). Not the bi-encoder's,
+    whose losses compare the rows of a batch with each other (a process would see only
+    its share's), and not batches smaller than the processes."""
+    if world == 1:
+        return
+    if task.name == "embed":
+        raise NanobertError(f"--task embed under torchrun ({world} processes): its losses "
+                            "compare the rows of a batch with each other, and each process "
+                            "would see only its share; run it in one process")
+    if cfg.batch_size < world:
+        raise NanobertError(f"--batch-size {cfg.batch_size} is under the {world} processes "
+                            "torchrun started (each takes a share of each batch); give at "
+                            f"least {world}")
+
+
+@contextlib.contextmanager
+def silenced(quiet: bool):
+    """stdout and stderr to nowhere inside the block, where `quiet` (the other ranks of a
+    torchrun run: rank 0 prints the report, the notes and the bar)."""
+    if not quiet:
+        yield
+        return
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
+            contextlib.redirect_stderr(null):
+        yield
 
 
 def _check_beir_flags(cfg: FinetuneConfig):
@@ -1357,6 +1420,8 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     loss_fn = task.loss(cfg) if task.loss else None
     if cfg.teachers:
         loss_fn = _teacher_loss(task, cfg, model, tok, evaluate, metric, settings.get("pairs"))
+    if processes()[1] > 1:       # (DDP: the pooler under a token head has no gradient)
+        freeze_unused(model, next(iter(batches(0, 0))), loss_fn)
     return Trainer(model, trainer_cfg, batches, steps_per_epoch, evaluate=evaluate, save=save,
                    loss_fn=loss_fn).fit()
 
@@ -1825,8 +1890,10 @@ def finetune_cmd(args):
     writes an HF model directory."""
     cfg = FinetuneConfig.from_args(args)
     best = finetune(cfg)
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if isinstance(v, float))
-    print(f"best dev: {shown} (step {best.get('step')}); model saved in {cfg.trainer.out_dir}")
+    if processes()[0] == 0:     # (torchrun: rank 0 evaluated and saved)
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if isinstance(v, float))
+        print(f"best dev: {shown} (step {best.get('step')}); model saved in "
+              f"{cfg.trainer.out_dir}")
     return 0
 
 

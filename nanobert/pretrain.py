@@ -21,14 +21,11 @@ import argparse
 import contextlib
 import csv
 import dataclasses
-import gc
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -43,63 +40,9 @@ from .files import (NanobertError, atomic_path, check_one_process, check_output_
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
                       split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
-from .train import TrainConfig, keeps_random_state
+from .train import TrainConfig, dist_info, keeps_random_state, meet
 
 OBJECTIVES = {"mlm": None, "mlm+nsp": "nsp", "mlm+sop": "sop"}
-
-
-# ----------------------------------------------------------------------------------
-# Processes
-
-
-def dist_info() -> tuple:
-    """(rank, world size, local rank), starting the process group under torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, 0
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def leave_processes(ok: bool) -> bool:
-    """Under torchrun, after the command: take the process group down while every rank
-    is alive, and say whether there was one. After a command that ended well the ranks
-    meet first, and the trainer's objects (DDP's reducer holds the group) are collected
-    before the group goes: a rank that left while the other still held the group, or a
-    group destroyed by the interpreter's own teardown, ended at times in C++'s
-    'terminate called without an active exception' (SIGABRT) after the model was written."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return False
-    if ok:
-        dist.barrier()
-    gc.collect()
-    dist.destroy_process_group()
-    return True
-
-
-def _meet(world: int, work=None):
-    """Every process runs `work` (or nothing), then they meet. A refusal (NanobertError)
-    in any process ends all of them with its message: a plain barrier would leave the
-    others waiting for a process that has already exited."""
-    error = None
-    try:
-        if work is not None:
-            work()
-    except NanobertError as e:
-        if world <= 1:
-            raise
-        error = str(e)
-    if world > 1:
-        import torch.distributed as dist
-        errors = [None] * world
-        dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e), None)
-        if first:
-            raise NanobertError(first)
 
 
 # ----------------------------------------------------------------------------------
@@ -419,7 +362,7 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
             owner.enter_context(rundir.run(run.out, command, _fingerprint(cfg), t.resume,
                                            t.overwrite, reads))
     with owner:
-        _meet(world, own)
+        meet(world, own)
         return _pretrain(run, make_model, loss_fn)
 
 
@@ -474,7 +417,7 @@ def _pretrain(run: _Run, make_model, loss_fn) -> dict:
     result = trainer.fit()
     if evaluate is None:  # no validation: keep the final weights
         save(trainer.model, run.out)
-    _meet(world)
+    meet(world)
     run.say(f"no validation (--val-fraction 0): the model of the last step, "
             f"{result.get('step', trainer.step)}, is the one saved" if evaluate is None else
             "best validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float)
@@ -516,7 +459,7 @@ def _load_data(run: _Run):
             run.data = PretrainData(train_corpus, run.tok, cfg.seq_len, cfg.pairs,
                                     cfg.trainer.seed)
     for turn in (0, 1):
-        _meet(run.world, load if (run.rank == 0) == (turn == 0) else None)
+        meet(run.world, load if (run.rank == 0) == (turn == 0) else None)
     _same_tokenizer(run)
 
 

@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -115,6 +117,85 @@ class TrainConfig(Config):
         if {"warmup_steps", "warmup_ratio"} <= self.given_fields():
             raise NanobertError(f"--warmup-steps {self.warmup_steps} and --warmup-ratio "
                                 f"{self.warmup_ratio:g} both set the warmup; drop one of them")
+
+
+# ----------------------------------------------------------------------------------
+# Processes
+
+
+def dist_info() -> tuple:
+    """(rank, world size, local rank), starting the process group under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, 0
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def processes() -> tuple:
+    """(rank, world size) of the process group under way, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def freeze_unused(model: nn.Module, batch: dict, loss_fn: Optional[Callable] = None) -> list:
+    """The parameters no loss reaches (a pooler under a token or span head) frozen, so that
+    DDP, which refuses them ("Expected to have finished reduction"), can run; one process
+    leaves them as they are too (no gradient, no update). Found on one batch in eval mode
+    (no dropout: the run's random stream is untouched). Their names."""
+    was = model.training
+    model.eval()
+    (loss_fn or (lambda m, b: m(**b).loss))(model, batch).backward()
+    unused = {n for n, p in model.named_parameters() if p.requires_grad and p.grad is None}
+    for name, p in model.named_parameters():
+        p.grad = None
+        if name in unused:
+            p.requires_grad_(False)
+    model.train(was)
+    return sorted(unused)
+
+
+def leave_processes(ok: bool) -> bool:
+    """Under torchrun, after the command: take the process group down while every rank
+    is alive, and say whether there was one. After a command that ended well the ranks
+    meet first, and the trainer's objects (DDP's reducer holds the group) are collected
+    before the group goes: a rank that left while the other still held the group, or a
+    group destroyed by the interpreter's own teardown, ended at times in C++'s
+    'terminate called without an active exception' (SIGABRT) after the model was written."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    if ok:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    return True
+
+
+def meet(world: int, work=None):
+    """Every process runs `work` (or nothing), then they meet. A refusal (NanobertError)
+    in any process ends all of them with its message: a plain barrier would leave the
+    others waiting for a process that has already exited."""
+    error = None
+    try:
+        if work is not None:
+            work()
+    except NanobertError as e:
+        if world <= 1:
+            raise
+        error = str(e)
+    if world > 1:
+        import torch.distributed as dist
+        errors = [None] * world
+        dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e), None)
+        if first:
+            raise NanobertError(first)
 
 
 # ----------------------------------------------------------------------------------

@@ -1574,3 +1574,56 @@ def test_a_metric_named_in_python_picks_the_best_model_and_a_misspelt_one_is_ref
     assert ft.dev_metric(task, [], cfg.trainer.replace(metric="dev_loss")) == ("dev_loss", False)
     best = ft.finetune(cfg.replace(out_dir=str(tmp_path / "b"), metric="mcc"))
     assert "mcc" in best
+
+
+def test_torchrun_two_processes_fine_tune_as_one(tiny_dir, tmp_path):
+    """finetune under torchrun ran whole in each worker, which fought over --out. Now
+    it runs under DDP with the same command line: each process takes every other
+    example of each batch, and the model is the one a single process trains (dropout
+    off, with --grad-accum 2 too). Rank 0 alone prints, evaluates and writes."""
+    import subprocess
+    import sys
+    from safetensors.torch import load_file
+    from test_pretrain import failed_ranks, free_port, subprocess_env
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(70, 0))   # 8 batches of 8, 1 of 6
+    flags = ["finetune", "--task", "classify", "--model", str(tiny_dir), "--train", str(train),
+             "--dev", str(train), "--max-length", "16", "--batch-size", "8", "--epochs", "2",
+             "--lr", "1e-3", "--grad-accum", "2", "--no-progress", "--threads", "1"]
+    env = subprocess_env(tmp_path)
+    one = subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--out",
+                          str(tmp_path / "one")], env=env, capture_output=True, text=True)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", str(free_port()), "-m", "nanobert.cli", *flags,
+                          "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0 and two.returncode == 0, failed_ranks(two.stderr)
+    best = [line for line in two.stdout.splitlines() if line.startswith("best dev:")]
+    assert len(best) == 1 and two.stdout.count("training examples") == 1
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("one", "two"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert [r["loss"] for r in records(tmp_path / "two")] == pytest.approx(
+        [r["loss"] for r in records(tmp_path / "one")], abs=1e-5)
+    assert json.loads((tmp_path / "two" / "nanobert-run.json").read_text())["status"] == "finished"
+
+
+def records(out, kind="train"):
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if r["type"] == kind]
+
+
+def test_each_process_takes_a_share_of_each_batch_and_short_batches_join(monkeypatch):
+    ft = importlib.import_module("nanobert.finetune")
+    plan = [[0, 1, 2, 3], [4], [5, 6, 7], [8, 9, 10, 11]]
+    assert ft.process_share(plan) == plan                      # one process: as it is
+    shares = []
+    for rank in (0, 1):
+        monkeypatch.setattr(ft, "processes", lambda: (rank, 2))
+        shares.append(ft.process_share(plan))
+    assert shares == [[[0, 2, 4], [5, 7], [8, 10]], [[1, 3], [6], [9, 11]]]
+    assert ft.process_share([[3], [1, 2]]) == [[1]]            # a short first batch: joined
+    cfg = ft.FinetuneConfig(task="embed", model="m", train="t", dev="d")
+    with pytest.raises(ft.NanobertError, match="--task embed under torchrun"):
+        ft.check_processes(cfg, ft.get_task("embed"), 2)
+    cfg = ft.FinetuneConfig(task="classify", model="m", train="t", dev="d", batch_size=3)
+    with pytest.raises(ft.NanobertError, match="--batch-size 3 is under the 4 processes"):
+        ft.check_processes(cfg, ft.get_task("classify"), 4)
