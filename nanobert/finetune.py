@@ -1315,11 +1315,14 @@ def finetune(config, *args, **fields) -> dict:
     check_freeze_before_loading(cfg.model, cfg.freeze_layers)   # (before the data is read)
     cfg = cfg.replace(retrieval=cfg.retrieval.replace(pooling=sentence_pooling(task, cfg)))
     models = [cfg.model] + cfg.teachers
-    fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
-                            [f for m in models for f in rundir.model_files(m)], as_flags(cfg))
-    t = cfg.trainer
     rank, world, local_rank = dist_info()     # (torchrun: DDP, rank 0 owns --out)
     check_processes(cfg, task, world)
+    # (a checkpoint resumes only under as many processes: their batches and the frozen
+    # parameters, freeze_unused, are others)
+    flags = dict(as_flags(cfg), **({"processes": world} if world > 1 else {}))
+    fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
+                            [f for m in models for f in rundir.model_files(m)], flags)
+    t = cfg.trainer
     if world > 1 and t.device == "auto" and torch.cuda.is_available():
         cfg = cfg.replace(device=f"cuda:{local_rank}")
     owner = contextlib.ExitStack()
@@ -1429,15 +1432,20 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
 def dev_metric(task: Task, dev, trainer: TrainConfig) -> tuple:
     """The dev metric that picks the best model, and whether higher is better: the task's
     own, or one named in Python (`cfg.replace(metric="f1_macro")`; the Trainer refuses a
-    name the evaluation never reports). A named one is better higher unless its name says
-    it is a loss (`greater_is_better=True` with it: higher anyway)."""
+    name the evaluation never reports). A named one is better higher unless it is a loss
+    or an error (LOWER_IS_BETTER: regression's mse; `greater_is_better=True`: higher
+    anyway)."""
     given = trainer.given_fields()
     if "metric" not in given:
         return (task.metric(dev) if callable(task.metric) else task.metric,
                 task.greater_is_better)
     if "greater_is_better" in given:
         return trainer.metric, trainer.greater_is_better
-    return trainer.metric, "loss" not in trainer.metric
+    lower = "loss" in trainer.metric or trainer.metric in LOWER_IS_BETTER
+    return trainer.metric, not lower
+
+
+LOWER_IS_BETTER = ("mse", "mae", "rmse", "perplexity")   # dev metrics better lower (and losses)
 
 
 def _teacher_loss(task: Task, cfg: FinetuneConfig, model, tok, evaluate, metric: str,

@@ -211,6 +211,8 @@ def _sizes(x, y) -> str:
 def _flag_difference(key: str, there, now) -> str:
     """'--lr 0.001 there, 0.005 now'; an on/off setting by its name, 'init on there, off
     now', as its flag may be the negation (--no-init) of the setting's name."""
+    if key == "processes":      # (torchrun's, not a flag: finetune's fingerprint)
+        return f"{there or 1} process(es) there (torchrun), {now or 1} now"
     if isinstance(there, bool) or isinstance(now, bool):
         def on(v):
             return _shown(v) if not isinstance(v, bool) else "on" if v else "off"

@@ -422,9 +422,9 @@ def test_one_process_commands_refuse_torchrun_before_writing(monkeypatch, tmp_pa
     from nanobert.cli import main
     (tmp_path / "t.txt").write_text("a line of text\n")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["ablate-masking", "--corpus", str(tmp_path / "t.txt"), "--out",
-                 str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "nanobert: error: ablate-masking trains in one process, and torchrun started 2: run "
-        "it without torchrun (pretrain, distill and finetune train across several)")
-    assert not (tmp_path / "out").exists()
+    for cmd in (["ablate-masking", "--corpus", str(tmp_path / "t.txt")], ["demo"]):
+        assert main(cmd + ["--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"nanobert: error: {cmd[0]} trains in one process, and torchrun started 2: run "
+            "it without torchrun (pretrain, distill and finetune train across several)")
+        assert not (tmp_path / "out").exists()

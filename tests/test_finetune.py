@@ -1572,6 +1572,7 @@ def test_a_metric_named_in_python_picks_the_best_model_and_a_misspelt_one_is_ref
     assert ft.dev_metric(task, [], cfg.trainer) == ("accuracy", True)
     assert ft.dev_metric(task, [], cfg.trainer.replace(metric="mcc")) == ("mcc", True)
     assert ft.dev_metric(task, [], cfg.trainer.replace(metric="dev_loss")) == ("dev_loss", False)
+    assert ft.dev_metric(task, [], cfg.trainer.replace(metric="mse")) == ("mse", False)
     best = ft.finetune(cfg.replace(out_dir=str(tmp_path / "b"), metric="mcc"))
     assert "mcc" in best
 

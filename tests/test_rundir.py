@@ -1003,3 +1003,15 @@ def test_a_note_said_under_a_progress_bar_gets_a_line_of_its_own(capsys):
     assert "nanobert: note: 3 of 10 texts are longer than 8 tokens\n" in err
     note("no bar now")
     assert capsys.readouterr().err == "nanobert: note: no bar now\n"
+
+
+def test_a_run_of_other_torchrun_processes_is_told_apart():
+    """A fine-tuning checkpoint of 2 processes resumed by 1 (or the other way) gave each
+    parameter its neighbour's optimizer state (the pooler frozen under DDP) and diverged
+    ('try a lower --lr'). The process count is in the fingerprint, said as such."""
+    from nanobert.rundir import differences, fingerprint
+    one = fingerprint("ner", [], {"lr": 1e-4})
+    two = fingerprint("ner", [], {"lr": 1e-4, "processes": 2})
+    assert one != two
+    assert differences(two, one) == ["2 process(es) there (torchrun), 1 now"]
+    assert differences(one, two) == ["1 process(es) there (torchrun), 2 now"]
