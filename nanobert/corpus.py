@@ -426,7 +426,6 @@ def random_sentences(corpus: TokenizedCorpus, d: int, n: int, rng, whole: bool =
         if not whole and len(late):
             e = int(rng.choice(late))
             return e - n, e
-    late = bounds[1:][bounds[1:] >= bounds[0] + n]
     e = int(rng.choice(late)) if len(late) else int(bounds[-1])
     return max(int(bounds[0]), e - n), e
 

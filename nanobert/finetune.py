@@ -56,7 +56,8 @@ from .files import (NanobertError, check_output_dir, check_outside, note,
                     progress_bar, some_of, spooled_stdin, with_article, one_line as field)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
-from .train import TrainConfig, dist_info, freeze_unused, keeps_random_state, meet, processes
+from .train import (TrainConfig, dist_info, freeze_unused, keeps_random_state, meet, processes,
+                    rank_device)
 
 # ----------------------------------------------------------------------------------
 # Training order
@@ -1323,8 +1324,7 @@ def finetune(config, *args, **fields) -> dict:
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
                             [f for m in models for f in rundir.model_files(m)], flags)
     t = cfg.trainer
-    if world > 1 and t.device == "auto" and torch.cuda.is_available():
-        cfg = cfg.replace(device=f"cuda:{local_rank}")
+    cfg = cfg.replace(device=rank_device(t.device, world, local_rank))
     owner = contextlib.ExitStack()
 
     def own():

@@ -40,7 +40,7 @@ from .files import (NanobertError, atomic_path, check_one_process, check_output_
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
                       split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
-from .train import TrainConfig, dist_info, keeps_random_state, meet
+from .train import TrainConfig, dist_info, keeps_random_state, meet, rank_device
 
 OBJECTIVES = {"mlm": None, "mlm+nsp": "nsp", "mlm+sop": "sop"}
 
@@ -632,9 +632,7 @@ def _model_writer(run: _Run):
 def _trainer_config(run: _Run) -> TrainConfig:
     """The Trainer's settings: validation every steps/10 by default, loss decides."""
     t = run.cfg.trainer
-    device = t.device
-    if device == "auto" and run.world > 1 and torch.cuda.is_available():
-        device = f"cuda:{run.local_rank}"
+    device = rank_device(t.device, run.world, run.local_rank)
     eval_every = t.eval_every or max(1, t.max_steps // 10)
     return t.replace(log_every=min(10, eval_every), eval_every=eval_every, metric="loss",
                      greater_is_better=False, device=device,

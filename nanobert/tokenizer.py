@@ -649,14 +649,16 @@ class Tokenizer:
         """[(a, b)] of `clip_pair`, each distinct first text cut once beforehand against
         the longest second one (safe for the same reason): a query repeated in every
         pair of a rerank was scanned once per document (1.8 MB x 1,000: 126 s).
-        `ids_only` (the caller reads no offsets): a first text that no cut shortens, one
-        word of megabytes, is `squeezed` once, where it had been tokenized again for
-        each document (1.6 MB: 3.5 s a document)."""
+        `ids_only` (the caller reads no offsets): a first text of several pairs that no
+        cut shortens, one word of megabytes, is `squeezed` once, where it had been
+        tokenized again for each document (1.6 MB: 3.5 s a document); a text of one pair
+        is read once anyway."""
         if pairs:
             keep = max_length + 1 + TOKENS_PER_CHAR * max(len(p or "") for p in pairs)
             first = {t: self.clip(t, keep) for t in set(texts)}
             if ids_only:
-                first = {t: self.squeezed(c) if len(c) > SQUEEZE_CHARS else c
+                times = Counter(texts)
+                first = {t: self.squeezed(c) if times[t] > 1 and len(c) > SQUEEZE_CHARS else c
                          for t, c in first.items()}
             texts = [first[t] for t in texts]
         return [self.clip_pair(a, b, max_length) for a, b in zip(texts, pairs)]

@@ -125,14 +125,11 @@ class TrainConfig(Config):
 
 def dist_info() -> tuple:
     """(rank, world size, local rank), starting the process group under torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, 0
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (*processes(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def processes() -> tuple:
@@ -141,6 +138,13 @@ def processes() -> tuple:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def rank_device(device: str, world: int, local_rank: int) -> str:
+    """The device of a process: under torchrun on CUDA, "auto" is the rank's own GPU."""
+    if device == "auto" and world > 1 and torch.cuda.is_available():
+        return f"cuda:{local_rank}"
+    return device
 
 
 def freeze_unused(model: nn.Module, batch: dict, loss_fn: Optional[Callable] = None) -> list:
