@@ -1209,7 +1209,7 @@ class FinetuneConfig(Config):
                           "eval_every": None, "early_stopping": None, "ema": None, "seed": None,
                           "grad_accum": None, "resume": None, "overwrite": None, "device": None,
                           "progress": None, "warmup_steps": None, "max_grad_norm": None,
-                          "amp": None, "save_every": None}}
+                          "amp": None, "save_every": None, "fsdp": None}}
 
     def __post_init__(self):
         for name in REQUIRED_PATHS:   # (before the checks of Config, which name no field)

@@ -91,7 +91,7 @@ class PretrainConfig(Config):
                           "seed": None, "eval_every": None, "save_every": None,
                           "resume": None, "overwrite": None, "device": None,
                           "progress": None, "warmup_steps": None, "max_grad_norm": None,
-                          "amp": None}}
+                          "amp": None, "fsdp": None}}
 
     def check_given(self):
         """Two flags that say one thing, refused together at any value (--vocab-size
@@ -415,11 +415,12 @@ def _pretrain(run: _Run, make_model, loss_fn) -> dict:
     trainer = Trainer(model, _trainer_config(run), batches, steps_per_epoch, evaluate=evaluate,
                       save=save, loss_fn=loss_fn or mlm_loss_fn(cfg.objective))
     result = trainer.fit()
-    if evaluate is None:  # no validation: keep the final weights
-        save(trainer.model, run.out)
+    validated = cfg.val_fraction > 0    # (in every process: rank 0 alone holds the rows)
+    if not validated:  # keep the final weights (FSDP: every process gathers them)
+        save(trainer.whole_model(), run.out)
     meet(world)
     run.say(f"no validation (--val-fraction 0): the model of the last step, "
-            f"{result.get('step', trainer.step)}, is the one saved" if evaluate is None else
+            f"{result.get('step', trainer.step)}, is the one saved" if not validated else
             "best validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float)
                                             else f"{k} {v}" for k, v in result.items()))
     run.say(f"model written to {run.out}")
@@ -739,7 +740,7 @@ def fill_mask_cmd(args):
 
 
 def ablate_masking_args(p):
-    add_flags(p, PretrainConfig, skip=("mask_split",), max_steps=1000)
+    add_flags(p, PretrainConfig, skip=("mask_split", "fsdp"), max_steps=1000)   # (one process)
     p.add_argument("--splits", default="80/10/10,100/0/0,0/0/100,50/50/0",
                    help="comma-separated [MASK]/random/unchanged splits to compare")
     p.add_argument("--mask-split", action=_UseSplits, help=argparse.SUPPRESS,

@@ -50,7 +50,8 @@ MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "checkpo
 KEEP_ON_OVERWRITE = ("cache", "data", LOCK_FILE)
 # flags that change where or how visibly a run goes, not what it computes
 NOT_SHAPING = {"out", "out_dir", "resume", "overwrite", "progress", "no_progress", "device",
-               "func", "command", "cache_dir", "log_every", "json", "save_every"}
+               "func", "command", "cache_dir", "log_every", "json", "save_every",
+               "fsdp"}   # (FSDP computes what DDP does, to 1e-6: either resumes the other)
 # temporaries of files.atomic_path and save_model (files.LEFTOVER), and what an
 # --overwrite run holds aside until it has written something (.old-run.PID)
 HELD_ASIDE = re.compile(r"\.old-run\.(?P<pid>\d+)")

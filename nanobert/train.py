@@ -26,6 +26,15 @@ step count are one); one during a step's after-step work (log, evaluation, best 
 checkpoint) checkpoints the state from before that work, marked `pending`, and the
 resumed run does that work first. The best model is recorded once it is saved.
 
+Under torchrun the gradients are averaged over the processes: DDP by default (each process
+holds the whole model), or FSDP with `fsdp` (FSDP2's fully_shard: each block's weights,
+gradients and AdamW moments, and the rest's as one more unit, are split over the
+processes; a block's whole weights exist only while it runs). Under FSDP, rank 0 keeps a
+whole copy on the CPU that evaluation and every save read (`whole_model`), checkpoints hold whole
+tensors (the same files as DDP's), and an interrupt writes none: every process would have
+to gather at once, wherever the signal found it, so --resume continues from the last
+periodic one.
+
 Output directory:
     out_dir/              the deployable model (written by `save(model, out_dir)`)
     out_dir/metrics.jsonl one JSON object per log step and per evaluation
@@ -35,6 +44,7 @@ Output directory:
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import gc
 import json
@@ -108,6 +118,9 @@ class TrainConfig(Config):
                          "flags only)")
     overwrite: bool = param(False, "start over in an OUT that holds another run's model or "
                             "checkpoint (it is cleared first)")
+    fsdp: bool = param(False, "under torchrun: shard the weights, gradients and optimizer "
+                       "state over the processes (FSDP) instead of a whole copy in each (DDP): "
+                       "for models whose training state does not fit on one device")
     progress: bool = param(True, "a progress bar with loss and throughput (into a log or a "
                            "pipe: a line every 30 s)")
 
@@ -294,9 +307,45 @@ def _trim_heap():
     _TRIMMER()
 
 
+def _map_large_allocations():
+    """glibc raises its mmap threshold to the largest block freed (up to 32 MB), so FSDP's
+    gathered weights and gradients, freed after each block, then come from the heap,
+    which keeps them: a base model's process on the CPU grew from 1.1 to 2 GB in three
+    steps, what DDP takes. A fixed threshold maps them again, and they go back to the
+    system when freed. A no-op without glibc."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)     # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 TRIM_EVERY_S = 30.0
 _TRIMMER = None
 PLAIN_PROGRESS_S = 30.0   # a progress line into a log at most this often (no bar there)
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor whole: under FSDP a parameter, its gradient norm or an AdamW moment is a
+    DTensor split over the processes, gathered here (every process must call it)."""
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def own_part(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a tensor (under FSDP, of a split one; else the tensor)."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def split_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A whole tensor (as saved) split as `like` is, when `like` is split over the processes
+    (FSDP); this process's part is cut out of it, with no communication."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    full = full.to(like.device)
+    if not isinstance(like, DTensor) or full.dim() == 0:
+        return full
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
 
 
 class WeightAverage:
@@ -333,12 +382,9 @@ class WeightAverage:
         finally:
             swap()
 
-    def tensors(self) -> dict:
-        return {f"ema.{i}": t.detach().cpu() for i, t in enumerate(self.shadow)}
-
     def load(self, tensors: dict, updates: int):
         for i, t in enumerate(self.shadow):
-            t.copy_(tensors[f"ema.{i}"])
+            t.copy_(split_like(tensors[f"ema.{i}"], t))
         self.updates = updates
 
 
@@ -483,6 +529,8 @@ class Trainer:
         self.ckpt_dir = self.out_dir / "checkpoint"
         self.device = _resolve_device(cfg.device)
         self.model = model.to(self.device)
+        self.amp_dtype, use_scaler = _resolve_amp(cfg.amp, self.device)
+        self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
         self.train_model = self._wrap_distributed(self.model)
         self.batches, self.steps_per_epoch = batches, steps_per_epoch
         self.evaluate_fn, self.save_fn = evaluate, save
@@ -495,8 +543,6 @@ class Trainer:
                        else warmup_of(cfg.warmup_ratio, self.total_steps))
         self.optimizer = _adamw(model, cfg)
         self.average = WeightAverage(self.model, cfg.ema) if cfg.ema else None
-        self.amp_dtype, use_scaler = _resolve_amp(cfg.amp, self.device)
-        self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
 
         # where we are: `step` optimizer steps done; the next micro-batch is
         # (epoch, batch_index)
@@ -517,18 +563,96 @@ class Trainer:
         self._pending: Optional[dict] = None
 
     def _wrap_distributed(self, model):
-        """Several processes (torchrun): DDP averages the gradients; rank 0 alone evaluates
-        and writes (metrics, checkpoints, the model)."""
+        """Several processes (torchrun): DDP (or FSDP: `_shard`) averages the gradients;
+        rank 0 alone evaluates and writes (metrics, checkpoints, the model)."""
         self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.is_main = not self.distributed or torch.distributed.get_rank() == 0
+        self.sharded = self.distributed and self.cfg.fsdp
+        self.whole = None
         if not self.distributed:
+            if self.cfg.fsdp:
+                note("--fsdp: one process, so nothing is sharded (it takes effect under "
+                     "torchrun)")
             return model
-        from torch.nn.parallel import DistributedDataParallel
         # (every parameter must reach the loss: see pretrain.mlm_loss_fn for the pooler)
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current one
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.sharded:
+            return self._shard(model)
+        from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def _shard(self, model):
+        """FSDP: each block is a unit of its own, the rest (embeddings, heads) one more, all
+        split over the processes. Rank 0 first keeps a whole copy (`whole_model`), on the
+        CPU but while it is evaluated (`_on_device`). Blocks that several layers share
+        (ALBERT) run more than once a pass: they stay in the rest."""
+        import warnings
+        from torch.distributed.fsdp import fully_shard
+        # (the output's views get its backward hook all the same; no loss changes them)
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+        if self.scaler is not None:
+            raise NanobertError("--fsdp with --amp fp16: its loss scaler would skip a step on "
+                                "one process's overflow alone; use --amp bf16 (or off)")
+        if self.device.type == "cpu":
+            _map_large_allocations()
+        self.whole = copy.deepcopy(model).cpu() if self.is_main else None
+        if self.device.type == "cuda":   # (NCCL's collectives run on the current device)
+            torch.cuda.set_device(self.device)
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(self.device.type, (torch.distributed.get_world_size(),))
+        blocks = getattr(getattr(model, "bert", None), "blocks", [])
+        if len(blocks) == getattr(model.config, "num_hidden_layers", -1):
+            for block in blocks:
+                fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def whole_model(self, average: bool = False) -> nn.Module:
+        """The model to evaluate or save, with its weights (or with `average`, the weight
+        average's). Under FSDP every process gathers them (every process calls this), and
+        rank 0 gets its whole copy holding them; the other ranks get their sharded model."""
+        from .model import weights_changed
+        if not self.sharded:
+            return self.model
+        shadow = iter(self.average.shadow if average else [])
+        whole_params = dict(self.whole.named_parameters()) if self.is_main else {}
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                t = whole(next(shadow) if average and p.requires_grad else p)
+                if self.is_main:
+                    whole_params[name].copy_(t)
+        weights_changed()
+        return self.whole if self.is_main else self.model
+
+    @contextlib.contextmanager
+    def _on_device(self, model: nn.Module):
+        """Rank 0's whole copy (FSDP) comes from the CPU to the device inside the block."""
+        if model is not self.whole or self.device.type == "cpu":
+            yield
+            return
+        model.to(self.device)
+        try:
+            yield
+        finally:
+            model.cpu()
+
+    @contextlib.contextmanager
+    def _gradients_held(self, held: bool):
+        """Inside the block, under DDP or FSDP with `held`, the gradients accumulate in
+        each process and are averaged over the processes at the next backward outside."""
+        if not (self.distributed and held):
+            yield
+        elif self.sharded:
+            self.train_model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                self.train_model.set_requires_gradient_sync(True)
+        else:
+            with self.train_model.no_sync():
+                yield
 
     # ---- one optimizer step -----------------------------------------------------
     def _to_device(self, batch: dict) -> dict:
@@ -543,9 +667,8 @@ class Trainer:
         shares = loss_shares(micro_batches, self.distributed, self.device)
         total = 0.0
         for i, (batch, share) in enumerate(zip(micro_batches, shares)):
-            # DDP: all-reduce the gradients once, on the last micro-batch
-            no_sync = self.distributed and i < n - 1
-            with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
+            # DDP, FSDP: average the gradients over the processes once, on the last one
+            with self._gradients_held(i < n - 1):
                 with torch.autocast(self.device.type, dtype=self.amp_dtype,
                                     enabled=self.amp_dtype is not None):
                     loss = self.loss_fn(self.train_model, batch) * share
@@ -571,7 +694,7 @@ class Trainer:
         # (max_norm inf: the norm is measured for the divergence guard, nothing is scaled)
         norm = nn.utils.clip_grad_norm_(self.model.parameters(),
                                         self.cfg.max_grad_norm or math.inf)
-        self._check_finite(loss, float(norm))
+        self._check_finite(loss, float(whole(norm)))
         examples, tokens = _sizes(micro_batches)
         # the update and its bookkeeping are one: a Ctrl-C or SIGTERM in between would
         # checkpoint the new weights under the old step (and a resume repeat the update)
@@ -660,7 +783,8 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.resume and (self.ckpt_dir / "state.json").is_file():
             self._load_checkpoint()
-            print(f"resuming from {self.ckpt_dir} at step {self.step}/{self.total_steps}")
+            if self.is_main:   # (torchrun: one line, not one a process)
+                print(f"resuming from {self.ckpt_dir} at step {self.step}/{self.total_steps}")
         else:
             seed_everything(self.cfg.seed)
             if self.is_main:
@@ -742,6 +866,14 @@ class Trainer:
                   flush=True)
             return
         self.optimizer.zero_grad(set_to_none=True)
+        if self.sharded:   # (a gather now could meet another process's gather of the step)
+            if self.is_main:
+                print(f"\ninterrupted at step {self.step}: under --fsdp no checkpoint is "
+                      f"written now; " + (f"--resume continues from step {self._saved_step}"
+                                          f" ({self.ckpt_dir})" if self._saved_step is not None
+                                          else "none was written before, so --resume starts "
+                                          "over"), file=sys.stderr)
+            return
         self._save_checkpoint(rng=self._boundary_rng, pending=self._pending)
         print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
               f"(continue with --resume)", file=sys.stderr)   # (with the error: stdout may be a log)
@@ -833,15 +965,17 @@ class Trainer:
         a, b = metrics[key], self.best[key]
         return a > b if self.cfg.greater_is_better else a < b
 
-    def _evaluate(self) -> dict:
-        """The dev metrics (rank 0; {} without an evaluate function), logged and shown."""
+    def _evaluate(self, model: nn.Module) -> dict:
+        """The dev metrics of `model` (rank 0; {} without an evaluate function), logged
+        and shown."""
         if self.evaluate_fn is None or not self.is_main:
             return {}
-        self.model.eval()
+        model.eval()
         try:
-            metrics = dict(self.evaluate_fn(self.model))
+            with self._on_device(model):
+                metrics = dict(self.evaluate_fn(model))
         finally:
-            self.model.train()
+            model.train()
         self._record({"type": "eval", "step": self.step, "epoch": self._epoch_position(),
                       **metrics})
         shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
@@ -850,8 +984,11 @@ class Trainer:
         return metrics
 
     def _evaluate_and_keep_best(self):
-        with self.average.swapped() if self.average else contextlib.nullcontext():
-            self._evaluate_and_save_best()
+        if self.sharded:   # (rank 0's whole copy, holding the average where there is one)
+            self._evaluate_and_save_best(self.whole_model(average=self.average is not None))
+        else:
+            with self.average.swapped() if self.average else contextlib.nullcontext():
+                self._evaluate_and_save_best(self.model)
         patience = self.cfg.early_stopping
         self.stopped_early = self._agree(bool(patience) and self.evals_since_best >= patience)
         if self.stopped_early:
@@ -859,12 +996,12 @@ class Trainer:
                    f"{patience} evaluations (best at step {self.best and self.best['step']})")
             (self.bar.write if self.bar is not None else print)(msg)
 
-    def _evaluate_and_save_best(self):
-        metrics = self._evaluate()
+    def _evaluate_and_save_best(self, model: nn.Module):
+        metrics = self._evaluate(model)
         if self._improved(metrics):
             # the best is what was saved: recorded once the save is complete
             if self.save_fn is not None and self.is_main:
-                self.save_fn(self.model, self.out_dir)
+                self.save_fn(model, self.out_dir)
             self.best = dict(metrics, step=self.step)
             self.evals_since_best = 0
         else:
@@ -875,12 +1012,21 @@ class Trainer:
         """The divergence guard at the model's end: weights that are not finite (an update
         that overflowed) stop the run before they become the best model or a checkpoint."""
         tensors = list(self.model.parameters()) + (self.average.shadow if self.average else [])
-        if all(bool(torch.isfinite(t).all()) for t in tensors):
+        finite = all(bool(torch.isfinite(own_part(t)).all()) for t in tensors)
+        if self._all(finite):
             return
         kept = (f"the last good checkpoint (step {self._saved_step}) is in {self.ckpt_dir}"
                 if self._saved_step is not None else "no checkpoint was written")
         raise NanobertError(f"training diverged at step {self.step}: the weights are no longer "
                             f"finite; {kept}; try a lower --lr")
+
+    def _all(self, flag: bool) -> bool:
+        """True in every process (under FSDP each has checked its own part)."""
+        if not self.sharded:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        return bool(t.item())
 
     def _agree(self, flag: bool) -> bool:
         """Rank 0's decision, for every process (only rank 0 evaluates)."""
@@ -895,16 +1041,15 @@ class Trainer:
         """The weights, optimizer moments and position; with `pending` (`_step_done`'s
         record), the state from before the last step's after-step work, marked to do."""
         from safetensors.torch import save_file, save_model
+        if not (self.is_main or self.sharded):
+            return
+        model, saved = self._checkpoint_tensors()    # (FSDP: every process gathers)
+        self._saved_step = self.step    # (FSDP: in every process, which all decide alike)
         if not self.is_main:
             return
         rng = pending["rng"] if pending else (rng or _rng_state())
         now = pending or {"best": self.best, "last_eval": self.last_eval,
                           "evals_since_best": self.evals_since_best, "window": self.window}
-        opt_tensors = {}
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        for i, p in enumerate(params):
-            for k, v in self.optimizer.state.get(p, {}).items():
-                opt_tensors[f"{i}.{k}"] = v.detach().cpu().contiguous().reshape(v.shape)
         rng_tensors = {"rng.torch": rng["torch"]}
         for i, s in enumerate(rng.get("cuda", [])):
             rng_tensors[f"rng.cuda.{i}"] = s
@@ -926,30 +1071,49 @@ class Trainer:
             # it starts from (the step's loss, and its examples and tokens for throughput)
             "pending": {k: pending[k] for k in ("loss", "examples", "tokens")} if pending else None,
         }
-        self._saved_step = self.step
         with atomic_path(self.ckpt_dir) as tmp:
             tmp.mkdir(parents=True)
-            save_model(self.model, str(tmp / "model.safetensors"))  # handles tied weights
-            averaged = self.average.tensors() if self.average else {}
-            save_file(dict(opt_tensors, **rng_tensors, **averaged), str(tmp / "optimizer.safetensors"))
+            save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
+            save_file(dict(saved, **rng_tensors), str(tmp / "optimizer.safetensors"))
             (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str) + "\n")
+
+    def _checkpoint_tensors(self) -> tuple:
+        """The model with its weights, and the AdamW moments by parameter number and the
+        weight average, whole, on the CPU (under FSDP gathered by every process)."""
+        model = self.whole_model()
+        named = []
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            named += [(f"{i}.{k}", v) for k, v in self.optimizer.state.get(p, {}).items()]
+        named += [(f"ema.{i}", t) for i, t in enumerate(self.average.shadow if self.average else [])]
+        tensors = {}
+        for name, v in named:   # (one at a time: the other ranks drop each once gathered)
+            v = whole(v)
+            if self.is_main:
+                tensors[name] = v.detach().cpu().contiguous().reshape(v.shape)
+        return model, tensors
 
     def _load_checkpoint(self):
         from safetensors.torch import load_file, load_model
         d = self.ckpt_dir
         try:
             state = json.loads((d / "state.json").read_text("utf-8"))
-            load_model(self.model, str(d / "model.safetensors"), device=str(self.device))
+            if self.sharded:
+                self._load_split(load_file(str(d / "model.safetensors")))
+            else:
+                load_model(self.model, str(d / "model.safetensors"), device=str(self.device))
             tensors = load_file(str(d / "optimizer.safetensors"))
         except (ValueError, OSError, RuntimeError) as e:
             msg = " ".join(str(e).split())   # torch's load errors span lines
             raise NanobertError(f"{d}: cannot resume from this checkpoint ({msg[:200]})")
         opt = self.optimizer.state_dict()  # param ids 0..n-1 in group order, as saved
         opt["state"] = {}
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         for k, v in tensors.items():
             i, name = k.split(".", 1)
             if i.isdigit():
-                opt["state"].setdefault(int(i), {})[name] = v
+                opt["state"].setdefault(int(i), {})[name] = (
+                    split_like(v, params[int(i)]) if int(i) < len(params) else v)
         self.optimizer.load_state_dict(opt)  # casts to the parameters' device
         if self.average is not None:
             if state.get("ema_updates") is None:
@@ -966,6 +1130,19 @@ class Trainer:
         if self._pending is not None:
             self._pending["rng"] = _rng_state()
         self._trim_log()
+
+    def _load_split(self, state: dict):
+        """Whole saved weights into the model split over the processes (FSDP): each takes
+        its part. A tied weight is saved under one of its names."""
+        tied = {}
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), (p, []))[1].append(name)
+        with torch.no_grad():
+            for p, names in tied.values():
+                key = next((n for n in names if n in state), None)
+                if key is None or state[key].shape != p.shape:   # (a DTensor's: whole)
+                    raise ValueError(f"{names[0]}: missing or of another shape")
+                p.copy_(split_like(state[key], p))
 
     def _check_best_saved(self):
         """The best model the checkpoint says was saved is in the run directory: a resumed

@@ -1579,32 +1579,61 @@ def test_a_metric_named_in_python_picks_the_best_model_and_a_misspelt_one_is_ref
 
 def test_torchrun_two_processes_fine_tune_as_one(tiny_dir, tmp_path):
     """finetune under torchrun ran whole in each worker, which fought over --out. Now
-    it runs under DDP with the same command line: each process takes every other
-    example of each batch, and the model is the one a single process trains (dropout
-    off, with --grad-accum 2 too). Rank 0 alone prints, evaluates and writes."""
-    import subprocess
-    import sys
-    from safetensors.torch import load_file
-    from test_pretrain import failed_ranks, free_port, subprocess_env
+    it runs under DDP (or FSDP, --fsdp) with the same command line: each process takes
+    every other example of each batch, and the model is the one a single process trains
+    (with --grad-accum 2 and --ema too). Rank 0 alone prints, evaluates and
+    writes."""
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(70, 0))   # 8 batches of 8, 1 of 6
     flags = ["finetune", "--task", "classify", "--model", str(tiny_dir), "--train", str(train),
              "--dev", str(train), "--max-length", "16", "--batch-size", "8", "--epochs", "2",
-             "--lr", "1e-3", "--grad-accum", "2", "--no-progress", "--threads", "1"]
+             "--lr", "1e-3", "--grad-accum", "2", "--ema", "0.9", "--no-progress", "--threads", "1"]
+    runs = alone_and_torchrun(tmp_path, flags, [], ["--fsdp"])
+    for run in runs[1:]:
+        best = [line for line in run.stdout.splitlines() if line.startswith("best dev:")]
+        assert len(best) == 1 and run.stdout.count("training examples") == 1
+    same_model(tmp_path, "one", "two", "two--fsdp")
+    for out in ("two", "two--fsdp"):
+        assert [r["loss"] for r in records(tmp_path / out)] == pytest.approx(
+            [r["loss"] for r in records(tmp_path / "one")], abs=1e-5)
+        assert json.loads((tmp_path / out / "nanobert-run.json").read_text())["status"] == "finished"
+
+
+def test_torchrun_fsdp_tags_as_one_process(tiny_dir, tmp_path):
+    """NER under FSDP: the pooler, which no token loss reaches, is frozen first, as under
+    DDP; the model is the one a single process trains."""
+    flags = ["finetune", "--task", "ner", "--model", str(tiny_dir), "--train",
+             str(ner_files(tmp_path)), "--dev", str(tmp_path / "ner.txt"), "--batch-size", "4",
+             "--epochs", "2", "--lr", "1e-3", "--no-progress", "--threads", "1"]
+    alone_and_torchrun(tmp_path, flags, ["--fsdp"])
+    same_model(tmp_path, "one", "two--fsdp")
+
+
+def alone_and_torchrun(tmp_path, flags, *torchrun_flags) -> list:
+    """`flags` run in one process ("one"), then under torchrun with 2 processes and each of
+    `torchrun_flags` ("two" + the flags): the finished runs."""
+    import subprocess
+    import sys
+    from test_pretrain import failed_ranks, free_port, subprocess_env
     env = subprocess_env(tmp_path)
-    one = subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--out",
-                          str(tmp_path / "one")], env=env, capture_output=True, text=True)
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_port", str(free_port()), "-m", "nanobert.cli", *flags,
-                          "--out", str(tmp_path / "two")], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert one.returncode == 0 and two.returncode == 0, failed_ranks(two.stderr)
-    best = [line for line in two.stdout.splitlines() if line.startswith("best dev:")]
-    assert len(best) == 1 and two.stdout.count("training examples") == 1
-    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("one", "two"))
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
-    assert [r["loss"] for r in records(tmp_path / "two")] == pytest.approx(
-        [r["loss"] for r in records(tmp_path / "one")], abs=1e-5)
-    assert json.loads((tmp_path / "two" / "nanobert-run.json").read_text())["status"] == "finished"
+    runs = [subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--out",
+                            str(tmp_path / "one")], env=env, capture_output=True, text=True)]
+    assert runs[0].returncode == 0, runs[0].stderr
+    for more in torchrun_flags:
+        runs.append(subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--master_port", str(free_port()), "-m", "nanobert.cli", *flags, *more, "--out",
+             str(tmp_path / ("two" + "".join(more)))], env=env, capture_output=True, text=True,
+            timeout=300))
+        assert runs[-1].returncode == 0, failed_ranks(runs[-1].stderr)
+    return runs
+
+
+def same_model(tmp_path, *outs):
+    from safetensors.torch import load_file
+    first, *rest = (load_file(tmp_path / d / "model.safetensors") for d in outs)
+    for other in rest:
+        assert first.keys() == other.keys()
+        assert max((first[k] - other[k]).abs().max().item() for k in first) < 1e-5
 
 
 def records(out, kind="train"):

@@ -333,6 +333,68 @@ def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
             [e["loss"] for e in one], abs=1e-5), run
 
 
+def kill_all(text: str):
+    """SIGKILL to every process whose command line holds `text` (torchrun and workers)."""
+    import signal
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_text():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:   # (gone already)
+            pass
+
+
+def test_torchrun_fsdp_trains_as_one_process_and_resumes_after_a_kill(corpus_dir, tmp_path):
+    """--fsdp: each block's weights, gradients and AdamW moments are split over the two
+    processes. The model is the one a single process trains (dropout off), its
+    checkpoint holds whole tensors (as one process writes them), and a run killed half
+    way resumes to the same losses and weights as one never stopped."""
+    import time
+    from safetensors.torch import load_file
+    flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "150", "--batch-size", "8",
+             "--seq-len", "32", "--vocab-size", "120", "--eval-every", "15", "--dropout", "0",
+             "--no-progress", "--attn-backend", "eager", "--cache-dir", str(tmp_path / "cache")]
+    env = subprocess_env(tmp_path)
+
+    def fsdp(out, *more):
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(free_port()), "-m", "nanobert.cli", *flags, "--fsdp",
+                "--out", str(out), *more]
+    subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--out", str(tmp_path / "one")],
+                   check=True, env=env, capture_output=True)
+    r = subprocess.run(fsdp(tmp_path / "two"), env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    assert r.stdout.count("best validation") == 1
+    one, two = records(tmp_path / "one", "eval"), records(tmp_path / "two", "eval")
+    assert [e["loss"] for e in two] == pytest.approx([e["loss"] for e in one], abs=1e-5)
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("one", "two"))
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    moments = load_file(tmp_path / "two" / "checkpoint" / "optimizer.safetensors")
+    alone = load_file(tmp_path / "one" / "checkpoint" / "optimizer.safetensors")
+    assert all(moments[k].shape == alone[k].shape for k in alone)      # whole, not a half
+    cut = tmp_path / "cut"
+    p = subprocess.Popen(fsdp(cut), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    state, t0 = cut / "checkpoint" / "state.json", time.time()
+    while time.time() - t0 < 240 and p.poll() is None:
+        if state.is_file() and 15 <= json.loads(state.read_text())["step"] <= 105:
+            kill_all(str(cut))      # (torchrun's workers run in sessions of their own)
+            break
+        time.sleep(0.02)
+    p.wait()
+    killed_at = json.loads(state.read_text())["step"]
+    assert killed_at < 150, "the run finished before it could be killed"
+    r = subprocess.run(fsdp(cut, "--resume"), env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    assert r.stdout.count(f"resuming from {cut / 'checkpoint'} at step {killed_at}/150") == 1
+    assert [e["loss"] for e in records(cut, "train")] == pytest.approx(
+        [e["loss"] for e in records(tmp_path / "two", "train")], abs=1e-6)
+    c = load_file(cut / "model.safetensors")
+    assert max((b[k] - c[k]).abs().max().item() for k in b) < 1e-6
+
+
 def test_torchrun_streaming_ranks_read_their_own_runs_tokenizer(corpus_dir, tmp_path):
     """--streaming under torchrun: rank 0 saved its vocabulary as 'tokenizer-streaming' in
     --cache-dir for the other ranks to read, one name for every run sharing the folder;

@@ -1015,3 +1015,6 @@ def test_a_run_of_other_torchrun_processes_is_told_apart():
     assert one != two
     assert differences(two, one) == ["2 process(es) there (torchrun), 1 now"]
     assert differences(one, two) == ["1 process(es) there (torchrun), 2 now"]
+    # FSDP computes what DDP does (to 1e-6): a DDP run resumes under --fsdp (one that ran
+    # out of memory, say) and back
+    assert fingerprint("ner", [], {"lr": 1e-4, "processes": 2, "fsdp": True}) == two
