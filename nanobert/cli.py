@@ -337,7 +337,8 @@ def _command(argv) -> int:
             _RETURNED.append(True)
         return code
     except NanobertError as e:
-        _error(e)
+        if not getattr(e, "said_elsewhere", False):   # (torchrun: another rank says it)
+            _error(e)
         return 2
     except Terminated:
         print("nanobert: terminated", file=sys.stderr)

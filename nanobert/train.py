@@ -196,8 +196,9 @@ def leave_processes(ok: bool) -> bool:
 
 def meet(world: int, work=None):
     """Every process runs `work` (or nothing), then they meet. A refusal (NanobertError)
-    in any process ends all of them with its message: a plain barrier would leave the
-    others waiting for a process that has already exited."""
+    in any process ends all of them with its message, said by that process alone (the
+    error's `said_elsewhere` in the others): a plain barrier would leave the others
+    waiting for a process that has already exited."""
     error = None
     try:
         if work is not None:
@@ -210,9 +211,11 @@ def meet(world: int, work=None):
         import torch.distributed as dist
         errors = [None] * world
         dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e), None)
-        if first:
-            raise NanobertError(first)
+        first = next((i for i, e in enumerate(errors) if e), None)
+        if first is not None:
+            e = NanobertError(errors[first])
+            e.said_elsewhere = first != dist.get_rank()   # (one process says it: cli)
+            raise e
 
 
 # ----------------------------------------------------------------------------------
@@ -597,7 +600,9 @@ class Trainer:
                                 "one process's overflow alone; use --amp bf16 (or off)")
         if self.device.type == "cpu":
             _map_large_allocations()
-        self.whole = copy.deepcopy(model).cpu() if self.is_main else None
+        if self.is_main:   # (copied on the CPU: no second copy on the GPU, even a moment)
+            self.whole = copy.deepcopy(model.cpu())
+            model.to(self.device)
         if self.device.type == "cuda":   # (NCCL's collectives run on the current device)
             torch.cuda.set_device(self.device)
         from torch.distributed.device_mesh import init_device_mesh
