@@ -314,6 +314,11 @@ def _flags_after_the_command(parser, argv: list) -> None:
                      f"the command: nanobert COMMAND {first} ... (nanobert --help lists them)")
 
 
+def _first_process() -> bool:
+    """Not a later torchrun worker: a Ctrl-C reaches every worker, and one line says so."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _command(argv) -> int:
     """main() without the torchrun teardown."""
     args = None
@@ -341,10 +346,12 @@ def _command(argv) -> int:
             _error(e)
         return 2
     except Terminated:
-        print("nanobert: terminated", file=sys.stderr)
+        if _first_process():
+            print("nanobert: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("nanobert: interrupted", file=sys.stderr)
+        if _first_process():
+            print("nanobert: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:     # the reader went away (`| head`): as a killed Unix tool,
         return 128 + signal.SIGPIPE   # 141, not 0: a training run stopped unfinished

@@ -27,7 +27,7 @@ from .data import TEXT_KINDS
 from .files import NanobertError, check_output_dir, note
 from .model import Bert
 from .pretrain import PretrainConfig, _check_preset, every_parameter_used
-from .train import TrainConfig, keeps_random_state
+from .train import TrainConfig, keeps_random_state, term_weight
 
 
 def student_config(teacher: Bert, layers: int | None = None, preset_name: str | None = None):
@@ -93,15 +93,18 @@ def soft_target_kl(logits, target_probs, T: float) -> torch.Tensor:
                     reduction="batchmean") * T * T
 
 
-def distill_loss(student_out, teacher_out, w: DistillWeights) -> torch.Tensor:
+def distill_loss(student_out, teacher_out, w: DistillWeights, batch=None) -> torch.Tensor:
     """The weighted sum of the three losses, on one batch. Both outputs come from the
-    same masked batch with MLM labels (logits at the masked positions only)."""
+    same masked batch with MLM labels (logits at the masked positions only). The cosine
+    is a mean over the real tokens, the others over the masked ones: in a Trainer's step
+    it weighs by its tokens' part of the step's (train.term_weight, given the `batch`)."""
     T = w.temperature
     kl = soft_target_kl(student_out.logits, F.softmax(teacher_out.logits.float() / T, dim=-1), T)
     loss = w.kl * kl + w.mlm * student_out.loss
     if w.cos:   # (at weight 0 the hidden sizes may differ: a student of another preset)
         hs, ht = _real_tokens(student_out.hidden), _real_tokens(teacher_out.hidden)
-        loss = loss + w.cos * (1 - F.cosine_similarity(hs, ht, dim=-1).mean())
+        weight = term_weight(batch, len(hs), "tokens") if batch is not None else 1.0
+        loss = loss + w.cos * (1 - F.cosine_similarity(hs, ht, dim=-1).mean()) * weight
     return loss
 
 
@@ -115,7 +118,7 @@ def distill_loss_fn(teacher: Bert, w: DistillWeights):
         with torch.no_grad():
             t_out = teacher(**batch)
         out = model(**batch)
-        return every_parameter_used(distill_loss(out, t_out, w), out)
+        return every_parameter_used(distill_loss(out, t_out, w, batch), out)
     parts = [f"{x:g} {name}" for x, name in ((w.kl, "KL"), (w.mlm, "MLM"), (w.cos, "cosine")) if x]
     loss_fn.label = f"train loss ({' + '.join(parts)})"      # (the training curve's label)
     return loss_fn

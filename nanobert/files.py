@@ -85,6 +85,12 @@ def need(module: str, feature: str, install: str):
 LINE_CHARS = 1000   # a note or error line is cut to about this, its start and end kept
 
 
+def shown_number(v: float) -> str:
+    """A metric for people: 4 decimals, or 4 significant digits past a million (the
+    perplexity of a diverging run had printed as a number of 100 digits)."""
+    return f"{v:.4f}" if abs(v) < 1e6 or v != v else f"{v:.4g}"
+
+
 def cut_line(line: str, most: int = LINE_CHARS) -> str:
     """`line` cut to about `most` characters, its start (the file and line) and its end
     (the advice) kept: a 100 kB label, a 300 kB first row were quoted whole."""

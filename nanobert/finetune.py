@@ -53,7 +53,8 @@ from .batching import (FeatureRows, forward_tokens, pad_rows, size_runs, sorted_
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
 from .files import (NanobertError, check_output_dir, check_outside, note,
-                    progress_bar, some_of, spooled_stdin, with_article, one_line as field)
+                    progress_bar, shown_number, some_of, spooled_stdin, with_article,
+                    one_line as field)
 from .qa import word_spans  # (the rule of where a word ends: QA answers too)
 from .threads import map_on_cores
 from .train import (TrainConfig, dist_info, freeze_unused, keeps_random_state, meet, processes,
@@ -1899,7 +1900,8 @@ def finetune_cmd(args):
     cfg = FinetuneConfig.from_args(args)
     best = finetune(cfg)
     if processes()[0] == 0:     # (torchrun: rank 0 evaluated and saved)
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if isinstance(v, float))
+        shown = ", ".join(f"{k} {shown_number(v)}" for k, v in best.items()
+                          if isinstance(v, float))
         print(f"best dev: {shown} (step {best.get('step')}); model saved in "
               f"{cfg.trainer.out_dir}")
     return 0
@@ -1958,7 +1960,7 @@ def evaluate_cmd(args):
         print(json.dumps(result))
     else:
         for k, v in result.items():
-            print(f"{k:<12} {v:.4f}" if isinstance(v, float) else f"{k:<12} {v}")
+            print(f"{k:<12} {shown_number(v)}" if isinstance(v, float) else f"{k:<12} {v}")
     return 0
 
 

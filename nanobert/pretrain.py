@@ -36,11 +36,11 @@ import torch.nn.functional as F
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
                      param)
 from .files import (NanobertError, atomic_path, check_one_process, check_output_dir, check_outside,
-                    note, write_text)
+                    note, shown_number, write_text)
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
                       split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
-from .train import TrainConfig, dist_info, keeps_random_state, meet, rank_device
+from .train import TrainConfig, dist_info, keeps_random_state, meet, rank_device, term_weight
 
 OBJECTIVES = {"mlm": None, "mlm+nsp": "nsp", "mlm+sop": "sop"}
 
@@ -285,8 +285,9 @@ def mlm_loss_fn(objective: str = "mlm"):
         pair_labels = batch.pop("pair_labels", None)
         out = model(**batch)
         loss = every_parameter_used(out.loss, out)
-        if pair_labels is not None:
-            loss = loss + pair_loss(out.pair_logits, pair_labels)
+        if pair_labels is not None:   # (a mean over rows beside MLM's over masked tokens)
+            weight = term_weight(batch, len(pair_labels), "rows")
+            loss = loss + pair_loss(out.pair_logits, pair_labels) * weight
         return loss
     pair = objective.partition("+")[2].upper()     # (the training curve's label)
     loss_fn.label = f"train loss (MLM + {pair})" if pair else "train MLM loss"
@@ -421,7 +422,7 @@ def _pretrain(run: _Run, make_model, loss_fn) -> dict:
     meet(world)
     run.say(f"no validation (--val-fraction 0): the model of the last step, "
             f"{result.get('step', trainer.step)}, is the one saved" if not validated else
-            "best validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float)
+            "best validation: " + ", ".join(f"{k} {shown_number(v)}" if isinstance(v, float)
                                             else f"{k} {v}" for k, v in result.items()))
     run.say(f"model written to {run.out}")
     return result

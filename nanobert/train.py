@@ -44,6 +44,7 @@ Output directory:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import functools
 import gc
@@ -63,7 +64,8 @@ import torch.nn as nn
 
 from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
                      positive, seed_range)
-from .files import NanobertError, atomic_path, note, signals_replaced, to_stderr, write_text
+from .files import (NanobertError, atomic_path, note, shown_number, signals_replaced, to_stderr,
+                    write_text)
 
 
 @dataclass
@@ -456,7 +458,7 @@ def _saved_rng(state: dict, tensors: dict) -> dict:
 
 
 def _sizes(micro_batches: list) -> tuple:
-    """(examples, tokens) of a step's micro-batches, for the throughput in the log."""
+    """(examples, tokens) of a step's micro-batches: rows, and real tokens."""
     examples = tokens = 0
     for b in micro_batches:
         examples += int(b["input_ids"].shape[0])
@@ -479,15 +481,43 @@ def loss_shares(micro_batches: list, distributed: bool = False, device=None) -> 
     which averages the processes' gradients, its units times the world size over the
     units of all processes' micro-batches. Equal shares (1/n) had counted a token of a
     short NER micro-batch several times as much as one of a long one (--group-by-length)."""
-    units = torch.tensor([loss_units(b) for b in micro_batches], dtype=torch.float64,
-                         device=device)
-    total, world = units.sum(), 1
+    return step_weights(micro_batches, distributed, device)[0]
+
+
+COUNTS = ("units", "rows", "tokens")   # what a loss term can be a mean over
+# the step's counts over all processes, while the Trainer computes a step's losses
+STEP_COUNTS: contextvars.ContextVar = contextvars.ContextVar("step_counts", default=None)
+
+
+def step_weights(micro_batches: list, distributed: bool = False, device=None) -> tuple:
+    """(shares, counts): each micro-batch's share of its step's loss (loss_shares), and
+    the step's labelled units, rows and real tokens summed over the processes (for
+    `term_weight`), in one all-reduce."""
+    counts = torch.tensor([[loss_units(b), *_sizes([b])] for b in micro_batches],
+                          dtype=torch.float64, device=device)               # (n, 3)
+    totals, world = counts.sum(0), 1
     if distributed:
-        torch.distributed.all_reduce(total)
+        torch.distributed.all_reduce(totals)
         world = torch.distributed.get_world_size()
-    if total <= 0:                        # (nothing labelled anywhere: the losses are 0)
-        return [1.0 / len(micro_batches)] * len(micro_batches)
-    return (units * world / total).tolist()
+    totals = dict(zip(COUNTS, totals.tolist()))
+    if totals["units"] <= 0:              # (nothing labelled anywhere: the losses are 0)
+        return [1.0 / len(micro_batches)] * len(micro_batches), totals
+    return (counts[:, 0] * world / totals["units"]).tolist(), totals
+
+
+def term_weight(batch: dict, count: int, kind: str) -> float:
+    """The factor for a second loss term that is a mean over `count` of its own `kind`
+    ("rows", "tokens") in `batch`, beside a first one over its labelled units, which
+    decide the micro-batch's share (loss_shares): NSP/SOP's loss over rows and
+    distillation's cosine over real tokens beside MLM's mean over masked tokens. With
+    it the term weighs as its count's part of the step's, so N processes or --grad-accum
+    N take one batch's step (they had differed by 8e-3 in 12 steps). 1 outside a
+    Trainer's step."""
+    totals = STEP_COUNTS.get()
+    own = loss_units(batch)
+    if totals is None or own <= 0 or totals["units"] <= 0 or totals[kind] <= 0:
+        return 1.0
+    return (count / totals[kind]) / (own / totals["units"])
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -669,19 +699,23 @@ class Trainer:
         micro-batch's mean loss is weighted by its share of the step's rows or labelled
         tokens (`loss_shares`), so the step is the one a single batch would take."""
         n = len(micro_batches)
-        shares = loss_shares(micro_batches, self.distributed, self.device)
+        shares, counts = step_weights(micro_batches, self.distributed, self.device)
         total = 0.0
-        for i, (batch, share) in enumerate(zip(micro_batches, shares)):
-            # DDP, FSDP: average the gradients over the processes once, on the last one
-            with self._gradients_held(i < n - 1):
-                with torch.autocast(self.device.type, dtype=self.amp_dtype,
-                                    enabled=self.amp_dtype is not None):
-                    loss = self.loss_fn(self.train_model, batch) * share
-                if self.scaler:
-                    self.scaler.scale(loss).backward()
-                else:
-                    loss.backward()
-            total += loss.item()
+        step_counts = STEP_COUNTS.set(counts)    # (term_weight reads them)
+        try:
+            for i, (batch, share) in enumerate(zip(micro_batches, shares)):
+                # DDP, FSDP: average the gradients over the processes once, on the last one
+                with self._gradients_held(i < n - 1):
+                    with torch.autocast(self.device.type, dtype=self.amp_dtype,
+                                        enabled=self.amp_dtype is not None):
+                        loss = self.loss_fn(self.train_model, batch) * share
+                    if self.scaler:
+                        self.scaler.scale(loss).backward()
+                    else:
+                        loss.backward()
+                total += loss.item()
+        finally:
+            STEP_COUNTS.reset(step_counts)
         if self.distributed:  # log the mean over the processes
             t = torch.tensor([total], dtype=torch.float64, device=self.device)
             torch.distributed.all_reduce(t)
@@ -880,8 +914,9 @@ class Trainer:
                                           "over"), file=sys.stderr)
             return
         self._save_checkpoint(rng=self._boundary_rng, pending=self._pending)
-        print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
-              f"(continue with --resume)", file=sys.stderr)   # (with the error: stdout may be a log)
+        if self.is_main:   # (with the error: stdout may be a log; torchrun: rank 0 wrote it)
+            print(f"\ninterrupted at step {self.step}: checkpoint saved in {self.ckpt_dir} "
+                  f"(continue with --resume)", file=sys.stderr)
 
     # ---- logging, evaluation ----------------------------------------------------
     def _record(self, rec: dict):
@@ -983,7 +1018,7 @@ class Trainer:
             model.train()
         self._record({"type": "eval", "step": self.step, "epoch": self._epoch_position(),
                       **metrics})
-        shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+        shown = ", ".join(f"{k} {shown_number(v)}" if isinstance(v, float) else f"{k} {v}"
                           for k, v in metrics.items())
         (self.bar.write if self.bar is not None else print)(f"step {self.step}: {shown}")
         return metrics
@@ -1049,8 +1084,8 @@ class Trainer:
         if not (self.is_main or self.sharded):
             return
         model, saved = self._checkpoint_tensors()    # (FSDP: every process gathers)
-        self._saved_step = self.step    # (FSDP: in every process, which all decide alike)
-        if not self.is_main:
+        if not self.is_main:   # (FSDP: as rank 0 will have, all deciding alike at the end)
+            self._saved_step = self.step
             return
         rng = pending["rng"] if pending else (rng or _rng_state())
         now = pending or {"best": self.best, "last_eval": self.last_eval,
@@ -1081,6 +1116,7 @@ class Trainer:
             save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
             save_file(dict(saved, **rng_tensors), str(tmp / "optimizer.safetensors"))
             (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str) + "\n")
+        self._saved_step = self.step   # (once written: an interrupt in there names the last)
 
     def _checkpoint_tensors(self) -> tuple:
         """The model with its weights, and the AdamW moments by parameter number and the

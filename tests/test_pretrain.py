@@ -289,6 +289,21 @@ def test_ablate_masking_table_and_plot(corpus_dir, tmp_path, capsys):
     assert curves[0] == curves[1] == [2, 4]
 
 
+def test_a_pair_loss_beside_mlm_takes_one_batchs_step_in_micro_batches(corpus_dir, tmp_path):
+    """NSP's loss is a mean over rows, MLM's over masked tokens, and the trainer weighs
+    each micro-batch by its masked tokens: --grad-accum 2 (and N processes) took another
+    step than one batch (8e-3 apart in 12 steps). train.term_weight gives the pair loss
+    its rows' part of the step."""
+    from safetensors.torch import load_file
+    flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "6", "--batch-size", "8",
+             "--seq-len", "32", "--vocab-size", "120", "--dropout", "0", "--no-progress",
+             "--objective", "mlm+nsp", "--cache-dir", str(tmp_path / "cache")]
+    for accum in ("1", "2"):
+        assert main([*flags, "--grad-accum", accum, "--out", str(tmp_path / accum)]) == 0
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("1", "2"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now (a fixed one can be taken by another run)."""
     with socket.socket() as s:

@@ -279,11 +279,13 @@ def test_loss_shares_under_ddp_weigh_each_ranks_tokens_globally(monkeypatch):
     sums = {0: [1.0, 3.0], 1: [5.0, 7.0]}              # each micro-batch's summed loss
     got = 0.0
     for rank in (0, 1):
-        def all_reduce(t, other=sum(units[1 - rank])):
-            t += other
+        def all_reduce(t, other=sum(units[1 - rank])):   # (units, rows, tokens)
+            t += torch.tensor([other, len(units[1 - rank]), 9 * len(units[1 - rank])],
+                              dtype=t.dtype)
         monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
         monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
-        batches = [{"labels": torch.tensor([[1] * n + [-100] * (9 - n)])} for n in units[rank]]
+        batches = [{"labels": torch.tensor([[1] * n + [-100] * (9 - n)]),
+                    "input_ids": torch.ones(1, 9, dtype=torch.long)} for n in units[rank]]
         shares = loss_shares(batches, distributed=True)
         got += sum(w * s / n for w, s, n in zip(shares, sums[rank], units[rank])) / 2  # DDP
     assert got == pytest.approx(16.0 / 20)             # the mean over all 20 tokens
@@ -879,3 +881,11 @@ def test_trainer_flags_of_finetune_and_pretrain_and_two_warmups_refused(capsys):
         assert main(cmd + ["--warmup-steps", "3", "--warmup-ratio", "0.2"]) == 2
         assert capsys.readouterr().err.strip().endswith(
             "--warmup-steps 3 and --warmup-ratio 0.2 both set the warmup; drop one of them")
+
+
+def test_a_huge_metric_is_shown_in_significant_digits():
+    """The perplexity of a diverging run printed as a number of 100 digits."""
+    from nanobert.files import shown_number
+    assert shown_number(0.123456) == "0.1235"
+    assert shown_number(9.500996982714881e106) == "9.501e+106"
+    assert shown_number(float("inf")) == "inf" and shown_number(float("nan")) == "nan"
