@@ -112,8 +112,8 @@ def main():
                    for name in ("ddp", "fsdp")}
     ddp, fsdp = results["ddp"], results["fsdp"]
     lines = [f"\n## {today()}: --preset {args.preset}, {args.processes} processes, "
-             f"{args.steps} steps of {args.batch_size} x {args.seq_len} tokens "
-             f"({machine()})\n",
+             f"{args.steps} steps of {args.batch_size} x {args.seq_len} tokens, "
+             f"{args.threads} thread(s) a process ({machine()})\n",
              "`python bench/fsdp_memory.py " + " ".join(sys.argv[1:]) + "`\n",
              "| run | peak RSS per process (MB, by rank) | total | wall (s) | val loss |",
              "|---|---|---|---|---|"]

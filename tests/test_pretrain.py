@@ -410,6 +410,27 @@ def test_torchrun_fsdp_trains_as_one_process_and_resumes_after_a_kill(corpus_dir
     assert max((b[k] - c[k]).abs().max().item() for k in b) < 1e-6
 
 
+def test_torchrun_fsdp_without_validation_saves_the_last_model(corpus_dir, tmp_path):
+    """--val-fraction 0 under --fsdp: the last model is gathered by every process (rank 1,
+    which holds no validation rows, had gathered alone: a collective mismatch, and the
+    run ended in SIGABRT after training)."""
+    from safetensors.torch import load_file
+    flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "3", "--batch-size", "8",
+             "--seq-len", "32", "--vocab-size", "120", "--val-fraction", "0", "--dropout",
+             "0", "--no-progress", "--cache-dir", str(tmp_path / "cache")]
+    env = subprocess_env(tmp_path)
+    subprocess.run([sys.executable, "-m", "nanobert.cli", *flags, "--out", str(tmp_path / "one")],
+                   check=True, env=env, capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(free_port()), "-m", "nanobert.cli", *flags,
+                        "--fsdp", "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    assert r.stdout.count("is the one saved") == 1
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("one", "two"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
 def test_torchrun_streaming_ranks_read_their_own_runs_tokenizer(corpus_dir, tmp_path):
     """--streaming under torchrun: rank 0 saved its vocabulary as 'tokenizer-streaming' in
     --cache-dir for the other ranks to read, one name for every run sharing the folder;
