@@ -490,19 +490,22 @@ STEP_COUNTS: contextvars.ContextVar = contextvars.ContextVar("step_counts", defa
 
 
 def step_weights(micro_batches: list, distributed: bool = False, device=None) -> tuple:
-    """(shares, counts): each micro-batch's share of its step's loss (loss_shares), and
-    the step's labelled units, rows and real tokens summed over the processes (for
-    `term_weight`), in one all-reduce."""
+    """(shares, totals, sizes): each micro-batch's share of its step's loss
+    (loss_shares); the step's labelled units, rows and real tokens summed over the
+    processes (for `term_weight`), in one all-reduce; and this process's (rows, real
+    tokens), for the throughput in the log."""
     counts = torch.tensor([[loss_units(b), *_sizes([b])] for b in micro_batches],
                           dtype=torch.float64, device=device)               # (n, 3)
-    totals, world = counts.sum(0), 1
+    own = counts.sum(0)
+    totals, world = own.clone(), 1
     if distributed:
         torch.distributed.all_reduce(totals)
         world = torch.distributed.get_world_size()
     totals = dict(zip(COUNTS, totals.tolist()))
+    sizes = tuple(int(x) for x in own[1:].tolist())
     if totals["units"] <= 0:              # (nothing labelled anywhere: the losses are 0)
-        return [1.0 / len(micro_batches)] * len(micro_batches), totals
-    return (counts[:, 0] * world / totals["units"]).tolist(), totals
+        return [1.0 / len(micro_batches)] * len(micro_batches), totals, sizes
+    return (counts[:, 0] * world / totals["units"]).tolist(), totals, sizes
 
 
 def term_weight(batch: dict, count: int, kind: str) -> float:
@@ -694,12 +697,13 @@ class Trainer:
         return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v
                 for k, v in batch.items()}
 
-    def _accumulate(self, micro_batches: list) -> float:
-        """Forward/backward over the micro-batches of one step; the mean loss. Each
-        micro-batch's mean loss is weighted by its share of the step's rows or labelled
-        tokens (`loss_shares`), so the step is the one a single batch would take."""
+    def _accumulate(self, micro_batches: list) -> tuple:
+        """Forward/backward over the micro-batches of one step; the mean loss, and this
+        process's (rows, real tokens). Each micro-batch's mean loss is weighted by its
+        share of the step's rows or labelled tokens (`loss_shares`), so the step is the
+        one a single batch would take."""
         n = len(micro_batches)
-        shares, counts = step_weights(micro_batches, self.distributed, self.device)
+        shares, counts, sizes = step_weights(micro_batches, self.distributed, self.device)
         total = 0.0
         step_counts = STEP_COUNTS.set(counts)    # (term_weight reads them)
         try:
@@ -720,11 +724,11 @@ class Trainer:
             t = torch.tensor([total], dtype=torch.float64, device=self.device)
             torch.distributed.all_reduce(t)
             total = t.item() / torch.distributed.get_world_size()
-        return total
+        return total, sizes
 
     def _train_step(self, micro_batches: list) -> float:
         """One optimizer step: gradients, schedule, clip, update. Returns the mean loss."""
-        loss = self._accumulate(micro_batches)
+        loss, (examples, tokens) = self._accumulate(micro_batches)
         lr = self.cfg.lr * lr_factor(self.step, self.total_steps, self.warmup)
         for g in self.optimizer.param_groups:
             g["lr"] = lr * g.get("lr_scale", 1.0)
@@ -734,7 +738,6 @@ class Trainer:
         norm = nn.utils.clip_grad_norm_(self.model.parameters(),
                                         self.cfg.max_grad_norm or math.inf)
         self._check_finite(loss, float(whole(norm)))
-        examples, tokens = _sizes(micro_batches)
         # the update and its bookkeeping are one: a Ctrl-C or SIGTERM in between would
         # checkpoint the new weights under the old step (and a resume repeat the update)
         with signals_deferred():
@@ -1118,13 +1121,17 @@ class Trainer:
             (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str) + "\n")
         self._saved_step = self.step   # (once written: an interrupt in there names the last)
 
+    def _optimized(self) -> list:
+        """The optimizer's parameters in the order its state numbers them (0..n-1 in
+        group order), as checkpoints name the moments."""
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
     def _checkpoint_tensors(self) -> tuple:
         """The model with its weights, and the AdamW moments by parameter number and the
         weight average, whole, on the CPU (under FSDP gathered by every process)."""
         model = self.whole_model()
         named = []
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        for i, p in enumerate(params):
+        for i, p in enumerate(self._optimized()):
             named += [(f"{i}.{k}", v) for k, v in self.optimizer.state.get(p, {}).items()]
         named += [(f"ema.{i}", t) for i, t in enumerate(self.average.shadow if self.average else [])]
         tensors = {}
@@ -1149,7 +1156,7 @@ class Trainer:
             raise NanobertError(f"{d}: cannot resume from this checkpoint ({msg[:200]})")
         opt = self.optimizer.state_dict()  # param ids 0..n-1 in group order, as saved
         opt["state"] = {}
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        params = self._optimized()
         for k, v in tensors.items():
             i, name = k.split(".", 1)
             if i.isdigit():
