@@ -106,6 +106,11 @@ def main():
     ap.add_argument("--threads", type=positive_int, default=1, help="threads a process")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    try:                        # (a bad --preset: one line, before any work)
+        import nanobert
+        nanobert.preset(args.preset)
+    except ValueError as e:
+        ap.error(f"argument --preset: {e}")
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write_corpus(Path(tmp) / "corpus")
         results = {name: run(args, corpus, Path(tmp) / name, name == "fsdp")
