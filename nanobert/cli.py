@@ -187,6 +187,23 @@ def _out_of_resources(e: BaseException, args) -> str | None:
     return f"{where}: {what}" if where else what
 
 
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "remote process exited",
+              "NCCL communicator was aborted")   # (gloo's and NCCL's words for it)
+
+
+def _another_process_gone(e: BaseException) -> str | None:
+    """The one-line error of a torchrun process whose partner died (killed, out of
+    memory) in the middle of a step: gloo had printed a page of traceback."""
+    dist = sys.modules.get("torch.distributed")
+    backend_error = getattr(dist, "DistBackendError", ()) if dist is not None else ()
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not (
+            isinstance(e, backend_error) or any(words in str(e) for words in _PEER_GONE)):
+        return None
+    return ("another process of this torchrun job stopped (its own lines and torchrun's "
+            "summary say why), so this one stops too; run the same command with --resume to "
+            "continue from the last checkpoint")
+
+
 def _written(e: BaseException, out):
     """What a failed write was writing, as the user named it: the command's output
     (--out, OUT) when the error names no file or one on the output's file system (the
@@ -240,10 +257,12 @@ def _device(path) -> int:
 def _error(message) -> None:
     """The one line of an error, on stderr; a path of bytes that are not UTF-8 (lone
     surrogates in Python) is shown with backslash escapes rather than failing to print."""
-    from .files import cut_line, to_stderr
-    # (2>/dev/full or 2>&-: the status still says it, 2, not a traceback's 1)
-    to_stderr(cut_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
-                       .decode("utf-8")))
+    from .files import cut_line, said_by_another_process, to_stderr
+    line = cut_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
+                    .decode("utf-8"))
+    if not said_by_another_process(line):   # (torchrun: one line, not one a process)
+        # (2>/dev/full or 2>&-: the status still says it, 2, not a traceback's 1)
+        to_stderr(line)
 
 
 def main(argv=None) -> int:
@@ -357,7 +376,7 @@ def _command(argv) -> int:
         return 128 + signal.SIGPIPE   # 141, not 0: a training run stopped unfinished
     except Exception as e:
         from .files import path_failure
-        message = _out_of_resources(e, args) or path_failure(e)
+        message = _out_of_resources(e, args) or path_failure(e) or _another_process_gone(e)
         if message is None:
             raise
         _error(message)

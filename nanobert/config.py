@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from .files import NanobertError
+from .files import NanobertError, said_by_another_process
 
 # ----------------------------------------------------------------------------------
 # Allowed ranges
@@ -304,7 +304,8 @@ class OneLineParser(argparse.ArgumentParser):
         if message.startswith(prefix) and ": " in message:  # 'argument -k/--top-k: ...'
             names, rest = message[len(prefix):].split(": ", 1)
             message = f"{names.split('/')[-1]}: {rest}"
-        self.exit(2, f"nanobert: error: {message}\n")
+        line = f"nanobert: error: {message}"
+        self.exit(2, None if said_by_another_process(line) else line + "\n")
 
 
 def given_dests(parser: argparse.ArgumentParser, argv) -> set:

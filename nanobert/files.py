@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
 import os
 import random
 import re
@@ -119,6 +120,32 @@ def to_stderr(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+_CLAIMED: set = set()   # the lines this process claimed under torchrun (say_once)
+
+
+def said_by_another_process(line: str) -> bool:
+    """Under torchrun every process reads the same files and flags, and meets the same
+    bad row or missing file: the first process to claim a line (a marker file in
+    torchrun's folder for this attempt, which the processes on this machine share) says
+    it, the others do not. A line only one process meets is said by it; a line this
+    process claimed before is said again."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return False
+    digest = hashlib.sha256(line.encode("utf-8", "backslashreplace")).hexdigest()[:24]
+    if digest in _CLAIMED:
+        return False
+    try:
+        os.close(os.open(Path(error_file).parent.parent / f"nanobert-said-{digest}",
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return True
+    except OSError:     # (no such folder, read-only: better twice than never)
+        return False
+    _CLAIMED.add(digest)
+    return False
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
     texts cut): one line on stderr (none when stderr is closed or full: a note stops
@@ -130,7 +157,9 @@ def note(msg: str):
     tqdm = sys.modules.get("tqdm")
     bars = sys.stderr is not None and tqdm is not None and getattr(tqdm.tqdm, "_instances", None)
     with tqdm.tqdm.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
-        to_stderr(cut_line(f"nanobert: note: {msg}"))
+        line = cut_line(f"nanobert: note: {msg}")
+        if not said_by_another_process(line):
+            to_stderr(line)
 
 
 def progress_bar(show: bool, total: int, desc: str, unit: str):

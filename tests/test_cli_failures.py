@@ -145,6 +145,29 @@ def test_an_error_line_quoting_a_huge_value_is_cut(capsys):
     assert said.startswith("nanobert: note: data.tsv: 1 label") and said.endswith("', line 6)")
 
 
+def test_under_torchrun_a_line_every_process_meets_is_said_by_the_first(tmp_path, monkeypatch,
+                                                                       capsys):
+    """Processes of one torchrun attempt share a folder: the first to claim a line says
+    it, another process does not, and the one that claimed it says it again (a note
+    met twice, in the training and the dev file)."""
+    from nanobert import files
+    attempt = tmp_path / "attempt_0"
+    (attempt / "0").mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(attempt / "0" / "error.json"))
+    monkeypatch.setattr(files, "_CLAIMED", set())
+    files.note("train.tsv:6: an empty text")
+    files.note("train.tsv:6: an empty text")
+    files.note("train.tsv:7: another")
+    monkeypatch.setattr(files, "_CLAIMED", set())    # (as a second process finds them)
+    files.note("train.tsv:6: an empty text")
+    assert files.said_by_another_process("nanobert: note: train.tsv:7: another")
+    assert capsys.readouterr().err.splitlines() == [
+        "nanobert: note: train.tsv:6: an empty text", "nanobert: note: train.tsv:6: an empty text",
+        "nanobert: note: train.tsv:7: another"]
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "gone" / "0" / "error.json"))
+    assert not files.said_by_another_process("nanobert: note: train.tsv:7: another")
+
+
 def test_a_write_refused_by_the_file_size_limit_is_one_line(tiny, tmp_path):
     """Under `ulimit -f` (batch schedulers set it) every writer but embed ended in a
     traceback of OSError(EFBIG) or of safetensors' '(os error 27)'."""

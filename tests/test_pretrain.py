@@ -454,6 +454,58 @@ def test_torchrun_streaming_ranks_read_their_own_runs_tokenizer(corpus_dir, tmp_
     assert not list(cache.glob("tokenizer-streaming-*"))       # (its own: read, then cleared)
 
 
+def test_torchrun_an_error_every_rank_meets_is_said_once(corpus_dir, tmp_path):
+    """A missing corpus or a bad flag value is met by each process on its own (no
+    collective between them): one line for the job, not one a process, and every rank
+    ends with status 2."""
+    env = subprocess_env(tmp_path)
+    for flags, said in ((["--corpus", str(tmp_path / "missing")], "nanobert: error: "),
+                        (["--corpus", str(corpus_dir), "--steps", "x"], "nanobert: error: --steps")):
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                            "--master_port", str(free_port()), "-m", "nanobert.cli", "pretrain",
+                            *flags, "--out", str(tmp_path / "run")],
+                           env=env, capture_output=True, text=True, timeout=240)
+        assert r.stderr.count(said) == 1, r.stderr[-2000:]
+        assert r.stderr.count("exitcode  : 2") == 2, r.stderr[-2000:]
+
+
+def test_torchrun_a_killed_rank_ends_the_other_in_one_line(corpus_dir, tmp_path):
+    """One worker is killed (SIGKILL: the OOM killer's way) in the middle of training: the
+    other stops with one line saying so and how to go on, not gloo's page of traceback."""
+    import signal
+    import time
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", str(free_port()), "-m", "nanobert.cli", "pretrain",
+                          "--corpus", str(corpus_dir), "--steps", "100000", "--batch-size", "8",
+                          "--seq-len", "32", "--vocab-size", "120", "--save-every", "5",
+                          "--no-progress", "--attn-backend", "eager", "--out", str(out)],
+                         env=subprocess_env(tmp_path), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t0 = time.time()
+    while not (out / "checkpoint" / "state.json").is_file() and time.time() - t0 < 200:
+        time.sleep(0.05)
+    killed = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(out) in (proc / "cmdline").read_text() and \
+                    b"RANK=1\0" in (proc / "environ").read_bytes() and \
+                    b"torch.distributed.run" not in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(proc.name)
+        except OSError:   # (gone already)
+            pass
+    try:
+        _, err = p.communicate(timeout=120)
+    finally:
+        kill_all(str(out))
+    assert killed, "no rank 1 to kill"
+    assert p.returncode != 0
+    assert err.count("nanobert: error: another process of this torchrun job stopped") == 1, \
+        err[-3000:]
+    assert "[rank0]: Traceback" not in err, err[-3000:]
+
+
 def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):
     """Rank 0 alone checks the output directory; when it refuses (another run's model is
     there), the other rank must stop with the same message, not wait at a barrier (before
