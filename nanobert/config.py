@@ -531,6 +531,14 @@ def as_flags(cfg: Config) -> dict:
     return {_dest(flag): _get(cfg, path) for path, _, flag in cfg.flags()}
 
 
+def default_flags(cfg: Config) -> dict:
+    """{flag dest: default value} of a config's flags (those with a default), as
+    `as_flags` names them: what a command line that leaves a flag out means."""
+    sample = _default_instance(type(cfg))
+    out = {_dest(flag): _get(sample, path) for path, _, flag in cfg.flags()}
+    return {k: v for k, v in out.items() if v is not _REQUIRED}
+
+
 def _negated(flag: str) -> str:
     return "--no-" + flag[2:]
 

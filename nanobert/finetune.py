@@ -1299,7 +1299,7 @@ def finetune(config, *args, **fields) -> dict:
     if not str(config.trainer.out_dir):     # (not '.', where other runs may be)
         raise NanobertError("--out: an output directory is required (out_dir)")
     from . import rundir
-    from .config import as_flags
+    from .config import as_flags, default_flags
     cfg, task = config, get_task(config.task)
     check_output_dir(cfg.trainer.out_dir)  # before hashing, reading or loading anything
     out = Path(cfg.trainer.out_dir).resolve()
@@ -1323,7 +1323,8 @@ def finetune(config, *args, **fields) -> dict:
     # parameters, freeze_unused, are others)
     flags = dict(as_flags(cfg), **({"processes": world} if world > 1 else {}))
     fp = rundir.fingerprint(task.name, [cfg.train, cfg.dev] +
-                            [f for m in models for f in rundir.model_files(m)], flags)
+                            [f for m in models for f in rundir.model_files(m)], flags,
+                            default_flags(cfg))
     t = cfg.trainer
     cfg = cfg.replace(device=rank_device(t.device, world, local_rank))
     owner = contextlib.ExitStack()

@@ -33,8 +33,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, fraction,
-                     param)
+from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, default_flags,
+                     fraction, param)
 from .files import (NanobertError, atomic_path, check_one_process, check_output_dir, check_outside,
                     note, shown_number, write_text)
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
@@ -393,7 +393,7 @@ def _fingerprint(cfg: PretrainConfig, drop=()) -> dict:
     flags = {k: v for k, v in as_flags(cfg).items() if k not in drop}
     if "mask_split" in flags:   # (80/10/10.0 is 80/10/10: the same run)
         flags["mask_split"] = split_name(cfg.split)
-    return fingerprint(cfg.objective, files, flags)
+    return fingerprint(cfg.objective, files, flags, default_flags(cfg))
 
 
 def _pretrain(run: _Run, make_model, loss_fn) -> dict:

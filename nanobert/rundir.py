@@ -87,17 +87,22 @@ def file_digest(path) -> dict:
 LOCAL_INPUT = "(local input, by content)"
 
 
-def fingerprint(task: str, data_files, flags: dict) -> dict:
+def fingerprint(task: str, data_files, flags: dict, defaults: Optional[dict] = None) -> dict:
     """What makes two runs the same run: the task, the data files' content (in order)
     and the flags that shape the computation (`NOT_SHAPING` ones left out). A flag that
     names one of the data files (or a folder holding them: a model, a corpus folder)
-    counts by that content, not by the path's spelling."""
+    counts by that content, not by the path's spelling. `defaults` ({flag: default}) lets
+    a run recorded before a flag existed resume while that flag is at its default, which
+    is what the run did then (_comparable)."""
     hashed = {Path(f).resolve() for f in data_files}
     shaping = {k: LOCAL_INPUT if _names_hashed(v, hashed) else _plain(v)
                for k, v in sorted(flags.items())
                if k not in NOT_SHAPING and not k.startswith("_")}   # (_given: the parse's own)
+    at_default = [k for k, v in shaping.items()
+                  if defaults is not None and k in defaults and _plain(defaults[k]) == v]
+    # ("names" and "defaulted" are read, not compared)
     return {"task": task, "data": [file_digest(f) for f in data_files], "flags": shaping,
-            "names": [str(f) for f in data_files]}   # (named in differences, not compared)
+            "names": [str(f) for f in data_files], "defaulted": at_default}
 
 
 def _names_hashed(value, hashed: set) -> bool:
@@ -116,12 +121,22 @@ def _names_hashed(value, hashed: set) -> bool:
 
 def _comparable(old: dict, new: dict) -> tuple:
     """Both fingerprints without the flags that either side counts by content (records
-    written before that rule spelled the path)."""
+    written before that rule spelled the path), and without the flags the old record
+    predates while they are at their defaults now (a flag is added with the default that
+    does what nanobert did before it: an older nanobert's run resumes) or that it holds
+    unset and nanobert no longer has."""
     fa, fb = dict(old.get("flags") or {}), dict(new.get("flags") or {})
     for k in [k for k in set(fa) | set(fb) if LOCAL_INPUT in (fa.get(k), fb.get(k))]:
         fa.pop(k, None)
         fb.pop(k, None)
-    old, new = ({k: v for k, v in fp.items() if k != "names"} for fp in (old, new))
+    for k in set(fb) - set(fa):
+        if k in (new.get("defaulted") or ()):
+            fb.pop(k)
+    for k in set(fa) - set(fb):
+        if fa[k] is None:
+            fa.pop(k)
+    old, new = ({k: v for k, v in fp.items() if k not in ("names", "defaulted")}
+                for fp in (old, new))
     return dict(old, flags=fa), dict(new, flags=fb)
 
 
@@ -165,8 +180,10 @@ def differences(old: dict, new: dict, limit: int = 3) -> list:
                 for i, (x, y) in enumerate(zip(a, b)) if x != y]
     fa, fb = old.get("flags", {}), new.get("flags", {})
     named = {"task"} if old.get("task") != new.get("task") else set()   # said once, above
-    out += [_flag_difference(k, fa.get(k), fb.get(k))
-            for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k) and k not in named]
+    out += [_flag_difference(k, fa.get(k), fb.get(k)) if k in fa or k == "processes"
+            else _new_flag(k, fb[k])
+            for k in sorted(set(fa) | set(fb))
+            if (k not in fa or k not in fb or fa[k] != fb[k]) and k not in named]
     return list(dict.fromkeys(out))[:limit]   # (one folder as --train and --dev: said once)
 
 
@@ -219,6 +236,12 @@ def _flag_difference(key: str, there, now) -> str:
             return _shown(v) if not isinstance(v, bool) else "on" if v else "off"
         return f"{key.replace('_', '-')} {on(there)} there, {on(now)} now"
     return f"--{key.replace('_', '-')} {_shown(there)} there, {_shown(now)} now"
+
+
+def _new_flag(key: str, now) -> str:
+    """A flag the run's record predates, given a value other than its default now."""
+    return (f"--{key.replace('_', '-')} {_shown(now)} now, a flag newer than the run (an older "
+            "nanobert wrote it): resume without it")
 
 
 def _shown(value) -> str:
@@ -826,7 +849,9 @@ def _check_resume(out_dir: Path, rec, holds: bool, fp: dict, command: str = ""):
         note(f"--resume: {out_dir} holds no run to continue; starting a new one")
     if rec is None and holds:
         raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
-                            "recorded; start over with --overwrite or choose another --out")
+                            "recorded (another tool's, or a nanobert older than run records, "
+                            "whose runs cannot be continued); start over with --overwrite or "
+                            "choose another --out")
     other = (rec or {}).get("command")
     if rec is not None and command and other and other != command:
         # (its flags and files are another command's: listing them as changed misleads)

@@ -561,6 +561,52 @@ def test_finetune_killed_then_resumed_ends_as_if_never_stopped(fixture_dir, refe
     assert not [p for p in out.iterdir() if "nanobert-tmp" in p.name or ".old-run." in p.name]
 
 
+def as_an_older_nanobert_recorded(out, newer_flags) -> None:
+    """Rewrite the run record of `out` as a nanobert that had not `newer_flags` wrote it."""
+    rec = json.loads((out / RUN_FILE).read_text())
+    for k in newer_flags:
+        del rec["fingerprint"]["flags"][k]
+    rec["fingerprint"].pop("defaulted", None)
+    (out / RUN_FILE).write_text(json.dumps(rec))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_run_an_older_nanobert_left_unfinished_resumes(fixture_dir, reference, tmp_path,
+                                                         capsys):
+    """Flags added since (here --amp, --max-grad-norm and --warmup-steps, of 2026-12-01) are
+    not in an older run's record: each was refused as "not set there, auto now", even
+    given at that value, and --overwrite was the only way on. At their defaults (what
+    nanobert did before them) the run resumes and ends as if never stopped; given another
+    value, the refusal says the flag is newer than the run."""
+    out = tmp_path / "run"
+    killed_at(r"^step 6: ", *ft(fixture_dir, out))
+    as_an_older_nanobert_recorded(out, ("amp", "max_grad_norm", "warmup_steps"))
+    refused(capsys, ft(fixture_dir, out) + ["--resume", "--max-grad-norm", "0.5"],
+            "holds another run (--max-grad-norm 0.5 now, a flag newer than the run (an older "
+            "nanobert wrote it): resume without it)")
+    assert main(ft(fixture_dir, out) + ["--resume", "--max-grad-norm", "1.0"]) == 0
+    assert model_bytes(out) == model_bytes(reference)
+    assert losses(out) == losses(reference)
+
+
+def test_an_older_record_lacking_a_flag_at_none_is_the_same_run(data):
+    """A flag whose default is unset (None) and that an older record lacks made the two
+    runs differ while no difference could be named ("another run (unknown run)")."""
+    old = fp(data)
+    now = fingerprint("classify", [data], dict(lr=1e-3, seed=1, out="x", warmup_steps=None),
+                      dict(warmup_steps=None, lr=5e-5))
+    assert _same_run(old, now) and not differences(old, now)
+    given = fingerprint("classify", [data], dict(lr=1e-3, seed=1, out="x", warmup_steps=10),
+                        dict(warmup_steps=None))
+    assert not _same_run(old, given)
+    assert differences(old, given) == [
+        "--warmup-steps 10 now, a flag newer than the run (an older nanobert wrote it): "
+        "resume without it"]
+    # a flag nanobert no longer has, unset in the old record, is no difference either
+    assert _same_run(fp(data, dropped=None), fp(data))
+    assert differences(fp(data, dropped=3), fp(data)) == ["--dropped 3 there, not set now"]
+
+
 def tree(out) -> dict:
     """Every file under `out` with its bytes."""
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
