@@ -135,12 +135,13 @@ def _interrupt(signum, frame):
 
 
 def _ours_to_handle(signum, current) -> bool:
-    """Ctrl-C where Python's own handler is in place; SIGTERM where nobody handles it, in
-    a single process (under torchrun the launcher stops the workers with SIGTERM, and a
-    checkpoint there needs every rank)."""
+    """Ctrl-C where Python's own handler is in place; SIGTERM where nobody handles it.
+    Under torchrun the launcher passes its SIGTERM on to every worker and waits for them
+    as for a Ctrl-C: rank 0 alone writes the checkpoint (under --fsdp none is written,
+    and the line says which step --resume continues from)."""
     if signum == signal.SIGINT:
         return current is signal.default_int_handler
-    return current in (signal.SIG_DFL, None) and int(os.environ.get("WORLD_SIZE", "1")) <= 1
+    return current in (signal.SIG_DFL, None)
 
 
 def _end_at_once(signum, frame):
@@ -149,7 +150,8 @@ def _end_at_once(signum, frame):
     importlib's lock callbacks, where Python ignores exceptions: the command then ran on)
     or abort torch's C++ extension half-initialised; and nothing is written yet."""
     word = "terminated" if signum == signal.SIGTERM else "interrupted"
-    os.write(2, f"nanobert: {word}\n".encode())
+    if _first_process():    # (torchrun: Ctrl-C reaches every worker)
+        os.write(2, f"nanobert: {word}\n".encode())
     os._exit(128 + signum)
 
 
@@ -257,10 +259,10 @@ def _device(path) -> int:
 def _error(message) -> None:
     """The one line of an error, on stderr; a path of bytes that are not UTF-8 (lone
     surrogates in Python) is shown with backslash escapes rather than failing to print."""
-    from .files import cut_line, said_by_another_process, to_stderr
+    from .files import ERROR_WAIT, cut_line, said_elsewhere, to_stderr
     line = cut_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
                     .decode("utf-8"))
-    if not said_by_another_process(line):   # (torchrun: one line, not one a process)
+    if not said_elsewhere(line, ERROR_WAIT):   # (torchrun: one line, not one a process)
         # (2>/dev/full or 2>&-: the status still says it, 2, not a traceback's 1)
         to_stderr(line)
 
@@ -354,6 +356,9 @@ def _command(argv) -> int:
             args = parser.parse_args(argv)
             args._given = given_dests(parser, argv)
             set_threads(args.threads)
+            from .files import check_one_process
+            if getattr(args, "command", None):
+                check_one_process(args.command)
         with signals_replaced(_interrupt, _ours_to_handle):
             code = args.func(args) or 0
             if _SIGNALLED:   # its KeyboardInterrupt was lost in an import: it ran on

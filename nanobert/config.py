@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from .files import NanobertError, said_by_another_process
+from .files import ERROR_WAIT, NanobertError, said_elsewhere
 
 # ----------------------------------------------------------------------------------
 # Allowed ranges
@@ -305,7 +305,7 @@ class OneLineParser(argparse.ArgumentParser):
             names, rest = message[len(prefix):].split(": ", 1)
             message = f"{names.split('/')[-1]}: {rest}"
         line = f"nanobert: error: {message}"
-        self.exit(2, None if said_by_another_process(line) else line + "\n")
+        self.exit(2, None if said_elsewhere(line, ERROR_WAIT) else line + "\n")
 
 
 def given_dests(parser: argparse.ArgumentParser, argv) -> set:

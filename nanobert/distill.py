@@ -27,7 +27,7 @@ from .data import TEXT_KINDS
 from .files import NanobertError, check_output_dir, note
 from .model import Bert
 from .pretrain import PretrainConfig, _check_preset, every_parameter_used
-from .train import TrainConfig, keeps_random_state, term_weight
+from .train import TrainConfig, dist_info, keeps_random_state, term_weight
 
 
 def student_config(teacher: Bert, layers: int | None = None, preset_name: str | None = None):
@@ -251,8 +251,9 @@ def distill(cfg: DistillConfig) -> dict:
         if cfg.init:
             with torch.no_grad():
                 copied = init_from_teacher(student, teacher)
-            print(f"student: {config.num_hidden_layers} layers, {n:,} "
-                  f"parameters; {len(copied)} tensors initialised from the teacher")
+            if dist_info()[0] == 0:     # (torchrun: one line, not one a process)
+                print(f"student: {config.num_hidden_layers} layers, {n:,} "
+                      f"parameters; {len(copied)} tensors initialised from the teacher")
         return student
 
     return run_pretrain(cfg, make_model=make_model, loss_fn=distill_loss_fn(teacher, cfg.weights()))

@@ -19,6 +19,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -57,13 +58,18 @@ ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x5c, *range(0x7f, 0xa
                                              0x2028, 0x2029]}
 
 
+ACROSS_PROCESSES = ("pretrain", "distill", "finetune")   # the commands torchrun runs
+
+
 def check_one_process(command: str) -> None:
-    """Under torchrun (WORLD_SIZE over 1), a command that trains in one process only is
-    refused in one line: each worker had run it whole, and the second was refused its
-    --out as "being written by another nanobert process", the folder left marked running."""
+    """Under torchrun (WORLD_SIZE over 1), a command that runs in one process only is
+    refused in one line: each worker had run it whole (two servers on one port, every
+    line and file twice; a second demo refused its --out as "being written by another
+    nanobert process", the folder left marked running)."""
     world = os.environ.get("WORLD_SIZE", "1")
-    if world.isdigit() and int(world) > 1:
-        raise NanobertError(f"{command} trains in one process, and torchrun started {world}: "
+    if world.isdigit() and int(world) > 1 and command not in ACROSS_PROCESSES:
+        does = "trains" if command in ("demo", "ablate-masking") else "runs"
+        raise NanobertError(f"{command} {does} in one process, and torchrun started {world}: "
                             "run it without torchrun (pretrain, distill and finetune train "
                             "across several)")
 
@@ -120,30 +126,50 @@ def to_stderr(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-_CLAIMED: set = set()   # the lines this process claimed under torchrun (say_once)
+_CLAIMED: set = set()   # the lines this process said under torchrun (said_elsewhere)
+ERROR_WAIT, NOTE_WAIT = 10.0, 5.0   # how long a later process waits for the first's line
 
 
-def said_by_another_process(line: str) -> bool:
-    """Under torchrun every process reads the same files and flags, and meets the same
-    bad row or missing file: the first process to claim a line (a marker file in
-    torchrun's folder for this attempt, which the processes on this machine share) says
-    it, the others do not. A line only one process meets is said by it; a line this
-    process claimed before is said again."""
+def said_elsewhere(line: str, wait: float) -> bool:
+    """Under torchrun every process reads the same files and flags and meets the same
+    bad row or missing file: one line for the job, said by the first process on this
+    machine (LOCAL_RANK 0, whose stream is the one `--local-ranks-filter 0` shows and
+    whose stdout finetune keeps), which leaves a marker in torchrun's folder for this
+    attempt. Another process waits up to `wait` seconds for that marker and says the
+    line itself if none comes (a line only it meets: twice at worst, never lost); of
+    those processes the first to claim it says it. True where this process should not."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not error_file:
         return False
     digest = hashlib.sha256(line.encode("utf-8", "backslashreplace")).hexdigest()[:24]
+    marker = Path(error_file).parent.parent / f"nanobert-said-{digest}"
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        with contextlib.suppress(OSError):   # (no such folder, read-only: said all the same)
+            marker.touch()
+        return False
     if digest in _CLAIMED:
         return False
+    deadline = time.monotonic() + wait
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if marker.exists():
+        return True
     try:
-        os.close(os.open(Path(error_file).parent.parent / f"nanobert-said-{digest}",
+        os.close(os.open(marker.with_name(marker.name + "-late"),
                          os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
         return True
-    except OSError:     # (no such folder, read-only: better twice than never)
+    except OSError:     # (better twice than never)
         return False
     _CLAIMED.add(digest)
     return False
+
+
+def _say_later(line: str) -> None:
+    """A later torchrun process's note: said unless the first says it (said_elsewhere),
+    waited for beside the work rather than in its way."""
+    if not said_elsewhere(line, NOTE_WAIT):
+        to_stderr(line)
 
 
 def note(msg: str):
@@ -154,12 +180,15 @@ def note(msg: str):
         msg = msg.replace(path, name)
     # a progress bar on the screen: the note on a line of its own, the bar redrawn under
     # it (a note said before a bar closed stuck to the end of the bar's line)
+    line = cut_line(f"nanobert: note: {msg}")
+    if os.environ.get("TORCHELASTIC_ERROR_FILE") and os.environ.get("LOCAL_RANK", "0") != "0":
+        threading.Thread(target=_say_later, args=(line,), daemon=True).start()
+        return
+    said_elsewhere(line, NOTE_WAIT)     # (the first process: marks it said)
     tqdm = sys.modules.get("tqdm")
     bars = sys.stderr is not None and tqdm is not None and getattr(tqdm.tqdm, "_instances", None)
     with tqdm.tqdm.external_write_mode(file=sys.stderr) if bars else contextlib.nullcontext():
-        line = cut_line(f"nanobert: note: {msg}")
-        if not said_by_another_process(line):
-            to_stderr(line)
+        to_stderr(line)
 
 
 def progress_bar(show: bool, total: int, desc: str, unit: str):

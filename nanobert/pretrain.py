@@ -490,7 +490,11 @@ def _same_tokenizer(run: _Run):
         raise NanobertError("the processes of this run read different tokenizers (another "
                             "run sharing --cache-dir wrote one?); start it again")
     if run.rank == 0 and run.stream is not None:   # (read by every rank: not kept)
-        shutil.rmtree(_stream_tokenizer_dir(run, run.stream.files), ignore_errors=True)
+        shared = _stream_tokenizer_dir(run, run.stream.files)
+        shutil.rmtree(shared, ignore_errors=True)
+        if not run.cfg.cache_dir:   # (OUT/cache, made for it alone: not left empty)
+            with contextlib.suppress(OSError):
+                shared.parent.rmdir()
 
 
 def _open_stream(run: _Run):

@@ -399,6 +399,15 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
+def later_rank_seed(seed: int, step: int) -> int:
+    """The seed of a later torchrun process's dropout for the step after `step`: a
+    function of the run's seed, the step and the rank, so that a resumed run draws the
+    masks an uninterrupted one draws (a checkpoint holds rank 0's random state alone,
+    and every rank had resumed with it), and no two processes draw the same masks."""
+    rank = torch.distributed.get_rank()
+    return ((seed * 1_000_003 + step) * 4_099 + rank) % (1 << 63)
+
+
 def _rng_state() -> dict:
     s = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
@@ -703,6 +712,8 @@ class Trainer:
         share of the step's rows or labelled tokens (`loss_shares`), so the step is the
         one a single batch would take."""
         n = len(micro_batches)
+        if self.distributed and not self.is_main:
+            torch.manual_seed(later_rank_seed(self.cfg.seed, self.step))
         shares, counts, sizes = step_weights(micro_batches, self.distributed, self.device)
         total = 0.0
         step_counts = STEP_COUNTS.set(counts)    # (term_weight reads them)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from nanobert.cli import main
 from nanobert.files import NanobertError
@@ -359,12 +360,27 @@ def kill_all(text: str):
             pass
 
 
+def killed_between(argv: list, out: Path, low: int, high: int, env: dict) -> int:
+    """Run torchrun `argv` writing `out`, SIGKILL it all once its checkpoint holds a step
+    from `low` to `high`; the step the checkpoint holds."""
+    import time
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    state, t0 = out / "checkpoint" / "state.json", time.time()
+    while time.time() - t0 < 240 and p.poll() is None:
+        if state.is_file() and low <= json.loads(state.read_text())["step"] <= high:
+            kill_all(str(out))      # (torchrun's workers run in sessions of their own)
+            break
+        time.sleep(0.02)
+    p.wait()
+    return json.loads(state.read_text())["step"]
+
+
 def test_torchrun_fsdp_trains_as_one_process_and_resumes_after_a_kill(corpus_dir, tmp_path):
     """--fsdp: each block's weights, gradients and AdamW moments are split over the two
     processes. The model is the one a single process trains (dropout off), its
     checkpoint holds whole tensors (as one process writes them), and a run killed half
     way resumes to the same losses and weights as one never stopped."""
-    import time
     from safetensors.torch import load_file
     flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "150", "--batch-size", "8",
              "--seq-len", "32", "--vocab-size", "120", "--eval-every", "15", "--dropout", "0",
@@ -389,16 +405,7 @@ def test_torchrun_fsdp_trains_as_one_process_and_resumes_after_a_kill(corpus_dir
     alone = load_file(tmp_path / "one" / "checkpoint" / "optimizer.safetensors")
     assert all(moments[k].shape == alone[k].shape for k in alone)      # whole, not a half
     cut = tmp_path / "cut"
-    p = subprocess.Popen(fsdp(cut), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-    state, t0 = cut / "checkpoint" / "state.json", time.time()
-    while time.time() - t0 < 240 and p.poll() is None:
-        if state.is_file() and 15 <= json.loads(state.read_text())["step"] <= 105:
-            kill_all(str(cut))      # (torchrun's workers run in sessions of their own)
-            break
-        time.sleep(0.02)
-    p.wait()
-    killed_at = json.loads(state.read_text())["step"]
+    killed_at = killed_between(fsdp(cut), cut, 15, 105, env)
     assert killed_at < 150, "the run finished before it could be killed"
     r = subprocess.run(fsdp(cut, "--resume"), env=env, capture_output=True, text=True,
                        timeout=300)
@@ -408,6 +415,36 @@ def test_torchrun_fsdp_trains_as_one_process_and_resumes_after_a_kill(corpus_dir
         [e["loss"] for e in records(tmp_path / "two", "train")], abs=1e-6)
     c = load_file(cut / "model.safetensors")
     assert max((b[k] - c[k]).abs().max().item() for k in b) < 1e-6
+
+
+def test_torchrun_with_dropout_resumes_to_the_uninterrupted_run(corpus_dir, tmp_path):
+    """Dropout on, 2 processes, killed after a checkpoint and resumed: the run ends as
+    one never stopped. The checkpoint holds rank 0's random state; rank 1 had resumed
+    with it and drawn other dropout masks where its rows took other numbers of draws
+    (unpadded: real tokens; weights 0.04 apart). A later rank's masks are now a function
+    of the seed, the step and the rank."""
+    from safetensors.torch import load_file
+    flags = ["pretrain", "--corpus", str(corpus_dir), "--steps", "40", "--batch-size", "8",
+             "--seq-len", "32", "--vocab-size", "120", "--eval-every", "10", "--save-every", "5",
+             "--dropout", "0.1", "--no-progress", "--cache-dir",
+             str(tmp_path / "cache")]
+    env = subprocess_env(tmp_path)
+
+    def ddp(out, *more):
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(free_port()), "-m", "nanobert.cli", *flags,
+                "--out", str(out), *more]
+    r = subprocess.run(ddp(tmp_path / "whole"), env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    cut = tmp_path / "cut"
+    assert killed_between(ddp(cut), cut, 5, 30, env) < 40, "the run finished unkilled"
+    r = subprocess.run(ddp(cut, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, failed_ranks(r.stderr)
+    assert [e["loss"] for e in records(cut, "eval")] == \
+        [e["loss"] for e in records(tmp_path / "whole", "eval")]
+    a, b = (load_file(d / "model.safetensors") for d in (tmp_path / "whole", cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_torchrun_fsdp_without_validation_saves_the_last_model(corpus_dir, tmp_path):
