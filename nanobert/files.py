@@ -130,6 +130,12 @@ _CLAIMED: set = set()   # the lines this process said under torchrun (said_elsew
 ERROR_WAIT, NOTE_WAIT = 10.0, 5.0   # how long a later process waits for the first's line
 
 
+def _later_process() -> bool:
+    """A torchrun worker other than the first on this machine (LOCAL_RANK over 0)."""
+    return bool(os.environ.get("TORCHELASTIC_ERROR_FILE")) and \
+        os.environ.get("LOCAL_RANK", "0") != "0"
+
+
 def said_elsewhere(line: str, wait: float) -> bool:
     """Under torchrun every process reads the same files and flags and meets the same
     bad row or missing file: one line for the job, said by the first process on this
@@ -143,7 +149,7 @@ def said_elsewhere(line: str, wait: float) -> bool:
         return False
     digest = hashlib.sha256(line.encode("utf-8", "backslashreplace")).hexdigest()[:24]
     marker = Path(error_file).parent.parent / f"nanobert-said-{digest}"
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if not _later_process():
         with contextlib.suppress(OSError):   # (no such folder, read-only: said all the same)
             marker.touch()
         return False
@@ -181,7 +187,7 @@ def note(msg: str):
     # a progress bar on the screen: the note on a line of its own, the bar redrawn under
     # it (a note said before a bar closed stuck to the end of the bar's line)
     line = cut_line(f"nanobert: note: {msg}")
-    if os.environ.get("TORCHELASTIC_ERROR_FILE") and os.environ.get("LOCAL_RANK", "0") != "0":
+    if _later_process():
         threading.Thread(target=_say_later, args=(line,), daemon=True).start()
         return
     said_elsewhere(line, NOTE_WAIT)     # (the first process: marks it said)
