@@ -198,7 +198,8 @@ def _another_process_gone(e: BaseException) -> str | None:
     memory) in the middle of a step: gloo had printed a page of traceback."""
     dist = sys.modules.get("torch.distributed")
     backend_error = getattr(dist, "DistBackendError", ()) if dist is not None else ()
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not (
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not (world.isdigit() and int(world) > 1) or not (
             isinstance(e, backend_error) or any(words in str(e) for words in _PEER_GONE)):
         return None
     return ("another process of this torchrun job stopped (its own lines and torchrun's "
