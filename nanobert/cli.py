@@ -341,6 +341,14 @@ def _first_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _said_once(line: str) -> None:
+    """'interrupted': a Ctrl-C reaches every torchrun worker, and one line says so (rank
+    0's); a worker signalled alone says it too (the others' line says to read its own)."""
+    from .files import ERROR_WAIT, said_elsewhere, to_stderr
+    if not said_elsewhere(line, ERROR_WAIT):
+        to_stderr(line)
+
+
 def _command(argv) -> int:
     """main() without the torchrun teardown."""
     args = None
@@ -371,12 +379,10 @@ def _command(argv) -> int:
             _error(e)
         return 2
     except Terminated:
-        if _first_process():
-            print("nanobert: terminated", file=sys.stderr)
+        _said_once("nanobert: terminated")
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        if _first_process():
-            print("nanobert: interrupted", file=sys.stderr)
+        _said_once("nanobert: interrupted")
         return 130
     except BrokenPipeError:     # the reader went away (`| head`): as a killed Unix tool,
         return 128 + signal.SIGPIPE   # 141, not 0: a training run stopped unfinished

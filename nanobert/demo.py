@@ -226,8 +226,11 @@ def demo_cmd(args):
                                  and args.n_train + args.n_dev <= len(rows)):
         raise NanobertError(f"--n-train + --n-dev must be between 2 and {len(rows)}")
     data = [args.train, args.dev] if args.train else [corpus]
-    fp = rundir.fingerprint("classify", data + rundir.model_files(args.model),
-                            {k: v for k, v in vars(args).items() if k not in NOT_TRAINED})
+    flags = {k: v for k, v in vars(args).items() if k not in NOT_TRAINED}
+    given = getattr(args, "_given", None)   # (the flags left out are at their defaults)
+    fp = rundir.fingerprint("classify", data + rundir.model_files(args.model), flags,
+                            None if given is None else
+                            {k: v for k, v in flags.items() if k not in given})
     if args.train:
         check_held_out(args.train, args.dev, fp["data"][:2])
     earlier = earlier_demo(out)     # the demo's own output: replaced without --overwrite

@@ -824,6 +824,9 @@ def qa_input(i, x):
         return D.QAExample(str(i if given is None else given), x["question"], x["context"])
     if isinstance(x, (tuple, list)) and len(x) == 2:
         return D.QAExample(str(i), x[0], x[1])
+    if not isinstance(x, str):   # (a number, a 3-tuple: it was told to add a context)
+        raise TypeError(f"input {i}: a QA input is a {{'question', 'context'}} dict or a "
+                        f"(question, context) tuple, got {type(x).__name__} {x!r}"[:200])
     raise NanobertError("qa needs a context with each question: --context on the command line "
                         "(or --input), (question, context) in Python")
 

@@ -96,6 +96,14 @@ def test_search_rerank_must_be_a_reranker_or_its_directory(minilm, dirs, reranke
     assert by_dir == enc.search("cat", DOCS, k=2, rerank=reranker)
 
 
+def test_a_document_given_as_the_corpus_is_not_quoted_whole(minilm):
+    """A 500 kB text passed where a corpus file (or a list) goes was quoted whole in the
+    'cannot be read (File name too long)' error: the message is one line of about 1 kB."""
+    with pytest.raises(NanobertError, match=r"characters \.\.\.\].*File name too long") as e:
+        Encoder(minilm).search("cat", "word " * 100_000)
+    assert len(str(e.value)) < 1100
+
+
 def test_search_says_when_rerank_k_is_raised_to_k(minilm, reranker, capsys):
     """rerank_k under k reranked k entries without a word."""
     enc = Encoder(minilm)
@@ -230,7 +238,12 @@ def test_predictor_takes_encoders_batch_types_and_names_bad_inputs(dirs):
                               ({**good, "question": " "}, NanobertError,
                                "input 0: question '0' is empty"),
                               ({**good, "context": ""}, NanobertError,
-                               "input 0: question '0': its context is empty")]:
+                               "input 0: question '0': its context is empty"),
+                              # (a number or a 3-tuple was told to add a context)
+                              ([7], TypeError, "input 0: a QA input is a {'question', "
+                               "'context'} dict or a \\(question, context\\) tuple, got int 7"),
+                              ([("q", "c", "x")], TypeError, "got tuple"),
+                              ("where?", NanobertError, "qa needs a context")]:
         with pytest.raises(error, match=words):
             qa.predict(bad)
     for bad in (None, 5, ["runs/x"]):

@@ -3,6 +3,7 @@ packing and pairs are in test_corpus.py)."""
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -351,7 +352,6 @@ def test_torchrun_two_processes_match_one(corpus_dir, tmp_path):
 
 def kill_all(text: str):
     """SIGKILL to every process whose command line holds `text` (torchrun and workers)."""
-    import signal
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and text in (proc / "cmdline").read_text():
@@ -506,10 +506,11 @@ def test_torchrun_an_error_every_rank_meets_is_said_once(corpus_dir, tmp_path):
         assert r.stderr.count("exitcode  : 2") == 2, r.stderr[-2000:]
 
 
-def test_torchrun_a_killed_rank_ends_the_other_in_one_line(corpus_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
+def test_torchrun_a_killed_rank_ends_the_other_in_one_line(corpus_dir, tmp_path, signum):
     """One worker is killed (SIGKILL: the OOM killer's way) in the middle of training: the
-    other stops with one line saying so and how to go on, not gloo's page of traceback."""
-    import signal
+    other stops with one line saying so and how to go on, not gloo's page of traceback.
+    A worker sent SIGINT alone said nothing, while that line said to read its own."""
     import time
     out = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -528,7 +529,7 @@ def test_torchrun_a_killed_rank_ends_the_other_in_one_line(corpus_dir, tmp_path)
             if proc.name.isdigit() and str(out) in (proc / "cmdline").read_text() and \
                     b"RANK=1\0" in (proc / "environ").read_bytes() and \
                     b"torch.distributed.run" not in (proc / "cmdline").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
+                os.kill(int(proc.name), signum)
                 killed.append(proc.name)
         except OSError:   # (gone already)
             pass
@@ -541,6 +542,7 @@ def test_torchrun_a_killed_rank_ends_the_other_in_one_line(corpus_dir, tmp_path)
     assert err.count("nanobert: error: another process of this torchrun job stopped") == 1, \
         err[-3000:]
     assert "[rank0]: Traceback" not in err, err[-3000:]
+    assert err.count("nanobert: interrupted") == (signum == signal.SIGINT), err[-3000:]
 
 
 def test_torchrun_refusal_on_rank0_ends_every_rank(corpus_dir, tmp_path):
@@ -685,7 +687,6 @@ def test_sigterm_saves_a_checkpoint_like_ctrl_c(corpus_dir, tmp_path):
     """`kill` / `timeout` (SIGTERM) killed a run at once: the steps since the last
     checkpoint were lost. Now it is Ctrl-C: a checkpoint, status 143, and --resume gives
     the model an uninterrupted run gives."""
-    import signal
     import time
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "nanobert.cli", "pretrain", "--corpus", str(corpus_dir),

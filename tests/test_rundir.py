@@ -918,7 +918,8 @@ def demo_killed(pattern, corpus: Path, argv: list) -> str:
 @pytest.mark.usefixtures("one_thread")
 def test_an_interrupted_demo_resumes(fixture_dir, tweets, tmp_path, capsys):
     """The demo said 'continue with --resume' but had no --resume, and its record said
-    finetune, so `predict` told the user to continue a finetune run."""
+    finetune, so `predict` told the user to continue a finetune run. One an older nanobert
+    left (a flag missing from its record) was refused as another run."""
     ref = tmp_path / "ref"           # (each in a process of its own, like the resumed run's start)
     demo_killed(None, tweets, demo(fixture_dir, ref))
     out = tmp_path / "demo"
@@ -929,8 +930,13 @@ def test_an_interrupted_demo_resumes(fixture_dir, tweets, tmp_path, capsys):
             f"{out}: the demo run writing this directory did not finish", "--resume")
     import shutil
     shutil.copytree(out, tmp_path / "again")
+    shutil.copytree(out, tmp_path / "older")
     demo_killed(None, tweets, demo(fixture_dir, out, "--resume"))
     assert model_bytes(out) == model_bytes(ref) and losses(out) == losses(ref)
+    # one an older nanobert left, whose demo had no --freeze-layers: it resumes at the default
+    as_an_older_nanobert_recorded(tmp_path / "older", ("freeze_layers",))
+    demo_killed(None, tweets, demo(fixture_dir, tmp_path / "older", "--resume"))
+    assert model_bytes(tmp_path / "older") == model_bytes(ref)
     assert tree(out)["data/train.csv"] == tree(ref)["data/train.csv"]
     # run again without --resume, it starts over (its own output), and says so
     said = demo_killed(None, tweets, demo(fixture_dir, tmp_path / "again"))
