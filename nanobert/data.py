@@ -1004,7 +1004,8 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
                         "header does not name?)" if len(fields) > len(header) else
                         _lone_cr_hint(path, n) or _broken_row_hint(fields, next(lines, None),
                                                                    len(header)))
-                raise data_error(path, n, f"expected {len(header)} fields like the header, "
+                like = "the header" if named else f"line {hline}"   # (headerless: its first row)
+                raise data_error(path, n, f"expected {len(header)} fields like {like}, "
                                  f"found {len(fields)}{more}")
             yield n, fields
     return hline, header, rows()
@@ -1214,6 +1215,11 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
         return [Example(" ".join(s.words), line=s.line) for s in read_conll(path, False)]
     if fmt in ("jsonl", "msrp", "tsv", "csv"):
         return read_classification(path, require_label=False, **columns)
+    if columns:   # (a column flag on one text a line had been ignored, whatever its value)
+        key, value = next(iter(columns.items()))
+        raise NanobertError(f"--{key.replace('_', '-')} {value}: {path} is plain text, one "
+                            "input a line, with no columns (a table is a .tsv/.csv/.jsonl "
+                            "file, or has a header line naming its columns)")
     return _without_column_name(read_text_lines(path), path)
 
 

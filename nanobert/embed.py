@@ -634,16 +634,12 @@ def read_texts(path, text_column: Optional[str] = None) -> list[str]:
     evaluation embeds them. JSON or CoNLL columns in a file without their suffix are
     refused, not embedded line by line as if each line were a sentence."""
     # (not finetune: it imports the embed tasks)
-    from .data import beir_corpus_texts, detect_format, read_inputs
+    from .data import beir_corpus_texts, read_inputs
     documents = None if text_column else beir_corpus_texts(path)
     if documents is not None:
         return documents
-    # read as lines (read_inputs refuses real CoNLL columns; blank-line-separated text
-    # looks like CoNLL to the detector)
-    if text_column and detect_format(path, plain_text=True) in ("text", "conll"):
-        raise NanobertError(f"--text-column {text_column}: {path} is plain text, one sentence "
-                            "a line, without columns (a .tsv/.csv/.jsonl file has them)")
-    # (read_inputs notes blank lines it skips in plain text: row i is the i-th sentence)
+    # (read_inputs refuses a column flag on one text a line, and notes blank lines it
+    # skips in plain text: row i is the i-th sentence)
     examples = read_inputs(path, {"text_column": text_column})
     if not examples:
         raise NanobertError(f"{path}: no sentences")

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, default_flags,
                      fraction, param)
 from .files import (NanobertError, atomic_path, check_one_process, check_output_dir, check_outside,
-                    note, shown_number, write_text)
+                    input_path, note, path_kind, shown_number, write_text)
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
                       split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
@@ -159,13 +159,18 @@ def _check_objective(cfg: "PretrainConfig", family: str):
 
 
 def _read_hf_config(path: str) -> dict:
-    """The JSON object of a `--config` file, or a one-line error naming it."""
+    """The JSON object of a `--config` file, or a one-line error naming it (a pipe or a
+    device is refused before it is opened: reading one waited for a writer for good)."""
+    kind = path_kind(input_path(path))
+    if kind is None:
+        raise NanobertError(f"--config {path}: no such file")
+    if kind == "dir":
+        raise NanobertError(f"--config {path}: is a directory; give its config.json")
+    if kind == "other":
+        raise NanobertError(f"--config {path}: not a regular file (a pipe or a device); "
+                            "save the config.json to a file and pass its path")
     try:
-        hf = json.loads(Path(path).read_text("utf-8"))
-    except FileNotFoundError:
-        raise NanobertError(f"--config {path}: no such file") from None
-    except IsADirectoryError:
-        raise NanobertError(f"--config {path}: is a directory; give its config.json") from None
+        hf = json.loads(input_path(path).read_text("utf-8"))
     except (OSError, ValueError) as e:
         raise NanobertError(f"--config {path}: not a usable config.json ({e})") from None
     if not isinstance(hf, dict):

@@ -494,6 +494,7 @@ def test_texts_to_embed_from_any_table_labels_optional(tmp_path):
     """A one-column CSV (its header names the text column), a table without labels, and
     plain lines are all texts to embed; a table whose header names no text column is
     refused with the columns it has."""
+    from nanobert.data import read_inputs
     from nanobert.embed import read_texts
     one = tmp_path / "one.csv"
     one.write_text("text\nhello there\nworld\n")
@@ -515,6 +516,21 @@ def test_texts_to_embed_from_any_table_labels_optional(tmp_path):
         read_texts(odd, "b")
     with pytest.raises(NanobertError, match="is plain text"):
         read_texts(plain, "text")
+    # a comma in the first text: a column flag naming no column of it had been ignored,
+    # whatever its value (the predict reader's too: read_inputs)
+    commas = tmp_path / "commas.txt"
+    commas.write_text("a wonderful , moving film\ngreat acting\n")
+    assert read_texts(commas) == ["a wonderful , moving film", "great acting"]
+    for flag in ("text_column", "text_pair_column"):
+        for value in ("nosuchcol", "-1"):
+            with pytest.raises(NanobertError) as e:
+                read_inputs(commas, {flag: value})
+            assert str(e.value).startswith(f"--{flag.replace('_', '-')} {value}: {commas} is "
+                                           "plain text"), e.value
+    with pytest.raises(NanobertError, match="--text-column nosuchcol: .* plain text"):
+        read_texts(commas, "nosuchcol")
+    with pytest.raises(NanobertError, match=r":2: expected 2 fields like line 1, found 1"):
+        read_texts(commas, "0")        # (an index: a table without a header, said so)
 
 
 def test_text_column_flag_on_embed_and_search(encoder, tmp_path, capsys):

@@ -75,6 +75,12 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
     not_json.write_text("{broken")
     array.write_text("[1, 2]")
     a_dir.mkdir()
+    fifo = tmp_path / "config.fifo"   # (reading one waited for a writer for good)
+    os.mkfifo(fifo)
+    def hung(*_):
+        raise AssertionError("reading --config waited for good")
+    was = signal.signal(signal.SIGALRM, hung)   # (a hang fails the test, not the suite)
+    signal.alarm(60)
     electra, roberta = tmp_path / "electra.json", tmp_path / "roberta.json"
     small = {"vocab_size": 99, "hidden_size": 16, "num_hidden_layers": 1,
              "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 600}
@@ -86,6 +92,7 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
                          (["--config", str(array)], [str(array), "JSON object"]),
                          (["--config", str(a_dir)], [str(a_dir), "directory"]),
                          (["--config", str(tmp_path / "missing.json")], ["no such file"]),
+                         (["--config", str(fifo)], [str(fifo), "not a regular file"]),
                          (["--config", str(electra)], ["--config", "model_type 'funnel'",
                                                        "cannot be pretrained"]),
                          (["--config", str(roberta), "--objective", "mlm+sop"],
@@ -99,6 +106,8 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
     assert main(["distill", *base, "--teacher", str(a_dir), "--student-preset", "huge"]) == 2
     assert "--student-preset: unknown preset 'huge'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, was)
 
 # ---- training, resume -----------------------------------------------------------------
 
