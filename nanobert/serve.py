@@ -1871,10 +1871,14 @@ def open_files_limit() -> Optional[int]:
     return soft
 
 
+def server_url(c: ServeConfig) -> str:
+    host = f"[{c.host}]" if ":" in c.host else c.host      # an IPv6 address, as a URL writes it
+    return f"http://{host}:{c.port}"
+
+
 def banner(server: Server) -> str:
     c = server.config
-    host = f"[{c.host}]" if ":" in c.host else c.host      # an IPv6 address, as a URL writes it
-    lines = [f"nanobert serve: http://{host}:{c.port}", "models:"]
+    lines = [f"nanobert serve: {server_url(c)}", "models:"]
     models = list(server.models.values())
     name_w = max([16] + [len(m.name) for m in models])   # (columns as wide as their longest)
     kind_w = max([9] + [len(m.kind) for m in models])
@@ -1909,6 +1913,33 @@ def drain_end(signals: list, config: ServeConfig) -> str:
     if "SIGINT" in signals[1:]:
         return f"when a {'second ' if signals[0] == 'SIGINT' else ''}SIGINT forced the stop"
     return f"after --drain-timeout {config.drain_timeout:g}"
+
+
+def run_uvicorn(uvicorn, uv, server: Server, sock) -> list:
+    """Serve on `sock` until a stop signal and the drain; return the signals' names in the
+    order they came. Once uvicorn listens, one line says the server is ready (clients and
+    scripts had only the banner, printed before the warm-up, and had to poll /health)."""
+    # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that
+    # was there before it; this one lets the command finish (status 0, a clean stop)
+    stopped_by = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
+
+    class Listening(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                print(f"nanobert serve: ready at {server_url(server.config)}", flush=True)
+    uv_server = Listening(uv)
+    handle_exit = uv_server.handle_exit       # (what uvicorn installs for the signals)
+
+    def on_stop_signal(signum, frame):
+        handle_exit(signum, frame)
+        server.shutting_down()
+    uv_server.handle_exit = on_stop_signal
+    uv_server.run(sockets=[sock])
+    stopped_by.reverse()      # (uvicorn raises the signals it caught again last first)
+    return stopped_by
 
 
 def serve_cmd(args):
@@ -1951,20 +1982,7 @@ def serve_cmd(args):
                             stopping=lambda: bool(server.stopping and server.stopping.is_set())))
     import logging
     logging.getLogger("uvicorn.error").addFilter(not_drain_deadline)   # (after its log setup)
-    # uvicorn drains on SIGTERM/SIGINT, then raises the signal again to the handler that
-    # was there before it; this one lets the command finish (status 0, a clean stop)
-    stopped_by = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
-    uv_server = uvicorn.Server(uv)
-    handle_exit = uv_server.handle_exit       # (what uvicorn installs for the signals)
-
-    def on_stop_signal(signum, frame):
-        handle_exit(signum, frame)
-        server.shutting_down()
-    uv_server.handle_exit = on_stop_signal
-    uv_server.run(sockets=[sock])
-    stopped_by.reverse()      # (uvicorn raises the signals it caught again last first)
+    stopped_by = run_uvicorn(uvicorn, uv, server, sock)
     cut = (f"; {server.cut_off} still running {drain_end(stopped_by, config)} answered 503"
            if server.cut_off else "")
     print(f"nanobert serve: stopped{' by ' + stopped_by[0] if stopped_by else ''}, "

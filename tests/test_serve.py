@@ -97,24 +97,26 @@ class Running:
         self.banner = self._wait()
 
     def _wait(self) -> str:
-        """The startup banner (printed once the models are loaded), then /health."""
+        """The startup lines: the banner (printed once the models are loaded), the warm-up,
+        then one saying the server is ready, after which it answers at once."""
         lines = []
-        while not lines or not lines[-1].startswith("limits:"):
-            lines.append(self.proc.stdout.readline())
-            if not lines[-1] and self.proc.poll() is not None:
-                raise RuntimeError("server exited:\n" + "".join(lines))
+
+        def read():         # (a thread: a server that never says it is ready fails the test)
+            while not lines or lines[-1] and not lines[-1].startswith("nanobert serve: ready"):
+                lines.append(self.proc.stdout.readline())
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(180)
+        if reader.is_alive() or not lines[-1]:
+            self.proc.kill()
+            raise RuntimeError("server not ready in 180 s, or exited:\n" + "".join(lines))
         if self.port == 0:            # --port 0: the banner names the port it listens on
             self.port = int(re.match(r"nanobert serve: http://[^ ]+:(\d+)$", lines[0]).group(1))
             self.url = f"http://127.0.0.1:{self.port}"
             self.http.base_url = self.url
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if self.http.get("/health").status_code == 200:
-                    return "".join(lines)
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError("server did not answer /health in 60 s")
+        assert lines[-1].split()[-1] == self.url, lines[-1]
+        assert self.http.get("/health").status_code == 200      # (no polling: it listens)
+        return "".join(lines)
 
     def post(self, path, body, **kw):
         return self.http.post(path, json=body, **kw)
@@ -1032,7 +1034,7 @@ def test_queue_full_is_429_and_sigterm_drains(models):
     try:
         # before the first request: every row count a batch can run at, up to one input
         # of minilm's 256 tokens (longer than the 64-token budget)
-        warm = s.proc.stdout.readline()
+        warm = s.banner.splitlines()[-2]            # (the line before "ready")
         shapes = {onednn_rows(m) for m in range(Linear.SMALL_ROWS + 1, 257)}  # (MKL below)
         assert warm.startswith(f"warm-up: {len(shapes)} batch shapes in "), warm
         none = s.post("/classify", {"inputs": "x"})          # only an embedding model here
@@ -1153,6 +1155,9 @@ def test_an_answer_nobody_reads_is_dropped_after_the_body_timeout_and_holds_no_s
     s = Running(["minilm"], "--body-timeout", "2", "--drain-timeout", "20",
                 "--payload-limit", "10000000")
     try:
+        # (a first request: the server's first answer comes later, and a client that
+        # starts reading before its answer has waited --body-timeout is rightly kept)
+        assert s.post("/tokenize", {"inputs": "x"}).status_code == 200
         clients = [_unread_answer(s.port) for _ in range(4)]
         time.sleep(5)                              # past --body-timeout: closed
         for c in clients:                          # what the kernel held, then the end
@@ -1628,7 +1633,7 @@ def test_a_stop_signal_during_the_warm_up_stops_at_once():
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=60)[0]
         assert time.time() - sent < 3, rest
-        assert proc.returncode == 143 and "warm-up:" not in rest, rest
+        assert proc.returncode == 143 and "warm-up:" not in rest and "ready" not in rest, rest
         assert rest.strip().splitlines()[-1] == "nanobert: terminated", rest
     finally:
         if proc.poll() is None:
