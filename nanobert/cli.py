@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .files import NanobertError, signals_replaced
+from .files import NanobertError, signals_replaced, torchrun_processes
 
 # the pipeline, in order: inspect a model, train it, use it, look inside it, experiments
 COMMANDS = {
@@ -198,8 +198,7 @@ def _another_process_gone(e: BaseException) -> str | None:
     memory) in the middle of a step: gloo had printed a page of traceback."""
     dist = sys.modules.get("torch.distributed")
     backend_error = getattr(dist, "DistBackendError", ()) if dist is not None else ()
-    world = os.environ.get("WORLD_SIZE", "1")
-    if not (world.isdigit() and int(world) > 1) or not (
+    if torchrun_processes() <= 1 or not (
             isinstance(e, backend_error) or any(words in str(e) for words in _PEER_GONE)):
         return None
     return ("another process of this torchrun job stopped (its own lines and torchrun's "
@@ -260,9 +259,9 @@ def _device(path) -> int:
 def _error(message) -> None:
     """The one line of an error, on stderr; a path of bytes that are not UTF-8 (lone
     surrogates in Python) is shown with backslash escapes rather than failing to print."""
-    from .files import ERROR_WAIT, cut_line, said_elsewhere, to_stderr
-    line = cut_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
-                    .decode("utf-8"))
+    from .files import ERROR_WAIT, message_line, said_elsewhere, to_stderr
+    line = message_line(f"nanobert: error: {message}".encode("utf-8", "backslashreplace")
+                        .decode("utf-8"))
     if not said_elsewhere(line, ERROR_WAIT):   # (torchrun: one line, not one a process)
         # (2>/dev/full or 2>&-: the status still says it, 2, not a traceback's 1)
         to_stderr(line)
@@ -344,8 +343,8 @@ def _first_process() -> bool:
 def _said_once(line: str) -> None:
     """'interrupted': a Ctrl-C reaches every torchrun worker, and one line says so (rank
     0's); a worker signalled alone says it too (the others' line says to read its own)."""
-    from .files import ERROR_WAIT, said_elsewhere, to_stderr
-    if not said_elsewhere(line, ERROR_WAIT):
+    from .files import SIGNAL_WAIT, said_elsewhere, to_stderr
+    if not said_elsewhere(line, SIGNAL_WAIT, once=True):
         to_stderr(line)
 
 

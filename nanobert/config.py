@@ -252,6 +252,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
+        self._given = args
         self._no_list_flag_twice(args)
         return super().parse_known_args(self._dash_values_joined(args), namespace)
 
@@ -299,7 +300,38 @@ class OneLineParser(argparse.ArgumentParser):
                 i += 1
         return out
 
+    def _unknown_flag(self) -> Optional[str]:
+        """The first `--flag` of the command line this parser has no such flag for, with
+        the one it may stand for: `--corp` had been refused as '--corpus is required'."""
+        for a in getattr(self, "_given", []):
+            if a == "--":
+                return None
+            name = a.split("=", 1)[0]
+            if name.startswith("--") and len(name) > 2 and name not in self._option_string_actions:
+                import difflib
+                near = difflib.get_close_matches(name, self._command_flags(), 1, 0.6)
+                return f"unrecognized argument {name}" + (f" (did you mean {near[0]}?)"
+                                                          if near else "")
+        return None
+
+    def _command_flags(self) -> dict:
+        """The flags of the command given (this parser's own where it has no commands)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = next((a for a in getattr(self, "_given", []) if a in action.choices),
+                              None)
+                return action.choices[chosen]._option_string_actions if chosen else {}
+        return self._option_string_actions
+
     def error(self, message):
+        if message.startswith("the following arguments are required"):
+            message = self._unknown_flag() or message
+        elif message.startswith("unrecognized arguments: "):    # (the top parser's words)
+            import difflib
+            first = message.split(": ", 1)[1].split(" ")[0].split("=", 1)[0]
+            near = difflib.get_close_matches(first, self._command_flags(), 1, 0.6) \
+                if first.startswith("--") else []
+            message += f" (did you mean {near[0]}?)" if near else ""
         prefix = "argument "
         if message.startswith(prefix) and ": " in message:  # 'argument -k/--top-k: ...'
             names, rest = message[len(prefix):].split(": ", 1)
@@ -381,8 +413,18 @@ class Config:
                                 f"one of its parts, set with {cls.__name__}.create(..., "
                                 f"{unknown[0]}=...) or cfg.replace({unknown[0]}=...)")
             if unknown:
-                raise TypeError(f"{cls.__name__}() has no field {', '.join(unknown)}")
+                raise TypeError(f"{cls.__name__}() has no field {', '.join(unknown)}"
+                                f"{cls._field_of_flag(unknown)}")
         return super().__new__(cls)
+
+    @classmethod
+    def _field_of_flag(cls, names) -> str:
+        """' (the flag --teacher is the field teachers)' where a name taken for a field is a
+        flag's that sets a field of another name; else ''."""
+        of_flag = {flag.lstrip("-").replace("-", "_"): path[-1] for path, _, flag in cls.flags()}
+        said = [f"--{n.replace('_', '-')} is the field {of_flag[n]}" for n in names
+                if of_flag.get(n, n) != n]
+        return f" (the flag {'; '.join(said)})" if said else ""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -410,7 +452,8 @@ class Config:
                 mine[name] = mine.get(name, getattr(self, name)).replace(**part)
                 rest = {k: v for k, v in rest.items() if k not in part}
         if rest:
-            raise TypeError(f"{type(self).__name__} has no field(s) {', '.join(rest)}")
+            raise TypeError(f"{type(self).__name__} has no field(s) {', '.join(rest)}"
+                            f"{self._field_of_flag(rest)}")
         return dataclasses.replace(self, **mine)
 
     @classmethod

@@ -1000,8 +1000,9 @@ def _table(path: Path, fmt: str, given=()) -> tuple:
                 raise data_error(path, n, f"repeats the header of line {hline} (files joined "
                                  "with cat? keep one header, or every one is read as a row)")
             if len(fields) != len(header):
-                more = (f" (a {sep} inside a text, which must then be quoted? or columns the "
-                        "header does not name?)" if len(fields) > len(header) else
+                more = (f" (a {sep} inside a text, which must then be quoted?"
+                        + (" or columns the header does not name?)" if named else ")")
+                        if len(fields) > len(header) else
                         _lone_cr_hint(path, n) or _broken_row_hint(fields, next(lines, None),
                                                                    len(header)))
                 like = "the header" if named else f"line {hline}"   # (headerless: its first row)
@@ -1201,6 +1202,11 @@ def _without_no_gold(examples: list, path) -> list:
     return kept
 
 
+class ColumnsOnPlainText(NanobertError):
+    """Columns named for a file of one text a line (`read_inputs`): refused when the user
+    named them; a model's saved columns (finetune._with_columns) fit tables only."""
+
+
 def read_inputs(path, columns: Optional[dict] = None) -> list:
     """Unlabelled inputs for prediction: a classification file (JSON Lines, MSRP, or a
     TSV/CSV whose header names a known or given text column), else plain text, one input
@@ -1217,7 +1223,7 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
         return read_classification(path, require_label=False, **columns)
     if columns:   # (a column flag on one text a line had been ignored, whatever its value)
         key, value = next(iter(columns.items()))
-        raise NanobertError(f"--{key.replace('_', '-')} {value}: {path} is plain text, one "
+        raise ColumnsOnPlainText(f"--{key.replace('_', '-')} {value}: {path} is plain text, one "
                             "input a line, with no columns (a table is a .tsv/.csv/.jsonl "
                             "file, or has a header line naming its columns)")
     return _without_column_name(read_text_lines(path), path)

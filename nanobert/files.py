@@ -27,12 +27,12 @@ from typing import Optional
 
 class NanobertError(Exception):
     """A problem the user can fix (bad file, missing model, wrong flag). Its message is one
-    line of about LINE_CHARS at most, wherever it is shown (a Python caller's traceback,
+    line (message_line) of about LINE_CHARS at most, wherever it is shown (a Python caller's traceback,
     a server's answer): a 500 kB text taken for a file name was quoted whole."""
 
     def __init__(self, *args):
         if len(args) == 1 and isinstance(args[0], str):
-            args = (cut_line(args[0]),)
+            args = (message_line(args[0]),)
         super().__init__(*args)
 
 
@@ -63,9 +63,19 @@ _SHOWN_AS = {}   # a temporary path -> how notes name it (`spooled_stdin`: "<std
 # other control characters, as Python writes them in a string ('\\', '\t', '\n', '\x1b')
 ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x5c, *range(0x7f, 0xa0),
                                              0x2028, 0x2029]}
+# what an error or a note escapes of the text it quotes: the same but tabs and backslashes
+# (a path on Windows), so that it stays one line (a corpus "file name" of two lines was)
+IN_MESSAGE = {c: e for c, e in ONE_LINE.items() if c not in (0x09, 0x5c)}
 
 
 ACROSS_PROCESSES = ("pretrain", "distill", "finetune")   # the commands torchrun runs
+
+
+def torchrun_processes() -> int:
+    """The processes of the torchrun job this one is in (WORLD_SIZE); 1 outside one, and
+    where WORLD_SIZE is no number (set by hand: no torchrun job, not a traceback)."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    return int(world) if world.isdigit() else 1
 
 
 def check_one_process(command: str) -> None:
@@ -73,8 +83,8 @@ def check_one_process(command: str) -> None:
     refused in one line: each worker had run it whole (two servers on one port, every
     line and file twice; a second demo refused its --out as "being written by another
     nanobert process", the folder left marked running)."""
-    world = os.environ.get("WORLD_SIZE", "1")
-    if world.isdigit() and int(world) > 1 and command not in ACROSS_PROCESSES:
+    world = torchrun_processes()
+    if world > 1 and command not in ACROSS_PROCESSES:
         does = "trains" if command in ("demo", "ablate-masking") else "runs"
         raise NanobertError(f"{command} {does} in one process, and torchrun started {world}: "
                             "run it without torchrun (pretrain, distill and finetune train "
@@ -114,6 +124,12 @@ def cut_line(line: str, most: int = LINE_CHARS) -> str:
     return f"{line[:most * 3 // 4]} [... {cut:,} characters ...] {line[-most // 4:]}"
 
 
+def message_line(text: str) -> str:
+    """An error's or a note's text as one line: cut (cut_line), its breaks and control
+    characters escaped (IN_MESSAGE)."""
+    return cut_line(text).translate(IN_MESSAGE)
+
+
 SHOWN_CHARS = 10_000   # a text in plain output is cut to about this (--json: whole)
 
 
@@ -135,6 +151,10 @@ def to_stderr(line: str) -> None:
 
 _CLAIMED: set = set()   # the lines this process said under torchrun (said_elsewhere)
 ERROR_WAIT, NOTE_WAIT = 10.0, 5.0   # how long a later process waits for the first's line
+# ... for 'interrupted': the signal reaches every process at once, but the first, held in
+# a collective step (FSDP) until the others leave it, handles it only then: a later one
+# waiting ERROR_WAIT for its line had held the stop that long
+SIGNAL_WAIT = 1.0
 
 
 def _later_process() -> bool:
@@ -143,20 +163,25 @@ def _later_process() -> bool:
         os.environ.get("LOCAL_RANK", "0") != "0"
 
 
-def said_elsewhere(line: str, wait: float) -> bool:
+def said_elsewhere(line: str, wait: float, once: bool = False) -> bool:
     """Under torchrun every process reads the same files and flags and meets the same
     bad row or missing file: one line for the job, said by the first process on this
     machine (LOCAL_RANK 0, whose stream is the one `--local-ranks-filter 0` shows and
     whose stdout finetune keeps), which leaves a marker in torchrun's folder for this
     attempt. Another process waits up to `wait` seconds for that marker and says the
     line itself if none comes (a line only it meets: twice at worst, never lost); of
-    those processes the first to claim it says it. True where this process should not."""
+    those processes the first to claim it says it. `once`: the first process, come later
+    (held in a collective the others had left), does not say it again. True where this
+    process should not."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not error_file:
         return False
     digest = hashlib.sha256(line.encode("utf-8", "backslashreplace")).hexdigest()[:24]
     marker = Path(error_file).parent.parent / f"nanobert-said-{digest}"
+    late = marker.with_name(marker.name + "-late")
     if not _later_process():
+        if once and late.exists():   # (a later process said it: a collective held this one)
+            return True
         with contextlib.suppress(OSError):   # (no such folder, read-only: said all the same)
             marker.touch()
         return False
@@ -168,8 +193,7 @@ def said_elsewhere(line: str, wait: float) -> bool:
     if marker.exists():
         return True
     try:
-        os.close(os.open(marker.with_name(marker.name + "-late"),
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.close(os.open(late, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
         return True
     except OSError:     # (better twice than never)
@@ -193,7 +217,7 @@ def note(msg: str):
         msg = msg.replace(path, name)
     # a progress bar on the screen: the note on a line of its own, the bar redrawn under
     # it (a note said before a bar closed stuck to the end of the bar's line)
-    line = cut_line(f"nanobert: note: {msg}")
+    line = message_line(f"nanobert: note: {msg}")
     if _later_process():
         threading.Thread(target=_say_later, args=(line,), daemon=True).start()
         return

@@ -1362,6 +1362,16 @@ def check_processes(cfg: FinetuneConfig, task: Task, world: int):
                             f"least {world}")
 
 
+def check_shares(items: list, world: int):
+    """Under torchrun, at least one training row per process (each takes a share of each
+    batch: a process with none had failed with a traceback)."""
+    if len(items) < world:
+        raise NanobertError(f"the training set makes {len(items)} training row(s) (examples, "
+                            f"or windows of QA contexts), under the {world} processes "
+                            "torchrun started (each takes a share of each batch); run it in "
+                            f"{len(items)} process(es) or fewer, or give more examples")
+
+
 @contextlib.contextmanager
 def silenced(quiet: bool):
     """stdout and stderr to nowhere inside the block, where `quiet` (the other ranks of a
@@ -1408,6 +1418,7 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
         items = task.features(tok, train, settings, label2id(model))
     finally:
         settings.pop("device")
+    check_shares(items, processes()[1])
     batches, steps_per_epoch = task.batcher(items, cfg, tok.pad_id or 0)
     _report(task, train, dev, items, model, cfg, steps_per_epoch, settings)
     # the new head from the run's seed (the loader started it from seed 0; a new pooler
@@ -1930,6 +1941,10 @@ def _with_columns(args, settings, read: Callable):
     saved = {} if given else settings.get("columns", {})
     try:
         return read(given or saved)
+    except D.ColumnsOnPlainText:
+        if not saved:
+            raise
+        return read({})       # (one text a line: the model's columns name a table's)
     except NanobertError as e:
         if not saved or "column" not in str(e):
             raise
@@ -1963,8 +1978,9 @@ def evaluate_cmd(args):
     if args.json:
         print(json.dumps(result))
     else:
+        width = max([12] + [len(k) for k in result])     # (recall_at_100 is 13)
         for k, v in result.items():
-            print(f"{k:<12} {shown_number(v)}" if isinstance(v, float) else f"{k:<12} {v}")
+            print(f"{k:<{width}} {shown_number(v) if isinstance(v, float) else v}")
     return 0
 
 

@@ -507,7 +507,8 @@ def tsne_args(p):
     p.add_argument("--label-names", default=None,
                    help="legend names, e.g. '0=negative,1=positive' (default: the model's "
                         "label names when they differ from the file's labels)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="also print the result as JSON (last line)")
 
 
 def parse_label_names(spec) -> dict:
@@ -566,7 +567,9 @@ def tsne_cmd(args):
     names = {}   # checked against the sample's labels before minutes of embedding
     rep = tsne_report(model, tokenizer, args.data, cfg, check_labels=lambda labels:
                       names.update(_label_names(args.label_names, model, labels)))
-    points = tsne(rep["vectors"], cfg.seed, cfg.perplexity, _name="--perplexity")
+    given = "perplexity" in getattr(args, "_given", ())
+    points = tsne(rep["vectors"], cfg.seed, cfg.perplexity,
+                  _name="--perplexity" if given else "the default perplexity")
     name = Path(str(args.model)).name or str(args.model)
     what = {"cls": "[CLS]", "pooled": "pooled [CLS]", "mean": "mean-pooled"}[args.vector]
     title = (f"t-SNE of {what} vectors, {name}, {Path(args.data).name}\n"

@@ -161,7 +161,10 @@ def _check_objective(cfg: "PretrainConfig", family: str):
 def _read_hf_config(path: str) -> dict:
     """The JSON object of a `--config` file, or a one-line error naming it (a pipe or a
     device is refused before it is opened: reading one waited for a writer for good)."""
-    kind = path_kind(input_path(path))
+    try:
+        kind = path_kind(input_path(path))
+    except NanobertError as e:        # (a link loop, a folder that may not be entered)
+        raise NanobertError(f"--config {e}") from None
     if kind is None:
         raise NanobertError(f"--config {path}: no such file")
     if kind == "dir":

@@ -65,7 +65,7 @@ import torch.nn as nn
 from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
                      positive, seed_range)
 from .files import (NanobertError, atomic_path, note, shown_number, signals_replaced, to_stderr,
-                    write_text)
+                    torchrun_processes, write_text)
 
 
 @dataclass
@@ -140,7 +140,7 @@ class TrainConfig(Config):
 
 def dist_info() -> tuple:
     """(rank, world size, local rank), starting the process group under torchrun."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if torchrun_processes() <= 1:
         return 0, 1, 0
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

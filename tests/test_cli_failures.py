@@ -143,6 +143,19 @@ def test_an_error_line_quoting_a_huge_value_is_cut(capsys):
     assert error.startswith("nanobert: error: data.tsv:6: unknown label 'xxx")
     assert error.endswith("xxx' (the model knows 0, 1)") and "characters ...]" in error
     assert said.startswith("nanobert: note: data.tsv: 1 label") and said.endswith("', line 6)")
+    # breaks and control characters in quoted text are escaped: one line (a corpus "file
+    # name" of two lines, a document given as a file name, was shown over 25 lines)
+    from nanobert.files import NanobertError
+    e = NanobertError("a long document.\nIts second paragraph.\r\x1b[2J\u2028 " * 50)
+    assert len(str(e).splitlines()) == 1 and "\x1b" not in str(e)
+    assert str(e).startswith("a long document.\\nIts second paragraph.\\r\\x1b[2J\\u2028")
+    assert str(NanobertError("C:\\data\ttabs.tsv: no such file")) == \
+        "C:\\data\ttabs.tsv: no such file"                 # (backslashes, tabs: as they are)
+    _error("first line\nsecond line: no such file or directory")
+    note("read\r\nit")
+    assert capsys.readouterr().err.splitlines() == [
+        "nanobert: error: first line\\nsecond line: no such file or directory",
+        "nanobert: note: read\\r\\nit"]
 
 
 def test_under_torchrun_a_line_every_process_meets_is_said_by_the_first(tmp_path, monkeypatch,
@@ -169,6 +182,13 @@ def test_under_torchrun_a_line_every_process_meets_is_said_by_the_first(tmp_path
     assert files.said_elsewhere("nanobert: error: only mine", 0.1)   # claimed by process 1
     assert capsys.readouterr().err.splitlines() == [
         "nanobert: note: train.tsv:6: an empty text", "nanobert: note: train.tsv:6: an empty text"]
+    # 'interrupted' (once): the first process, held in a collective step until a later
+    # one had waited for its line and said it, said it again (and the wait held the stop)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not files.said_elsewhere("nanobert: terminated", files.SIGNAL_WAIT, once=True)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert files.said_elsewhere("nanobert: terminated", 10, once=True)
+    assert not files.said_elsewhere("nanobert: interrupted", 10, once=True)  # (first: says it)
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "gone" / "0" / "error.json"))
     assert not files.said_elsewhere("nanobert: note: train.tsv:7: another", 0.1)
 
@@ -440,6 +460,20 @@ def test_weights_safetensors_may_not_read_are_not_called_missing(tmp_path, monke
     with pytest.raises(NanobertError, match=r"model\.safetensors: cannot be read \(Permission "
                                             r"denied\)$"):
         checkpoint.read_weights(tmp_path)
+
+
+def test_a_world_size_that_is_no_number_is_one_process(monkeypatch, capsys):
+    """WORLD_SIZE set by hand to no number is no torchrun job: finetune and pretrain had
+    raised a traceback from int() where they ask for their processes (train.dist_info)."""
+    from nanobert.cli import main
+    from nanobert.train import dist_info
+    for value in ("", "abc", " 2x"):
+        monkeypatch.setenv("WORLD_SIZE", value)
+        assert dist_info() == (0, 1, 0)
+        assert main(["predict", "--model", "minilm", "--json", "good"]) == 0
+        assert capsys.readouterr().out.strip()
+    monkeypatch.setenv("WORLD_SIZE", " 1 ")
+    assert dist_info() == (0, 1, 0)
 
 
 def test_one_process_commands_refuse_torchrun_before_writing(monkeypatch, tmp_path, capsys):

@@ -85,6 +85,24 @@ def test_job_functions_take_keywords_beside_a_config_and_refuse_extra_values(mon
         G.compare(c, bert="runs/x")                 # (it was an AttributeError inside)
 
 
+def test_a_flags_name_taken_for_a_field_names_the_field():
+    """`cfg.replace(teacher=[...])`, `PretrainConfig(config=...)`: 'no field teacher', and
+    the docs say each flag is a field; the error names the field the flag sets."""
+    cfg = FinetuneConfig(task="classify", model="m", train="t", dev="d")
+    with pytest.raises(TypeError) as e:
+        cfg.replace(teacher=["x"], text_pair_column="b")
+    assert str(e.value) == ("FinetuneConfig has no field(s) teacher, text_pair_column (the "
+                            "flag --teacher is the field teachers; --text-pair-column is the "
+                            "field pair_column)")
+    with pytest.raises(TypeError) as e:
+        PretrainConfig(corpus=["c.txt"], config="x.json")
+    assert str(e.value).endswith("has no field config (the flag --config is the field "
+                                 "model_config)")
+    with pytest.raises(TypeError) as e:
+        cfg.replace(no_such_thing=1)
+    assert str(e.value) == "FinetuneConfig has no field(s) no_such_thing"
+
+
 def test_task_choices_come_from_the_task_table():
     assert set(FinetuneConfig.__dataclass_fields__["task"].metadata["choices"]) == set(TASKS)
     with pytest.raises(NanobertError, match="--task: got 'nope', expected one of classify"):
@@ -261,6 +279,24 @@ def test_no_abbreviated_flags_and_a_repeated_value_is_noted(capsys):
     assert build_parser().parse_args(["search", "--corpus", "c", "--query", "q", "-k2",
                                       "-k", "1"]).k == 1        # (a short flag's value joined)
     assert "--top-k given more than once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, said", [
+    # a misspelt required flag had been refused as the flag missing
+    (["pretrain", "--corp", "wiki.txt", "--out", "o"],
+     "unrecognized argument --corp (did you mean --corpus?)"),
+    (["finetune", "--task", "classify", "--model", "m", "--trian", "t", "--dev", "d", "--out",
+      "o"], "unrecognized argument --trian (did you mean --train?)"),
+    (["predict", "--model", "m", "--jsn", "hi"],             # (argparse's own words, and ...)
+     "unrecognized arguments: --jsn (did you mean --json?)"),
+    (["predict", "--model", "m", "--zzzzz", "hi"], "unrecognized arguments: --zzzzz"),
+    (["pretrain", "--out", "o"], "the following arguments are required: --corpus"),
+])
+def test_a_misspelt_flag_is_named_with_the_one_meant(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"nanobert: error: {said}\n"
 
 
 def test_a_commands_flag_before_the_command_is_named(capsys):

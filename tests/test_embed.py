@@ -531,6 +531,11 @@ def test_texts_to_embed_from_any_table_labels_optional(tmp_path):
         read_texts(commas, "nosuchcol")
     with pytest.raises(NanobertError, match=r":2: expected 2 fields like line 1, found 1"):
         read_texts(commas, "0")        # (an index: a table without a header, said so)
+    commas.write_text("a wonderful , moving film\ngreat, moving, acting\n")
+    with pytest.raises(NanobertError) as e:        # (no header to blame for more columns)
+        read_texts(commas, "0")
+    assert str(e.value).endswith(":2: expected 2 fields like line 1, found 3 (a comma inside "
+                                 "a text, which must then be quoted?)"), e.value
 
 
 def test_text_column_flag_on_embed_and_search(encoder, tmp_path, capsys):

@@ -1450,6 +1450,16 @@ def test_columns_saved_with_a_model_that_a_file_lacks_are_named_as_the_models(tm
         _with_columns(argparse.Namespace(text_column="7", pair_column=None, label_column=None),
                       settings, lambda cols: task.inputs(f, cols))
     assert "saved in its nanobert.json" not in str(e.value)
+    # a plain file of one text a line: the saved columns are a table's, not refused (a
+    # model trained with --text-column could not predict on plain text); given: refused
+    plain = tmp_path / "plain.txt"
+    plain.write_text("the film was good\nthe movie, it was bad\n")
+    for name in ("classify", "regress", "ner"):
+        got = _with_columns(none, settings, lambda c: get_task(name).inputs(plain, c))
+        assert [getattr(x, "text_a", None) or x.texts[0] for x in got] == [
+            "the film was good", "the movie, it was bad"], name
+    with pytest.raises(NanobertError, match="--text-column sentence: .* plain text"):
+        _with_columns(given, settings, lambda cols: task.inputs(plain, cols))
 
 
 def test_a_dev_sample_that_cannot_be_scored_names_the_flag(tmp_path):
@@ -1626,6 +1636,26 @@ def alone_and_torchrun(tmp_path, flags, *torchrun_flags) -> list:
             timeout=300))
         assert runs[-1].returncode == 0, failed_ranks(runs[-1].stderr)
     return runs
+
+
+def test_a_training_set_under_the_processes_is_refused(tiny_dir, tmp_path, monkeypatch, capsys):
+    """One NER sentence under torchrun with 2 processes: the second process's share of
+    the only batch was empty, and collating it raised a traceback."""
+    from nanobert.cli import main
+    ft = importlib.import_module("nanobert.finetune")
+    one, dev = tmp_path / "one.txt", tmp_path / "dev.txt"
+    one.write_text("Alice B-PER\nlives O\n")
+    dev.write_text("Bob B-PER\nlives O\n\nin O\nParis B-PER\n")
+    monkeypatch.setattr(ft, "processes", lambda: (1, 2))        # the second of two processes
+    flags = ["finetune", "--task", "ner", "--model", str(tiny_dir), "--train", str(one),
+             "--dev", str(dev), "--batch-size", "2", "--max-length", "16", "--no-progress",
+             "--threads", "1"]
+    assert main(flags + ["--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "nanobert: error: the training set makes 1 training row(s) (examples, or windows of "
+        "QA contexts), under the 2 processes torchrun started (each takes a share of each "
+        "batch); run it in 1 process(es) or fewer, or give more examples")
+    assert not (tmp_path / "o" / "model.safetensors").exists()
 
 
 def same_model(tmp_path, *outs):

@@ -297,6 +297,10 @@ def test_tsne_says_the_perplexity_it_uses(tiny_dir, labelled_tsv, tmp_path, caps
     assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
                  str(out), "--n", "20", "--perplexity", "5"]) == 0
     assert capsys.readouterr().err == ""
+    assert main(["tsne", "--model", str(tiny_dir), "--data", str(labelled_tsv), "--out",
+                 str(out), "--n", "20"]) == 0        # (not given: said as the default)
+    assert capsys.readouterr().err == ("nanobert: note: the default perplexity 30: 6.333 used, "
+                                       "the most t-SNE takes for 20 examples ((n - 1) / 3)\n")
 
 
 @pytest.mark.parametrize("names, said", [

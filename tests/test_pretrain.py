@@ -77,6 +77,8 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
     a_dir.mkdir()
     fifo = tmp_path / "config.fifo"   # (reading one waited for a writer for good)
     os.mkfifo(fifo)
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
     def hung(*_):
         raise AssertionError("reading --config waited for good")
     was = signal.signal(signal.SIGALRM, hung)   # (a hang fails the test, not the suite)
@@ -93,6 +95,7 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
                          (["--config", str(a_dir)], [str(a_dir), "directory"]),
                          (["--config", str(tmp_path / "missing.json")], ["no such file"]),
                          (["--config", str(fifo)], [str(fifo), "not a regular file"]),
+                         (["--config", str(loop)], [f"--config {loop}: cannot be read"]),
                          (["--config", str(electra)], ["--config", "model_type 'funnel'",
                                                        "cannot be pretrained"]),
                          (["--config", str(roberta), "--objective", "mlm+sop"],
