@@ -1223,9 +1223,9 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
         return read_classification(path, require_label=False, **columns)
     if columns:   # (a column flag on one text a line had been ignored, whatever its value)
         key, value = next(iter(columns.items()))
-        raise ColumnsOnPlainText(f"--{key.replace('_', '-')} {value}: {path} is plain text, one "
-                            "input a line, with no columns (a table is a .tsv/.csv/.jsonl "
-                            "file, or has a header line naming its columns)")
+        raise ColumnsOnPlainText(f"--{key.replace('_', '-')} {value}: {path} is plain text, "
+                                 "one input a line, with no columns (a table is a .tsv/.csv/"
+                                 ".jsonl file, or has a header line naming its columns)")
     return _without_column_name(read_text_lines(path), path)
 
 

@@ -27,8 +27,9 @@ from typing import Optional
 
 class NanobertError(Exception):
     """A problem the user can fix (bad file, missing model, wrong flag). Its message is one
-    line (message_line) of about LINE_CHARS at most, wherever it is shown (a Python caller's traceback,
-    a server's answer): a 500 kB text taken for a file name was quoted whole."""
+    line (message_line) of about LINE_CHARS at most, wherever it is shown (a Python
+    caller's traceback, a server's answer): a 500 kB text taken for a file name was quoted
+    whole."""
 
     def __init__(self, *args):
         if len(args) == 1 and isinstance(args[0], str):
