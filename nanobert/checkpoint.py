@@ -52,8 +52,13 @@ def _normalise_names(state: dict, fam: Family) -> dict:
             name = re.sub(pattern, replacement, name)
         out[name] = t
     if not any(n.startswith(fam.prefix) for n in out):
-        out = {fam.prefix + n: t for n, t in out.items()}
+        out = Prefixed({fam.prefix + n: t for n, t in out.items()})
     return out
+
+
+class Prefixed(dict):
+    """The tensors of a base-model file, the family prefix put before each name: an
+    error quotes a name as the file has it."""
 
 
 # ----------------------------------------------------------------------------------
@@ -688,9 +693,12 @@ def _check_label_override(config: BertConfig, head, fam: Family, state: dict,
     w = state.get(fam.hf_name("classifier.weight", head)) if head else None
     if head == "regression" and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] != 1:
         if inferred is not None and not given:   # (the API's advice meant nothing there)
-            raise NanobertError(f"{inferred}: says one label (num_labels or id2label: a "
-                                f"regression head), but the checkpoint's classifier has "
-                                f"{w.shape[0]} outputs")
+            says = ("problem_type regression" if config.problem_type == "regression" else
+                    "one label (num_labels or id2label)")
+            raise NanobertError(f"{inferred}: says {says}, a regression head, but the "
+                                f"checkpoint's classifier has {w.shape[0]} outputs (a "
+                                "regression of several targets, which nanobert does not "
+                                "run: its regression head has one output)")
         raise OtherLabels(f"load(head='regression'): the checkpoint's classifier has "
                           f"{w.shape[0]} outputs, a regression head one; load it with head=None "
                           "to train a new head on the encoder", w.shape[0])
@@ -903,9 +911,11 @@ def load_state(model: Bert, hf_state: dict, fam: Family, source="checkpoint",
                             "which nanobert does not support (absolute positions, RoPE, or "
                             "DeBERTa's relative attention)")
     if unexpected:
+        shown = unexpected[0].removeprefix(fam.prefix) if isinstance(hf_state, Prefixed) \
+            else unexpected[0]
         raise NanobertError(f"{source}: the checkpoint has {len(unexpected)} weight(s) that "
-                            f"config.json does not account for, e.g. {unexpected[0]} (more layers "
-                            "or other sizes than the config says?)")
+                            f"config.json does not account for, e.g. {shown} (more layers "
+                            "or other sizes than the config says, or another model's tensors?)")
     model.load_state_dict(new, strict=False)
     init_new_weights(model, missing)
     return missing

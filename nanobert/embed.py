@@ -86,8 +86,9 @@ def _pooling_dir(model_dir: Path) -> Optional[Path]:
         kind = m["type"].rsplit(".", 1)[-1]
         if kind not in ST_MODULES:
             raise NanobertError(f"{modules}: module {m['type']!r} ({path or 'the top folder'}) "
-                                "is not supported (nanobert runs a Transformer, Pooling and "
-                                "Normalize): its embeddings would differ from the checkpoint's")
+                                "is not supported (nanobert runs a Transformer, Pooling, "
+                                "Normalize and Dropout): its embeddings would differ from the "
+                                "checkpoint's")
         if kind == "Pooling" and found is None:
             if Path(path).is_absolute() or ".." in Path(path).parts:
                 raise NanobertError(f"{modules}: the Pooling module's path {path!r} is not a "
@@ -151,7 +152,9 @@ def _pooling_modes(conf: dict, path: Path) -> list:
 
 
 # sentence-transformers' modules nanobert runs, and its pooling settings: name -> ours
-ST_MODULES = ("Transformer", "Pooling", "Normalize")
+# the sentence-transformers modules nanobert runs (Dropout: nothing at inference, as in
+# sentence-transformers' encode)
+ST_MODULES = ("Transformer", "Pooling", "Normalize", "Dropout")
 ST_POOLINGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
                "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
                # sentence-transformers 6: "pooling_mode": one of these names, or a list

@@ -70,8 +70,10 @@ def info_cmd(args):
     print(f"task         {s['task']}   family: {s['family']}")
     print(f"shape        {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, "
           f"FFN {s['ffn']}, {s['activation']}")
+    runs = "" if model.config.unpadded or s["attn_backend"] != "unpadded" else \
+        " (runs padded: relative position terms)"    # (DeBERTa, MPNet: model.unpadded)
     print(f"positions    {s['max_positions']} tokens at most   "
-          f"attention backend: {s['attn_backend']}")
+          f"attention backend: {s['attn_backend']}{runs}")
     print(f"vocabulary   {s['vocab_size']} tokens "
           f"({'lower-cased' if tokenizer.lowercase else 'cased'})")
     if s["labels"]:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, default_flags,
                      fraction, param)
 from .files import (NanobertError, atomic_path, check_one_process, check_output_dir, check_outside,
-                    input_path, note, path_kind, shown_number, write_text)
+                    input_path, note, one_line, path_kind, shown_number, write_text)
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
                       split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
@@ -741,9 +741,9 @@ def fill_mask_cmd(args):
             print(json.dumps({"text": text, "masks": [[{"token": t, "p": round(p, 6)} for t, p in m]
                                                       for m in preds]}))
             continue
-        print(text)
+        print(one_line(text))          # (control characters escaped, as predict does)
         for j, m in enumerate(preds, 1):
-            shown = "  ".join(f"{t} {p:.3f}" for t, p in m)
+            shown = "  ".join(f"{one_line(t)} {p:.3f}" for t, p in m)
             print(f"  {mask} {j}: {shown}")
     return 0
 

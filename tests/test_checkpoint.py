@@ -417,14 +417,19 @@ def test_a_config_of_one_label_over_a_classifier_of_two_is_blamed_on_the_file(tm
     (load it with head=None)."""
     _random_hf_dir(tmp_path, hf.BertForSequenceClassification)
     conf = json.loads((tmp_path / "config.json").read_text())
-    for change in ({"num_labels": 1}, {"id2label": {"0": "a"}, "label2id": {"a": 0}}):
+    for change, says in (({"num_labels": 1}, "one label (num_labels or id2label)"),
+                         ({"id2label": {"0": "a"}, "label2id": {"a": 0}},
+                          "one label (num_labels or id2label)"),
+                         # (transformers 5 writes only this for a regression of 3 targets)
+                         ({"problem_type": "regression"}, "problem_type regression")):
         edited = {k: v for k, v in conf.items() if k not in ("id2label", "label2id")}
         (tmp_path / "config.json").write_text(json.dumps({**edited, **change}))
         with pytest.raises(NanobertError) as e:
             load_model(tmp_path)
-        assert str(e.value) == (f"{tmp_path / 'config.json'}: says one label (num_labels or "
-                                "id2label: a regression head), but the checkpoint's "
-                                "classifier has 3 outputs")
+        assert str(e.value) == (f"{tmp_path / 'config.json'}: says {says}, a regression "
+                                "head, but the checkpoint's classifier has 3 outputs (a "
+                                "regression of several targets, which nanobert does not run: "
+                                "its regression head has one output)")
     assert load_model(tmp_path, head=None).head is None
 
 
@@ -584,3 +589,21 @@ def test_a_link_to_no_directory_is_named_not_looked_up_on_the_hub(tmp_path, monk
         with pytest.raises(NanobertError, match=f"^{name}: a symbolic link that leads to no "
                                                 f"directory \\(to {target}\\)$"):
             resolve(name)
+
+
+def test_weights_the_config_does_not_account_for_are_named_as_the_file_has_them(tmp_path):
+    """A base-model file with a stray tensor (`cls.predictions.bias`) was refused naming
+    `bert.cls.predictions.bias`, nanobert's name for it, which is in no file."""
+    from safetensors.torch import load_file, save_file
+    for cls, stray in ((hf.BertModel, "cls.predictions.bias"),
+                       (hf.BertForSequenceClassification, "bert.encoder.layer.2.output.dense.bias")):
+        d = tmp_path / cls.__name__
+        _random_hf_dir(d, cls)
+        state = load_file(d / "model.safetensors")
+        state[stray] = torch.zeros(32)
+        save_file(state, d / "model.safetensors")
+        with pytest.raises(NanobertError) as e:
+            load_model(d)
+        assert str(e.value) == (f"{d}: the checkpoint has 1 weight(s) that config.json does "
+                                f"not account for, e.g. {stray} (more layers or other sizes "
+                                "than the config says, or another model's tensors?)")

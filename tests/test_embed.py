@@ -219,6 +219,12 @@ def test_a_module_nanobert_does_not_run_is_refused(tmp_path):
         declared_pooling(tmp_path)
     (tmp_path / "modules.json").write_text(json.dumps(modules[:2]))
     assert declared_pooling(tmp_path) == "mean"
+    # a Dropout module does nothing at inference (sentence-transformers' encode): it had
+    # been refused as if it changed the vectors
+    dropout = {"idx": 2, "name": "2", "path": "2_Dropout",
+               "type": "sentence_transformers.models.Dropout"}
+    (tmp_path / "modules.json").write_text(json.dumps(modules[:2] + [dropout]))
+    assert declared_pooling(tmp_path) == "mean"
 
 
 def test_top_k():

@@ -46,3 +46,18 @@ def test_info_names_weights_the_checkpoint_lacks(tmp_path, tiny_config):
                                 "classifier.weight", "classifier.bias"]
     s = summary(load_model(tmp_path / "m"))
     assert s["new_weights"] == [] and "pooler" not in s["parameters"]
+
+
+def test_info_says_a_relative_position_model_runs_padded(tmp_path, capsys):
+    """DeBERTa's (and MPNet's) relative terms keep it on the padded layout: info had said
+    'attention backend: unpadded', the config's field, not what runs."""
+    from nanobert.model import preset
+    tok = nanobert.Tokenizer.train(["a few words of text"] * 3, vocab_size=100, min_frequency=1)
+    nanobert.Bert(preset("deberta-tiny", vocab_size=tok.vocab_size)).save_pretrained(
+        tmp_path / "d", tokenizer=tok)
+    assert main(["info", str(tmp_path / "d")]) == 0
+    assert "attention backend: unpadded (runs padded: relative position terms)" in \
+        capsys.readouterr().out
+    assert main(["info", "minilm"]) == 0
+    out = capsys.readouterr().out
+    assert "attention backend: unpadded" in out and "runs padded" not in out

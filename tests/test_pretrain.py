@@ -1031,7 +1031,7 @@ def test_fill_mask_shows_byte_level_bpe_tokens_as_text(tmp_path, capsys):
     from nanobert.tokenizer import Tokenizer
     tk = HF(models.BPE(unk_token="<unk>"))
     tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tk.train_from_iterator(["i love تحب pizza"] * 20, trainers.BpeTrainer(
+    tk.train_from_iterator(["i love تحب pizza \x1b[2J"] * 20, trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
     tk.save(str(tmp_path / "tokenizer.json"))
     tok = Tokenizer.from_dir(tmp_path / "tokenizer.json")
@@ -1048,6 +1048,13 @@ def test_fill_mask_shows_byte_level_bpe_tokens_as_text(tmp_path, capsys):
     assert main(["fill-mask", "--model", str(tmp_path / "m"), "i <mask> pizza <mask>"]) == 0
     out = capsys.readouterr().out
     assert "  <mask> 1: تحب" in out and "  <mask> 2:" in out and "[MASK]" not in out
+    with torch.no_grad():         # a terminal's control character: escaped, not written
+        model.mlm.bias.zero_()
+        model.mlm.bias[tk.token_to_id(tk.encode("\x1b").tokens[0])] = 50.0
+    save_model(model, tmp_path / "m", tok)
+    assert main(["fill-mask", "--model", str(tmp_path / "m"), "i <mask> pizza"]) == 0
+    out = capsys.readouterr().out
+    assert "  <mask> 1: \\x1b " in out and "\x1b" not in out, out
 
 
 def test_whole_word_mask_with_an_unmarked_tokenizer_is_refused_before_work(tmp_path, capsys):
