@@ -502,6 +502,7 @@ def embed_features(tok, data, settings: dict, label2id=None) -> RowBatches:
         raise NanobertError(f"--loss {kind}: the training rows are "
                             f"{'scored pairs' if rows[0].score is not None else 'unscored'}; "
                             f"use {loss_for_rows(rows)}")
+    settings["loss"] = kind       # (nanobert.json says the loss run, not the flag's None)
     print(f"embed: {len(rows)} training rows of {len(rows[0].texts)} text(s), loss {kind}, "
           f"{settings.get('pooling') or 'mean'} pooling", flush=True)
     scores = scaled_scores(rows, kind) if rows[0].score is not None else None

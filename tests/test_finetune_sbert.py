@@ -69,7 +69,8 @@ def test_embed_learns_sts_and_writes_the_st_layout(tiny_dir, tmp_path, capsys):
         "--out", out, "--epochs", "12", "--batch-size", "8", "--max-length", "32", "--lr", "2e-3", "--no-progress")
     after = json.loads(run(capsys, "evaluate", "--model", out, "--data", data, "--json")[-1])
     assert after["task"] == "embed" and after["spearman"] > before["spearman"] + 0.05
-    assert json.loads((out / "nanobert.json").read_text())["pooling"] == "mean"
+    saved = json.loads((out / "nanobert.json").read_text())
+    assert saved["pooling"] == "mean" and saved["loss"] == "cosent"   # (the loss run: not null)
     modules = json.loads((out / "modules.json").read_text())
     assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Normalize"]
     shown = run(capsys, "predict", "--model", out, "--json", "a cat eats")
