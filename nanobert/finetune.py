@@ -1441,8 +1441,25 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
         loss_fn = _teacher_loss(task, cfg, model, tok, evaluate, metric, settings.get("pairs"))
     if processes()[1] > 1:       # (DDP: the pooler under a token head has no gradient)
         freeze_unused(model, next(iter(batches(0, 0))), loss_fn)
-    return Trainer(model, trainer_cfg, batches, steps_per_epoch, evaluate=evaluate, save=save,
+    best = Trainer(model, trainer_cfg, batches, steps_per_epoch, evaluate=evaluate, save=save,
                    loss_fn=loss_fn).fit()
+    note_chance(task, dev, best)
+    return best
+
+
+def note_chance(task: Task, dev: list, best: dict):
+    """A classifier no better on dev than always answering the commonest label is said
+    to be (a short run on a few hundred rows, at the defaults, stays there, and its
+    'best dev' line read like a success)."""
+    if task.name != "classify" or "accuracy" not in best or not dev:
+        return
+    labels = [e.label for e in dev]
+    common = max(set(labels), key=labels.count)
+    chance = labels.count(common) / len(labels)
+    if best["accuracy"] <= chance + 0.01:
+        note(f"dev accuracy {best['accuracy']:.4f} is no better than always answering the "
+             f"commonest label, {common!r} ({chance:.4f}): train longer (--epochs), or on "
+             "small data try --pooling mean --lr 1e-4 --head-lr-scale 10")
 
 
 def dev_metric(task: Task, dev, trainer: TrainConfig) -> tuple:
