@@ -895,6 +895,7 @@ class Trainer:
             (not cfg.eval_every and end_of_epoch) or last
         saved = (cfg.save_every and self.step % cfg.save_every == 0) or \
             (not cfg.save_every and evaluated)
+        paused = time.time()     # (evaluation and saving are no training: not in examples/s)
         if evaluated or saved:   # no model or checkpoint of non-finite weights
             self._check_weights()
         if evaluated:
@@ -904,6 +905,7 @@ class Trainer:
         self._boundary_rng = _rng_state()
         if saved:
             self._save_checkpoint(rng=self._boundary_rng)
+        self.window["t0"] += time.time() - paused
         self._pending = None
 
     def _checkpoint_on_interrupt(self):
