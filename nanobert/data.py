@@ -1226,7 +1226,19 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
         raise ColumnsOnPlainText(f"--{key.replace('_', '-')} {value}: {path} is plain text, "
                                  "one input a line, with no columns (a table is a .tsv/.csv/"
                                  ".jsonl file, or has a header line naming its columns)")
-    return _without_column_name(read_text_lines(path), path)
+    return tabs_noted(_without_column_name(read_text_lines(path), path), path)
+
+
+def tabs_noted(examples: list, path) -> list:
+    """Lines read as one text each that all hold the same number of tabs look like a
+    table without its header (dataset rows piped in: each label was read as part of its
+    text and moved the prediction): said in a note."""
+    tabs = {e.text_a.count("\t") for e in examples}
+    if len(examples) > 1 and len(tabs) == 1 and min(tabs) > 0:
+        note(f"{path}: read as one text a line, but every line holds {min(tabs)} tab(s): a "
+             "table without its header? Give it a header line naming its columns (or "
+             "--text-column 0 for the first), or the tabs are part of each text")
+    return examples
 
 
 def _without_column_name(examples: list, path) -> list:

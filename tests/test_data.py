@@ -325,6 +325,23 @@ def test_blank_lines_skipped_in_plain_text_are_noted_for_every_reader(tmp_path, 
     assert len(D.read_inputs(q)) == 2 and capsys.readouterr().err == ""
 
 
+def test_plain_lines_that_all_hold_tabs_are_noted_as_a_headerless_table(tmp_path, capsys):
+    """Dataset rows piped to predict without their header: each label was read as part of
+    its text, which moved the prediction, without a word."""
+    from nanobert.biencoder import text_rows_input
+    p = write(tmp_path, "rows.txt", "a good film\t1\na bad film\t0\n")
+    for read in (D.read_inputs, text_rows_input):
+        assert len(read(p)) == 2
+        assert capsys.readouterr().err == (
+            f"nanobert: note: {p}: read as one text a line, but every line holds 1 tab(s): a "
+            "table without its header? Give it a header line naming its columns (or "
+            "--text-column 0 for the first), or the tabs are part of each text\n")
+    assert [e.text_a for e in D.read_inputs(p, {"text_column": "0"})] == ["a good film",
+                                                                          "a bad film"]
+    some = write(tmp_path, "some.txt", "a good\tfilm\nno tab here\n")   # (not every line)
+    assert len(D.read_inputs(some)) == 2 and capsys.readouterr().err == ""
+
+
 # ---- columns that could each be the one meant; empty texts -----------------------------
 
 @pytest.mark.parametrize("name, content, line, msg", [
