@@ -65,8 +65,11 @@ def test_embed_learns_sts_and_writes_the_st_layout(tiny_dir, tmp_path, capsys):
     data = sts_file(tmp_path / "sts-train.csv")
     before = json.loads(run(capsys, "evaluate", "--model", tiny_dir, "--data", data, "--json")[-1])
     out = tmp_path / "emb"
-    run(capsys, "finetune", "--task", "embed", "--model", tiny_dir, "--train", data, "--dev", data,
-        "--out", out, "--epochs", "12", "--batch-size", "8", "--max-length", "32", "--lr", "2e-3", "--no-progress")
+    lines = run(capsys, "finetune", "--task", "embed", "--model", tiny_dir, "--train", data,
+                "--dev", data, "--out", out, "--epochs", "12", "--batch-size", "8",
+                "--max-length", "32", "--lr", "2e-3", "--no-progress")
+    # the starting model's score, to compare the kept one with (an embedder already)
+    assert f"dev before training: spearman {before['spearman']:.4f}" in lines
     after = json.loads(run(capsys, "evaluate", "--model", out, "--data", data, "--json")[-1])
     assert after["task"] == "embed" and after["spearman"] > before["spearman"] + 0.05
     saved = json.loads((out / "nanobert.json").read_text())
@@ -236,3 +239,20 @@ def test_a_reranker_pooled_by_the_mean_is_refused(tmp_path, capsys):
                      "--dev", str(rows), "--out", str(tmp_path / "o"), "--pooling", "mean"]) == 2
     assert "--pooling mean: a reranker is saved as a cross-encoder" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_kept_model_below_the_starting_one_is_said_to_be(capsys):
+    """An embed run kept Spearman 0.934 where the starting minilm scored 0.939 on the same
+    dev rows, and 'best dev ... model saved' read as a success."""
+    from nanobert.finetune import note_below_start
+    from nanobert.train import TrainConfig
+    higher = TrainConfig(metric="spearman", greater_is_better=True)
+    note_below_start(0.939, {"spearman": 0.934, "step": 19}, higher)
+    assert capsys.readouterr().err == (
+        "nanobert: note: the best dev spearman, 0.9340, is below the starting model's, 0.9390: "
+        "this run made the model worse on the dev data; try a lower --lr, fewer epochs or "
+        "more training rows\n")
+    note_below_start(0.939, {"spearman": 0.95}, higher)
+    note_below_start(None, {"spearman": 0.5}, higher)
+    note_below_start(0.2, {"mse": 0.1}, TrainConfig(metric="mse", greater_is_better=False))
+    assert capsys.readouterr().err == ""
