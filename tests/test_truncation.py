@@ -103,7 +103,7 @@ def test_finetune_evaluate_predict_say_what_they_cut(tok, model_dir, tmp_path, c
     assert main(["finetune", "--task", "classify", "--model", str(model_dir), "--train", str(data),
                  "--dev", str(data), "--out", str(out), "--epochs", "3", "--max-length", "8",
                  "--batch-size", "4", "--no-progress"]) == 0
-    got = notes(capsys)
+    got = [n for n in notes(capsys) if "no better than" not in n]   # (a model at chance)
     n_long = len(tok.encode(long).ids)
     assert got == [f"nanobert: note: 4 of 12 texts are longer than 8 tokens and were cut by "
                    f"{n_long - 8} tokens (the longest, #1, has {n_long}: "
