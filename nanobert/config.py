@@ -308,11 +308,15 @@ class OneLineParser(argparse.ArgumentParser):
                 return None
             name = a.split("=", 1)[0]
             if name.startswith("--") and len(name) > 2 and name not in self._option_string_actions:
-                import difflib
-                near = difflib.get_close_matches(name, self._command_flags(), 1, 0.6)
-                return f"unrecognized argument {name}" + (f" (did you mean {near[0]}?)"
-                                                          if near else "")
+                return f"unrecognized argument {name}{self._meant(name)}"
         return None
+
+    def _meant(self, name: str) -> str:
+        """' (did you mean --corpus?)' for a flag of the command given close to `name`."""
+        import difflib
+        near = difflib.get_close_matches(name, self._command_flags(), 1, 0.6) \
+            if name.startswith("--") else []
+        return f" (did you mean {near[0]}?)" if near else ""
 
     def _command_flags(self) -> dict:
         """The flags of the command given (this parser's own where it has no commands)."""
@@ -327,11 +331,7 @@ class OneLineParser(argparse.ArgumentParser):
         if message.startswith("the following arguments are required"):
             message = self._unknown_flag() or message
         elif message.startswith("unrecognized arguments: "):    # (the top parser's words)
-            import difflib
-            first = message.split(": ", 1)[1].split(" ")[0].split("=", 1)[0]
-            near = difflib.get_close_matches(first, self._command_flags(), 1, 0.6) \
-                if first.startswith("--") else []
-            message += f" (did you mean {near[0]}?)" if near else ""
+            message += self._meant(message.split(": ", 1)[1].split(" ")[0].split("=", 1)[0])
         prefix = "argument "
         if message.startswith(prefix) and ": " in message:  # 'argument -k/--top-k: ...'
             names, rest = message[len(prefix):].split(": ", 1)

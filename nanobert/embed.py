@@ -86,8 +86,8 @@ def _pooling_dir(model_dir: Path) -> Optional[Path]:
         kind = m["type"].rsplit(".", 1)[-1]
         if kind not in ST_MODULES:
             raise NanobertError(f"{modules}: module {m['type']!r} ({path or 'the top folder'}) "
-                                "is not supported (nanobert runs a Transformer, Pooling, "
-                                "Normalize and Dropout): its embeddings would differ from the "
+                                f"is not supported (nanobert runs a {', '.join(ST_MODULES[:-1])}"
+                                f" and {ST_MODULES[-1]}): its embeddings would differ from the "
                                 "checkpoint's")
         if kind == "Pooling" and found is None:
             if Path(path).is_absolute() or ".." in Path(path).parts:
@@ -151,9 +151,8 @@ def _pooling_modes(conf: dict, path: Path) -> list:
     return [k for k, v in conf.items() if k.startswith("pooling_mode_") and v]
 
 
-# sentence-transformers' modules nanobert runs, and its pooling settings: name -> ours
-# the sentence-transformers modules nanobert runs (Dropout: nothing at inference, as in
-# sentence-transformers' encode)
+# sentence-transformers' modules nanobert runs (Dropout: nothing at inference, as in its
+# encode), and its pooling settings: name -> ours
 ST_MODULES = ("Transformer", "Pooling", "Normalize", "Dropout")
 ST_POOLINGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
                "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",

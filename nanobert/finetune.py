@@ -1483,9 +1483,9 @@ def note_chance(task: Task, dev: list, best: dict):
     'best dev' line read like a success)."""
     if task.name != "classify" or "accuracy" not in best or not dev:
         return
-    labels = [e.label for e in dev]
-    common = max(set(labels), key=labels.count)
-    chance = labels.count(common) / len(labels)
+    from collections import Counter
+    (common, count), = Counter(e.label for e in dev).most_common(1)
+    chance = count / len(dev)
     if best["accuracy"] <= chance + 0.01:
         note(f"dev accuracy {best['accuracy']:.4f} is no better than always answering the "
              f"commonest label, {common!r} ({chance:.4f}): train longer (--epochs), or on "
