@@ -742,13 +742,14 @@ def text_rows_input(path, cols=None) -> list:
     or another whose header names a text column: `data.reads_as_table`; scores ignored),
     else plain text, one input a line."""
     from .data import ANCHOR_COLUMNS, TextRow, detect_format, is_sts_original, \
-        read_text_lines, read_text_rows, reads_as_table, tabs_noted
+        read_text_lines, read_text_rows, reads_as_table, refuse_columns, tabs_noted
     fmt = detect_format(path, plain_text=True)
     given = _columns(cols)
     table = fmt in ("tsv", "csv", "msrp") and (is_sts_original(path, tuple(given.values())) or
                                        reads_as_table(path, fmt, ANCHOR_COLUMNS, given.values()))
     if fmt == "jsonl" or table:
         return read_text_rows(path, require_score=False, columns=given)
+    refuse_columns(path, cols)
     return [TextRow((e.text_a,), line=e.line) for e in tabs_noted(read_text_lines(path), path)]
 
 

@@ -1221,12 +1221,24 @@ def read_inputs(path, columns: Optional[dict] = None) -> list:
         return [Example(" ".join(s.words), line=s.line) for s in read_conll(path, False)]
     if fmt in ("jsonl", "msrp", "tsv", "csv"):
         return read_classification(path, require_label=False, **columns)
-    if columns:   # (a column flag on one text a line had been ignored, whatever its value)
-        key, value = next(iter(columns.items()))
-        raise ColumnsOnPlainText(f"--{key.replace('_', '-')} {value}: {path} is plain text, "
-                                 "one input a line, with no columns (a table is a .tsv/.csv/"
-                                 ".jsonl file, or has a header line naming its columns)")
+    refuse_columns(path, columns)
     return tabs_noted(_without_column_name(read_text_lines(path), path), path)
+
+
+# the reader keywords of the column flags, and the flags (finetune.ColumnsConfig's)
+COLUMN_FLAGS = {"text_column": "--text-column", "pair_column": "--text-pair-column",
+                "label_column": "--label-column"}
+
+
+def refuse_columns(path, columns: dict):
+    """A column named for a file read as one text a line (ColumnsOnPlainText): such a
+    flag had been ignored, whatever its value."""
+    key, value = next(((k, v) for k, v in (columns or {}).items() if v), (None, None))
+    if key is not None:
+        raise ColumnsOnPlainText(f"{COLUMN_FLAGS.get(key, key)} {value}: {path} is plain "
+                                 "text, one input a line, with no columns (a table is a "
+                                 ".tsv/.csv/.jsonl file, or has a header line naming its "
+                                 "columns)")
 
 
 def tabs_noted(examples: list, path) -> list:

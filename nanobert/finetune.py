@@ -1138,7 +1138,7 @@ class ColumnsConfig(Config):
                                        "without a header (GLUE CoLA: 3)")
     pair_column: Optional[str] = param(None, "column/field holding the second text of a pair "
                                        "(name or 0-based index)",
-                                       flag="--text-pair-column")
+                                       flag=D.COLUMN_FLAGS["pair_column"])
     label_column: Optional[str] = param(None, "column/field holding the label (name or "
                                         "0-based index)")
 

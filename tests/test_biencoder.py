@@ -742,3 +742,18 @@ def test_a_fine_tuning_run_picks_its_best_model_by_dev_judgments_not_test(tmp_pa
     err = capsys.readouterr().err
     assert "no qrels/train.tsv, so the run trains on qrels/test.tsv" in err
     assert "the dev evaluation scores qrels/test.tsv, the judgments the run trains on" in err
+
+
+def test_a_column_flag_on_plain_text_is_refused_for_embedding_inputs(tmp_path, capsys):
+    """predict --model minilm --input plain.txt --text-column nosuch ran, the flag
+    ignored, as read_inputs had done for classifiers."""
+    from nanobert.cli import main
+    from nanobert.files import NanobertError
+    plain = tmp_path / "plain.txt"
+    plain.write_text("a man eats\nthe sky is blue\n")
+    with pytest.raises(NanobertError, match=r"^--text-pair-column b: .* is plain text, one "):
+        E.text_rows_input(plain, {"pair_column": "b"})
+    assert len(E.text_rows_input(plain, {})) == 2
+    assert main(["predict", "--model", "minilm", "--input", str(plain), "--text-column",
+                 "nosuch"]) == 2
+    assert capsys.readouterr().err.startswith("nanobert: error: --text-column nosuch: ")

@@ -527,12 +527,11 @@ def test_texts_to_embed_from_any_table_labels_optional(tmp_path):
     commas = tmp_path / "commas.txt"
     commas.write_text("a wonderful , moving film\ngreat acting\n")
     assert read_texts(commas) == ["a wonderful , moving film", "great acting"]
-    for flag in ("text_column", "text_pair_column"):
+    for key, flag in (("text_column", "--text-column"), ("pair_column", "--text-pair-column")):
         for value in ("nosuchcol", "-1"):
             with pytest.raises(NanobertError) as e:
-                read_inputs(commas, {flag: value})
-            assert str(e.value).startswith(f"--{flag.replace('_', '-')} {value}: {commas} is "
-                                           "plain text"), e.value
+                read_inputs(commas, {key: value})
+            assert str(e.value).startswith(f"{flag} {value}: {commas} is plain text"), e.value
     with pytest.raises(NanobertError, match="--text-column nosuchcol: .* plain text"):
         read_texts(commas, "nosuchcol")
     with pytest.raises(NanobertError, match=r":2: expected 2 fields like line 1, found 1"):
