@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import retrieval as R
 from .config import Config, at_least, fraction, param, temperature
-from .files import NanobertError, note, with_article
+from .files import NanobertError, note, noting_as, with_article
 
 POOLINGS = ("mean", "cls")
 
@@ -861,7 +861,11 @@ def _start_encoder(name, max_length, device=None):
     from .embed import Encoder
     device = None if device in (None, "auto") else device
     encoder = Encoder(name, max_length=max_length, device=device)
-    return encoder.encode
+
+    def encode(texts):
+        with noting_as(f"mining with {name}"):
+            return encoder.encode(texts, show_progress=True)   # (a bar, or log lines)
+    return encode
 
 
 def training_rows(tok, data, settings, labelled: bool) -> list:
@@ -943,7 +947,9 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     `rerank_k` per (held-out) query, reranked, then the retrieval metrics."""
 
     def scores(pairs):
-        return R.pair_scores(model, tok, pairs, settings["max_length"], batch_size, progress)
+        with noting_as("reranking"):
+            return R.pair_scores(model, tok, pairs, settings["max_length"], batch_size,
+                                 progress)
     if isinstance(data, list):
         if data[0].score is None or len(data[0].texts) != 2:
             raise NanobertError("reranker evaluation needs (query, document, label) rows")
@@ -960,10 +966,14 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
         return {"n_queries": len(qrels), **R.retrieval_metrics(qrels, run)}
     from .embed import Encoder
     device = str(next(model.parameters()).device)   # (the reranker's: a --device cpu run's)
-    retriever = Encoder.from_pretrained(settings.get("retriever") or "minilm",
-                                        batch_size=batch_size, device=device)
+    name = settings.get("retriever") or "minilm"
+    retriever = Encoder.from_pretrained(name, batch_size=batch_size, device=device)
     data = beir_split(data, settings, training=False)
-    return R.evaluate_beir(retriever.encode, data, query_ids=scored_queries(data, settings),
+
+    def retrieve(texts):
+        with noting_as(f"the retriever {name}"):
+            return retriever.encode(texts, show_progress=progress)
+    return R.evaluate_beir(retrieve, data, query_ids=scored_queries(data, settings),
                            rerank=scores, rerank_k=settings.get("rerank_k") or 100)
 
 

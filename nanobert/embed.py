@@ -496,15 +496,18 @@ class Encoder:
         return cls(name_or_dir, **kw)
 
     def encode(self, texts, batch_size: Optional[int] = None, normalize: Optional[bool] = None,
-               show_progress: bool = False) -> np.ndarray:
-        """One text -> a vector (H,); a list of texts -> an array (n, H), float32."""
+               show_progress=False) -> np.ndarray:
+        """One text -> a vector (H,); a list of texts -> an array (n, H), float32.
+        `show_progress`: a bar on a terminal, a line every 30 s in a log ("log": the
+        lines only)."""
         if getattr(texts, "ndim", None) == 0 and hasattr(texts, "item"):
             texts = texts.item()         # np.array("a text"): one text, as np.str_ is
         single = isinstance(texts, str)
         out = encode(self.model, self.tokenizer, [texts] if single else texts, self.pooling,
                      self.normalize if normalize is None else normalize,
                      self.batch_size if batch_size is None else batch_size,
-                     self.max_length, check_flag(show_progress, "show_progress"))
+                     self.max_length, show_progress if show_progress == "log"
+                     else check_flag(show_progress, "show_progress"))
         return out[0] if single else out
 
     def identity(self) -> str:
@@ -713,7 +716,7 @@ def corpus_embeddings_cached(encoder: Encoder, corpus_path, verbose: bool = Fals
             if verbose:
                 print(f"using cached embeddings {c}", file=sys.stderr)
             return texts, emb
-    emb = encoder.encode(texts, show_progress=verbose and sys.stderr.isatty())
+    emb = encoder.encode(texts, show_progress=verbose)
     for c in candidates:
         if c.is_symlink():   # (planted beside a shared corpus, it was written through)
             continue
@@ -812,7 +815,7 @@ def embed_cmd(args):
     with spooled_stdin(args.input) as path:
         texts = read_texts(path, args.text_column)
     enc = _encoder(args)
-    emb = enc.encode(texts, show_progress=sys.stderr.isatty())   # (a bar on a terminal only)
+    emb = enc.encode(texts, show_progress=True)   # (a bar on a terminal, lines in a log)
     with atomic_path(args.out) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, emb)

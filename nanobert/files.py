@@ -7,6 +7,7 @@ name beside the target and renamed into place, so nothing is ever half-written.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import glob
 import hashlib
@@ -210,12 +211,29 @@ def _say_later(line: str) -> None:
         to_stderr(line)
 
 
+_NOTE_STAGE = contextvars.ContextVar("note_stage", default=None)
+
+
+@contextlib.contextmanager
+def noting_as(stage: str):
+    """Notes said inside start with `stage` ("the retriever minilm: 248 of 343 texts are
+    longer..."): a reranker's evaluation cut the retriever's texts and its own pairs,
+    and two notes alike did not say which model read what."""
+    token = _NOTE_STAGE.set(stage)
+    try:
+        yield
+    finally:
+        _NOTE_STAGE.reset(token)
+
+
 def note(msg: str):
     """Tell the user something they should know but that stops nothing (rows skipped,
     texts cut): one line on stderr (none when stderr is closed or full: a note stops
     nothing, its failed write neither)."""
     for path, name in _SHOWN_AS.items():
         msg = msg.replace(path, name)
+    if _NOTE_STAGE.get():
+        msg = f"{_NOTE_STAGE.get()}: {msg}"
     # a progress bar on the screen: the note on a line of its own, the bar redrawn under
     # it (a note said before a bar closed stuck to the end of the bar's line)
     line = message_line(f"nanobert: note: {msg}")
@@ -229,11 +247,65 @@ def note(msg: str):
         to_stderr(line)
 
 
-def progress_bar(show: bool, total: int, desc: str, unit: str):
-    """A progress bar on stderr over `total` items, cleared when closed; with `show`
-    false, one that shows nothing (its update and close do nothing)."""
+def bar_shows() -> bool:
+    """Where a progress bar draws: a terminal, or a notebook (tqdm's widget; its stderr is
+    no terminal). A stderr without isatty (a logging wrapper) is a log."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        terminal = bool(isatty and isatty())
+    except (OSError, ValueError):
+        terminal = False
+    return terminal or "ipykernel" in sys.modules
+
+
+PLAIN_PROGRESS_S = 30.0   # a progress line into a log at most this often (no bar there)
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class LogProgress:
+    """progress_bar where stderr is a log (no bar draws there): a line every
+    PLAIN_PROGRESS_S, "nanobert: scoring: 12,000 of 30,000 pairs (40%) in 1m20s,
+    about 2m00s left", so minutes of evaluating or mining show in a log as training does.
+    The same update/close/context use as a tqdm bar."""
+
+    def __init__(self, total: int, desc: str, unit: str):
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        self.start = self.last = time.monotonic()
+
+    def update(self, k: int = 1):
+        self.n += k
+        now = time.monotonic()
+        if now - self.last < PLAIN_PROGRESS_S or not 0 < self.n < self.total \
+                or _later_process():
+            return
+        self.last, took = now, now - self.start
+        left = took * (self.total - self.n) / self.n
+        to_stderr(f"nanobert: {self.desc}: {self.n:,} of {self.total:,} {self.unit}s "
+                  f"({100 * self.n // self.total}%) in {_duration(took)}, about "
+                  f"{_duration(left)} left")
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def progress_bar(show, total: int, desc: str, unit: str):
+    """A progress bar on stderr over `total` items, cleared when closed, where stderr is a
+    terminal; where it is a log, a LogProgress line now and then. `show`: True (either),
+    "log" (the lines in a log only: under a training bar of its own), False (nothing)."""
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not show)
+    if show and not bar_shows():
+        return LogProgress(total, desc, unit)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=show is not True)
 
 
 def read_lines(path, keep_ends: bool = False):

@@ -1712,7 +1712,8 @@ def _dev_evaluation(task: Task, tok, dev: list, settings: dict, batch_size: int)
 
     def evaluate(model):
         try:
-            return task.evaluate(model, tok, dev, settings, max(batch_size, 64), False)
+            # (minutes on a BEIR folder: lines in a log; the training bar on a terminal)
+            return task.evaluate(model, tok, dev, settings, max(batch_size, 64), "log")
         except UndefinedCorrelation as e:
             note(f"{e}: counted as NaN")
             return {**dict.fromkeys(e.METRICS, float("nan")), **getattr(e, "defined", {})}
@@ -2021,7 +2022,7 @@ def evaluate_cmd(args):
     check_column_flags(task.name, ColumnsConfig.from_args(args).given(), "evaluation")
     examples = _evaluation_data(task, args, model, settings)
     result = evaluate_task(task.name, model, tok, examples, settings, args.batch_size,
-                           progress=not args.json and sys.stderr.isatty())   # (not in logs)
+                           progress=not args.json)   # (a bar, or a line now and then in a log)
     if args.json:
         print(json.dumps(result))
     else:

@@ -142,10 +142,13 @@ def evaluate_beir(encode: Callable, beir, k: int = 100, rerank: Optional[Callabl
     run = dense_run(query_vecs, qids, doc_vecs, doc_ids,
                     max(k, rerank_k) if rerank is not None else k)
     qrels = {q: beir.qrels[q] for q in qids}
+    first = {}
     if rerank is not None:
         # the query's own document leaves before reranking, as BEIR's search drops it: it
         # had taken one of the `rerank_k` places (ArguAna, Quora), and then been dropped
         run = {q: without_identical(run[q], q, qrels[q]) for q in qids}
+        # the retriever's own nDCG@10 on the same queries: what the reranker is to beat
+        first = {"retriever_ndcg_at_10": retrieval_metrics(qrels, run)["ndcg_at_10"]}
         run = rerank_run(run, rerank, beir.queries, beir.doc_text, rerank_k)
     same = [q for q in qids if qrels[q].get(q, 0) > 0]
     if same:
@@ -154,7 +157,7 @@ def evaluate_beir(encode: Callable, beir, k: int = 100, rerank: Optional[Callabl
              "in the rankings (BEIR's ignore_identical_ids drops them)")
     return {"split": beir.split, "n_queries": len(qids), "n_docs": len(doc_ids),
             **({"rerank_k": rerank_k} if rerank is not None else {}),
-            **retrieval_metrics(qrels, run)}
+            **retrieval_metrics(qrels, run), **first}
 
 
 def evaluate_sts(encode: Callable, rows: list) -> dict:

@@ -64,8 +64,8 @@ import torch.nn as nn
 
 from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
                      positive, seed_range)
-from .files import (NanobertError, atomic_path, note, shown_number, signals_replaced, to_stderr,
-                    torchrun_processes, write_text)
+from .files import (PLAIN_PROGRESS_S, NanobertError, atomic_path, bar_shows, note, shown_number,
+                    signals_replaced, to_stderr, torchrun_processes, write_text)
 
 
 @dataclass
@@ -288,17 +288,6 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return max(0.0, (total - step) / (total - peak))
 
 
-def _bar_shows() -> bool:
-    """Where a progress bar draws: a terminal, or a notebook (tqdm's widget; its stderr is
-    no terminal). A stderr without isatty (a logging wrapper) is a log."""
-    isatty = getattr(sys.stderr, "isatty", None)
-    try:
-        terminal = bool(isatty and isatty())
-    except (OSError, ValueError):
-        terminal = False
-    return terminal or "ipykernel" in sys.modules
-
-
 def _trim_heap():
     """Hand the heap's freed memory back to the system, every TRIM_EVERY_S at most: the
     outputs of ever-changing shapes (masked tokens, unpadded rows) left glibc's heap
@@ -327,7 +316,6 @@ def _map_large_allocations():
 
 TRIM_EVERY_S = 30.0
 _TRIMMER = None
-PLAIN_PROGRESS_S = 30.0   # a progress line into a log at most this often (no bar there)
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
@@ -852,7 +840,7 @@ class Trainer:
     def _progress_bar(self):
         """A bar on a terminal; into a log or a pipe, where a bar's redraws pile up, a
         line now and then instead (_progress_line)."""
-        if not self.cfg.progress or not _bar_shows():
+        if not self.cfg.progress or not bar_shows():
             return None
         from tqdm.auto import tqdm
         return tqdm(total=self.total_steps, initial=self.step - (self._pending is not None),

@@ -509,6 +509,12 @@ def test_pairs_of_one_anchor_are_one_query_with_every_positive_relevant():
         where = {"q": 0, "p1": 0, "p2": 0, "r": 1, "p3": 1, "n": 2}
         return np.eye(3, dtype=np.float32)[[where[t] for t in texts]]
     assert E.R.evaluate_beir(encode, beir)["ndcg_at_10"] == pytest.approx(1.0)
+    # reranked: the retriever's own nDCG@10 beside the reranker's, what it is to beat (it
+    # was not said); a reranker putting "n" first does worse than the retriever
+    def rerank(pairs):
+        return [1.0 if d == "n" else 0.0 for _, d in pairs]
+    got = E.R.evaluate_beir(encode, beir, rerank=rerank)
+    assert got["retriever_ndcg_at_10"] == pytest.approx(1.0) and got["ndcg_at_10"] < 0.9
 
 
 def test_a_saved_holdout_applies_to_the_training_folder_only(tmp_path, capsys):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -500,3 +501,39 @@ def test_one_process_commands_refuse_torchrun_before_writing(monkeypatch, tmp_pa
             f"nanobert: error: {cmd[0]} runs in one process, and torchrun started 2: run "
             "it without torchrun (pretrain, distill and finetune train across several)")
         assert not (tmp_path / "out").exists()
+
+
+def test_long_work_into_a_log_says_how_it_goes_now_and_then(monkeypatch, capsys):
+    """Evaluating a reranker on a BEIR folder, mining hard negatives or embedding a corpus
+    printed nothing into a log for minutes (the bar drew on a terminal only): there a
+    line now and then says how far it is, none at the end, none for short work."""
+    import nanobert.files as F
+    monkeypatch.setattr(F, "PLAIN_PROGRESS_S", 0.0)
+    with F.progress_bar(True, 10, "scoring", "pair") as bar:     # (capsys: no terminal)
+        bar.update(4)
+        bar.update(6)
+    assert re.fullmatch(r"nanobert: scoring: 4 of 10 pairs \(40%\) in 0s, about 0s left\n",
+                        capsys.readouterr().err)
+    for show in (False, "log"):    # nothing asked; lines asked for a log only, on a terminal
+        monkeypatch.setattr(F, "bar_shows", lambda: show == "log")
+        bar = F.progress_bar(show, 10, "scoring", "pair")
+        bar.update(4)
+        bar.close()
+        assert capsys.readouterr().err == ""
+    monkeypatch.setattr(F, "PLAIN_PROGRESS_S", 1e9)
+    monkeypatch.setattr(F, "bar_shows", lambda: False)
+    bar = F.progress_bar(True, 10, "scoring", "pair")
+    bar.update(4)
+    assert capsys.readouterr().err == ""        # (under the interval: quiet)
+
+
+def test_a_note_says_which_stage_said_it(capsys):
+    """A reranker's BEIR evaluation said '248 of 343 texts are longer than 256 tokens'
+    (the retriever's) and '884 of 1100 pairs are longer...' (its own) without naming
+    either model."""
+    from nanobert.files import note, noting_as
+    with noting_as("the retriever minilm"):
+        note("3 of 4 texts are longer than 8 tokens")
+    note("after")
+    assert capsys.readouterr().err == ("nanobert: note: the retriever minilm: 3 of 4 texts are "
+                                       "longer than 8 tokens\nnanobert: note: after\n")
