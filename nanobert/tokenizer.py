@@ -839,7 +839,10 @@ class Tokenizer:
         marker = self.word_marker()
         if marker is None or marker[0] != "start" or int(i) in self.special_ids:
             return token
-        text = self.tk.decode([int(i)], skip_special_tokens=False).strip()
+        # (a tokenizer.json without a decoder joins raw pieces: 'Ġlove' shown as stored)
+        decoder = self.tk.decoder or (decoders.ByteLevel() if marker[1] == "\u0120"
+                                      else decoders.Metaspace())
+        text = decoder.decode([token]).strip()
         return token if not text or "\ufffd" in text else text
 
     def token_to_id(self, t: str):

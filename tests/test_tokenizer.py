@@ -604,3 +604,20 @@ def test_a_tokenizer_is_named_as_models_are_and_a_string_is_not_one():
     with pytest.raises(TypeError, match=r"wraps a tokenizers\.Tokenizer, got str; .*"
                                         r"Tokenizer\.from_dir\('minilm'\)"):
         Tokenizer("minilm")
+
+
+def test_a_token_is_shown_as_read_without_a_decoder(minilm_dir, tmp_path):
+    """fill-mask showed 'Ġlove' and '▁love' for a tokenizer.json that has no decoder
+    (some byte-level and SentencePiece exports): the word marker names the decoding."""
+    tks = _tokenizers(minilm_dir, tmp_path)
+    for name in ("byte-level bpe", "unigram"):
+        conf = json.loads(tks[name].to_str())
+        for decoder in (conf["decoder"], None):
+            conf["decoder"] = decoder
+            (tmp_path / "tokenizer.json").write_text(json.dumps(conf))
+            tok = Tokenizer.from_dir(tmp_path)
+            mark = "\u0120" if name == "byte-level bpe" else "\u2581"
+            word = next(t for t in sorted(conf["model"]["vocab"] if name != "unigram" else
+                                          (p for p, _ in conf["model"]["vocab"]))
+                        if t[0] == mark and t[1:].isalpha())
+            assert tok.display_token(tok.token_to_id(word)) == word[1:], (name, decoder)
