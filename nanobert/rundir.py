@@ -829,6 +829,12 @@ def _claim(out_dir: Path, command: str, fp: dict, resume: bool, overwrite: bool,
         raise NanobertError(f"--out {out_dir} holds a run whose record cannot be used "
                             f"({out_dir / RUN_FILE}: {rec['damaged']}); start over with "
                             "--overwrite, or choose another directory")
+    elif holds and command and (rec or {}).get("command") not in (None, command):
+        # (--resume continues a run of this command only: it was offered, then refused)
+        state = "a finished" if rec.get("status") == "finished" else "an unfinished"
+        raise NanobertError(f"--out {out_dir} already holds {state} {rec['command']} run, "
+                            f"which {command} cannot continue; start over with --overwrite, "
+                            "or choose another directory")
     elif holds:
         raise NanobertError(f"--out {out_dir} already holds {_held(out_dir, rec)}; continue it "
                             "with --resume, start over with --overwrite, or choose another "
@@ -868,7 +874,8 @@ def _check_resume(out_dir: Path, rec, holds: bool, fp: dict, command: str = ""):
         # (killed while it read its data or loaded its model; the trainer said it only
         # where a metrics log was started, and a directory with no run is said above)
         note(f"--resume: the run in {out_dir} has no checkpoint to continue from (it "
-             "stopped before saving one); starting it again from step 0")
+             "stopped before saving one, or its checkpoint folder was removed); starting it "
+             "again from step 0")
     repair_log(out_dir / "metrics.jsonl")
 
 

@@ -288,6 +288,16 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return max(0.0, (total - step) / (total - peak))
 
 
+def _check_finite(path: Path, tensors: dict):
+    """A checkpoint's numbers are finite (the divergence guard saves no others): NaN or inf
+    in one was damage to the file, and the first step's guard had blamed the --lr."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(own_part(t)).all()):
+            raise NanobertError(f"{path}: {name} holds NaN or inf values, which no run saves "
+                                "(the file is damaged); delete the checkpoint folder to start "
+                                "again from step 0, or start over with --overwrite")
+
+
 def _trim_heap():
     """Hand the heap's freed memory back to the system, every TRIM_EVERY_S at most: the
     outputs of ever-changing shapes (masked tokens, unpadded rows) left glibc's heap
@@ -1155,6 +1165,8 @@ class Trainer:
         except (ValueError, OSError, RuntimeError) as e:
             msg = " ".join(str(e).split())   # torch's load errors span lines
             raise NanobertError(f"{d}: cannot resume from this checkpoint ({msg[:200]})")
+        _check_finite(d / "model.safetensors", self.model.state_dict())
+        _check_finite(d / "optimizer.safetensors", tensors)
         opt = self.optimizer.state_dict()  # param ids 0..n-1 in group order, as saved
         opt["state"] = {}
         params = self._optimized()

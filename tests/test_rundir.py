@@ -110,6 +110,13 @@ def test_another_runs_directory_needs_overwrite_or_resume(tmp_path, data):
             pass
     assert str(e.value) == (f"--out {out} already holds a model; continue it with --resume, "
                             "start over with --overwrite, or choose another directory")
+    # another command's run: --resume was offered, then refused (trust3)
+    with pytest.raises(NanobertError) as e:
+        with run(out, "pretrain", fp(data)):
+            pass
+    assert str(e.value) == (f"--out {out} already holds a finished finetune run, which "
+                            "pretrain cannot continue; start over with --overwrite, or "
+                            "choose another directory")
     assert (out / "config.json").exists()           # nothing touched
     (out / ".nanobert-lock").unlink()                # (a model copied here has none)
     before = sorted(os.listdir(out))

@@ -268,6 +268,17 @@ def test_weight_average_survives_interrupt_and_resume(tmp_path):
     with pytest.raises(NanobertError, match="no weight average"):
         Trainer(tiny_model(), cfg.replace(ema=0.9, resume=True, max_steps=4), batches,
                 steps_per_epoch=6).fit()
+    # NaN in a checkpoint is damage, not divergence: it had said 'try a lower --lr' (trust3)
+    import safetensors.torch as st
+    path = tmp_path / "plain" / "checkpoint" / "model.safetensors"
+    weights = st.load_file(str(path))
+    name = sorted(weights)[0]
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    st.save_file(weights, str(path))
+    with pytest.raises(NanobertError, match=rf"^{re.escape(str(path))}: {re.escape(name)} holds "
+                       r"NaN or inf values, which no run saves \(the file is damaged\)"):
+        Trainer(tiny_model(), cfg.replace(resume=True, max_steps=4), batches,
+                steps_per_epoch=6).fit()
 
 
 def test_loss_shares_under_ddp_weigh_each_ranks_tokens_globally(monkeypatch):
