@@ -861,7 +861,7 @@ def test_the_demo_replaces_only_its_own_output(fixture_dir, reference, tweets, t
     import shutil
     shutil.copytree(reference, other)
     before = tree(other)
-    refused(capsys, demo(fixture_dir, other), f"--out {other} already holds a model",
+    refused(capsys, demo(fixture_dir, other), f"--out {other} already holds a finished finetune run",
             "--overwrite")
     assert tree(other) == before
     mine = tmp_path / "mine"
@@ -981,7 +981,8 @@ def test_a_resume_with_nothing_to_continue_says_it_starts_anew(tmp_path, data, c
         pass
     assert capsys.readouterr().err == (f"nanobert: note: --resume: the run in {out} has no "
                                        "checkpoint to continue from (it stopped before saving "
-                                       "one); starting it again from step 0\n")
+                                       "one, or its checkpoint folder was removed); starting it "
+                                       "again from step 0\n")
     (out / "checkpoint").mkdir()
     (out / "checkpoint" / "state.json").write_text("{}")
     monkeypatch.setattr("nanobert.rundir.check_checkpoint", lambda ckpt: None)
