@@ -51,7 +51,7 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
     """The whole command line; given the `argv` it will parse, only the module of the
     command `argv` names is imported (`nanobert --version` and `nanobert predict` load no
     server, no plots): the other commands stay bare names."""
-    from .config import OneLineParser, reject_empty_values, reject_undecodable_text
+    from .config import OneLineParser, reject_empty_values, reject_undecodable_text, show_ranges
     from .threads import add_threads_flag
     parser = OneLineParser(
         prog="nanobert", description="BERT-style encoders: pretrain, fine-tune, inspect, embed.")
@@ -77,6 +77,7 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
                            formatter_class=DefaultsHelp)
         getattr(module, f"{attr}_args")(p)
         add_threads_flag(p)
+        show_ranges(p)
         if name not in OWN_STRING_CHECKS:
             reject_empty_values(p, keep=EMPTY_VALUE_OK)
         reject_undecodable_text(p, TEXT_ARGS)
@@ -106,7 +107,7 @@ class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):
         h = action.help or ""
         # (`is`, not `in`: 0 == False, and a default of 0 is worth showing)
-        if action.default is None or action.default is False or \
+        if action.default is None or action.default is False or action.default == [] or \
                 action.default is argparse.SUPPRESS or "default" in h:
             return h
         return super()._get_help_string(action)

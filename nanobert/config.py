@@ -184,7 +184,20 @@ def checked(kind: type, allowed: Optional[Range] = None, flag: str = ""):
             raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1])
         return value
     convert.__name__ = kind.__name__  # argparse names the type in its messages
+    convert.kind, convert.allowed = kind, allowed     # (for show_ranges)
     return convert
+
+
+def show_ranges(parser: argparse.ArgumentParser) -> None:
+    """Each `checked` flag's allowed range at the end of its help, as add_flags writes it
+    ([an integer >= 4]): flags added by hand had enforced ranges --help did not show."""
+    for action in parser._actions:
+        allowed = getattr(action.type, "allowed", None)
+        if allowed is None or not action.help or action.help is argparse.SUPPRESS:
+            continue
+        shown = f"[{allowed.describe(action.type.kind)}]"
+        if shown not in action.help:
+            action.help = f"{action.help} {shown}"
 
 
 def nonempty(convert=None):
@@ -537,10 +550,11 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def add_flags(parser: argparse.ArgumentParser, cls, skip=(), **defaults):
+def add_flags(parser: argparse.ArgumentParser, cls, skip=(), helps=None, **defaults):
     """One flag per field of `cls.flags()` (but those in `skip`): help, type, default,
     choices and the allowed range from the field's metadata. `defaults` replaces a
-    field's default for this command (the masking ablation runs 1,000 steps)."""
+    field's default for this command (the masking ablation runs 1,000 steps), `helps`
+    its help (a default that differs: pretraining evaluates a tenth of its steps)."""
     sample = _default_instance(cls)
     for path, f, flag in cls.flags():
         if path[-1] in skip:
@@ -548,7 +562,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip=(), **defaults):
         default = defaults.get(path[-1], _get(sample, path))
         kind, meta = _kind(f), f.metadata
         kw = dict(meta.get("argparse") or {})
-        kw["help"] = meta.get("help") or None
+        kw["help"] = (helps or {}).get(path[-1]) or meta.get("help") or None
         if meta.get("range") is not None:
             kw["help"] += f" [{meta['range'].describe(kind)}]"
         kw["dest"] = _dest(flag)

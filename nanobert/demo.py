@@ -333,13 +333,19 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
     gold = [labels.index(e.label) for e in dev]
     pred = probs.argmax(-1).tolist()
     plot_confusion(gold, pred, labels, out / "confusion_matrix.png")
+    picks = random.Random(args.seed).sample(range(len(dev)), min(args.show, len(dev)))
+    right = sum(pred[i] == gold[i] for i in picks)
+    # written before anything is printed: a closed pipe (demo | head) stops the printing,
+    # and the finished run had lacked its results
+    write_text(out / "demo_results.json", json.dumps(
+        {"dev_accuracy": best["accuracy"], "dev_f1_macro": best["f1_macro"], "dev_mcc": best["mcc"],
+         "n_dev": len(dev), "shown": len(picks), "shown_right": right,
+         "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
     common = max(set(gold), key=gold.count)
     print(f"\nheld-out accuracy {best['accuracy']:.3f}   macro F1 {best['f1_macro']:.3f}   "
           f"MCC {best['mcc']:.3f}   ({len(dev)} examples; always answering "
           f"{labels[common]!r} would score {gold.count(common) / len(gold):.3f})")
 
-    picks = random.Random(args.seed).sample(range(len(dev)), min(args.show, len(dev)))
-    right = sum(pred[i] == gold[i] for i in picks)
     if picks:
         print(f"\n{len(picks)} held-out examples drawn at random (seed {args.seed}): "
               f"prediction, confidence, and the gold label")
@@ -351,10 +357,6 @@ def report(best: dict, out: Path, dev_path, args, t0: float):
               f"{verdict:<{width + 14}}  {shown_text(dev[i].text_a, dev[i].text_b)}")
     if picks:
         print(f"{right} of these {len(picks)} {'is' if right == 1 else 'are'} right.")
-    write_text(out / "demo_results.json", json.dumps(
-        {"dev_accuracy": best["accuracy"], "dev_f1_macro": best["f1_macro"], "dev_mcc": best["mcc"],
-         "n_dev": len(dev), "shown": len(picks), "shown_right": right,
-         "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
     print(f"\nmodel, metrics.jsonl, training_curve.png and confusion_matrix.png are in {out}/ "
           f"({time.time() - t0:.0f} s)")
     kept = sum(f.stat().st_size for f in (out / "checkpoint").glob("*") if f.is_file())

@@ -26,7 +26,7 @@ from .config import add_flags, at_least, param, temperature
 from .data import TEXT_KINDS
 from .files import NanobertError, check_output_dir, note
 from .model import Bert
-from .pretrain import PretrainConfig, _check_preset, every_parameter_used
+from .pretrain import PRETRAIN_HELPS, PretrainConfig, _check_preset, every_parameter_used
 from .train import TrainConfig, dist_info, keeps_random_state, term_weight
 
 
@@ -182,7 +182,7 @@ class DistillConfig(PretrainConfig):
 def distill_args(p):
     # (the student uses the teacher's vocabulary: no --vocab-size)
     add_flags(p, DistillConfig, skip=("preset", "model_config", "objective", "mask_split",
-                                      "vocab_size"))
+                                      "vocab_size"), helps=PRETRAIN_HELPS)
 
 
 def _teacher(cfg: DistillConfig) -> Bert:

@@ -1954,12 +1954,14 @@ def check_example(i: int, e):
 
 def finetune_args(p):
     from .config import add_flags
-    add_flags(p, FinetuneConfig)
+    add_flags(p, FinetuneConfig, helps={"seed": "random seed (data order, new weights, "
+                                                "dropout, the --max-train-examples subset); "
+                                                "never what the run is scored on"})
 
 
 def finetune_cmd(args):
-    """Fine-tune a model for classification, regression, NER, QA, embeddings or reranking;
-    writes an HF model directory."""
+    """Fine-tune a model: classification, regression, NER, QA, embeddings, reranking.
+    Writes an HF model directory."""
     cfg = FinetuneConfig.from_args(args)
     best = finetune(cfg)
     if processes()[0] == 0:     # (torchrun: rank 0 evaluated and saved)

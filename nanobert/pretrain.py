@@ -133,8 +133,12 @@ class PretrainConfig(Config):
         return OBJECTIVES[self.objective]
 
 
+# the flags whose help differs from fine-tuning's (the default of _trainer_config)
+PRETRAIN_HELPS = {"eval_every": "steps between evaluations (default: a tenth of --steps)"}
+
+
 def pretrain_args(p):
-    add_flags(p, PretrainConfig)
+    add_flags(p, PretrainConfig, helps=PRETRAIN_HELPS)
 
 
 # ----------------------------------------------------------------------------------
@@ -753,11 +757,22 @@ def fill_mask_cmd(args):
 
 
 def ablate_masking_args(p):
-    add_flags(p, PretrainConfig, skip=("mask_split", "fsdp"), max_steps=1000)   # (one process)
+    add_flags(p, PretrainConfig, skip=("mask_split", "fsdp"), helps=PRETRAIN_HELPS,
+              max_steps=1000)   # (one process)
     p.add_argument("--splits", default="80/10/10,100/0/0,0/0/100,50/50/0",
                    help="comma-separated [MASK]/random/unchanged splits to compare")
     p.add_argument("--mask-split", action=_UseSplits, help=argparse.SUPPRESS,
                    dest="_mask_split", default=argparse.SUPPRESS)
+    p.add_argument("--fsdp", action=_OneProcess, nargs=0, help=argparse.SUPPRESS,
+                   dest="_fsdp", default=argparse.SUPPRESS)
+
+
+class _OneProcess(argparse.Action):
+    """pretrain's --fsdp given to ablate-masking (it had been 'did you mean --seed?')."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("--fsdp: ablate-masking trains its small models in one process; "
+                     "shard one split's run with pretrain --fsdp")
 
 
 class _UseSplits(argparse.Action):

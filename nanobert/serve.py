@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .batcher import Batcher, QueueFull, heap_trimmer
-from .config import at_least, checked
+from .config import Range, at_least, checked, positive
 from .data import blank, empty_words
 from .files import NanobertError, with_article
 from .threads import run_on_cores, torch_threads
@@ -831,23 +831,26 @@ class Route:
     help: str
     fields: tuple = ()       # POST: the body fields it reads; the rest is dropped on arrival
     open: bool = field(default=False)   # answered without the API key
+    needs: Optional[str] = None         # POST: what a served model must do (require_route)
 
 
 ROUTES = [
     Route("POST", "/v1/embeddings", openai_embeddings, "OpenAI-compatible embeddings",
-          ("model", "input", "encoding_format", "dimensions", "truncate", "normalize", "user")),
+          ("model", "input", "encoding_format", "dimensions", "truncate", "normalize", "user"),
+          needs="embed"),
     Route("POST", "/embed", embed, "embeddings (normalize, truncate, dimensions)",
-          ("model", "inputs", "normalize", "truncate", "dimensions")),
+          ("model", "inputs", "normalize", "truncate", "dimensions"), needs="embed"),
     Route("POST", "/classify", classify, "label and scores of texts or [text, pair] lists",
-          ("model", "inputs", "return_all_scores", "truncate")),
+          ("model", "inputs", "return_all_scores", "truncate"), needs="classify"),
     Route("POST", "/ner", ner, "entities with type, text, character offsets, score",
-          ("model", "inputs", "truncate")),
+          ("model", "inputs", "truncate"), needs="ner"),
     Route("POST", "/qa", qa, "answer span of a question in a context of any length",
-          ("model", "inputs", "question", "context", "truncate")),
+          ("model", "inputs", "question", "context", "truncate"), needs="qa"),
     Route("POST", "/rerank", rerank, "documents ordered by relevance to a query",
-          ("model", "query", "documents", "top_n", "return_documents", "truncate")),
+          ("model", "query", "documents", "top_n", "return_documents", "truncate"),
+          needs="rerank"),
     Route("POST", "/tokenize", tokenize, "tokens with ids and character offsets",
-          ("model", "inputs", "truncate")),
+          ("model", "inputs", "truncate"), needs="tokenize"),
     Route("GET", "/health", health, "liveness: 200 when up", open=True),
     Route("GET", "/info", info, "models, tasks and limits"),
     Route("GET", "/v1/models", openai_models, "OpenAI-compatible list of the served models"),
@@ -1286,6 +1289,14 @@ def make_app(server: Server):
         path = request.url.path if len(request.url.path) <= 200 else request.url.path[:197] + "..."
         msg = {404: f"no route {path} (see GET /info)",
                405: f"{request.method} is not allowed on {path}"}
+        needs = next((r.needs for r in ROUTES if r.needs and request.url.path in
+                      (r.path, r.path + "/")), None)
+        if exc.status_code == 405 and needs:   # a route no model here does: 404 whatever
+            try:                               # the method (405 said 'Allow: POST')
+                server.require_route(needs, path)
+            except ApiError as e:
+                server.metrics.requests.labels("(no route)", "404").inc()
+                return json_response(e.body(), 404)
         server.metrics.requests.labels("(no route)", str(exc.status_code)).inc()
         return json_response(ApiError(exc.status_code, msg.get(exc.status_code, str(exc.detail))).body(),
                              exc.status_code, getattr(exc, "headers", None))
@@ -1341,44 +1352,12 @@ def serve_args(p):
                    help="model directory, 'minilm' or a hub name; NAME=PATH names it "
                         "(default name: the directory's name)")
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=checked(int), default=d.port,
+    p.add_argument("--port", type=checked(int, Range(0, 65535), "--port"), default=d.port,
                    help="TCP port (0: a free one, named in the start-up lines)")
-    p.add_argument("--max-batch-tokens", type=checked(int), default=d.max_batch_tokens,
-                   help="real tokens per inference batch (requests are batched together up to it)")
-    p.add_argument("--max-concurrent-requests", type=checked(int),
-                   default=d.max_concurrent_requests,
-                   help="requests in flight; more are answered 429 with Retry-After")
-    p.add_argument("--max-client-batch", type=checked(int), default=d.max_client_batch,
-                   help="inputs (or rerank documents) per request; more are answered 413")
-    p.add_argument("--payload-limit", type=checked(int), default=d.payload_limit,
-                   help="bytes per request body; more are answered 413")
-    p.add_argument("--max-request-tokens", type=checked(int), default=d.max_request_tokens,
-                   help="tokens one request may have the model run, over all its inputs "
-                        "(and windows: /ner, /qa); more are answered 413 (default 300000, "
-                        "OpenAI's embeddings limit)")
+    _limit_args(p, d)
     p.add_argument("--api-key", default=d.api_key,
                    help="require 'Authorization: Bearer KEY' on every route but /health")
-    p.add_argument("--body-timeout", type=checked(float), default=d.body_timeout,
-                   metavar="SECONDS",
-                   help="time to receive a request's body (a slower one is answered 408: a "
-                        "stalled client would otherwise hold its place in flight), a new "
-                        "connection's headers, and a client to read any of its answer")
-    p.add_argument("--drain-timeout", type=checked(float), default=d.drain_timeout,
-                   metavar="SECONDS",
-                   help="on SIGTERM or Ctrl-C, time to answer the requests in flight; those "
-                        "still running then are answered 503 (default 25: inside the 30 s "
-                        "Kubernetes waits before it kills)")
-    p.add_argument("--max-queue-wait", type=checked(float), default=d.max_queue_wait,
-                   metavar="SECONDS",
-                   help="longest wait for a request's first batch: a request whose model has "
-                        "more work queued than runs in that time (at the rate of recent "
-                        "batches), or one that waited that long, is answered 429 with "
-                        "Retry-After instead of waiting on (default 30)")
-    p.add_argument("--max-batch-time", type=checked(float), default=d.max_batch_time,
-                   metavar="SECONDS",
-                   help="a batch also holds no more tokens than its model runs in this time "
-                        "(at the rate of its recent batches): a request arriving while a "
-                        "batch runs waits at most about this long for it (default 1)")
+    _time_args(p, d)
     from .threads import MAX_THREADS
     p.add_argument("--threads", type=checked(int, at_least(1, MAX_THREADS), "--threads"),
                    default=d.threads, metavar="N",
@@ -1394,6 +1373,65 @@ def serve_args(p):
                         "by default)")
     from .quantize import add_dtype_flag
     add_dtype_flag(p)
+
+
+def _limit_args(p, d):
+    """serve's limits on batches and requests."""
+    p.add_argument("--max-batch-tokens",
+                   type=checked(int, at_least(1), "--max-batch-tokens"),
+                   default=d.max_batch_tokens,
+                   help="real tokens per inference batch (requests are batched together up to it)")
+    p.add_argument("--max-concurrent-requests",
+                   type=checked(int, at_least(1), "--max-concurrent-requests"),
+                   default=d.max_concurrent_requests,
+                   help="requests in flight; more are answered 429 with Retry-After")
+    p.add_argument("--max-client-batch",
+                   type=checked(int, at_least(1), "--max-client-batch"),
+                   default=d.max_client_batch,
+                   help="inputs (or rerank documents) per request; more are answered 413")
+    p.add_argument("--payload-limit",
+                   type=checked(int, at_least(1, MAX_PAYLOAD_LIMIT), "--payload-limit"),
+                   default=d.payload_limit,
+                   help="bytes per request body; more are answered 413")
+    p.add_argument("--max-request-tokens",
+                   type=checked(int, at_least(1), "--max-request-tokens"),
+                   default=d.max_request_tokens,
+                   help="tokens one request may have the model run, over all its inputs "
+                        "(and windows: /ner, /qa); more are answered 413 (default 300000, "
+                        "OpenAI's embeddings limit)")
+
+
+def _time_args(p, d):
+    """serve's timeouts, in seconds."""
+    p.add_argument("--body-timeout",
+                   type=checked(float, positive(), "--body-timeout"),
+                   default=d.body_timeout,
+                   metavar="SECONDS",
+                   help="time to receive a request's body (a slower one is answered 408: a "
+                        "stalled client would otherwise hold its place in flight), a new "
+                        "connection's headers, and a client to read any of its answer")
+    p.add_argument("--drain-timeout",
+                   type=checked(float, positive(), "--drain-timeout"),
+                   default=d.drain_timeout,
+                   metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C, time to answer the requests in flight; those "
+                        "still running then are answered 503 (default 25: inside the 30 s "
+                        "Kubernetes waits before it kills)")
+    p.add_argument("--max-queue-wait",
+                   type=checked(float, positive(), "--max-queue-wait"),
+                   default=d.max_queue_wait,
+                   metavar="SECONDS",
+                   help="longest wait for a request's first batch: a request whose model has "
+                        "more work queued than runs in that time (at the rate of recent "
+                        "batches), or one that waited that long, is answered 429 with "
+                        "Retry-After instead of waiting on (default 30)")
+    p.add_argument("--max-batch-time",
+                   type=checked(float, positive(), "--max-batch-time"),
+                   default=d.max_batch_time,
+                   metavar="SECONDS",
+                   help="a batch also holds no more tokens than its model runs in this time "
+                        "(at the rate of its recent batches): a request arriving while a "
+                        "batch runs waits at most about this long for it (default 1)")
 
 
 def config_from_args(args) -> ServeConfig:

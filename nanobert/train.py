@@ -98,12 +98,11 @@ class TrainConfig(Config):
         None, "keep a running average of the weights with this decay (e.g. 0.998: about the "
               "last 500 steps); evaluation and the saved model use the average",
         fraction(open_lo=True, open_hi=True), metavar="DECAY")
-    seed: int = param(42, "random seed (data order, new weights, dropout, the training subset); "
-                      "never what the run is scored on", seed_range())
+    seed: int = param(42, "random seed (data order, new weights, dropout); never what the run "
+                      "is scored on", seed_range())
     log_every: int = param(10, "steps between 'train' records in metrics.jsonl",
                           at_least(1, MAX_STEPS))
-    eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch; "
-                                      "pretrain, distill, ablate-masking: a tenth of --steps)",
+    eval_every: Optional[int] = param(None, "steps between evaluations (default: each epoch)",
                                       at_least(1, MAX_STEPS))
     save_every: Optional[int] = param(None, "steps between checkpoints (default: at each "
                                       "evaluation)", at_least(1, MAX_STEPS))

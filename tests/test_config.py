@@ -157,8 +157,35 @@ def test_bad_values_give_one_line_and_status_2(argv, message, capsys):
 def test_help_shows_the_allowed_range(capsys):
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
-    out = capsys.readouterr().out
-    assert "peak learning rate [a finite number > 0 and <= 1]" in " ".join(out.split())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "peak learning rate [a finite number > 0 and <= 1]" in out
+    # each command's own default, not a list of the others' (docs3); no '(default: [])'
+    assert "steps between evaluations (default: each epoch) [" in out
+    assert "(default: [])" not in out and "--max-train-examples subset" in out
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "steps between evaluations (default: a tenth of --steps) [" in out
+    assert "subset" not in out
+    # flags added by hand show the range they enforce too (docs3: embed's --max-length 2
+    # was refused with '>= 4', which no --help said)
+    for command in ("embed", "serve", "fill-mask"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert {"embed": "[an integer >= 4", "serve": "[an integer >= 0 and <= 65535]",
+                "fill-mask": "[an integer >= 1]"}[command] in out
+
+
+def test_every_command_has_a_whole_summary_line():
+    """finetune's line in `nanobert --help` ended at a semicolon (its docstring's first
+    line): each command's summary is a whole sentence."""
+    import argparse
+    from nanobert.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert len(helps) >= 15 and "finetune" in helps
+    assert [c for c, h in helps.items() if not h.endswith((".", ")"))] == []
 
 
 def test_add_flags_skip_and_defaults():

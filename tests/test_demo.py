@@ -128,3 +128,31 @@ def test_the_demo_shows_pairs_and_long_labels_in_columns(tiny, tmp_path, capsys)
     assert len({line.index(" 0.") for line in shown}) == 1
     assert all("the_first_label_with_a_…" in line or "the_second_label_with_a…" in line
                for line in shown)
+
+
+def test_the_demo_writes_its_results_before_it_prints_them(tiny, tmp_path, monkeypatch):
+    """`nanobert demo | head -3`: the closed pipe stopped the report after the run was
+    marked finished and before demo_results.json was written (docs3)."""
+    import builtins
+    import json
+    import nanobert.demo as demo
+    train = write_pairs(tmp_path / "train.tsv", pair_rows(16, 1))
+    dev = write_pairs(tmp_path / "dev.tsv", pair_rows(6, 2))
+    out = tmp_path / "demo"
+    real_print, reporting = builtins.print, []
+    real_report = demo.report
+
+    def report(*a, **kw):
+        reporting.append(True)
+        return real_report(*a, **kw)
+
+    def closed_pipe(*a, **kw):        # every line of the report: the reader has gone
+        if reporting:
+            raise BrokenPipeError(32, "Broken pipe")
+        real_print(*a, **kw)
+    monkeypatch.setattr(demo, "report", report)
+    monkeypatch.setattr(builtins, "print", closed_pipe)
+    assert cli.main(["demo", "--model", str(tiny), "--train", str(train), "--dev", str(dev),
+                     "--out", str(out), "--epochs", "1", "--batch-size", "8",
+                     "--max-length", "32"]) == 141          # (a closed pipe: stops quietly)
+    assert json.loads((out / "demo_results.json").read_text())["n_dev"] == 6

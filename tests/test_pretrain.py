@@ -1190,3 +1190,8 @@ def test_ablate_masking_points_mask_split_at_splits(capsys):
         with pytest.raises(SystemExit):
             main(["ablate-masking", "--corpus", "c.txt", "--out", "o", "--mask-split", split])
         assert capsys.readouterr().err.strip().endswith("(e.g. --splits 80/10/10,100/0/0)")
+    with pytest.raises(SystemExit):     # --fsdp had been 'did you mean --seed?' (docs3)
+        main(["ablate-masking", "--corpus", "c.txt", "--out", "o", "--fsdp"])
+    assert capsys.readouterr().err.strip().endswith(
+        "--fsdp: ablate-masking trains its small models in one process; shard one split's run "
+        "with pretrain --fsdp")
