@@ -89,8 +89,8 @@ def load(name_or_dir, head="auto", dtype="float32", **config_overrides):
     model = load_model(name_or_dir, head=head, **config_overrides)
     tokenizer = Tokenizer.from_dir(resolve(name_or_dir))
     if tokenizer.vocab_size > model.config.vocab_size:  # else an IndexError at some input
-        raise NanobertError(f"{resolve(name_or_dir)}: the tokenizer has {tokenizer.vocab_size} "
-                            f"tokens, more than the model's vocab_size "
+        raise NanobertError(f"{resolve(name_or_dir)}: the tokenizer's ids run to "
+                            f"{tokenizer.vocab_size - 1}, past the model's vocab_size "
                             f"{model.config.vocab_size} (config.json): a vocabulary from "
                             "another model?")
     positions = model.config.usable_positions

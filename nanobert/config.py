@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from .files import ERROR_WAIT, NanobertError, said_elsewhere
+from .files import ERROR_WAIT, NanobertError, plain_number, said_elsewhere
 
 # ----------------------------------------------------------------------------------
 # Allowed ranges
@@ -174,7 +174,7 @@ def checked(kind: type, allowed: Optional[Range] = None, flag: str = ""):
     reaches the user through `OneLineParser.error` as `--flag: got X, expected ...`."""
     def convert(text: str):
         try:
-            value = kind(text)
+            value = plain_number(text, kind)
         except ValueError:
             raise argparse.ArgumentTypeError(f"got {text!r}, expected "
                                              f"{(allowed or Range()).describe(kind)}")

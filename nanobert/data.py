@@ -34,7 +34,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Optional
 
-from .files import NanobertError, data_error, input_path, note, path_kind, read_lines, some_of
+from .files import (NanobertError, data_error, input_path, note, path_kind, plain_number, read_lines,
+                    some_of)
 
 csv.field_size_limit(1 << 26)
 
@@ -1511,7 +1512,7 @@ def _is_non_finite(s: str) -> bool:
 
 def _as_float(s: str) -> Optional[float]:
     try:
-        v = float(s)
+        v = plain_number(s)
     except ValueError:
         return None
     return v if v == v and abs(v) != float("inf") else None
@@ -1665,10 +1666,10 @@ def _json_tags(tags, n_words: int, path, n) -> list:
     if any(isinstance(t, int) for t in tags):
         raise data_error(path, n, "tags are numbers (a ClassLabel's indices, whose names "
                          "this file lacks); write the tag names ('B-PER', 'O')")
-    odd = next((t for t in tags if not isinstance(t, str) or not is_iob_tag(t)), None)
-    if odd is not None:
-        raise data_error(path, n, f"tag {odd!r} is not IOB (O, B-TYPE or I-TYPE; BIOES and "
-                         "BILOU tags are read too)")
+    odd = [t for t in tags if not isinstance(t, str) or not is_iob_tag(t)]
+    if odd:   # (a list: the bad tag may be None itself, which next(..., None) hid)
+        raise data_error(path, n, f"tag {odd[0]!r} is not IOB (O, B-TYPE or I-TYPE; BIOES "
+                         "and BILOU tags are read too)")
     return to_iob2(tags)
 
 
@@ -1944,7 +1945,7 @@ def _score(value, path, line, column: Optional[str] = None) -> float:
         raise data_error(path, line, "the score is missing (an empty cell or null); every row "
                          "needs one here")
     try:
-        x = float(value)
+        x = plain_number(value)
     except (TypeError, ValueError, OverflowError):   # (a JSON integer of 400 digits)
         x = float("nan")
     if isinstance(value, bool) or x != x or x in (float("inf"), float("-inf")):

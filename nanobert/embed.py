@@ -476,7 +476,7 @@ class Encoder:
             dtype = getattr(model, "dtype_name", "float32")
         vocab = getattr(model, "bert", model).config.vocab_size
         if tokenizer.vocab_size > vocab:   # (passed in loaded too: ids past it, or wrong ones)
-            raise ValueError(f"Encoder(tokenizer): {tokenizer.vocab_size} tokens, more than "
+            raise ValueError(f"Encoder(tokenizer): ids run to {tokenizer.vocab_size - 1}, past "
                              f"the model's vocabulary of {vocab}")
         if by_name or device is not None:   # (a model passed in stays where it is, unless asked)
             to_inference_device(model, dtype, device)

@@ -38,6 +38,16 @@ class NanobertError(Exception):
         super().__init__(*args)
 
 
+def plain_number(text, kind=float):
+    """`kind(text)` for a number as people and files write it: Python's int() and float()
+    also read '1_000' (a damaged cell read as a thousand) and full-width or other
+    non-ASCII digits ('１'), which are refused here (ValueError) as '1,5' is. Anything
+    but a string is converted as it is."""
+    if isinstance(text, str) and ("_" in text or not text.isascii()):
+        raise ValueError(f"not a plain number: {text!r}")
+    return kind(text)
+
+
 def data_error(path, line, msg) -> NanobertError:
     """An error that points at a place in a file: 'path:line: msg'."""
     where = f"{path}:{line}" if line else f"{path}"

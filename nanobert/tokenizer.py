@@ -531,7 +531,14 @@ class Tokenizer:
     # ---- encoding ------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return self.tk.get_vocab_size()
+        """The rows an embedding table needs: the largest id + 1. The count of tokens can
+        be less (a vocab.txt with a line twice, ids with gaps): a model sized by it met
+        ids past its end (an IndexError, or a traceback at the first such input)."""
+        count = self.tk.get_vocab_size()
+        if self.__dict__.get("_rows_of") != count:      # (again when tokens are added)
+            self._rows_of = count
+            self._rows = max(count, 1 + max(self.tk.get_vocab().values(), default=-1))
+        return self._rows
 
     @contextlib.contextmanager
     def truncating(self, max_length: int, **kw):

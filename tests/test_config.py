@@ -138,6 +138,10 @@ def test_task_choices_come_from_the_task_table():
      "--seed: got 99999999999999999999, expected an integer >= 0 and <= 4294967295"),
     (FT + ["--seed", "4294967296"], "--seed: got 4294967296, expected an integer >= 0"),
     (["demo", "--seed", "-1"], "--seed: got -1, expected an integer >= 0 and <= 4294967295"),
+    # Python's int() reads '1_0' and full-width digits: a number as people write it only
+    (["embed", "--input", "x", "--out", "y.npy", "--batch-size", "1_0"],
+     "--batch-size: got '1_0', expected an integer >= 1"),
+    (["search", "--corpus", "x", "--query", "q", "-k", "\uff11"], "--top-k: got '\uff11', expected"),
     # --vocab-size is for a vocabulary pretrain trains: with --tokenizer it was dropped
     (["pretrain", "--corpus", "c", "--out", "o", "--steps", "2", "--tokenizer", "t",
       "--vocab-size", "100"], "--vocab-size 100: the size of a vocabulary to train, but"),

@@ -396,3 +396,13 @@ def test_a_label_column_of_only_0_and_1_read_as_scores_is_noted(tmp_path, capsys
     p.write_text("sentence1\tsentence2\tlabel\na\tb\t0.5\nc\td\t1\n")
     D.read_text_rows(p, require_score=True)
     assert capsys.readouterr().err == ""
+
+
+def test_a_score_written_as_python_reads_it_is_refused(tmp_path):
+    """'1_000' (a damaged cell) was read as a thousand, and full-width digits as digits,
+    where '3,5' is refused (badinputs3)."""
+    for cell in ("1_000", "\uff14.5"):
+        f = _write(tmp_path / "s.tsv", f"sentence1\tsentence2\tscore\na\tb\t{cell}\nc\td\t1\n")
+        with pytest.raises(NanobertError) as e:
+            D.read_text_rows(f, require_score=True)
+        assert str(e.value) == f"{f}:2: score {cell!r} is not a finite number"

@@ -89,13 +89,24 @@ def test_bad_utf8_in_vocab_txt_names_the_line(copy, capsys):
     assert info_error(capsys, copy).startswith(f"{copy / 'vocab.txt'}:8: not valid UTF-8")
 
 
+def test_a_token_id_past_the_model_is_refused(copy, capsys):
+    """A tokenizer.json of no more tokens than the model's rows, one of whose ids is past
+    them: the count had let it through to a traceback at the first input holding it."""
+    conf = json.loads((copy / "tokenizer.json").read_text())
+    conf["model"]["vocab"][sorted(conf["model"]["vocab"])[-1]] = 99999
+    (copy / "tokenizer.json").write_text(json.dumps(conf))
+    assert info_error(capsys, copy) == (f"{copy}: the tokenizer's ids run to 99999, past the "
+                                        "model's vocab_size 77 (config.json): a vocabulary "
+                                        "from another model?")
+
+
 def test_a_vocabulary_larger_than_the_model_is_refused(copy, capsys):
     # another model's vocab.txt: ids past the embedding were an IndexError at some input
     (copy / "tokenizer.json").unlink()
     vocab = (copy / "vocab.txt").read_text().splitlines()
     (copy / "vocab.txt").write_text("\n".join(vocab + ["extra1", "extra2"]) + "\n")
-    assert info_error(capsys, copy) == (f"{copy}: the tokenizer has {len(vocab) + 2} tokens, "
-                                        f"more than the model's vocab_size {len(vocab)} "
+    assert info_error(capsys, copy) == (f"{copy}: the tokenizer's ids run to {len(vocab) + 1}, "
+                                        f"past the model's vocab_size {len(vocab)} "
                                         "(config.json): a vocabulary from another model?")
     (copy / "vocab.txt").write_text("\n".join(v for v in vocab if v != "[CLS]") + "\n")
     assert info_error(capsys, copy) == f"{copy / 'vocab.txt'}: no [CLS] or [SEP] token"

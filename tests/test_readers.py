@@ -943,6 +943,8 @@ def test_ner_json_lines_of_tokens_and_tags(tmp_path):
     assert D.read_conll(ints, require_tags=False)[0].words == ["EU"]
     short = jsonl(tmp_path, [{"tokens": ["EU", "x"], "ner_tags": ["O"]}], "s.jsonl")
     assert error_of(D.read_conll, short) == f"{short}:1: expected a list of 2 tags, one per token"
+    null = jsonl(tmp_path, [{"tokens": ["EU", "x"], "ner_tags": ["B-ORG", None]}], "n.jsonl")
+    assert error_of(D.read_conll, null).startswith(f"{null}:1: tag None is not IOB")  # (a TypeError)
     text = jsonl(tmp_path, [{"text": "EU rejects", "label": 1}], "t.jsonl")
     assert error_of(D.read_conll, text).startswith(
         f"{text}:1: expected CoNLL columns, or JSON Lines with a 'tokens' list and a ner_tags list")

@@ -621,3 +621,14 @@ def test_a_token_is_shown_as_read_without_a_decoder(minilm_dir, tmp_path):
                                           (p for p, _ in conf["model"]["vocab"]))
                         if t[0] == mark and t[1:].isalpha())
             assert tok.display_token(tok.token_to_id(word)) == word[1:], (name, decoder)
+
+
+def test_vocab_size_counts_the_rows_ids_need(tmp_path):
+    """A vocab.txt with a line twice has 7 tokens and ids up to 7: pretrain sized its
+    model by the count and the masker indexed past it (an IndexError, badinputs3)."""
+    d = tmp_path / "v"
+    d.mkdir()
+    (d / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nthe\ncat\n")
+    tok = Tokenizer.from_dir(d)
+    assert tok.tk.get_vocab_size() == 7 and tok.vocab_size == 8
+    assert max(tok.encode("the cat").ids) < tok.vocab_size
