@@ -953,6 +953,8 @@ def rerank_evaluate(model, tok, data, settings, batch_size=64, progress=False) -
     if isinstance(data, list):
         if data[0].score is None or len(data[0].texts) != 2:
             raise NanobertError("reranker evaluation needs (query, document, label) rows")
+        from .data import last_grades
+        data = last_grades(data)
         ranked = _ranked_queries(data)
         data = [r for r in data if r.texts[0] in ranked]
         pred = scores([tuple(r.texts) for r in data])

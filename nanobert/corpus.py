@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from .data import opens_json
-from .files import (NanobertError, atomic_path, data_error, note, open_input, path_kind,
-                    read_lines)
+from .files import (NanobertError, atomic_path, data_error, no_such_file, note, open_input,
+                    path_kind, read_lines)
 
 CACHE_VERSION = 1
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -64,7 +64,7 @@ def corpus_files(paths: Sequence) -> list:
             raise NanobertError(f"{p}: not a regular file (a pipe or a device); save the "
                                 "text to a file and pass its path")
         else:
-            raise NanobertError(f"{p}: no such file or directory")
+            raise no_such_file(p, "file or directory")
     for f in files:
         key = f.resolve()
         if key in given:

@@ -1374,10 +1374,17 @@ def _note_stray_labels(examples, where) -> None:
     counts = collections.Counter(e.label for e in examples if e.label is not None)
     total = sum(counts.values())
     lone = [label for label, n in counts.items() if n == 1]
-    if total >= STRAY_AMONG and lone and len(lone) <= len(counts) / 2:
-        first = next(e for e in examples if e.label == lone[0])
+    if not lone:
+        return
+    first = next(e for e in examples if e.label == lone[0])
+    if total >= STRAY_AMONG and len(lone) <= len(counts) / 2:
         note(f"{where}: {len(lone)} label{'s' if len(lone) > 1 else ''} of a single row "
              f"(first {lone[0]!r}, line {first.line}) of {total}: a class each, or a typo?")
+    elif total >= 4 and len(lone) > len(counts) / 2:
+        # (swapped columns, or an id column: a class per row, said only as 'N labels')
+        note(f"{where}: {len(lone)} of the {len(counts)} labels are on a single row each "
+             f"(first {lone[0]!r}, line {first.line}): is the label column a text or an "
+             "id? (choose it with --label-column)")
 
 
 STRAY_AMONG = 50   # a class of one row among this many rows or more is noted
@@ -1937,6 +1944,27 @@ class TextRow:
     path: Optional[Path] = field(default=None, repr=False, compare=False)   # the file read
 
 
+def note_regraded(path, n: int, query: str, doc: str, first: int, last: int) -> None:
+    """Said of qrels and of reranking tables: a (query, document) pair judged twice."""
+    note(f"{path}: {n} (query, document) pair(s) judged twice with different grades (e.g. "
+         f"{query!r}, {doc!r} on lines {first} and {last}); the last grade counts")
+
+
+def last_grades(rows: list) -> list:
+    """(query, document, label) rows, one per (query, document): the last one's label, as
+    the qrels reader keeps it, said when they differ. A pair listed twice had been two
+    documents: labelled 1 and 0, the metric changed with the rows' order (1.0 or 0.63)."""
+    last, regraded = {}, []
+    for r in rows:
+        key = tuple(r.texts)
+        if key in last and last[key].score != r.score:
+            regraded.append((r.path, *key, last[key].line, r.line))
+        last[key] = r
+    if regraded:
+        note_regraded(regraded[0][0], len(regraded), *regraded[0][1:])
+    return list(last.values()) if len(last) < len(rows) else rows
+
+
 MAX_SCORE = 1e15   # squared, summed over a batch of thousands: still finite in float32
 
 
@@ -2402,9 +2430,7 @@ def read_qrels(path, queries: Optional[dict] = None) -> dict:
     if not qrels:
         raise data_error(path, None, "no judgements")
     if regraded:
-        q, d, a, b = regraded[0]
-        note(f"{path}: {len(regraded)} (query, document) pair(s) judged twice with different "
-             f"grades (e.g. {q!r}, {d!r} on lines {a} and {b}); the last grade counts")
+        note_regraded(path, len(regraded), *regraded[0])
     if not any(r > 0 for docs in qrels.values() for r in docs.values()):
         raise data_error(path, None, "no relevant documents: every score is 0 or less (nothing "
                          "to retrieve, every metric would be 0)")

@@ -338,7 +338,7 @@ def read_lines(path, keep_ends: bool = False):
                                 ", or give --input - (the standard input) where it is taken"
                                 if str(path) == "/dev/stdin" else ""))
     if kind is None:
-        raise NanobertError(f"{path}: no such file")
+        raise no_such_file(path)
     with open_input(path) as f:
         head = f.read(10)
         packed = next((name for magic, name in COMPRESSED if magic.match(head)), None)
@@ -404,6 +404,16 @@ def input_path(path) -> Path:
     if str(path) == "":
         raise NanobertError("an empty path was given where a file is expected")
     return Path(path).expanduser()
+
+
+def no_such_file(path, what: str = "file") -> NanobertError:
+    """'PATH: no such file'; for '-', what it means here: the standard input is read by
+    --input of predict and embed only ('-: no such file' spoke of a file named '-')."""
+    if str(path) == "-":
+        return NanobertError("-: the standard input is not read here (predict --input and "
+                             "embed --input take '-'); save the data to a file and pass its "
+                             "path")
+    return NanobertError(f"{path}: no such {what}")
 
 
 def path_kind(path):

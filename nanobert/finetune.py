@@ -209,24 +209,35 @@ def encode_ner(tok, sentences, max_length, label2id=None) -> list:
         encs = tk.encode_batch(words, is_pretokenized=True)
     report_truncation(tok, encs, words, max_length, "sentences",
                       is_pretokenized=True, flag=None)
-    items, tokenless = [], []
+    items = []
     for s, enc in zip(sentences, encs):
         item = word_features(enc)
         if label2id is not None and s.tags is not None:
             item["labels"] = [label2id[s.tags[w]] if f else -100
                               for w, f in zip(item["word_ids"], item["first"])]
-            read = {w for w in item["word_ids"] if w is not None}
-            cut = len(enc.ids) >= max_length    # (the words past the cut are not tokenless)
-            upto = max(read, default=-1) if cut else len(s.words)
-            tokenless += [(s, w) for w in range(upto) if w not in read]
         items.append(item)
-    if tokenless:      # (a gold entity there was a miss no model could fix, unsaid)
-        s, w = tokenless[0]
-        note(f"{len(tokenless)} word{'s map' if len(tokenless) > 1 else ' maps'} to no token (only "
-             f"characters the tokenizer drops: zero-width, control, a lone accent; first "
-             f"{s.words[w]!r}, line {s.line_of(w)}): their tags are neither learned nor "
-             "predicted")
+    if label2id is not None:
+        note_tokenless(tok, [s for s in sentences if s.tags is not None], "training ")
     return items
+
+
+def note_tokenless(tok, sentences, kind: str = "") -> None:
+    """Say how many words of tagged sentences map to no token: their tags are neither
+    learned nor predicted (a gold entity there was a miss no model could fix, unsaid; in
+    training and in evaluation alike). Each word is tokenized alone, as pre-split words
+    are. Once per tokenizer: the dev set is evaluated again and again."""
+    from .tokenizer import note_once
+    words = sorted({w for s in sentences for w in s.words})
+    empty = {w for w, e in zip(words, tok.tk.encode_batch(
+        [[w] for w in words], is_pretokenized=True, add_special_tokens=False)) if not e.ids}
+    tokenless = [(s, i) for s in sentences for i, w in enumerate(s.words) if w in empty]
+    if tokenless:
+        s, i = tokenless[0]
+        n = len(tokenless)
+        note_once(tok, f"{n} {kind}word{'s map' if n > 1 else ' maps'} to no token (only "
+                       "characters the tokenizer drops: zero-width, control, a lone accent; "
+                       f"first {s.words[i]!r}, line {s.line_of(i)}): their tags are neither "
+                       "learned nor predicted")
 
 
 def note_questions_cut(tok, cut: list, max_length: int, doc_stride: int, train: bool) -> None:
@@ -681,6 +692,7 @@ def classify_evaluate(model, tok, examples, settings, batch_size=64, progress=Fa
 
 def ner_evaluate(model, tok, sentences, settings, batch_size=64, progress=False) -> dict:
     from .metrics import ner_metrics
+    note_tokenless(tok, sentences)
     pred = predict_ner_words(model, tok, sentences, settings["max_length"], batch_size, progress)
     return ner_metrics([s.tags for s in sentences], list(pred))
 
@@ -1405,6 +1417,7 @@ def _finetune(cfg: FinetuneConfig, task: Task) -> dict:
     """The run itself, inside the output directory's life cycle (nanobert.rundir)."""
     from .train import Trainer
     settings = cfg.settings(task)
+    check_windows(task, cfg, settings)
     train, dev, whole_train, whole_dev = _read_splits(task, cfg)
     from .biencoder import dev_judgments
     dev = dev_judgments(train, dev, settings)      # (a BEIR folder: its dev judgments)
@@ -1578,13 +1591,30 @@ def _report(task: Task, train, dev, items, model, cfg, steps_per_epoch: int, set
               f"{c.family} classifiers read; nanobert and its ONNX export run either)", flush=True)
 
 
+def check_windows(task: Task, cfg: FinetuneConfig, settings: dict):
+    """QA's --max-length and --doc-stride checked before the data is read (seconds of
+    SQuAD), with the model's tokenizer alone (its special tokens take room); the model's
+    positions may shorten the windows later, and then they are checked again."""
+    if task.name != "qa" or not cfg.model:
+        return
+    from .checkpoint import resolve
+    from .qa import check_room
+    from .tokenizer import Tokenizer
+    check_room(Tokenizer.from_dir(resolve(cfg.model)).tk, settings["max_length"],
+               settings["doc_stride"], train=True)
+
+
 def _read_splits(task: Task, cfg: FinetuneConfig) -> tuple:
     """The training and dev examples (seeded subsets when asked), and the whole training
     file: the labels come from all of it, so a dev label that the --max-train-examples
     sample happens to lack is still known."""
     cols, seed = cfg.columns.given(), cfg.trainer.seed
     whole = read_for(task, None, lambda: task.read(cfg.train, cols, True), cfg.train)
-    dev = read_for(task, None, lambda: task.read(cfg.dev, cols, True), cfg.dev)
+    if isinstance(whole, list) and Path(cfg.dev).expanduser().resolve() == \
+            Path(cfg.train).expanduser().resolve():    # (read twice: its notes said twice)
+        dev = list(whole)
+    else:
+        dev = read_for(task, None, lambda: task.read(cfg.dev, cols, True), cfg.dev)
     queries = _dev_queries(task, dev)
     for flag, n, data, path in (("--max-train-examples", cfg.max_train_examples, whole, cfg.train),
                                 ("--max-dev-examples", cfg.max_dev_examples,

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from .files import (LEFTOVER, NanobertError, check_not_input, check_output_dir, clear_leftovers,
-                    note, path_kind, process_alive, write_failure, write_text)
+                    no_such_file, note, path_kind, process_alive, write_failure, write_text)
 
 RUN_FILE = "nanobert-run.json"
 LOCK_FILE = ".nanobert-lock"
@@ -69,7 +69,7 @@ def file_digest(path) -> dict:
     # a data folder (BEIR: corpus, queries, qrels) is the files in it, by relative name
     files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
     if not path.exists():
-        raise NanobertError(f"{path}: no such file")
+        raise no_such_file(path)
     if path_kind(path) == "other":   # (a FIFO: hashing it waited for good, or drained it)
         raise NanobertError(f"{path}: not a regular file (a pipe or a device); save the data "
                             "to a file and pass its path")

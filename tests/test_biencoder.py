@@ -610,6 +610,16 @@ def test_reranking_dev_rows_must_rank_something(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(E.R, "pair_scores", scores)
     got = E.rerank_evaluate(None, None, E.read_rerank_data(f), {"max_length": 16})
     assert seen == [("q2", "b"), ("q2", "c")] and got["ndcg_at_10"] == pytest.approx(1.0)
+    # a pair listed twice with other labels: the last counts, said (as qrels say it); the
+    # metric had depended on the rows' order (badinputs3)
+    capsys.readouterr()
+    f.write_text("query\tdocument\tlabel\nq2\tb\t1\nq2\tc\t0.5\nq2\tb\t0\n")
+    seen.clear()
+    got = E.rerank_evaluate(None, None, E.read_rerank_data(f), {"max_length": 16})
+    assert seen == [("q2", "b"), ("q2", "c")] and got["ndcg_at_10"] == pytest.approx(1.0)
+    assert capsys.readouterr().err == (f"nanobert: note: {f}: 1 (query, document) pair(s) "
+                                       "judged twice with different grades (e.g. 'q2', 'b' on "
+                                       "lines 2 and 4); the last grade counts\n")
     f.write_text("query\tdocument\tlabel\nq1\ta\t2\nq1\tb\t3\n")
     check(E.read_rerank_data(f), None, f)          # grades 2 and 3
 

@@ -537,3 +537,18 @@ def test_a_note_says_which_stage_said_it(capsys):
     note("after")
     assert capsys.readouterr().err == ("nanobert: note: the retriever minilm: 3 of 4 texts are "
                                        "longer than 8 tokens\nnanobert: note: after\n")
+
+
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "--model", "minilm", "--data", "-"],
+    ["search", "--corpus", "-", "--query", "q"],
+    ["pretrain", "--corpus", "-", "--out", "OUT", "--steps", "1"],
+])
+def test_a_dash_where_stdin_is_not_read_says_so(argv, tmp_path, capsys):
+    """'-: no such file' spoke of a file named '-' (badinputs3)."""
+    argv = [str(tmp_path / "o") if a == "OUT" else a for a in argv]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "nanobert: error: -: the standard input is not read here (predict --input and embed "
+        "--input take '-'); save the data to a file and pass its path\n")
+    assert not (tmp_path / "o").exists()

@@ -88,6 +88,13 @@ def test_a_missing_value_among_word_labels_and_a_stray_class_are_noted(tmp_path,
     p = write(tmp_path, "s.tsv", "sentence\tlabel\n" + "a\t0\nb\t1\n" * 30 + "c\t2\nd\t11\n")
     label_set(read_classification(p), p)              # (two typos in a binary file too)
     assert "2 labels of a single row (first '2', line 62)" in capsys.readouterr().err
+    # a class per row: swapped columns (badinputs3), said only as '4 labels'
+    p = write(tmp_path, "w.tsv", "text\tlabel\n1\tgood movie\n0\tbad movie\n1\tgreat fun\n"
+                                 "0\tawful film\n")
+    label_set(read_classification(p), p)
+    assert capsys.readouterr().err == (f"nanobert: note: {p}: 4 of the 4 labels are on a single "
+                                       "row each (first 'good movie', line 2): is the label "
+                                       "column a text or an id? (choose it with --label-column)\n")
 
 
 def test_columns_named_by_flags(tmp_path):

@@ -245,7 +245,7 @@ def test_a_word_that_maps_to_no_token_is_noted(minilm, capsys):
     item = encode_ner(tok, [s, Sentence(["ok"], ["O"]), end], 32, {"O": 0, "B-PER": 1})[0]
     assert 1 not in item["word_ids"]
     assert capsys.readouterr().err == (
-        "nanobert: note: 2 words map to no token (only characters the tokenizer drops: "
+        "nanobert: note: 2 training words map to no token (only characters the tokenizer drops: "
         "zero-width, control, a lone accent; first '\\u200b', line 8): their tags are neither "
         "learned nor predicted\n")
 
@@ -1702,3 +1702,23 @@ def test_each_process_takes_a_share_of_each_batch_and_short_batches_join(monkeyp
     cfg = ft.FinetuneConfig(task="classify", model="m", train="t", dev="d", batch_size=3)
     with pytest.raises(ft.NanobertError, match="--batch-size 3 is under the 4 processes"):
         ft.check_processes(cfg, ft.get_task("classify"), 4)
+
+
+def test_ner_evaluation_says_which_gold_words_no_model_can_tag(minilm, capsys, monkeypatch):
+    """`finetune` said that a word maps to no token (its gold tag a miss no model could
+    fix); `evaluate` on the same file did not (badinputs3). Said once per tokenizer: the
+    dev set is evaluated again and again."""
+    import copy
+    import sys
+    FT = sys.modules["nanobert.finetune"]
+    tok = copy.copy(minilm[1])
+    tok.__dict__.pop("_notes", None)
+    s = Sentence(["John", "\u200b", "lives"], ["B-PER", "B-LOC", "O"], line=1, word_a_line=True)
+    monkeypatch.setattr(FT, "predict_ner_words", lambda *a: [["B-PER", "O", "O"]])
+    for _ in range(2):
+        got = FT.ner_evaluate(None, tok, [s], {"max_length": 32})
+    assert got["recall"] == 0.5
+    assert capsys.readouterr().err == (
+        "nanobert: note: 1 word maps to no token (only characters the tokenizer drops: "
+        "zero-width, control, a lone accent; first '\\u200b', line 2): their tags are neither "
+        "learned nor predicted\n")

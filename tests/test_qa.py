@@ -492,3 +492,28 @@ def test_a_training_context_of_many_windows_is_noted(minilm, capsys):
     assert f"({len(rows)} windows in all)" in err
     qa_features(tok, examples[1:], {"max_length": 40, "doc_stride": 8}, None)
     assert "windows in all" not in capsys.readouterr().err
+
+
+def test_qa_flags_are_checked_before_the_data_and_a_file_read_once(tmp_path, capsys):
+    """A --doc-stride too long for the window was refused after both files were parsed
+    (seconds of SQuAD), and with --train and --dev the same file each note of reading it
+    was said twice (badinputs3)."""
+    ctx = "The cat sat on the mat in Paris."
+    qa = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": ctx, "qas": [
+        {"id": "q1", "question": "Where did the cat sit?",
+         "answers": [{"text": "on the mat", "answer_start": 8}]}]}]}]}   # (it is at 12)
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(qa))
+    argv = ["finetune", "--task", "qa", "--model", "minilm", "--train", str(path), "--dev",
+            str(path), "--out", str(tmp_path / "o"), "--no-progress", "--max-steps", "1"]
+    assert cli.main(argv + ["--doc-stride", "400"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nanobert: error: --doc-stride 400 is more than three quarters") \
+        and "answer_start" not in err                           # (the file was not read)
+    from sys import modules
+    FT = modules["nanobert.finetune"]
+    from nanobert.finetune import TASKS, FinetuneConfig
+    cfg = FinetuneConfig(task="qa", model="minilm", train=str(path), dev=str(path))
+    train, dev, whole, _ = FT._read_splits(TASKS["qa"], cfg)
+    assert capsys.readouterr().err.count("was not at its answer_start") == 1
+    assert len(dev) == len(whole) == 1 and dev is not whole
