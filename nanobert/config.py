@@ -446,6 +446,11 @@ class Config:
                 setattr(self, f.name, [value])   # one path given alone, not its letters
             if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
                 setattr(self, f.name, value.item())   # np.int64(8) from a sweep: its number
+            if _kind(f) is bool and not isinstance(getattr(self, f.name), bool) and \
+                    getattr(self, f.name) is not None:   # ('no' read as true: overwrote a run)
+                value = getattr(self, f.name)
+                raise TypeError(f"{f.name} must be True or False, got "
+                                f"{type(value).__name__} {value!r}")
             if f.metadata.get("range") or f.metadata.get("choices"):
                 check_value(_flag(f), getattr(self, f.name), _kind(f), f.metadata.get("range"),
                             f.metadata.get("choices"))

@@ -49,6 +49,20 @@ except ImportError:
 # Configuration
 
 
+def _id2label(given) -> dict:
+    """{int id: str label} of a config's id2label (config.json writes its keys as strings);
+    a ValueError naming it for anything else."""
+    if not isinstance(given, dict):
+        raise ValueError(f"id2label must be a dict {{id: label}}, got {type(given).__name__}")
+    try:
+        out = {int(k): str(v) for k, v in given.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"id2label's keys must be label ids 0, 1, ..., got {list(given)[:5]!r}")
+    if sorted(out) != list(range(len(out))):
+        raise ValueError(f"id2label's keys must be 0 to {len(out) - 1}, got {sorted(out)[:5]!r}")
+    return out
+
+
 @dataclass
 class BertConfig:
     vocab_size: int = 30522
@@ -67,7 +81,8 @@ class BertConfig:
     # task heads
     num_labels: int = 2
     id2label: Optional[dict] = None
-    problem_type: Optional[str] = None  # "single_label_classification" | "regression"
+    problem_type: Optional[str] = None  # "single_label_classification" | "regression" |
+                                        #   "multi_label_classification" (sigmoid per label)
     classifier_dropout: Optional[float] = None
     # nanobert only (saved under "nanobert_*" keys; transformers ignores them)
     attn_backend: str = "unpadded"  # "eager" | "sdpa" | "unpadded" (the fastest)
@@ -150,9 +165,47 @@ class BertConfig:
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary "
                              f"(0 to {self.vocab_size - 1})")
+        self._check_variants()
         if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            self.id2label = _id2label(self.id2label)
             self.num_labels = len(self.id2label)
+
+    # what each variant field takes: a choice, or (the least value, its kind)
+    _CHOICES = {"position_embedding_type": ("absolute", "rope", "none"),
+                "classifier_pooling": ("cls", "mean"),
+                "problem_type": (None, "single_label_classification",
+                                 "multi_label_classification", "regression")}
+    _LEAST = {"layer_norm_eps": (0.0, float), "initializer_range": (0.0, float),
+              "position_offset": (0, int), "local_attention": (0, int), "global_every": (1, int),
+              "num_layer_groups": (1, int), "embedding_size": (1, int),
+              "relative_buckets": (0, int), "max_relative_positions": (1, int),
+              "position_buckets": (0, int), "position_max_distance": (1, int),
+              "rope_theta": (0.0, float), "local_rope_theta": (0.0, float)}
+
+    def _check_variants(self):
+        """A ValueError naming the field for a value no variant has: 'relative_key' had
+        built a model with no positions at all, a negative layer_norm_eps gave NaN, and
+        others failed later inside torch."""
+        for key, allowed in self._CHOICES.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} {getattr(self, key)!r} is not supported; choose from "
+                                 f"{', '.join(repr(a) for a in allowed)}")
+        for key, (least, kind) in self._LEAST.items():
+            v = getattr(self, key)
+            if v is None:
+                continue
+            number = isinstance(v, (int, float) if kind is float else int) and \
+                not isinstance(v, bool) and math.isfinite(v)
+            strict = kind is float and key != "initializer_range"     # (eps, theta: > 0)
+            if not number or v < least or (strict and v <= least):
+                what = "a number" if kind is float else "a whole number"
+                raise ValueError(f"{key} must be {what} {'>' if strict else '>='} {least}, "
+                                 f"got {v!r}")
+        terms = set(self.relative_terms.split("|")) - {"", "c2p", "p2c"} \
+            if isinstance(self.relative_terms, str) else {self.relative_terms}
+        if terms:
+            raise ValueError(f"relative_terms {self.relative_terms!r}: c2p, p2c or both "
+                             "('c2p|p2c')")
 
     @property
     def head_dim(self) -> int:
@@ -1105,6 +1158,27 @@ def pair_loss(pair_logits, pair_labels, reduction: str = "mean") -> torch.Tensor
     return F.cross_entropy(pair_logits.float(), pair_labels, reduction=reduction)
 
 
+def sequence_loss(logits, labels, problem_type: Optional[str]) -> torch.Tensor:
+    """A sequence head's loss, as transformers' BertForSequenceClassification computes it:
+    regression, the MSE of the one output ((B,) or (B, 1) labels alike: (B, 1) had
+    broadcast to (B, B)); multi-label, a sigmoid BCE per label on (B, C) multi-hot
+    labels; else cross-entropy over the classes, (B,) class ids."""
+    if problem_type == "regression":
+        if labels.numel() != logits.shape[0]:
+            raise ValueError(f"labels of shape {tuple(labels.shape)}: a regression head takes "
+                             f"one number per row ({logits.shape[0]})")
+        return F.mse_loss(logits.squeeze(-1), labels.float().reshape(-1))
+    if problem_type == "multi_label_classification":
+        if labels.shape != logits.shape:
+            raise ValueError(f"labels of shape {tuple(labels.shape)}: a multi-label head takes "
+                             f"0/1 per row and label, {tuple(logits.shape)}")
+        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+    if labels.dim() != 1 or labels.shape[0] != logits.shape[0] or labels.is_floating_point():
+        raise ValueError(f"labels of shape {tuple(labels.shape)}, {labels.dtype}: a "
+                         f"classifier takes one class id per row, ({logits.shape[0]},) integers")
+    return F.cross_entropy(logits, labels)
+
+
 def masked_lm_loss(logits, labels) -> torch.Tensor:
     """Per-token cross-entropy (MLM, NER), (M, V) vs (M,) (-100: not scored), averaged
     over the scored tokens; 0 (with its graph) where there are none (rows of [UNK] and
@@ -1208,10 +1282,7 @@ class Bert(nn.Module):
         elif head in ("classify", "regression"):
             out.logits = self.classifier(self.drop(enc.pooler_output))         # (B, C)
             if labels is not None:
-                if self.config.problem_type == "regression":
-                    out.loss = F.mse_loss(out.logits.squeeze(-1), labels.float())
-                else:
-                    out.loss = F.cross_entropy(out.logits, labels)
+                out.loss = sequence_loss(out.logits, labels, self.config.problem_type)
         elif head == "token":
             h = self.bert.pooler(h) if self.config.token_head else h          # ModernBERT
             logits = self.classifier(self.drop(h))                             # (..., C)
@@ -1239,6 +1310,7 @@ class Bert(nn.Module):
         if unknown:
             raise TypeError(f"unexpected argument(s) {', '.join(sorted(unknown))}")
         T = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0
+        self._check_target_shapes(input_ids, labels, targets)
         classes = {"mlm": self.config.vocab_size, "pretraining": self.config.vocab_size,
                    "classify": self.config.num_labels, "token": self.config.num_labels}
         limits = {"labels": classes.get(self.head), "pair_labels": 2,
@@ -1252,6 +1324,30 @@ class Bert(nn.Module):
             if bad.numel():
                 raise ValueError(f"{name} holds {int(bad[0])}, outside 0 to {n - 1} "
                                  f"(or -100 for no loss)")
+
+    def _check_target_shapes(self, input_ids, labels, targets: dict) -> None:
+        """Targets of the shape their loss reads (torch said 'Expected input batch_size
+        (10) to match target batch_size (2)', or an IndexError deep in the unpadded
+        layout): per token (B, T), per row (B,); QA's start and end together."""
+        if ("start_positions" in targets) != ("end_positions" in targets) or \
+                (targets.get("start_positions") is None) != (targets.get("end_positions") is None):
+            raise ValueError("start_positions and end_positions go together (QA's loss reads "
+                             "both)")
+        if not isinstance(input_ids, torch.Tensor):
+            return
+        B = input_ids.shape[0] if input_ids.dim() > 1 else 1
+        per_token = self.head in ("mlm", "pretraining", "token")
+        wanted = {"labels": tuple(input_ids.shape) if per_token else None,
+                  "pair_labels": (B,), "start_positions": (B,), "end_positions": (B,)}
+        for name, t in (("labels", labels), *targets.items()):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+            if wanted[name] is not None and tuple(t.shape) != wanted[name]:
+                raise ValueError(f"{name} of shape {tuple(t.shape)}: expected "
+                                 f"{wanted[name]}, " + ("one per token of input_ids"
+                                                        if name == "labels" else "one per row"))
 
     @property
     def task(self) -> Optional[str]:

@@ -1,8 +1,11 @@
 """The model itself: presets, config round trip, attention probabilities, backends."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import nanobert
 from nanobert.model import BertConfig
@@ -300,3 +303,61 @@ def test_inference_after_a_fused_optimizer_step_in_ones_own_loop_uses_the_new_we
             fast = model(**batch).logits
         slow = model(**batch).logits.detach()        # autograd on: the weights themselves
         torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
+
+
+Bert, preset = nanobert.Bert, nanobert.preset
+
+
+def test_sequence_losses_are_transformers_and_label_shapes_are_checked():
+    """multi_label_classification went through softmax cross-entropy (2.22 where
+    transformers gives 0.70); regression labels of shape (B, 1) broadcast to (B, B);
+    float or mis-shaped class labels failed inside torch (api4)."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 4))
+    m = Bert(preset("tiny", vocab_size=100, num_labels=3,
+                    problem_type="multi_label_classification"), head="classify").eval()
+    y = torch.tensor([[1., 0., 1.], [0., 1., 1.]])
+    out = m(ids, labels=y)
+    assert torch.allclose(out.loss, F.binary_cross_entropy_with_logits(out.logits, y))
+    r = Bert(preset("tiny", vocab_size=100), head="regression").eval()
+    y = torch.tensor([0.5, 2.0])
+    assert torch.allclose(r(ids, labels=y).loss, r(ids, labels=y[:, None]).loss)
+    c = Bert(preset("tiny", vocab_size=100), head="classify").eval()
+    for bad in (torch.tensor([0., 1.]), torch.tensor([[0], [1]]), torch.tensor([0, 1, 1])):
+        with pytest.raises(ValueError, match=r"^labels of shape .*one class id per row"):
+            c(ids, labels=bad)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("position_embedding_type", "relative_key", "position_embedding_type 'relative_key' is "
+                                                "not supported"),
+    ("layer_norm_eps", -1.0, "layer_norm_eps must be a number > 0"),
+    ("initializer_range", "x", "initializer_range must be a number >= 0"),
+    ("position_offset", -3, "position_offset must be a whole number >= 0"),
+    ("classifier_pooling", "max", "classifier_pooling 'max' is not supported"),
+    ("relative_terms", "abc", "relative_terms 'abc': c2p, p2c or both"),
+    ("id2label", ["a", "b"], "id2label must be a dict"),
+    ("id2label", {"x": "a"}, "id2label's keys must be label ids"),
+    ("problem_type", "multi", "problem_type 'multi' is not supported"),
+])
+def test_a_config_value_no_variant_has_is_refused_naming_the_field(field, value, says):
+    """'relative_key' built a model without positions (word order made no difference), a
+    negative eps gave NaN, the rest failed later inside torch (api4)."""
+    with pytest.raises(ValueError, match="^" + re.escape(says)):
+        preset("tiny", vocab_size=100, **{field: value})
+
+
+@pytest.mark.parametrize("head, targets, says", [
+    ("mlm", {"labels": "ids[:, :3]"}, r"labels of shape \(2, 3\): expected \(2, 5\)"),
+    ("token", {"labels": "torch.tensor([0, 1])"}, r"labels of shape \(2,\): expected \(2, 5\)"),
+    ("qa", {"start_positions": "torch.tensor([0, 1])"}, "start_positions and end_positions go"),
+    ("pretraining", {"pair_labels": "torch.tensor([0, 1, 1])"}, r"pair_labels of shape \(3,\)"),
+    ("classify", {"labels": "[0, 1]"}, "labels must be a tensor, got list"),
+])
+def test_a_target_of_the_wrong_shape_is_named(head, targets, says):
+    """Such targets failed inside torch (an IndexError in the unpadded layout, 'Expected
+    input batch_size (10) to match target batch_size (2)') (api4)."""
+    ids = torch.randint(0, 100, (2, 5))
+    m = Bert(preset("tiny", vocab_size=100), head=head).eval()
+    with pytest.raises((ValueError, TypeError), match="^" + says):
+        m(ids, **{k: eval(v, {"torch": torch, "ids": ids}) for k, v in targets.items()})
