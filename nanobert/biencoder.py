@@ -623,6 +623,10 @@ def _scores_differ(rows, path, what: str, why: str):
     """Scored rows whose scores are all one value train nothing (a loss of 0 at every
     step, or one that only pushes every score one way): refused, naming the file."""
     scores = {r.score for r in rows if r.score is not None}
+    if scores == {-1}:   # (glue/stsb's test split, as the datasets library writes it)
+        raise NanobertError(f"{path}: every {what} is -1, the datasets library's mark of a "
+                            "split without labels (a test split): nothing to train on or "
+                            "evaluate; embed its texts with `nanobert embed` or `predict`")
     if len(scores) == 1:
         raise NanobertError(f"{path}: every {what} is {next(iter(scores)):g}: {why}")
 

@@ -86,9 +86,10 @@ PAIR_COLUMNS = {  # first text column -> its pair column
     "#1 string": "#2 string", "sentence_a": "sentence_b",
 }
 LABEL_COLUMNS = ["label", "labels", "gold_label", "Quality", "is_duplicate", "class"]
-# second texts of other layouts (BoolQ's question/passage, answer-selection tables): read
-# as pairs only when named with --text-pair-column, never dropped without a word
-SECOND_TEXTS = ["passage", "answer", "document"]
+# second texts of other layouts (BoolQ's question/passage, answer-selection tables, a
+# question with its context): read as pairs only when named with --text-pair-column,
+# never dropped without a word
+SECOND_TEXTS = ["passage", "answer", "document", "context"]
 # what SNLI and MultiNLI write where annotators found no consensus: a row with no label
 NO_GOLD_LABEL = "-"
 
@@ -1608,7 +1609,38 @@ def read_conll(path, require_tags=True) -> list:
     if comments:
         note(f"{path}: {len(comments)} comment line{'s' if len(comments) > 1 else ''} ('# ...', "
              f"first line {comments[0]}) skipped")
-    return out
+    _refuse_index_column(out, path, width)
+    return _without_language_prefix(out, path)
+
+
+def _refuse_index_column(sentences, path, width) -> None:
+    """A first column that counts 1, 2, 3... in every sentence is a token index (GermEval,
+    CoNLL-U): the model had trained on the words '1 2 3 4 5'."""
+    if width[0] > 2 and all(s.words == [str(i) for i in range(1, len(s.words) + 1)]
+                            for s in sentences):
+        raise data_error(path, sentences[0].line, "the first column counts 1, 2, 3... in every "
+                         "sentence: a token index (GermEval, CoNLL-U), but the token is read "
+                         "from the first column (and the tag from the last); cut the index "
+                         "column away first (e.g. cut -f2- FILE)")
+
+
+LANGUAGE_PREFIX = re.compile(r"[a-z]{2,3}:")
+
+
+def _without_language_prefix(sentences, path) -> list:
+    """WikiANN/PAN-X as XTREME ships it writes each token 'en:Angela': a prefix every word
+    of the file carries is dropped, said in a note (the model had read 'en:' as part of
+    every word)."""
+    first = LANGUAGE_PREFIX.match(sentences[0].words[0])
+    prefix = first.group() if first else None
+    if prefix is None or not all(w.startswith(prefix) and len(w) > len(prefix)
+                                 for s in sentences for w in s.words):
+        return sentences
+    note(f"{path}: every word starts with {prefix!r} (WikiANN/PAN-X's language prefix): "
+         "read without it")
+    for s in sentences:
+        s.words = [w[len(prefix):] for w in s.words]
+    return sentences
 
 
 def _refuse_conll2012(path, n, first: str) -> None:
@@ -1753,10 +1785,19 @@ def _table_questions(path: Path, require_answers: bool, moved: list) -> list:
         raise data_error(path, 1, f"no 'question' and 'context' columns (columns: {shown}); "
                          "expected SQuAD JSON, or JSON Lines or a table with question and context")
     i, a = column_named(names, "id"), column_named(names, "answer")
+    start = column_named(names, "answer_start")
+    if require_answers and not a and column_named(names, "answers"):
+        raise data_error(path, 1, "a table's 'answers' column (a datasets export: the texts "
+                         "and answer_starts of a question in one cell) is not read; give one "
+                         "'answer' column (and 'answer_start'), or write the data as JSON "
+                         "Lines (Dataset.to_json)")
     out = []
     for n, rec in rows:
+        # the answer where answer_start puts it (a text found twice had been taken first)
+        answer = {"text": rec[a], "answer_start": rec[start]} if a and start and rec[start] \
+            else rec[a] if a else None
         obj = {"question": rec[q], "context": rec[c], "id": rec[i] if i else None,
-               "answers": [rec[a]] if a and rec[a] else []}
+               "answers": [answer] if a and rec[a] else []}
         out.append(_jsonl_question(obj, path, n, require_answers, moved))
     return out
 
@@ -1773,12 +1814,19 @@ def _jsonl_question(obj: dict, path, n, require_answers, moved: list) -> QAExamp
     # `answer`, as a table's answer column gives it, was unread: "has no answers"
     given_answers = obj.get("answers")
     if given_answers is None and obj.get("answer") not in (None, ""):
-        given_answers = [obj["answer"]]
+        given_answers = [obj["answer"] if obj.get("answer_start") in (None, "") else
+                         {"text": obj["answer"], "answer_start": obj["answer_start"]}]
     answers = (_answers(given_answers or [], obj["context"], f"{path}:{n}: question {qid!r}",
                         moved) if require_answers else [])
     if require_answers and not answers:
-        raise data_error(path, n, f"question {qid!r} has no answers (expected 'answers': a "
-                         "list of answer texts or of {text, answer_start}, or one 'answer')")
+        empty = given_answers in ([], {}) or (isinstance(given_answers, dict) and
+                                              given_answers.get("text") == [])
+        raise data_error(path, n, f"question {qid!r} has no answers" + (
+            ": an empty 'answers' is SQuAD v2.0's unanswerable question, and nanobert reads "
+            "SQuAD v1.1, where every question has an answer; remove such questions to train "
+            "or evaluate on the others" if empty else
+            " (expected 'answers': a list of answer texts or of {text, answer_start}, or one "
+            "'answer')"))
     return QAExample(qid, obj["question"], obj["context"], answers, line=n, id_given=given)
 
 
@@ -2176,14 +2224,18 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
                      zip(roles + [score], TEXT_ROLES)], path, 1)
     if roles[0] is None:
         raise data_error(path, 1, f"no text column (expected one of {', '.join(ANCHOR_COLUMNS[:5])}"
-                         f"...; columns: {shown})")
+                         f"...; columns: {shown})" + _headerless_rows_hint(names))
     unscored = pairs_need_score and _scored_pairs(roles, columns)
     if score is None and (require_score or unscored):
         if detect_format(path) == "msrp":
             raise data_error(path, 1, MSRP_UNSCORED)
         hint = UNSCORED_PAIRS.format(*roles) if unscored else ""
+        if roles[2] is not None and require_score:   # (a reranker given triplets)
+            hint = ("; a reranker reads (query, document, label) rows: (query, positive, "
+                    "negative) triplets train an embedding model (--task embed)")
         raise data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
                          f"columns: {shown}){hint or '; name it with --label-column'}")
+    _note_unread_texts(names, roles + [score], columns, path)
     roles = [r for r in roles if r is not None]
     _single_columns(names, roles + [score], path, 1)
     if len(roles) < min_texts[0]:
@@ -2215,6 +2267,28 @@ TEXT_ROLES = (("text", ANCHOR_COLUMNS, "--text-column"),
               ("pair", POSITIVE_COLUMNS, "--text-pair-column"),
               ("negative", NEGATIVE_COLUMNS, None),
               ("score", SCORE_COLUMNS, "--label-column"))
+
+
+def _headerless_rows_hint(names) -> str:
+    """For a first row of sentences taken for names (MS MARCO's triples.tsv has no
+    header): how to read such a file."""
+    if not _headerless_hint(names):
+        return ""
+    return ("; its first row reads as data, not names: give the file a header (anchor, "
+            "positive[, negative], or sentence1, sentence2, score), or name 0-based columns "
+            "(--text-column 0 --text-pair-column 1)")
+
+
+def _note_unread_texts(names, taken: list, columns: dict, path) -> None:
+    """Columns named by index leave the others unread: a third column of a headerless
+    triplets file (its negatives) had been dropped without a word; no flag names a
+    negatives column, its header name does."""
+    if not all(isinstance(n, int) or str(n).isdigit() for n in names):   # (a header's: kept)
+        return
+    unread = [n for n in names if n not in taken]
+    if unread:
+        note(f"{path}: column(s) {', '.join(map(str, unread))} not read (the columns named "
+             "by flags are); hard negatives are read from a header's 'negative' column")
 
 
 def _pair_of(names, text: str) -> Optional[str]:

@@ -341,10 +341,7 @@ def read_lines(path, keep_ends: bool = False):
         raise no_such_file(path)
     with open_input(path) as f:
         head = f.read(10)
-        packed = next((name for magic, name in COMPRESSED if magic.match(head)), None)
-        if packed:
-            raise data_error(path, None, f"compressed ({packed}), not a text file; decompress "
-                             "it first and pass the result")
+        _not_text(path, head)
         if head[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff"):
             lines = _utf16_lines(path, f, "utf-32")
         elif head[:2] in (b"\xff\xfe", b"\xfe\xff"):
@@ -452,6 +449,37 @@ def open_input(path):
             yield f
         except OSError as e:
             raise NanobertError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+# data files that are not text, by their magic bytes: what each is, and what to do
+TABLE_FILES = ((b"PAR1", "a Parquet file (the Hugging Face Hub's format)", "write it as JSON "
+                "Lines first, e.g. datasets.Dataset.from_parquet(PATH).to_json(OUT)"),
+               (b"\xd0\xcf\x11\xe0", "an Excel (.xls) or other Office file", "save it as CSV"))
+
+
+def _not_text(path, head: bytes) -> None:
+    """A data_error for a file that is no text: compressed (say so: decompress it), a
+    Parquet file or a spreadsheet (say how to make text of it); it had been 'not valid
+    UTF-8', or for an .xlsx 'decompress it', which gives XML."""
+    for magic, what, todo in TABLE_FILES:
+        if head.startswith(magic):
+            raise data_error(path, None, f"{what}, not a text file; {todo}")
+    packed = next((name for magic, name in COMPRESSED if magic.match(head)), None)
+    if packed == "zip" and _is_xlsx(path):
+        raise data_error(path, None, "an Excel workbook (.xlsx), not a text file; save it as "
+                         "CSV (or tab-separated text)")
+    if packed:
+        raise data_error(path, None, f"compressed ({packed}), not a text file; decompress "
+                         "it first and pass the result")
+
+
+def _is_xlsx(path) -> bool:
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.startswith("xl/") for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 COMPRESSED = (  # magic bytes at the start of a file (bzip2: "BZh", a level, a block magic)

@@ -557,6 +557,10 @@ def test_training_data_whose_scores_never_vary_is_refused(tmp_path):
     f.write_text("sentence1\tsentence2\tscore\na\tb\t1\nc\td\t1\ne\tf\t1\n")
     with pytest.raises(NanobertError, match=f"{f}: every score is 1: training compares pairs by their scores"):
         E.read_embed_data(f)
+    f.write_text("sentence1\tsentence2\tscore\na\tb\t-1\nc\td\t-1.0\n")   # glue/stsb's test
+    with pytest.raises(NanobertError, match=f"{f}: every score is -1, the datasets library's "
+                                            "mark of a split without labels"):
+        E.read_embed_data(f)
     f.write_text("query\tdocument\tlabel\nq\ta\t1\nq\tb\t1\n")
     with pytest.raises(NanobertError, match=f"{f}: every label is 1: nothing tells"):
         E.read_rerank_data(f)

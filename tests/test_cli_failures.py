@@ -552,3 +552,22 @@ def test_a_dash_where_stdin_is_not_read_says_so(argv, tmp_path, capsys):
         "nanobert: error: -: the standard input is not read here (predict --input and embed "
         "--input take '-'); save the data to a file and pass its path\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_parquet_file_or_a_spreadsheet_is_named_with_what_to_do(tmp_path):
+    """Parquet was 'not valid UTF-8', an .xlsx 'compressed (zip): decompress it' (which
+    gives XML) (formats4)."""
+    import zipfile
+    from nanobert.files import NanobertError, read_lines
+    (tmp_path / "t.parquet").write_bytes(b"PAR1\x15\x04\x15\xd0\x01\x15\xd0\x01L")
+    with zipfile.ZipFile(tmp_path / "t.xlsx", "w") as z:
+        z.writestr("xl/workbook.xml", "<w/>")
+    with zipfile.ZipFile(tmp_path / "t.zip", "w") as z:
+        z.writestr("train.tsv", "a\t1\n")
+    for name, says in (("t.parquet", "a Parquet file (the Hugging Face Hub's format), not a "
+                                     "text file; write it as JSON Lines first"),
+                       ("t.xlsx", "an Excel workbook (.xlsx), not a text file; save it as CSV"),
+                       ("t.zip", "compressed (zip), not a text file; decompress it first")):
+        with pytest.raises(NanobertError) as e:
+            list(read_lines(tmp_path / name))
+        assert str(e.value).startswith(f"{tmp_path / name}: {says}")

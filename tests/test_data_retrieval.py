@@ -406,3 +406,29 @@ def test_a_score_written_as_python_reads_it_is_refused(tmp_path):
         with pytest.raises(NanobertError) as e:
             D.read_text_rows(f, require_score=True)
         assert str(e.value) == f"{f}:2: score {cell!r} is not a finite number"
+
+
+TRIPLES = ("how do planes fly\twings make lift as air flows over them\tthe cat sat on the mat\n"
+           "who wrote hamlet\thamlet was written by shakespeare\tthe river is wide\n")
+
+
+def test_a_headerless_triplets_file_is_told_how_to_read(tmp_path, capsys):
+    """MS MARCO's triples.tsv has no header: the error gave no hint, and read with column
+    indices its negatives were dropped without a word; a reranker given triplets was told
+    to name a label column it does not have (formats4)."""
+    f = _write(tmp_path / "triples.tsv", TRIPLES)
+    with pytest.raises(NanobertError) as e:
+        D.read_text_rows(f)
+    assert str(e.value).endswith("its first row reads as data, not names: give the file a "
+                                 "header (anchor, positive[, negative], or sentence1, "
+                                 "sentence2, score), or name 0-based columns (--text-column 0 "
+                                 "--text-pair-column 1)")
+    rows = D.read_text_rows(f, columns={"text": "0", "pair": "1"})
+    assert [len(r.texts) for r in rows] == [2, 2]
+    assert capsys.readouterr().err == (f"nanobert: note: {f}: column(s) 2 not read (the columns "
+                                       "named by flags are); hard negatives are read from a "
+                                       "header's 'negative' column\n")
+    h = _write(tmp_path / "h.tsv", "query\tpositive\tnegative\n" + TRIPLES)
+    with pytest.raises(NanobertError, match="a reranker reads \\(query, document, label\\) "
+                                            "rows: \\(query, positive, negative\\) triplets"):
+        D.read_text_rows(h, require_score=True)

@@ -917,6 +917,21 @@ def test_qa_questions_in_a_table(tmp_path):
     assert error_of(D.read_squad, other) == (
         f"{other}:1: no 'question' and 'context' columns (columns: 'sentence', 'label'); "
         "expected SQuAD JSON, or JSON Lines or a table with question and context")
+    # an answer_start column (or field) puts a text found twice where it says (the first
+    # occurrence had been taken without a word: formats4, 252 of SQuAD's 8,582 answers)
+    ctx = "The cat sat. The dog ran. The cat slept."
+    t = write(tmp_path, "s.csv", f'question,context,answer,answer_start\nWhich slept?,"{ctx}",'
+                                 "The cat,26\n")
+    j = write(tmp_path, "s.jsonl", json.dumps({"question": "Which slept?", "context": ctx,
+                                               "answer": "The cat", "answer_start": 26}) + "\n")
+    assert D.read_squad(t)[0].answers == D.read_squad(j)[0].answers == [("The cat", 26)]
+    # a datasets export's 'answers' column is not read from a table: said so
+    h = write(tmp_path, "h.csv", "question,context,answers\nWho?,Ann.,\"{'text': ['Ann']}\"\n")
+    assert error_of(D.read_squad, h).startswith(f"{h}:1: a table's 'answers' column")
+    # SQuAD v2's unanswerable question in JSON Lines: said as the SQuAD JSON reader says it
+    v2 = write(tmp_path, "v2.jsonl", json.dumps({"question": "Who?", "context": "Ann.",
+                                                 "answers": {"text": [], "answer_start": []}}) + "\n")
+    assert "SQuAD v2.0's unanswerable question" in error_of(D.read_squad, v2)
 
 
 def test_a_quoted_header_over_literal_quotes_is_read(tmp_path):
@@ -1034,3 +1049,18 @@ def test_an_ontonotes_conll2012_file_is_named_as_such_everywhere(tmp_path):
         with pytest.raises(NanobertError, match=r"a\.v4_gold_conll:1: an OntoNotes CoNLL-2012 "
                                                 r"file .*convert it to those$"):
             read(p)
+
+
+def test_conll_index_columns_and_language_prefixes(tmp_path, capsys):
+    """GermEval's token index was read as the words ('1 2 3 4 5'); PAN-X's 'en:Angela'
+    kept its prefix in every word (formats4)."""
+    g = write(tmp_path, "g.tsv", "1\tAngela\tB-PER\tO\n2\tMerkel\tI-PER\tO\n3\tvisited\tO\tO\n\n"
+                                 "1\tSiemens\tB-ORG\tO\n2\tgrew\tO\tO\n")
+    assert error_of(D.read_conll, g).startswith(f"{g}:1: the first column counts 1, 2, 3... "
+                                                "in every sentence: a token index")
+    p = write(tmp_path, "p.txt", "en:Angela\tB-PER\nen:Merkel\tI-PER\nen:visited\tO\n")
+    assert D.read_conll(p)[0].words == ["Angela", "Merkel", "visited"]
+    assert capsys.readouterr().err == (f"nanobert: note: {p}: every word starts with 'en:' "
+                                       "(WikiANN/PAN-X's language prefix): read without it\n")
+    mixed = write(tmp_path, "m.txt", "en:Angela\tB-PER\nMerkel\tI-PER\n")   # (not every word)
+    assert D.read_conll(mixed)[0].words == ["en:Angela", "Merkel"]

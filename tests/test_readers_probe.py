@@ -333,7 +333,7 @@ def test_a_header_repeated_mid_file_is_refused_naming_its_line(tmp_path, bom):
     assert [e.text_a for e in D.read_classification(ok)][-1] == "text"
 
 
-@pytest.mark.parametrize("second", ["passage", "answer", "document"])
+@pytest.mark.parametrize("second", ["passage", "answer", "document", "context"])
 def test_a_second_text_column_of_other_layouts_is_not_dropped(tmp_path, second):
     """BoolQ's question/passage (and question/answer tables) trained on the questions
     alone, the passages dropped without a word; now refused with the flag to name them,
