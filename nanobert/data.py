@@ -2227,14 +2227,7 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
                          f"...; columns: {shown})" + _headerless_rows_hint(names))
     unscored = pairs_need_score and _scored_pairs(roles, columns)
     if score is None and (require_score or unscored):
-        if detect_format(path) == "msrp":
-            raise data_error(path, 1, MSRP_UNSCORED)
-        hint = UNSCORED_PAIRS.format(*roles) if unscored else ""
-        if roles[2] is not None and require_score:   # (a reranker given triplets)
-            hint = ("; a reranker reads (query, document, label) rows: (query, positive, "
-                    "negative) triplets train an embedding model (--task embed)")
-        raise data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
-                         f"columns: {shown}){hint or '; name it with --label-column'}")
+        raise _no_score(path, roles, unscored, shown)
     _note_unread_texts(names, roles + [score], columns, path)
     roles = [r for r in roles if r is not None]
     _single_columns(names, roles + [score], path, 1)
@@ -2267,6 +2260,18 @@ TEXT_ROLES = (("text", ANCHOR_COLUMNS, "--text-column"),
               ("pair", POSITIVE_COLUMNS, "--text-pair-column"),
               ("negative", NEGATIVE_COLUMNS, None),
               ("score", SCORE_COLUMNS, "--label-column"))
+
+
+def _no_score(path, roles: list, unscored: bool, shown: str) -> NanobertError:
+    """The error of rows that need a score column and have none."""
+    if detect_format(path) == "msrp":
+        return data_error(path, 1, MSRP_UNSCORED)
+    hint = UNSCORED_PAIRS.format(*roles) if unscored else ""
+    if roles[2] is not None and not unscored:   # (a reranker given triplets)
+        hint = ("; a reranker reads (query, document, label) rows: (query, positive, "
+                "negative) triplets train an embedding model (--task embed)")
+    return data_error(path, 1, f"no score column (expected one of {', '.join(SCORE_COLUMNS)}; "
+                      f"columns: {shown}){hint or '; name it with --label-column'}")
 
 
 def _headerless_rows_hint(names) -> str:
