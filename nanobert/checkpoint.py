@@ -1042,6 +1042,11 @@ def save_model(model: Bert, out_dir, tokenizer=None, extra_files: dict | None = 
         raise NanobertError("an int8 model is not saved (its weights are rounded and packed "
                             "for fbgemm): save the float32 model and load it with dtype='int8'")
     out_dir = _check_save_args(out_dir, tokenizer)
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+        # (load refuses the pair: nothing written that cannot be read back)
+        raise NanobertError(f"the tokenizer's ids run to {tokenizer.vocab_size - 1}, past the "
+                            f"model's vocab_size {model.config.vocab_size}: another model's "
+                            "tokenizer? nothing was saved")
     _check_mlm_act(model)
     fam = FAMILIES[model.config.family]
     if model.head is not None and model.head not in fam.heads:   # nothing would load it

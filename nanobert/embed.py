@@ -550,6 +550,8 @@ class Encoder:
             raise ValueError("rerank_k is the number of hits given to `rerank`: pass rerank "
                              "too, or leave rerank_k out")
         rerank_k = RERANK_K if rerank_k is None else rerank_k
+        if getattr(query, "ndim", None) == 0 and hasattr(query, "item"):
+            query = query.item()         # np.array("a query"): one query, as encode reads it
         single = isinstance(query, str)
         queries = [query] if single else check_texts(query, "query")
         if rerank is not None:

@@ -51,6 +51,7 @@ OUTPUTS = {
 FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "albert", "distilbert",
             "modernbert")
 OPSET = 17
+MIN_OPSET = 14   # scaled_dot_product_attention's operators (Trilu, ...) need 14
 
 
 def outputs_of(model) -> dict:
@@ -100,6 +101,10 @@ def check_exportable(model) -> None:
 
 def onnx_bytes(model, opset: int = OPSET) -> bytes:
     """The fp32 ONNX graph of `model` (its weights are not changed)."""
+    if not isinstance(opset, int) or isinstance(opset, bool) or opset < MIN_OPSET:
+        # (opset 5: torch printed its whole graph to stdout, then failed on arange)
+        raise ValueError(f"opset must be an ONNX opset number >= {MIN_OPSET} (the attention "
+                         f"graph's operators), got {opset!r}")
     check_exportable(model)
     outputs = outputs_of(model)
     graph = _Graph(copy.deepcopy(model), outputs).eval().cpu()   # (CUDA: traced on CPU)

@@ -1154,6 +1154,16 @@ class ColumnsConfig(Config):
     label_column: Optional[str] = param(None, "column/field holding the label (name or "
                                         "0-based index)")
 
+    def __post_init__(self):
+        for f in dataclasses.fields(self):   # column 0 from Python: the int 0 was dropped
+            v = getattr(self, f.name)
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                setattr(self, f.name, str(v))
+            elif v is not None and not isinstance(v, str):
+                raise TypeError(f"{f.name} must be a column name or a 0-based index, got "
+                                f"{type(v).__name__} {v!r}")
+        super().__post_init__()
+
     def given(self) -> dict:
         """The columns named explicitly, as reader keywords."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -1950,8 +1960,10 @@ def predict_batch(inputs) -> tuple:
     if isinstance(inputs, list):
         return False, inputs
     refuse_table(inputs, "inputs")
+    if isinstance(inputs, np.ndarray) and inputs.ndim == 0:   # np.array("a film"): one input,
+        return True, [inputs.item()]                          # as Encoder.encode takes it
     if isinstance(inputs, np.ndarray):
-        return False, inputs.tolist() if inputs.ndim else [inputs.item()]
+        return False, inputs.tolist()
     if isinstance(inputs, Set):
         raise TypeError(f"inputs must be a list, got a {type(inputs).__name__} (it has no "
                         "order, so the results could not be matched to the inputs)")

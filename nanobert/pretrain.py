@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -360,6 +361,12 @@ def run_pretrain(cfg: PretrainConfig, log=print, make_model=None, loss_fn=None) 
                         "(PretrainConfig.create(corpus=..., out_dir=...))")
     if not str(cfg.trainer.out_dir):        # (not '.', where other runs may be)
         raise NanobertError("--out: an output directory is required (out_dir)")
+    corpus = cfg.corpus
+    if not isinstance(corpus, list) or not corpus or not all(
+            isinstance(p, (str, os.PathLike)) and str(p).strip() for p in corpus):
+        # (None, [], [''] and [5] had been internal errors or another error's words)
+        raise NanobertError(f"--corpus: got {corpus!r}, expected one or more text files or "
+                            "directories (corpus)")
     rank, world, local_rank = dist_info()
     run = _Run(cfg, Path(cfg.trainer.out_dir), rank, world, local_rank,
                log if rank == 0 else (lambda *a, **k: None))

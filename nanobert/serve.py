@@ -759,6 +759,8 @@ async def tokenize(server: Server, body: dict) -> dict:
         sent = [len(t) + len(p or "") for t, p in zip(texts, pairs or [None] * len(texts))]
         await server.on_tokenizer(check_truncation, m, "inputs", Counts([], [c for _, c in tokens]),
                                   clipped, clipped_pairs, sent)
+    else:   # (its cut inputs counted as the other routes' are: serveload4)
+        TRUNCATED.get()[0] += sum(bool(cut) for _, cut in tokens)
     return {"model": m.name, "tokens": [t for t, _ in tokens],
             "truncated": [cut for _, cut in tokens], "max_length": m.max_length}
 

@@ -418,6 +418,9 @@ class Tokenizer:
         """A tokenizer directory (tokenizer.json when present, else vocab.txt) or one of
         those files; casing, accents and CJK splitting of a BERT WordPiece tokenizer from
         the tokenizer_config.json there, as transformers reads them."""
+        if not isinstance(path, (str, os.PathLike)):   # (pathlib's TypeError named no argument)
+            raise TypeError(f"Tokenizer.from_dir(path): a directory or file path, got "
+                            f"{type(path).__name__}")
         path = Path(path).expanduser()
         if str(path) == "minilm" and not path.exists():   # (as every model argument takes it)
             path = minilm_dir()

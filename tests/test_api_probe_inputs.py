@@ -216,6 +216,7 @@ def test_predictor_takes_encoders_batch_types_and_names_bad_inputs(dirs):
     cls, qa = Predictor(dirs["cls"]), Predictor(dirs["qa"])
     one = cls.predict("a cat")
     assert cls.predict(np.array(["a cat", "a dog"]))[0] == one
+    assert cls.predict(np.array("a cat")) == one     # (one input, as Encoder.encode: api4)
     assert cls.predict(t for t in ["a cat", "a dog"])[0] == one
     assert cls.predict(iter(["a cat"])) == [one]
     with pytest.raises(TypeError, match="inputs must be a list, got a set"):
@@ -356,5 +357,6 @@ def test_encode_takes_a_0d_array_as_one_text_and_checks_show_progress(minilm):
     text); show_progress took any value where normalize is checked."""
     enc = Encoder(minilm)
     np.testing.assert_array_equal(enc.encode(np.array("a fine film")), enc.encode("a fine film"))
+    assert enc.search(np.array("a film"), ["a", "b"], k=1) == enc.search("a film", ["a", "b"], k=1)
     with pytest.raises(TypeError, match="show_progress must be True or False"):
         enc.encode(["a"], show_progress="x")

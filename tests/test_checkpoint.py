@@ -120,9 +120,9 @@ def test_mlm_logits_at_masked_positions_only(tmp_path):
 @pytest.mark.parametrize("task", [None, "mlm", "pretraining", "classify", "token", "qa"])
 def test_round_trip_into_transformers(tmp_path, task, tiny_config, minilm_dir):
     torch.manual_seed(1)
-    tiny_config.vocab_size = 99
-    model = nanobert.Bert(tiny_config, task).eval()
     tok = nanobert.Tokenizer.from_dir(minilm_dir)
+    tiny_config.vocab_size = tok.vocab_size     # (a smaller model is not saved with it)
+    model = nanobert.Bert(tiny_config, task).eval()
     model.save_pretrained(tmp_path / "m", tokenizer=tok)
     files = {p.name for p in (tmp_path / "m").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt"} <= files
@@ -608,3 +608,15 @@ def test_weights_the_config_does_not_account_for_are_named_as_the_file_has_them(
         assert str(e.value) == (f"{d}: the checkpoint has 1 weight(s) that config.json does "
                                 f"not account for, e.g. {stray} (more layers or other sizes "
                                 "than the config says, or another model's tensors?)")
+
+
+def test_a_model_is_not_saved_with_a_tokenizer_it_cannot_read(tmp_path, minilm):
+    """save_pretrained took another model's tokenizer, and load() then refused the
+    directory (api4)."""
+    import nanobert
+    from nanobert.files import NanobertError
+    small = nanobert.Bert(nanobert.preset("tiny", vocab_size=26), head="mlm")
+    with pytest.raises(NanobertError, match="^the tokenizer's ids run to 30521, past the "
+                                            "model's vocab_size 26"):
+        small.save_pretrained(tmp_path / "m", tokenizer=minilm[1])
+    assert not (tmp_path / "m" / "model.safetensors").exists()

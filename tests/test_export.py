@@ -254,3 +254,15 @@ def test_export_into_the_current_directory_a_link_or_home(tmp_path, monkeypatch,
     assert not (here / "~").exists()
     assert Tokenizer.from_dir(tmp_path / "home_out").encode("the film").ids == \
         tok.encode("the film").ids                     # the source's tokenizer, copied
+
+
+def test_an_opset_too_old_is_named_before_torch_prints_its_graph(capsys):
+    """onnx_bytes(opset=5) printed torch's whole graph (246 lines) to stdout, then failed
+    on arange (api4)."""
+    import nanobert
+    from nanobert.export import onnx_bytes
+    m = nanobert.Bert(nanobert.preset("tiny", vocab_size=100)).eval()
+    for bad in (5, "17", 13.0):
+        with pytest.raises(ValueError, match=r"^opset must be an ONNX opset number >= 14"):
+            onnx_bytes(m, opset=bad)
+    assert capsys.readouterr().out == ""

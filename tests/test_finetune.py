@@ -1722,3 +1722,14 @@ def test_ner_evaluation_says_which_gold_words_no_model_can_tag(minilm, capsys, m
         "nanobert: note: 1 word maps to no token (only characters the tokenizer drops: "
         "zero-width, control, a lone accent; first '\\u200b', line 2): their tags are neither "
         "learned nor predicted\n")
+
+
+def test_a_column_given_as_the_int_0_is_column_0():
+    """text_column=1, label_column=0 from Python: the falsy int 0 was dropped, and the
+    error then asked for --label-column (api4); a list is refused."""
+    from nanobert.finetune import ColumnsConfig
+    assert ColumnsConfig(text_column=1, label_column=0).given() == {"text_column": "1",
+                                                                    "label_column": "0"}
+    with pytest.raises(TypeError, match=r"^text_column must be a column name or a 0-based "
+                                        r"index, got list \['a'\]"):
+        ColumnsConfig(text_column=["a"])

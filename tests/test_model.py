@@ -361,3 +361,16 @@ def test_a_target_of_the_wrong_shape_is_named(head, targets, says):
     m = Bert(preset("tiny", vocab_size=100), head=head).eval()
     with pytest.raises((ValueError, TypeError), match="^" + says):
         m(ids, **{k: eval(v, {"torch": torch, "ids": ids}) for k, v in targets.items()})
+
+
+def test_an_attention_mask_of_other_values_is_refused():
+    """-1 or 0.5 in a mask were read as tokens here and not by transformers: outputs 5.9
+    apart (api4). 0/1 of any dtype, and bools, are masks."""
+    m = Bert(preset("tiny", vocab_size=100)).eval()
+    ids = torch.randint(0, 100, (2, 5))
+    for mask in (torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5), torch.ones(2, 5).bool()):
+        m.bert(ids, attention_mask=mask)
+    for bad, shown in ((-torch.ones(2, 5, dtype=torch.long), "-1"), (torch.ones(2, 5) * 0.5, "0.5")):
+        with pytest.raises(ValueError, match=f"^attention_mask must hold 0 .padding. and 1 .a "
+                                             f"token., got {shown}$"):
+            m.bert(ids, attention_mask=bad)

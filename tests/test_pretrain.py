@@ -1195,3 +1195,14 @@ def test_ablate_masking_points_mask_split_at_splits(capsys):
     assert capsys.readouterr().err.strip().endswith(
         "--fsdp: ablate-masking trains its small models in one process; shard one split's run "
         "with pretrain --fsdp")
+
+
+@pytest.mark.parametrize("corpus", [None, [], [""], [5]])
+def test_run_pretrain_checks_its_corpus(corpus, tmp_path):
+    """None, [], [''] and [5] from Python were a TypeError from pathlib, or another error's
+    words ('a single document', '--out is inside the --corpus directory') (api4)."""
+    cfg = PretrainConfig.create(corpus=corpus, out_dir=str(tmp_path / "o"), max_steps=1)
+    with pytest.raises(NanobertError, match=r"^--corpus: got .*, expected one or more text "
+                                            "files or directories"):
+        run_pretrain(cfg)
+    assert not (tmp_path / "o").exists()

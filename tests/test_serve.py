@@ -527,6 +527,11 @@ def test_tokenize_gives_ids_and_offsets(server):
     assert [("Hello, world!"[t["start"]:t["end"]]) for t in toks[1:-1]] == ["Hello", ",", "world", "!"]
     pair = server.http.post("/tokenize", content=rb'{"inputs": "\ud83d\ude00 ok", "model": "minilm"}')
     assert pair.status_code == 200 and pair.json()["tokens"][0][1]["end"] == 1   # one emoji
+    # a cut input is counted in /metrics, as the other routes count theirs (serveload4)
+    cut_before = server.metric("nanobert_truncated_inputs_total")
+    r = server.post("/tokenize", {"inputs": ["word " * 600, "short"], "model": "minilm"}).json()
+    assert r["truncated"] == [True, False]
+    assert server.metric("nanobert_truncated_inputs_total") == cut_before + 1
 
 
 def test_long_inputs_are_clipped_without_changing_answers(server, models):

@@ -632,3 +632,9 @@ def test_vocab_size_counts_the_rows_ids_need(tmp_path):
     tok = Tokenizer.from_dir(d)
     assert tok.tk.get_vocab_size() == 7 and tok.vocab_size == 8
     assert max(tok.encode("the cat").ids) < tok.vocab_size
+
+
+def test_from_dir_names_a_path_that_is_none():
+    with pytest.raises(TypeError, match=r"^Tokenizer.from_dir\(path\): a directory or file "
+                                        "path, got NoneType"):
+        Tokenizer.from_dir(None)
