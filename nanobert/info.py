@@ -5,7 +5,12 @@ import json
 
 
 def summary(model, tokenizer=None) -> dict:
-    """Config, parameter counts by part, vocabulary size, as a dict."""
+    """Config, parameter counts by part, vocabulary size, as a dict. `model`: a
+    nanobert.Bert (what nanobert.load gives)."""
+    from .model import Bert
+    if not isinstance(model, Bert):   # (an AttributeError on 'bert' or 'config')
+        raise TypeError(f"summary(model): a nanobert.Bert, as nanobert.load gives it, got "
+                        f"{type(model).__name__}")
     c = model.config
     bert = model.bert
 

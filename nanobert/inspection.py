@@ -49,6 +49,10 @@ def attention_maps(model, tokenizer, text: str, pair: Optional[str] = None,
         raise TypeError(f"attention_maps(model, tokenizer, text): got a "
                         f"{type(model).__name__} and a {type(tokenizer).__name__} (nanobert.load "
                         "gives the pair)")
+    for name, value in (("text", text), ("pair", pair)):
+        if not isinstance(value, str) and (name == "text" or value is not None):
+            # (it said 'texts[0] must be a string', of an argument of another name)
+            raise TypeError(f"attention_maps({name}): one string, got {type(value).__name__}")
     was_training = encoder.training
     encoder.eval()
     try:

@@ -61,3 +61,15 @@ def test_info_says_a_relative_position_model_runs_padded(tmp_path, capsys):
     assert main(["info", "minilm"]) == 0
     out = capsys.readouterr().out
     assert "attention backend: unpadded" in out and "runs padded" not in out
+
+
+def test_summary_names_a_model_of_another_kind():
+    """summary(model.bert) or summary('minilm') were AttributeErrors (api4)."""
+    import pytest
+    import nanobert
+    from nanobert.info import summary
+    body = nanobert.Bert(nanobert.preset("tiny", vocab_size=100)).bert
+    for bad, kind in ((body, "BertModel"), ("minilm", "str")):
+        with pytest.raises(TypeError, match=f"^summary\\(model\\): a nanobert.Bert, as "
+                                            f"nanobert.load gives it, got {kind}$"):
+            summary(bad)

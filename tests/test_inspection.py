@@ -429,3 +429,16 @@ def test_tsne_tells_twelve_labels_apart_and_lists_them_in_reading_order(tmp_path
               tmp_path / "u.png")
     assert [s[0] for s in seen] == [str(i) for i in range(25)]
     assert len({(c, m) for _, c, m in seen}) == 25
+
+
+def test_attention_maps_names_a_text_that_is_no_string():
+    """attention_maps(model, tok, None) said 'texts[0] must be a string' (api4)."""
+    import nanobert
+    from nanobert.inspection import attention_maps
+    model = nanobert.Bert(nanobert.preset("tiny", vocab_size=100))
+    tok = nanobert.Tokenizer.train(["a b c"] * 5, vocab_size=40)
+    for args, says in (((None,), r"text\): one string, got NoneType"),
+                       ((["a"],), r"text\): one string, got list"),
+                       (("a", 5), r"pair\): one string, got int")):
+        with pytest.raises(TypeError, match=r"^attention_maps\(" + says):
+            attention_maps(model, tok, *args)
