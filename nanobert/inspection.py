@@ -16,6 +16,7 @@ backend it was loaded with.
 from __future__ import annotations
 
 import json
+import sys
 import os
 import re
 from collections import Counter
@@ -34,6 +35,12 @@ from .finetune import ColumnsConfig
 
 # ----------------------------------------------------------------------------------
 # Attention
+
+
+def summary_line(args, line: str) -> None:
+    """A command's line for people: on stdout, or with --json on stderr, so that stdout
+    is the JSON alone (a parser read the line first and failed)."""
+    print(line, file=sys.stderr if args.json else sys.stdout)
 
 
 @torch.inference_mode()
@@ -290,7 +297,7 @@ def attention_cmd(args):
                            args.scale or "sqrt")
         result = {"tokens": tokens, "layers": list(range(1, L + 1)),
                   "cls_attention": np.round(cls.astype(np.float64), 6).tolist()}
-        print(f"[CLS] attention over {L} layers, {len(tokens)} tokens -> {args.out}")
+        summary_line(args, f"[CLS] attention over {L} layers, {len(tokens)} tokens -> {args.out}")
     else:
         layers = parse_selection(args.layers, L, "layers", default_layers(L))
         heads = parse_selection(args.heads, nh, "heads", [0])
@@ -298,7 +305,8 @@ def attention_cmd(args):
         result = {"tokens": tokens, "maps": [
             {"layer": l + 1, "head": h + 1, "probs": np.round(probs[l, h].astype(np.float64), 6).tolist()}
             for l in layers for h in heads]}
-        print(f"{len(layers) * len(heads)} attention map(s), {len(tokens)} tokens -> {args.out}")
+        summary_line(args, f"{len(layers) * len(heads)} attention map(s), {len(tokens)} tokens "
+                           f"-> {args.out}")
     if args.json:
         print(json.dumps(result))
     return 0
@@ -581,9 +589,9 @@ def tsne_cmd(args):
              f"= {rep['silhouette']:.3f}")
     plot_tsne(points, rep["labels"], args.out, title, names)
     counts = {lab: rep["labels"].count(lab) for lab in sorted(set(rep["labels"]), key=_natural)}
-    print(f"{len(rep['labels'])} examples {counts} -> {args.out}")
-    print(f"silhouette ({args.metric}, {rep['vectors'].shape[1]}-d {what} vectors): "
-          f"{rep['silhouette']:.4f}")
+    summary_line(args, f"{len(rep['labels'])} examples {counts} -> {args.out}")
+    summary_line(args, f"silhouette ({args.metric}, {rep['vectors'].shape[1]}-d {what} "
+                       f"vectors): {rep['silhouette']:.4f}")
     if args.json:
         print(json.dumps({"n": len(rep["labels"]), "counts": counts, "vector": args.vector,
                           "metric": args.metric, "silhouette": rep["silhouette"]}))

@@ -114,7 +114,9 @@ def test_attention_cli(tiny_dir, tmp_path, capsys):
                "--layers", "1,3", "--heads", "all", "--json"])
     assert rc == 0
     assert out.read_bytes()[:8] == PNG
-    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    said = capsys.readouterr()
+    r = json.loads(said.out)              # stdout is the JSON alone (misc5), the line on stderr
+    assert said.err.startswith("4 attention map(s), 5 tokens -> ")
     assert r["tokens"] == ["[CLS]", "a", "good", "film", "[SEP]"]
     assert [(m["layer"], m["head"]) for m in r["maps"]] == [(1, 1), (1, 2), (3, 1), (3, 2)]
     model, tok = nanobert.load(tiny_dir)
@@ -187,10 +189,10 @@ def test_tsne_cli(tiny_dir, labelled_tsv, tmp_path, capsys):
                "--n", "16", "--json", "--label-names", "0=negative,1=positive"])
     assert rc == 0
     assert out.read_bytes()[:8] == PNG
-    lines = capsys.readouterr().out.strip().splitlines()
-    r = json.loads(lines[-1])
+    said = capsys.readouterr()
+    r = json.loads(said.out)              # stdout is the JSON alone (misc5), the lines on stderr
     assert r["n"] == 16 and r["counts"] == {"0": 8, "1": 8}
-    assert any(line.startswith("silhouette") for line in lines)
+    assert any(line.startswith("silhouette") for line in said.err.splitlines())
     # the printed score is the silhouette of the sampled vectors in the original space
     ex = read_labelled(labelled_tsv)
     idx = balanced_sample(ex["labels"], 16, 0)
