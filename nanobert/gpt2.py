@@ -154,11 +154,17 @@ def sequence_nll(lm, tokenizer, texts: Sequence[str], batch_size: int = 16) -> n
     when the tokenizer has one. Batches are right-padded; padding is not scored."""
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     max_len = getattr(lm.config, "n_positions", None) or getattr(lm.config, "max_position_embeddings", 1024)
-    seqs = []
-    for t in texts:
+    seqs, cut = [], []
+    for i, t in enumerate(texts):
         ids = tokenizer(t, add_special_tokens=False)["input_ids"]
         ids = ([start] if start is not None else []) + list(ids)
+        if len(ids) > max_len:
+            cut.append(i)
         seqs.append(ids[-max_len:])   # keep the end: the verdict is there
+    if cut:   # (cut unsaid, where the BERT side of the same comparison said its cut)
+        note(f"{len(cut)} of {len(texts)} GPT-2 prompts are longer than its {max_len} "
+             f"positions: each keeps its last {max_len} tokens (the verdict at the end; "
+             f"the first cut: #{cut[0] + 1})")
     device = next(lm.parameters()).device
     out = np.zeros(len(seqs), dtype=np.float64)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))

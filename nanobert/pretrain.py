@@ -946,13 +946,16 @@ def write_ablation(out: Path, rows: list, curves: dict, cfg: PretrainConfig):
           f"loss on the same fixed "
           f"validation masks (standard 80/10/10) for every split.", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    # every number of a column with its decimals (an accuracy of 0 was '0.0' among '0.0047')
+    shown = [{c: f"{v:.{2 if c == 'val_perplexity' else 4}f}" if isinstance(v, float) else v
+              for c, v in r.items()} for r in rows]
+    md += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in shown]
     write_text(out / "ablation.md", "\n".join(md) + "\n")
     with atomic_path(out / "ablation.csv") as tmp:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
-            w.writerows(rows)
+            w.writerows(shown)
     from . import figures
     fig, ax = figures.pyplot().subplots(figsize=(7, 4.5))
     for name, pts in curves.items():

@@ -117,6 +117,18 @@ def test_sequence_nll_matches_transformers_loss(tiny_gpt2):
         assert g == pytest.approx(mean_loss * (ids.shape[1] - 1), rel=1e-4)
 
 
+
+def test_a_prompt_past_gpt2s_positions_keeps_its_end_and_says_so(tiny_gpt2, capsys):
+    """The cut was unsaid, where the BERT side of the same comparison said its own (misc5)."""
+    lm, tok = load_gpt2(tiny_gpt2)
+    long = " ".join(POS * 10) + " The sentiment is positive."      # > 64 tokens
+    got = sequence_nll(lm, tok, [long, "funny"])
+    err = capsys.readouterr().err
+    assert err == ("nanobert: note: 1 of 2 GPT-2 prompts are longer than its 64 positions: "
+                   "each keeps its last 64 tokens (the verdict at the end; the first cut: #1)\n")
+    assert np.isfinite(got).all()
+
+
 def test_load_gpt2_errors(tmp_path, monkeypatch):
     with pytest.raises(NanobertError, match="no such model directory"):
         load_gpt2(str(tmp_path / "missing"))

@@ -298,6 +298,12 @@ def test_ablate_masking_table_and_plot(corpus_dir, tmp_path, capsys):
     rows = (out / "ablation.csv").read_text().splitlines()
     assert rows[0].startswith("split,") and len(rows) == 3
     assert "| 0/0/100 |" in (out / "ablation.md").read_text()
+    # each number with its column's decimals (an accuracy of 0 was written '0.0': misc5)
+    import re
+    for row in rows[1:]:
+        cells = row.split(",")
+        assert all(re.fullmatch(r"\d+\.\d{4}", c) for c in cells[1:4]), row
+        assert re.fullmatch(r"\d+\.\d{2}", cells[4]), row
     assert (out / "ablation.png").stat().st_size > 1000
     curves = [[e["step"] for e in records(out / d, "eval")] for d in ("split-80-10-10", "split-0-0-100")]
     assert curves[0] == curves[1] == [2, 4]
