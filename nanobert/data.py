@@ -1616,9 +1616,10 @@ def read_conll(path, require_tags=True) -> list:
 def _refuse_index_column(sentences, path, width) -> None:
     """A first column that counts 1, 2, 3... in every sentence is a token index (GermEval,
     CoNLL-U): the model had trained on the words '1 2 3 4 5'."""
-    if width[0] > 2 and all(s.words == [str(i) for i in range(1, len(s.words) + 1)]
-                            for s in sentences):
-        raise data_error(path, sentences[0].line, "the first column counts 1, 2, 3... in every "
+    if width[0] > 2 and any(all(s.words == [str(i) for i in range(first, len(s.words) + first)]
+                                for s in sentences) for first in (0, 1)):
+        raise data_error(path, sentences[0].line, "the first column counts 1, 2, 3... (or from "
+                         "0) in every "
                          "sentence: a token index (GermEval, CoNLL-U), but the token is read "
                          "from the first column (and the tag from the last); cut the index "
                          "column away first (e.g. cut -f2- FILE)")
@@ -1906,14 +1907,15 @@ def _answers(raw, context: str, where: str, moved: list) -> list:
             continue
         text = a.get("text") if isinstance(a, dict) else None
         start = a.get("answer_start") if isinstance(a, dict) else None
-        if isinstance(start, str) and start.isascii() and start.isdigit():
-            start = int(start)  # some converters write the offset as a string
-        elif isinstance(start, float) and start.is_integer():
-            start = int(start)  # or as a float (pandas, a column that once held a NaN)
-        if not isinstance(text, str) or not text or isinstance(start, bool) \
-                or not isinstance(start, (int, type(None))):
-            raise NanobertError(f"{where}: each answer needs a non-empty 'text' (and an "
-                                "integer 'answer_start', or none)")
+        if isinstance(start, str) and start.strip():   # some converters write it as a string
+            start = _as_float(start.strip()) if _as_float(start.strip()) is not None else start
+        if isinstance(start, float) and start.is_integer():
+            start = int(start)  # or as a float (pandas, a column that once held a NaN: 8.0)
+        if not isinstance(text, str) or not text:
+            raise NanobertError(f"{where}: each answer needs a non-empty 'text'")
+        if isinstance(start, bool) or not isinstance(start, (int, type(None))):
+            raise NanobertError(f"{where}: answer_start {start!r} is not a character offset "
+                                "(an integer, or none)")
         out.append((text, _answer_start(text, start, context, where, moved)))
     return out
 
@@ -2537,9 +2539,10 @@ def _is_qrels_header(fields: list) -> bool:
 
 
 def _grade(text: str) -> Optional[int]:
-    """A relevance grade ('1', '2.0', '-1') as an int; None when it is no integer."""
+    """A relevance grade ('1', '2.0', '-1') as an int; None when it is no integer (nor
+    '1_0' or full-width digits, which Python's float() reads)."""
     try:
-        x = float(text)
+        x = plain_number(text)
     except ValueError:
         return None
     return int(x) if x == x and abs(x) != float("inf") and x.is_integer() else None

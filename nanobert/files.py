@@ -462,24 +462,41 @@ def _not_text(path, head: bytes) -> None:
     Parquet file or a spreadsheet (say how to make text of it); it had been 'not valid
     UTF-8', or for an .xlsx 'decompress it', which gives XML."""
     for magic, what, todo in TABLE_FILES:
-        if head.startswith(magic):
+        if head.startswith(magic) and (magic != b"PAR1" or _ends_with(path, magic)):
             raise data_error(path, None, f"{what}, not a text file; {todo}")
     packed = next((name for magic, name in COMPRESSED if magic.match(head)), None)
-    if packed == "zip" and _is_xlsx(path):
-        raise data_error(path, None, "an Excel workbook (.xlsx), not a text file; save it as "
-                         "CSV (or tab-separated text)")
+    sheet = _spreadsheet(path) if packed == "zip" else None
+    if sheet:
+        raise data_error(path, None, f"{sheet}, not a text file; save it as CSV (or "
+                         "tab-separated text)")
     if packed:
         raise data_error(path, None, f"compressed ({packed}), not a text file; decompress "
                          "it first and pass the result")
 
 
-def _is_xlsx(path) -> bool:
+def _ends_with(path, magic: bytes) -> bool:
+    """A Parquet file ends with its magic too (a text may start with 'PAR1')."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() < 2 * len(magic):
+            return False
+        f.seek(-len(magic), os.SEEK_END)
+        return f.read() == magic
+
+
+def _spreadsheet(path) -> Optional[str]:
+    """What spreadsheet a zip file is (Excel's .xlsx, OpenDocument's .ods), or None."""
     import zipfile
     try:
         with zipfile.ZipFile(path) as z:
-            return any(n.startswith("xl/") for n in z.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
+            names = z.namelist()
+            if any(n.startswith("xl/") for n in names):
+                return "an Excel workbook (.xlsx)"
+            if "mimetype" in names and b"spreadsheet" in z.read("mimetype"):
+                return "an OpenDocument spreadsheet (.ods)"
+    except (OSError, zipfile.BadZipFile, KeyError):
+        pass
+    return None
 
 
 COMPRESSED = (  # magic bytes at the start of a file (bzip2: "BZh", a level, a block magic)

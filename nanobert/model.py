@@ -201,6 +201,10 @@ class BertConfig:
                 what = "a number" if kind is float else "a whole number"
                 raise ValueError(f"{key} must be {what} {'>' if strict else '>='} {least}, "
                                  f"got {v!r}")
+        flags = [f.name for f in fields(self) if f.type in (bool, "bool")]
+        odd = next((k for k in flags if not isinstance(getattr(self, k), bool)), None)
+        if odd is not None:   # ('no' had been read as true: relative attention built)
+            raise ValueError(f"{odd} must be True or False, got {getattr(self, odd)!r}")
         terms = set(self.relative_terms.split("|")) - {"", "c2p", "p2c"} \
             if isinstance(self.relative_terms, str) else {self.relative_terms}
         if terms:

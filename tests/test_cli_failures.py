@@ -559,14 +559,20 @@ def test_a_parquet_file_or_a_spreadsheet_is_named_with_what_to_do(tmp_path):
     gives XML) (formats4)."""
     import zipfile
     from nanobert.files import NanobertError, read_lines
-    (tmp_path / "t.parquet").write_bytes(b"PAR1\x15\x04\x15\xd0\x01\x15\xd0\x01L")
+    (tmp_path / "t.parquet").write_bytes(b"PAR1\x15\x04\x15\xd0\x01\x15\xd0\x01LPAR1")
+    (tmp_path / "par1.txt").write_text("PAR1 is a name\nanother line\n")   # (text: regress5)
+    assert [t for _, t in read_lines(tmp_path / "par1.txt")] == ["PAR1 is a name",
+                                                                 "another line"]
     with zipfile.ZipFile(tmp_path / "t.xlsx", "w") as z:
         z.writestr("xl/workbook.xml", "<w/>")
+    with zipfile.ZipFile(tmp_path / "t.ods", "w") as z:
+        z.writestr("mimetype", "application/vnd.oasis.opendocument.spreadsheet")
     with zipfile.ZipFile(tmp_path / "t.zip", "w") as z:
         z.writestr("train.tsv", "a\t1\n")
     for name, says in (("t.parquet", "a Parquet file (the Hugging Face Hub's format), not a "
                                      "text file; write it as JSON Lines first"),
                        ("t.xlsx", "an Excel workbook (.xlsx), not a text file; save it as CSV"),
+                       ("t.ods", "an OpenDocument spreadsheet (.ods), not a text file; save"),
                        ("t.zip", "compressed (zip), not a text file; decompress it first")):
         with pytest.raises(NanobertError) as e:
             list(read_lines(tmp_path / name))

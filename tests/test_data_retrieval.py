@@ -432,3 +432,9 @@ def test_a_headerless_triplets_file_is_told_how_to_read(tmp_path, capsys):
     with pytest.raises(NanobertError, match="a reranker reads \\(query, document, label\\) "
                                             "rows: \\(query, positive, negative\\) triplets"):
         D.read_text_rows(h, require_score=True)
+
+
+def test_a_relevance_grade_is_a_number_as_people_write_it():
+    """qrels still read '1_0' as 10 and a full-width '１' as 1 (regress5)."""
+    assert D._grade("2") == 2 and D._grade("2.0") == 2 and D._grade("-1") == -1
+    assert D._grade("1_0") is None and D._grade("\uff11") is None and D._grade("x") is None

@@ -339,6 +339,8 @@ def test_sequence_losses_are_transformers_and_label_shapes_are_checked():
     ("id2label", ["a", "b"], "id2label must be a dict"),
     ("id2label", {"x": "a"}, "id2label's keys must be label ids"),
     ("problem_type", "multi", "problem_type 'multi' is not supported"),
+    ("relative_attention", "no", "relative_attention must be True or False, got 'no'"),
+    ("bias", 0, "bias must be True or False, got 0"),
 ])
 def test_a_config_value_no_variant_has_is_refused_naming_the_field(field, value, says):
     """'relative_key' built a model without positions (word order made no difference), a

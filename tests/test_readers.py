@@ -888,7 +888,7 @@ def test_squad_answer_start_written_as_a_float(tmp_path):
     assert D.read_squad(p)[0].answers == [("Bob", 8)]
     q = jsonl(tmp_path, [{"id": "a", "question": "Who?", "context": "Ann met Bob.",
                           "answers": [{"text": "Bob", "answer_start": 8.5}]}], "q.jsonl")
-    assert "integer 'answer_start'" in error_of(D.read_squad, q)
+    assert "answer_start 8.5 is not a character offset" in error_of(D.read_squad, q)
 
 
 def test_a_json_lines_question_with_one_answer_field(tmp_path):
@@ -925,6 +925,14 @@ def test_qa_questions_in_a_table(tmp_path):
     j = write(tmp_path, "s.jsonl", json.dumps({"question": "Which slept?", "context": ctx,
                                                "answer": "The cat", "answer_start": 26}) + "\n")
     assert D.read_squad(t)[0].answers == D.read_squad(j)[0].answers == [("The cat", 26)]
+    # as pandas writes an integer column that once held a NaN: 26.0 (regress5)
+    f = write(tmp_path, "f.csv", f'question,context,answer,answer_start\nWhich slept?,"{ctx}",'
+                                 "The cat,26.0\n")
+    assert D.read_squad(f)[0].answers == [("The cat", 26)]
+    bad = write(tmp_path, "b.csv", f'question,context,answer,answer_start\nWhich?,"{ctx}",'
+                                   "The cat,abc\n")
+    assert error_of(D.read_squad, bad).endswith("answer_start 'abc' is not a character offset "
+                                                "(an integer, or none)")
     # a datasets export's 'answers' column is not read from a table: said so
     h = write(tmp_path, "h.csv", "question,context,answers\nWho?,Ann.,\"{'text': ['Ann']}\"\n")
     assert error_of(D.read_squad, h).startswith(f"{h}:1: a table's 'answers' column")
@@ -1057,7 +1065,10 @@ def test_conll_index_columns_and_language_prefixes(tmp_path, capsys):
     g = write(tmp_path, "g.tsv", "1\tAngela\tB-PER\tO\n2\tMerkel\tI-PER\tO\n3\tvisited\tO\tO\n\n"
                                  "1\tSiemens\tB-ORG\tO\n2\tgrew\tO\tO\n")
     assert error_of(D.read_conll, g).startswith(f"{g}:1: the first column counts 1, 2, 3... "
-                                                "in every sentence: a token index")
+                                                "(or from 0) in every sentence: a token index")
+    zero = write(tmp_path, "z.tsv", "0\tAngela\tB-PER\tO\n1\tMerkel\tI-PER\tO\n\n"
+                                    "0\tSiemens\tB-ORG\tO\n")
+    assert "a token index" in error_of(D.read_conll, zero)    # (0-based too: regress5)
     p = write(tmp_path, "p.txt", "en:Angela\tB-PER\nen:Merkel\tI-PER\nen:visited\tO\n")
     assert D.read_conll(p)[0].words == ["Angela", "Merkel", "visited"]
     assert capsys.readouterr().err == (f"nanobert: note: {p}: every word starts with 'en:' "
