@@ -453,7 +453,7 @@ class Tokenizer:
         number less one), with BERT's normaliser and pre-tokenizer."""
         vocab = {}
         for n, line in read_lines(vocab_file):  # bad UTF-8 is reported with its line
-            vocab.setdefault(line, n - 1)
+            vocab[line] = n - 1      # (a line twice: the last one's id, as transformers reads it)
         if not vocab:
             raise NanobertError(f"{vocab_file}: empty vocabulary")
         tk = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_WORD_CHARS))
@@ -512,8 +512,11 @@ class Tokenizer:
             "special_tokens_map.json": json.dumps(specials, indent=2),
         }
         if wordpiece:
-            vocab = sorted(self.tk.get_vocab().items(), key=lambda kv: kv[1])
-            files["vocab.txt"] = "".join(t + "\n" for t, _ in vocab)
+            # a line per id, gaps kept (a vocab.txt read with a line twice has one): the
+            # ids are the line numbers, and a file written without them shifted the rest
+            token_of = {i: t for t, i in self.tk.get_vocab().items()}
+            files["vocab.txt"] = "".join(token_of.get(i, f"[unused_gap{i}]") + "\n"
+                                         for i in range(self.vocab_size))
         for name, text in files.items():
             with atomic_path(out_dir / name) as tmp:
                 tmp.write_text(text, encoding="utf-8")

@@ -632,6 +632,12 @@ def test_vocab_size_counts_the_rows_ids_need(tmp_path):
     tok = Tokenizer.from_dir(d)
     assert tok.tk.get_vocab_size() == 7 and tok.vocab_size == 8
     assert max(tok.encode("the cat").ids) < tok.vocab_size
+    # the last line of a token gives its id, as transformers reads the file; saved and read
+    # again, every id stays (the gap's line kept: the ids after it had shifted) (regress5)
+    assert tok.encode("the cat").ids == [2, 6, 7, 3]
+    tok.save(tmp_path / "saved")
+    (tmp_path / "saved" / "tokenizer.json").unlink()          # (read from vocab.txt alone)
+    assert Tokenizer.from_dir(tmp_path / "saved").encode("the cat").ids == [2, 6, 7, 3]
 
 
 def test_from_dir_names_a_path_that_is_none():
