@@ -2000,7 +2000,7 @@ def note_regraded(path, n: int, query: str, doc: str, first: int, last: int) -> 
          f"{query!r}, {doc!r} on lines {first} and {last}); the last grade counts")
 
 
-def last_grades(rows: list) -> list:
+def last_grades(rows: list, quiet: bool = False) -> list:
     """(query, document, label) rows, one per (query, document): the last one's label, as
     the qrels reader keeps it, said when they differ. A pair listed twice had been two
     documents: labelled 1 and 0, the metric changed with the rows' order (1.0 or 0.63)."""
@@ -2010,7 +2010,7 @@ def last_grades(rows: list) -> list:
         if key in last and last[key].score != r.score:
             regraded.append((r.path, *key, last[key].line, r.line))
         last[key] = r
-    if regraded:
+    if regraded and not quiet:
         note_regraded(regraded[0][0], len(regraded), *regraded[0][1:])
     return list(last.values()) if len(last) < len(rows) else rows
 
