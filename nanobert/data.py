@@ -1907,8 +1907,8 @@ def _answers(raw, context: str, where: str, moved: list) -> list:
             continue
         text = a.get("text") if isinstance(a, dict) else None
         start = a.get("answer_start") if isinstance(a, dict) else None
-        if isinstance(start, str) and start.strip():   # some converters write it as a string
-            start = _as_float(start.strip()) if _as_float(start.strip()) is not None else start
+        if isinstance(start, str) and _as_float(start.strip()) is not None:
+            start = _as_float(start.strip())   # some converters write it as a string
         if isinstance(start, float) and start.is_integer():
             start = int(start)  # or as a float (pandas, a column that once held a NaN: 8.0)
         if not isinstance(text, str) or not text:

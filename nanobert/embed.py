@@ -440,6 +440,12 @@ def _loaded_model(model, tokenizer, dtype: str):
     return model
 
 
+def _one_of_0d(x):
+    """np.array("a text") as the one text it holds (as np.str_ is one); anything else as
+    it is."""
+    return x.item() if getattr(x, "ndim", None) == 0 and hasattr(x, "item") else x
+
+
 class Encoder:
     """A sentence encoder: model + tokenizer + pooling.
 
@@ -500,8 +506,7 @@ class Encoder:
         """One text -> a vector (H,); a list of texts -> an array (n, H), float32.
         `show_progress`: a bar on a terminal, a line every 30 s in a log ("log": the
         lines only)."""
-        if getattr(texts, "ndim", None) == 0 and hasattr(texts, "item"):
-            texts = texts.item()         # np.array("a text"): one text, as np.str_ is
+        texts = _one_of_0d(texts)
         single = isinstance(texts, str)
         out = encode(self.model, self.tokenizer, [texts] if single else texts, self.pooling,
                      self.normalize if normalize is None else normalize,
@@ -550,8 +555,7 @@ class Encoder:
             raise ValueError("rerank_k is the number of hits given to `rerank`: pass rerank "
                              "too, or leave rerank_k out")
         rerank_k = RERANK_K if rerank_k is None else rerank_k
-        if getattr(query, "ndim", None) == 0 and hasattr(query, "item"):
-            query = query.item()         # np.array("a query"): one query, as encode reads it
+        query = _one_of_0d(query)
         single = isinstance(query, str)
         queries = [query] if single else check_texts(query, "query")
         if rerank is not None:

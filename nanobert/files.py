@@ -242,8 +242,9 @@ def note(msg: str):
     nothing, its failed write neither)."""
     for path, name in _SHOWN_AS.items():
         msg = msg.replace(path, name)
-    if _NOTE_STAGE.get():
-        msg = f"{_NOTE_STAGE.get()}: {msg}"
+    stage = _NOTE_STAGE.get()
+    if stage:
+        msg = f"{stage}: {msg}"
     # a progress bar on the screen: the note on a line of its own, the bar redrawn under
     # it (a note said before a bar closed stuck to the end of the bar's line)
     line = message_line(f"nanobert: note: {msg}")

@@ -225,8 +225,12 @@ def note_tokenless(tok, sentences, kind: str = "") -> None:
     """Say how many words of tagged sentences map to no token: their tags are neither
     learned nor predicted (a gold entity there was a miss no model could fix, unsaid; in
     training and in evaluation alike). Each word is tokenized alone, as pre-split words
-    are. Once per tokenizer: the dev set is evaluated again and again."""
+    are. Once per tokenizer: the dev set is evaluated again and again (its words are
+    tokenized once, not at every evaluation)."""
     from .tokenizer import note_once
+    if tok.__dict__.get("_tokenless_of") is sentences:
+        return
+    tok._tokenless_of = sentences
     words = sorted({w for s in sentences for w in s.words})
     empty = {w for w, e in zip(words, tok.tk.encode_batch(
         [[w] for w in words], is_pretokenized=True, add_special_tokens=False)) if not e.ids}

@@ -1001,11 +1001,11 @@ def check_inputs(c: BertConfig, input_ids, attention_mask, token_type_ids):
         # every token reads the one segment, as RoBERTa's tokenizer gives both texts type 0)
         if int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= c.type_vocab_size:
             raise ValueError(f"token_type_ids must be from 0 to {c.type_vocab_size - 1}")
-    if attention_mask is not None and attention_mask.dtype != torch.bool and \
-            bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-        # (-1 or 0.5 read as a token here, not in transformers: 5.9 apart)
-        bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)][0].item()
-        raise ValueError(f"attention_mask must hold 0 (padding) and 1 (a token), got {bad:g}")
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
+        if odd.numel():   # (-1 or 0.5 read as a token here, not in transformers: 5.9 apart)
+            raise ValueError(f"attention_mask must hold 0 (padding) and 1 (a token), got "
+                             f"{odd[0].item():g}")
 
 
 class BertModel(nn.Module):

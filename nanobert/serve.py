@@ -1291,9 +1291,10 @@ def make_app(server: Server):
         path = request.url.path if len(request.url.path) <= 200 else request.url.path[:197] + "..."
         msg = {404: f"no route {path} (see GET /info)",
                405: f"{request.method} is not allowed on {path}"}
-        needs = next((r.needs for r in ROUTES if r.needs and request.url.path in
-                      (r.path, r.path + "/")), None)
-        if exc.status_code == 405 and needs:   # a route no model here does: 404 whatever
+        needs = exc.status_code == 405 and next(
+            (r.needs for r in ROUTES if r.needs and request.url.path in (r.path, r.path + "/")),
+            None)
+        if needs:   # a route no model here does: 404 whatever
             try:                               # the method (405 said 'Allow: POST')
                 server.require_route(needs, path)
             except ApiError as e:
