@@ -603,7 +603,8 @@ def read_rerank_data(path, cols=None, require=True):
         return read_beir(path, check=False)
     rows = read_text_rows(path, require_score=True, columns=_columns(cols),
                           min_texts=(2, "a reranker needs (query, document, label) rows; "
-                                     "found single texts"))
+                                     "found single texts"),
+                          score_kind="relevance grades (numbers >= 0)")
     if len(rows[0].texts) != 2:
         raise data_error(path, rows[0].line, "a reranker needs (query, document, label) rows; "
                          f"found {len(rows[0].texts)} text column(s)")

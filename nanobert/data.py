@@ -2018,7 +2018,8 @@ def last_grades(rows: list, quiet: bool = False) -> list:
 MAX_SCORE = 1e15   # squared, summed over a batch of thousands: still finite in float32
 
 
-def _score(value, path, line, column: Optional[str] = None) -> float:
+def _score(value, path, line, column: Optional[str] = None,
+           kind: str = "similarity scores") -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise data_error(path, line, "the score is missing (an empty cell or null); every row "
                          "needs one here")
@@ -2028,9 +2029,9 @@ def _score(value, path, line, column: Optional[str] = None) -> float:
         x = float("nan")
     if isinstance(value, bool) or x != x or x in (float("inf"), float("-inf")):
         words = isinstance(value, str) and x != x and column in LABEL_COLUMNS
+        guess = " (an NLI or classification file?)" if kind == "similarity scores" else ""
         raise data_error(path, line, f"score {value!r} is not a finite number" + (
-            f": the {column!r} column holds class labels (an NLI or classification file?), "
-            "not similarity scores" if words else ""))
+            f": the {column!r} column holds class labels{guess}, not {kind}" if words else ""))
     if abs(x) > MAX_SCORE:
         raise data_error(path, line, f"score {value!r} is too large (at most {MAX_SCORE:g} in "
                          "magnitude: the squared errors of training overflow float32); "
@@ -2198,7 +2199,8 @@ def _pick(names, candidates, given=None):
 
 
 def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional[dict] = None,
-                   pairs_need_score: bool = False, min_texts: tuple = (1, "")) -> list:
+                   pairs_need_score: bool = False, min_texts: tuple = (1, ""),
+                   score_kind: str = "similarity scores") -> list:
     """`TextRow`s of an STS / pairs / triplets / reranking file. The columns present
     decide the texts (anchor, positive, negative) and the score; `columns` may name them
     ({"text": ..., "pair": ..., "negative": ..., "score": ...}), by name or 0-based index.
@@ -2207,7 +2209,8 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
     (query, positive) pairs), STS/NLI pair columns without a score are refused too
     (`_scored_pairs`). `min_texts` is (the fewest text columns, the error if fewer):
     checked before any row is read, so a file of another shape is named as such, not by
-    its first row's value under a column taken for the score."""
+    its first row's value under a column taken for the score. `score_kind` names what
+    the scores are, for the error on a cell that is a word."""
     path, columns = Path(path), columns or {}
     if is_sts_original(path, tuple(columns.values())):
         out = _read_sts_original(path, require_score is not False, columns)
@@ -2244,7 +2247,8 @@ def read_text_rows(path, require_score: Optional[bool] = None, columns: Optional
         odd = next((r for r in roles if not isinstance(rec.get(r), str)), None)
         if odd is not None:
             raise data_error(path, n, _not_a_text(odd, rec.get(odd)))
-        out.append(TextRow(texts, _score(rec.get(score), path, n, score) if score else None,
+        out.append(TextRow(texts, _score(rec.get(score), path, n, score, score_kind)
+                           if score else None,
                            n, path))
     if not out:
         raise data_error(path, None, "no rows (only a header?)")

@@ -589,6 +589,17 @@ def test_single_texts_are_refused_as_such_by_pair_models(tmp_path, label):
         E.read_rerank_data(f)
 
 
+def test_a_word_label_in_a_reranking_table_is_named_as_not_a_grade(tmp_path):
+    """A word in a reranking table's label column was described as a similarity file's
+    fault ("(an NLI or classification file?), not similarity scores")."""
+    f = tmp_path / "r.tsv"
+    f.write_text("query\tdocument\tlabel\nq1\td1\t1\nq1\td2\trelevant\n")
+    with pytest.raises(NanobertError, match=f"{f}:3: score 'relevant' is not a finite number: "
+                       r"the 'label' column holds class labels, not relevance grades") as err:
+        E.read_rerank_data(f)
+    assert "similarity" not in str(err.value)
+
+
 def test_reranking_dev_rows_must_rank_something(tmp_path, capsys, monkeypatch):
     """STS pairs as reranking data: each pair its own query with one document, so every
     evaluation scored nDCG 1.0 and the first was kept as the best."""
