@@ -1334,6 +1334,7 @@ def read_text_lines(path) -> list:
         raise data_error(path, n, "CoNLL columns (a token and its tag a line), not one text "
                          "a line; a tagger (--task ner) reads these")
     out = [Example(t, line=k) for k, t in lines_without_inner_cr(path) if not blank(t)]
+    _refuse_json_after_heading(out, path)
     skipped = out[-1].line - len(out)   # blank lines before the last text (none after it)
     if skipped > 0:   # (a line of invisible characters is blank too: it was read as a text)
         note(f"{path}: {skipped} blank line{'s' * (skipped != 1)} skipped (row i of the output "
@@ -1342,6 +1343,16 @@ def read_text_lines(path) -> list:
 
 
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def _refuse_json_after_heading(texts: list, path):
+    """JSON Lines under a first line or two that are no JSON (a '// comment', a title):
+    the check of the first line read them as text, every record's raw JSON an input."""
+    start = next((i for i, e in enumerate(texts) if opens_json(e.text_a)), None)
+    if start and all(opens_json(e.text_a) for e in texts[start:]):
+        raise data_error(path, texts[0].line, "not valid JSON, but the lines from line "
+                         f"{texts[start].line} on are JSON Lines (a comment or title line? JSON "
+                         "Lines have none: remove it)")
 
 
 def _json_string_lines(path, strict: bool = True) -> Optional[list]:

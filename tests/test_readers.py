@@ -398,6 +398,19 @@ def test_a_json_array_of_records_reads_as_json_lines(tmp_path):
     assert time.perf_counter() - start < 10
 
 
+def test_json_lines_under_a_comment_line_are_not_read_as_texts(tmp_path):
+    """predict, embed and search read a .jsonl file whose first line is a comment as one
+    text a line: each record's raw JSON was an input, exit 0."""
+    f = write(tmp_path, "c.jsonl", '// my data\n{"text": "good", "label": "pos"}\n'
+              '{"text": "bad", "label": "neg"}\n')
+    for read in (D.read_inputs, D.read_text_lines):
+        assert error_of(read, f).startswith(f"{f}:1: not valid JSON, but the lines from line 2 "
+                                            "on are JSON Lines")
+    # text lines of which some merely start like JSON stay texts
+    mixed = write(tmp_path, "m.txt", 'a title\n{"x": 1} is how it looks\nplain again\n')
+    assert len(D.read_text_lines(mixed)) == 3
+
+
 def test_json_that_is_not_json_lines_says_what_is_wrong(tmp_path):
     # a comma after each record was 'SQuAD-style JSON' to the classifier, and predict,
     # NER predict and the embedding tasks' predict read each raw line as a text
