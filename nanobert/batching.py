@@ -100,6 +100,15 @@ def forward_tokens(device) -> Optional[int]:
     return CPU_FORWARD_TOKENS if torch.device(device).type == "cpu" else None
 
 
+def logits_only(model) -> dict:
+    """The forward keywords of a run that reads only a sequence head's logits: nanobert's
+    model then runs its last block on each row's first token alone. Every reader of such
+    logits passes them (offline and served), so that an int8 model, whose last block's
+    scales come from the rows it reads, answers the same on every path."""
+    from .model import Bert
+    return {"first_only": True} if isinstance(model, Bert) else {}
+
+
 def inverse_order(batches: list[list[int]]) -> list[int]:
     """Where each original example sits in the concatenated batch outputs:
     `flat[inverse_order(batches)[i]]` is the output of example i."""

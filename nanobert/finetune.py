@@ -48,7 +48,7 @@ import torch
 
 from . import biencoder as B
 from . import data as D
-from .batching import (FeatureRows, forward_tokens, pad_rows, size_runs, sorted_batches,
+from .batching import (FeatureRows, forward_tokens, logits_only, pad_rows, size_runs, sorted_batches,
                        to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
 from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
@@ -322,9 +322,7 @@ def run_batches(model, items, batch_size: int, pad_id: int = 0, bar=None,
     groups = sorted_batches([len(it["input_ids"]) for it in items], batch_size,
                             max_tokens=forward_tokens(dev))
 
-    # a sequence head's logits are all that is read: the last block runs on first tokens
-    from .model import Bert
-    first = {"first_only": True} if take is sequence_logits and isinstance(model, Bert) else {}
+    first = logits_only(model) if take is sequence_logits else {}
 
     def forward(idx):
         batch = collate([{k: items[i][k] for k in ("input_ids", "token_type_ids")} for i in idx],

@@ -246,14 +246,14 @@ def pair_logit_chunks(model, tok, pairs: list, max_length: int = 256, batch_size
 
 def _encoded_logits(model, tok, encs, batch_size: int, bar) -> torch.Tensor:
     """pair_logits of one chunk's encodings, in their order."""
-    from .batching import forward_tokens, restore_order, sorted_batches
+    from .batching import forward_tokens, logits_only, restore_order, sorted_batches
     device = next(model.parameters()).device
     groups = sorted_batches([len(e.ids) for e in encs], batch_size,
                             max_tokens=forward_tokens(device))
 
     def forward(idx):
         batch = {k: v.to(device) for k, v in tok.pad([encs[i] for i in idx]).items()}
-        return model(**batch).logits.float().cpu()
+        return model(**batch, **logits_only(model)).logits.float().cpu()
     out = []
     for idx, logits in zip(groups, map_on_cores(forward, groups, cpu=device.type == "cpu")):
         out.append(logits)
