@@ -507,8 +507,10 @@ def check_truncation(m: Served, name: str, counts, texts, pairs=None, sent=None)
             n = m.full_length(texts[i], pairs[i] if pairs else None)
             kept = len(texts[i]) + len(pairs[i] if pairs else "")
             more = "at least " if sent is not None and sent[i] > kept else ""
-            raise unprocessable(f"{name}[{i}]", f"has {more}{n} tokens; the model reads at "
-                                f"most {m.max_length} (truncate is false)")
+            # (a document is counted with its query: the pair is what the model reads)
+            paired = " with the query and a pair's special tokens" if name == "documents" else ""
+            raise unprocessable(f"{name}[{i}]", f"has {more}{n} tokens{paired}; the model "
+                                f"reads at most {m.max_length} (truncate is false)")
 
 
 def vector_rows(rows, normalize: bool, dimensions: Optional[int] = None) -> list:

@@ -307,7 +307,11 @@ def test_rerank_names_the_query_when_it_alone_is_too_long(server):
     assert r.json()["error"]["message"].startswith("field 'query' has at least "), r.text
     r = server.post("/rerank", {"query": "q", "documents": ["a short doc", "word " * 100],
                                 "truncate": False, "model": "sst"})
-    assert r.json()["error"]["param"] == "documents[1]", r.text
+    err = r.json()["error"]
+    assert err["param"] == "documents[1]", r.text
+    # the count is the pair's (query + document + specials), and the message says so
+    assert err["message"].startswith("field 'documents[1]' has 304 tokens with the query and a "
+                                     "pair's special tokens; the model reads at most 32"), err
 
 
 def test_regression_reranker_cuts_at_its_trained_max_length(server, models):
