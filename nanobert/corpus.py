@@ -53,8 +53,7 @@ def corpus_files(paths: Sequence) -> list:
         p = Path(p)
         kind = path_kind(p)   # (a path that cannot be looked up is an error saying why)
         if kind == "dir":
-            found = sorted(f for f in p.rglob("*") if path_kind(f) == "file"
-                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            found = directory_files(p)
             if not found:
                 raise NanobertError(f"{p}: directory holds no files")
             files.extend(found)
@@ -72,6 +71,48 @@ def corpus_files(paths: Sequence) -> list:
             raise NanobertError(f"{f}: given twice in the corpus{also}; name each file once")
         given[key] = f
     return files
+
+
+def directory_files(top: Path) -> list:
+    """The files under `top`, sorted: hidden ones skipped, linked directories followed (a
+    corpus folder of links to shard folders: rglob passed them by, unread and unsaid),
+    each directory once (a link back up would loop), and search's embedding caches
+    (`x.txt.nanobert-KEY.npy`, made beside the corpus file it searched) skipped with a
+    note: binary, they ended a pretraining on the same folder as bad UTF-8."""
+    from .embed import is_embedding_cache
+    found, seen, caches, above = [], set(), [], []
+    home = os.path.realpath(top)
+    for root, dirs, names in os.walk(top, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen or (real != home and _holds(real, home)):   # (a link up: a loop)
+            if real not in seen:
+                above.append(root)
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in names:
+            f = Path(root) / name
+            if name.startswith(".") or path_kind(f) != "file":
+                continue
+            (caches if is_embedding_cache(f) else found).append(f)
+    said = (str(top), len(caches), len(above))
+    if (caches or above) and said not in _SAID:   # (once: the run's fingerprint reads it too)
+        _SAID.add(said)
+        if caches:
+            note(f"{top}: {len(caches)} embedding cache file(s) of nanobert search skipped "
+                 f"({caches[0].name}...)")
+        if above:
+            note(f"{top}: {above[0]} links to a folder that holds the corpus folder; not "
+                 "followed (it would read the corpus again, and what is beside it)")
+    return sorted(found)
+
+
+_SAID: set = set()
+
+
+def _holds(folder: str, inner: str) -> bool:
+    return os.path.commonpath([folder, inner]) == folder
 
 
 def document_lines(files: Sequence) -> Iterator[tuple]:

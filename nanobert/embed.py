@@ -22,6 +22,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
 import weakref
@@ -655,6 +656,14 @@ def read_texts(path, text_column: Optional[str] = None) -> list[str]:
     if not examples:
         raise NanobertError(f"{path}: no sentences")
     return [e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}" for e in examples]
+
+
+def is_embedding_cache(path: Path) -> bool:
+    """Is `path` named as a corpus embedding cache of `_cache_paths`?"""
+    return CACHE_NAME.fullmatch(path.name) is not None
+
+
+CACHE_NAME = re.compile(r".+\.nanobert-[0-9a-f]{8}-[0-9a-f]{16}\.npy")   # corpus.nanobert-READER-TEXTS
 
 
 def _cache_paths(corpus: Path, key: str) -> list[Path]:

@@ -177,6 +177,29 @@ def test_corpus_paths_that_cannot_be_read_are_named(tmp_path):
         corpus_files([tmp_path / "d"])
 
 
+def test_corpus_folder_follows_linked_folders_and_skips_search_caches(tmp_path, capsys):
+    """A linked shard folder inside a corpus folder was passed by unread and unsaid; a
+    search cache beside a corpus file ended pretraining on the folder as bad UTF-8; a
+    link up to a folder holding the corpus is not followed (it would loop)."""
+    (tmp_path / "shard").mkdir()
+    (tmp_path / "shard" / "b.txt").write_text("Four. Five.\n")
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("One. Two.\n\nThree.\n")
+    (d / "shard2").symlink_to(tmp_path / "shard")
+    (d / "up").symlink_to(tmp_path)
+    (d / "a.txt.nanobert-ac90eccb-0c7e32fff609b87e.npy").write_bytes(b"\x93NUMPY")
+    (d / "notes.nanobert-x.npy").write_text("Six.\n")      # (not a cache's name: read)
+    got = corpus_files([d])
+    assert [str(f.relative_to(d)) for f in got] == ["a.txt", "notes.nanobert-x.npy",
+                                                   "shard2/b.txt"]
+    err = capsys.readouterr().err
+    assert "1 embedding cache file(s) of nanobert search skipped" in err
+    assert f"{d / 'up'} links to a folder that holds the corpus folder; not followed" in err
+    corpus_files([d])                                   # said once
+    assert capsys.readouterr().err == ""
+
+
 def test_streaming_corpus_without_training_documents_names_the_file(tmp_path, loaded_corpus):
     """One document, held out for validation (every 10th is, the first included): the
     error said 'the streaming corpus has no training documents', naming no file and no cause."""
