@@ -296,21 +296,28 @@ class OneLineParser(argparse.ArgumentParser):
         """`--flag -value` as `--flag=-value`, where the flag takes one value and the
         value is no flag: argparse takes a value that starts with a dash for a flag unless
         it is a plain negative number, so `--mask-split -10/100/10` said "expected one
-        argument" instead of what is wrong with the value."""
+        argument" instead of what is wrong with the value. A flag of several paths
+        (`--corpus`) takes such a value as ./-value, the same file."""
         flags, out, i = self._option_string_actions, [], 0
+
+        def dash_value(v) -> bool:
+            return (v is not None and v[:1] == "-" and v[:2] != "--" and len(v) > 1
+                    and not any(f.startswith(v) for f in flags))
         while i < len(args):
             a = args[i]
             if a == "--":
                 return out + args[i:]
             nxt = args[i + 1] if i + 1 < len(args) else None
-            if (a in flags and flags[a].nargs is None and nxt is not None and nxt[:1] == "-"
-                    and nxt[:2] != "--" and len(nxt) > 1
-                    and not any(f.startswith(nxt) for f in flags)):
+            if a in flags and flags[a].nargs is None and dash_value(nxt):
                 out.append(f"{a}={nxt}")
                 i += 2
-            else:
-                out.append(a)
-                i += 1
+                continue
+            out.append(a)
+            i += 1
+            if a in flags and flags[a].nargs == "+":   # (paths: --corpus -a.txt b.txt)
+                while i < len(args) and (args[i][:1] != "-" or dash_value(args[i])):
+                    out.append(f"./{args[i]}" if dash_value(args[i]) else args[i])
+                    i += 1
         return out
 
     def _unknown_flag(self) -> Optional[str]:

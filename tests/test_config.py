@@ -199,6 +199,17 @@ def test_add_flags_skip_and_defaults():
     assert args.steps == 7 and args.corpus == ["a", "b"] and not hasattr(args, "mask_split")
 
 
+def test_a_flag_of_several_paths_takes_a_name_that_starts_with_a_dash():
+    """--corpus -dash.txt said "--corpus: expected at least one argument" where a flag of
+    one path (--input -dash.txt) took the name."""
+    args = parse(["pretrain", "--corpus", "-dash.txt", "b.txt", "-c.txt", "--out", "o"])
+    assert args.corpus == ["./-dash.txt", "b.txt", "./-c.txt"] and args.out == "o"
+    assert parse(["distill", "--corpus", "a", "--teacher", "-t", "--out", "o"]).teacher == "-t"
+    assert parse(FT + ["--teacher", "-t1", "t2"]).teacher == ["./-t1", "t2"]
+    with pytest.raises(SystemExit):     # a flag after the paths is still a flag
+        parse(["pretrain", "--corpus", "a", "--steps", "x", "--out", "o"])
+
+
 def test_python_callers_get_the_same_checks_for_wrong_types():
     with pytest.raises(NanobertError, match=r"--batch-size: got 2\.5, expected an integer >= 1"):
         FinetuneConfig(task="ner", batch_size=2.5)
