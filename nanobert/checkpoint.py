@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from .files import (NanobertError, check_output_dir, minilm_dir, note, open_input, path_kind,
-                    temp_prefix, usual_mode)
+                    read_json, temp_prefix, usual_mode)
 from .families import BY_MODEL_TYPE, FAMILIES, Family
 from .model import ACTIVATIONS, Bert, BertConfig
 from .rundir import require_finished
@@ -236,10 +236,7 @@ def st_prompts(model_dir) -> dict:
 def st_json(path: Path, kind: type, what: str):
     """A sentence-transformers file's JSON, of the type it must have, or one line saying
     why not (a broken layout is an error, never a silently different embedding)."""
-    try:
-        d = json.loads(path.read_text("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NanobertError(f"{path}: not valid JSON ({e})")
+    d = read_json(path)
     if not isinstance(d, kind):
         raise NanobertError(f"{path}: expected {what}, got {type(d).__name__}")
     return d
@@ -275,12 +272,7 @@ def read_config(model_dir: Path) -> dict:
             raise NanobertError(f"{path}: missing, and so is {model_dir / inner / 'config.json'} "
                                 f"(modules.json puts the model in {inner}/)")
         raise NanobertError(f"{path}: missing (not a model directory)")
-    try:
-        d = json.loads(path.read_text("utf-8"))
-    except json.JSONDecodeError as e:
-        raise NanobertError(f"{path}:{e.lineno}: not valid JSON ({e.msg})")
-    except UnicodeDecodeError:
-        raise NanobertError(f"{path}: not valid UTF-8")
+    d = read_json(path)
     if not isinstance(d, dict):
         raise NanobertError(f"{path}: expected a JSON object")
     if inner and "model_type" not in d and "architectures" not in d:   # ST's version file
@@ -327,12 +319,7 @@ def read_settings(model_dir: Path, positions=None) -> dict:
     path = Path(model_dir) / SETTINGS_FILE
     if not path.is_file():
         return cross_encoder_settings(Path(model_dir), positions)
-    try:
-        settings = json.loads(path.read_text("utf-8"))
-    except OSError as e:
-        raise NanobertError(f"{path}: cannot be read ({e.strerror or e})")
-    except ValueError as e:   # (UnicodeDecodeError is a ValueError)
-        raise NanobertError(f"{path}: not valid JSON ({str(e)[:120]})")
+    settings = read_json(path)
     if not isinstance(settings, dict):
         raise NanobertError(f"{path}: not a JSON object of settings")
 
@@ -454,10 +441,7 @@ def _index_shards(index: Path) -> list:
     """The shard files a model.safetensors.index.json (or pytorch_model.bin.index.json)
     names: {"weight_map": {tensor: file}}, each file a plain name in the model directory."""
     what = "safetensors index" if ".safetensors" in index.name else "weights index"
-    try:
-        d = json.loads(index.read_text("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NanobertError(f"{index}: not a valid {what} ({e})")
+    d = read_json(index)
     weight_map = d.get("weight_map") if isinstance(d, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise NanobertError(f"{index}: not a valid {what} (expected a non-empty "

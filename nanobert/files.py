@@ -11,6 +11,7 @@ import contextvars
 import errno
 import glob
 import hashlib
+import json
 import os
 import random
 import re
@@ -355,6 +356,25 @@ def read_lines(path, keep_ends: bool = False):
                 raise data_error(path, n, "binary data (NUL byte), not a text file (UTF-16 "
                                  "without a byte-order mark? save it as UTF-8)")
             yield n, text + end if keep_ends else text
+
+
+def read_text(path) -> str:
+    """The whole text of a file, read as `read_lines` reads it (a byte-order mark dropped,
+    UTF-16 read, compressed files and bad UTF-8 named with their line), line ends kept."""
+    return "".join(t for _, t in read_lines(path, keep_ends=True))
+
+
+def read_json(path):
+    """The JSON value of a model's or tokenizer's settings file, read as `read_text`
+    reads it (a config.json saved with a byte-order mark had Python's "decode using
+    utf-8-sig", a gzipped tokenizer.json "cannot be read"); bad JSON is named with its
+    line."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise data_error(path, e.lineno, f"not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:     # (a number of 5,000 digits; deep nesting)
+        raise data_error(path, None, f"not valid JSON ({str(e)[:120]})") from None
 
 
 STDIN = "-"   # --input - : the standard input

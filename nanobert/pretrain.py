@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from .config import (MAX_SEQ_LEN, Config, add_flags, as_flags, at_least, checked, default_flags,
                      fraction, param)
 from .files import (NanobertError, atomic_path, check_one_process, check_output_dir, check_outside,
-                    input_path, note, one_line, path_kind, shown_number, write_text)
+                    input_path, note, one_line, path_kind, read_json, shown_number, write_text)
 from .masking import (IGNORE, SPLIT_DECIMALS, STANDARD_MASKS, Masker, fixed_masks, parse_split,
                       split_name, word_continuations)
 from .model import PRESETS, VARIANTS, pair_loss
@@ -178,9 +178,9 @@ def _read_hf_config(path: str) -> dict:
         raise NanobertError(f"--config {path}: not a regular file (a pipe or a device); "
                             "save the config.json to a file and pass its path")
     try:
-        hf = json.loads(input_path(path).read_text("utf-8"))
-    except (OSError, ValueError) as e:
-        raise NanobertError(f"--config {path}: not a usable config.json ({e})") from None
+        hf = read_json(input_path(path))
+    except NanobertError as e:
+        raise NanobertError(f"--config {e}") from None
     if not isinstance(hf, dict):
         raise NanobertError(f"--config {path}: not a usable config.json (expected a JSON object)")
     return hf

@@ -35,7 +35,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .files import NanobertError, atomic_path, minilm_dir, read_lines
+from .files import NanobertError, atomic_path, minilm_dir, read_json, read_lines, read_text
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROLES = ("pad", "unk", "cls", "sep", "mask")
@@ -164,10 +164,7 @@ def _max_length(v, path) -> int:
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    try:
-        d = json.loads(path.read_text("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NanobertError(f"{path}: not valid JSON ({e})")
+    d = read_json(path)
     return d if isinstance(d, dict) else {}
 
 
@@ -430,10 +427,11 @@ class Tokenizer:
         lowercase = bert["lowercase"]
         max_len = _max_length(conf.get("model_max_length"), path / "tokenizer_config.json")
         if kind == "json":
+            text = read_text(file)
             try:
-                tk = HFTokenizer.from_file(str(file))
+                tk = HFTokenizer.from_str(text)
             except Exception as e:
-                raise NanobertError(f"{file}: cannot be read ({e})")
+                raise NanobertError(f"{file}: not a usable tokenizer.json ({e})")
             if isinstance(tk.model, models.WordPiece) and _loads_as_bert(path, conf):
                 tk.normalizer = normalizers.BertNormalizer(clean_text=True, **bert)
         elif kind == "vocab":

@@ -577,3 +577,30 @@ def test_a_parquet_file_or_a_spreadsheet_is_named_with_what_to_do(tmp_path):
         with pytest.raises(NanobertError) as e:
             list(read_lines(tmp_path / name))
         assert str(e.value).startswith(f"{tmp_path / name}: {says}")
+
+
+def test_model_settings_files_are_read_as_data_files_are(tmp_path, minilm_dir):
+    """A config.json or tokenizer.json saved with a byte-order mark (or as UTF-16) was
+    refused with Python's "decode using utf-8-sig" or "cannot be read (expected value)";
+    a gzipped one said "cannot be read", as if a permission were missing."""
+    import gzip
+    import shutil
+    from nanobert.checkpoint import load_model
+    from nanobert.files import NanobertError, read_json
+    from nanobert.tokenizer import Tokenizer
+    d = tmp_path / "m"
+    shutil.copytree(minilm_dir, d)
+    for name in ("config.json", "tokenizer.json"):
+        text = (d / name).read_text("utf-8")
+        (d / name).write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    (d / "tokenizer_config.json").write_bytes(
+        (minilm_dir / "tokenizer_config.json").read_text("utf-8").encode("utf-16"))
+    tok = Tokenizer.from_dir(d)
+    assert tok.encode("Hello world").ids == Tokenizer.from_dir(minilm_dir).encode("Hello world").ids
+    assert load_model(d, head=None).config.hidden_size == 384
+    (d / "tokenizer.json").write_bytes(gzip.compress(text.encode("utf-8")))
+    with pytest.raises(NanobertError, match=r"tokenizer.json: compressed \(gzip\), not a text"):
+        Tokenizer.from_dir(d)
+    (d / "config.json").write_text('{\n  "hidden_size": 384,\n  oops\n}\n')
+    with pytest.raises(NanobertError, match=r"config.json:3: not valid JSON \(Expecting"):
+        read_json(d / "config.json")

@@ -105,8 +105,9 @@ def test_bad_settings_of_a_model_are_one_line(classifier, capsys, settings, says
         err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("content, says", [(b"{", "not valid JSON"), (b"\xff\xfe{", "not valid JSON"),
-                                           (b"[1]", "not a JSON object of settings")])
+@pytest.mark.parametrize("content, says", [(b"{", ":1: not valid JSON"),
+                                           (b"\xff\xfe{", ":1: not valid UTF-16"),
+                                           (b"[1]", ": not a JSON object of settings")])
 def test_a_reranker_with_broken_settings_is_one_line(classifier, capsys, content, says):
     """search --rerank read nanobert.json unchecked: JSONDecodeError, UnicodeDecodeError,
     AttributeError tracebacks."""
@@ -115,7 +116,7 @@ def test_a_reranker_with_broken_settings_is_one_line(classifier, capsys, content
     assert main(["search", "--model", str(classifier / "base"), "--corpus",
                  str(classifier / "corpus.txt"), "--query", "good", "--rerank", str(model)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"nanobert: error: {model / 'nanobert.json'}: {says}") and \
+    assert err.startswith(f"nanobert: error: {model / 'nanobert.json'}{says}") and \
         err.count("\n") == 1, err
 
 

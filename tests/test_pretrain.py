@@ -90,7 +90,7 @@ def test_bad_model_choice_fails_before_the_corpus_is_read(tmp_path, capsys, monk
     roberta.write_text(json.dumps(dict(small, model_type="roberta")))
     base = ["--corpus", str(corpus), "--out", str(tmp_path / "o"), "--steps", "1"]
     for extra, words in ((["--preset", "gigantic"], ["--preset", "'gigantic'", "tiny"]),
-                         (["--config", str(not_json)], [str(not_json), "config.json"]),
+                         (["--config", str(not_json)], [str(not_json), "not valid JSON"]),
                          (["--config", str(array)], [str(array), "JSON object"]),
                          (["--config", str(a_dir)], [str(a_dir), "directory"]),
                          (["--config", str(tmp_path / "missing.json")], ["no such file"]),
