@@ -100,15 +100,23 @@ def retrieval_metrics(qrels: dict, run: dict) -> dict:
 def dense_run(query_vecs: np.ndarray, query_ids: list, doc_vecs: np.ndarray, doc_ids: list,
               k: int = 100, chunk: int = 256) -> dict:
     """Cosine top-k (k + 1, so that dropping a document with the query's own id leaves
-    k) for each query: {query id: {doc id: score}}."""
+    k) for each query: {query id: {doc id: score}}, and every document tied with the
+    last one kept: `ranking` orders ties by id, and the cut must be made after that
+    order, not by which of the tied documents topk happened to keep."""
     docs = torch.nn.functional.normalize(torch.from_numpy(doc_vecs).float(), dim=-1)
     queries = torch.nn.functional.normalize(torch.from_numpy(query_vecs).float(), dim=-1)
     k = min(k + 1, len(doc_ids))
     run = {}
     for start in range(0, len(query_ids), chunk):
-        scores, idx = (queries[start:start + chunk] @ docs.T).topk(k, dim=-1)   # (q, k)
-        for qid, row_s, row_i in zip(query_ids[start:start + chunk], scores.tolist(), idx.tolist()):
-            run[qid] = {doc_ids[i]: s for i, s in zip(row_i, row_s)}
+        sims = queries[start:start + chunk] @ docs.T                      # (q, N)
+        scores, idx = sims.topk(k, dim=-1)                                # (q, k)
+        tied = (sims >= scores[:, -1:]).sum(-1) > k                       # (q,) more at the cut
+        for row, qid in enumerate(query_ids[start:start + chunk]):
+            if tied[row]:
+                kept = (sims[row] >= scores[row, -1]).nonzero().squeeze(-1)
+                run[qid] = {doc_ids[i]: s for i, s in zip(kept.tolist(), sims[row, kept].tolist())}
+            else:
+                run[qid] = {doc_ids[i]: s for i, s in zip(idx[row].tolist(), scores[row].tolist())}
     return run
 
 

@@ -65,6 +65,24 @@ def test_dense_run_top_k_and_rerank():
     assert R.ranking(reranked["q1"]) == ["c", "a"]
 
 
+def test_dense_run_cuts_ties_by_the_ranking_rule():
+    """Documents tied at the top-k cut were kept by whichever topk returned, not by the
+    ranking's rule (ties by id descending, as trec_eval): recall@100 0.0 where the rule
+    gives 1.0 (300 duplicates, the relevant one 70th by id)."""
+    ids = [f"{i:04d}" for i in range(300)]
+    docs = np.zeros((300, 4), dtype=np.float32)
+    docs[:, :2] = 1
+    docs[:5, 1] = 0                                     # five better documents: not tied
+    queries = np.zeros((2, 4), dtype=np.float32)
+    queries[:, 0] = 1
+    run = R.dense_run(queries, ["q", "r"], docs, ids, 100)
+    assert R.ranking(run["q"])[:5] == ["0004", "0003", "0002", "0001", "0000"]
+    assert R.ranking(run["q"])[5:100] == [f"{i:04d}" for i in range(299, 204, -1)]
+    qrels = {"q": {"0230": 1}, "r": {"0200": 1}}
+    assert R.retrieval_metrics({"q": qrels["q"]}, run)["recall_at_100"] == 1.0
+    assert R.retrieval_metrics({"r": qrels["r"]}, run)["recall_at_100"] == 0.0
+
+
 def test_evaluate_beir_with_a_toy_encoder():
     # bag-of-letters vectors: a query retrieves the document sharing its letters
     def encode(texts):
