@@ -98,10 +98,10 @@ def test_a_rerank_k_over_the_metrics_cutoff_reranks_that_many():
     """--rerank-k over 100 reranked the dense top 100 (k): the candidates are
     max(k, rerank_k). A reranker that finds the one relevant document wherever the
     retriever put it: with k=1 and rerank_k=3 it is found."""
-    def encode(texts):   # every document alike to the query: the dense order is by id
-        return np.ones((len(texts), 3), dtype=np.float32)
-    beir = Beir({"d1": ("", "x"), "d2": ("", "y"), "d3": ("", "gold")}, {"q": "?"},
-                {"q": {"d3": 1}}, "test")
+    def encode(texts):   # every document alike to the query: the dense order is by id,
+        return np.ones((len(texts), 3), dtype=np.float32)   # descending: d2, d1, d0
+    beir = Beir({"d1": ("", "x"), "d2": ("", "y"), "d0": ("", "gold")}, {"q": "?"},
+                {"q": {"d0": 1}}, "test")
     def relevant(pairs):
         return [1.0 if d == "gold" else 0.0 for _, d in pairs]
     few = R.evaluate_beir(encode, beir, k=1, rerank=relevant, rerank_k=1)
