@@ -854,10 +854,12 @@ def _check_resume(out_dir: Path, rec, holds: bool, fp: dict, command: str = ""):
     if rec is None and not holds:   # (a script may always pass --resume; a typo says so)
         note(f"--resume: {out_dir} holds no run to continue; starting a new one")
     if rec is None and holds:
-        raise NanobertError(f"--resume: {out_dir} holds a model that no nanobert run "
-                            "recorded (another tool's, or a nanobert older than run records, "
-                            "whose runs cannot be continued); start over with --overwrite or "
-                            "choose another --out")
+        what = ("a checkpoint" if not any((out_dir / f).exists() for f in MODEL_FILES[:3])
+                else "a model")
+        raise NanobertError(f"--resume: {out_dir} holds {what} that no nanobert run "
+                            f"recorded ({RUN_FILE} removed? another tool's model, or a "
+                            "nanobert older than run records, whose runs cannot be "
+                            "continued); start over with --overwrite or choose another --out")
     other = (rec or {}).get("command")
     if rec is not None and command and other and other != command:
         # (its flags and files are another command's: listing them as changed misleads)

@@ -52,6 +52,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -64,8 +65,9 @@ import torch.nn as nn
 
 from .config import (MAX_STEPS, Config, at_least, check_device, fraction, learning_rate, param,
                      positive, seed_range)
-from .files import (PLAIN_PROGRESS_S, NanobertError, atomic_path, bar_shows, note, shown_number,
-                    signals_replaced, to_stderr, torchrun_processes, write_text)
+from .files import (PLAIN_PROGRESS_S, NanobertError, atomic_path, bar_shows, cut_line, note,
+                    shown_number, signals_replaced, to_stderr, torchrun_processes, write_text)
+from .rundir import file_digest
 
 
 @dataclass
@@ -405,6 +407,45 @@ def later_rank_seed(seed: int, step: int) -> int:
     return ((seed * 1_000_003 + step) * 4_099 + rank) % (1 << 63)
 
 
+CHECKPOINT_DIR = "checkpoint"     # the run's checkpoint, in its output directory
+
+
+def _file_states(folder: Path) -> dict:
+    """{name under `folder`: (inode, size, mtime)} of its files, the checkpoint's and
+    hidden ones left out: what a save replaces (a new inode: written by rename) shows."""
+    out = {}
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and
+                   not (Path(root) == Path(folder) and d == CHECKPOINT_DIR)]
+        for name in names:
+            if not name.startswith("."):
+                st = os.stat(os.path.join(root, name))
+                out[os.path.relpath(os.path.join(root, name), folder)] = \
+                    (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _written_since(folder: Path, before: dict) -> dict:
+    """{name: digest} of the files under `folder` written since `_file_states` gave
+    `before`: the best model's files, checked again when the run resumes."""
+    return {name: file_digest(folder / name) for name, now in _file_states(folder).items()
+            if before.get(name) != now}
+
+
+def _load_failure(msg: str) -> str:
+    """torch's load_state_dict error, many lines, as a short clause: a weight of another
+    shape named with both shapes (it was cut at 200 characters, mid-word)."""
+    import re
+    shape = re.search(r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])"
+                      r"\) from checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])",
+                      msg)
+    if shape:
+        name, saved, now = shape.groups()
+        return (f"its {name} is {saved}, this run's model has {now}: a checkpoint of another "
+                "model size; start over with --overwrite")
+    return cut_line(" ".join(msg.split()), 200)   # (torch's load errors span lines)
+
+
 def _rng_state() -> dict:
     s = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
@@ -568,7 +609,7 @@ class Trainer:
             raise NanobertError("--out: an output directory is required")
         self.cfg = cfg
         self.out_dir = Path(cfg.out_dir)
-        self.ckpt_dir = self.out_dir / "checkpoint"
+        self.ckpt_dir = self.out_dir / CHECKPOINT_DIR
         self.device = _resolve_device(cfg.device)
         self.model = model.to(self.device)
         self.amp_dtype, use_scaler = _resolve_amp(cfg.amp, self.device)
@@ -594,6 +635,7 @@ class Trainer:
         self.last_rec = None                               # the last train record
         self._saved_step = None
         self.best: Optional[dict] = None     # metrics of the best evaluation so far
+        self.best_files: Optional[dict] = None   # what saving it wrote: {name: digest}
         self.last_eval: Optional[dict] = None
         self.evals_since_best = 0            # for early stopping
         self.first_loss = None               # (step, loss) of the first train record
@@ -770,7 +812,7 @@ class Trainer:
         self._pending = dict(result, rng=self._boundary_rng,
                              window={"loss": self.window["loss"], "steps": self.window["steps"]},
                              best=self.best, last_eval=self.last_eval,
-                             evals_since_best=self.evals_since_best)
+                             evals_since_best=self.evals_since_best, best_files=self.best_files)
 
     def _check_finite(self, loss: float, grad_norm: float):
         """The divergence guard: a non-finite loss or gradient stops training BEFORE the
@@ -1054,7 +1096,11 @@ class Trainer:
         if self._improved(metrics):
             # the best is what was saved: recorded once the save is complete
             if self.save_fn is not None and self.is_main:
+                before = _file_states(self.out_dir)
+                if self._pending is not None:   # (a save cut short: some files new, some not)
+                    self._pending["best_files"] = None
                 self.save_fn(model, self.out_dir)
+                self.best_files = _written_since(self.out_dir, before)
             self.best = dict(metrics, step=self.step)
             self.evals_since_best = 0
         else:
@@ -1102,7 +1148,8 @@ class Trainer:
             return
         rng = pending["rng"] if pending else (rng or _rng_state())
         now = pending or {"best": self.best, "last_eval": self.last_eval,
-                          "evals_since_best": self.evals_since_best, "window": self.window}
+                          "evals_since_best": self.evals_since_best, "window": self.window,
+                          "best_files": self.best_files}
         rng_tensors = {"rng.torch": rng["torch"]}
         for i, s in enumerate(rng.get("cuda", [])):
             rng_tensors[f"rng.cuda.{i}"] = s
@@ -1113,6 +1160,7 @@ class Trainer:
             "total_steps": self.total_steps, "warmup": self.warmup,
             "best": now["best"], "last_eval": now["last_eval"],
             "evals_since_best": now["evals_since_best"],
+            "best_files": now.get("best_files"),
             "ema_updates": self.average.updates if self.average else None,
             "python_rng": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
             "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -1162,8 +1210,8 @@ class Trainer:
                 load_model(self.model, str(d / "model.safetensors"), device=str(self.device))
             tensors = load_file(str(d / "optimizer.safetensors"))
         except (ValueError, OSError, RuntimeError) as e:
-            msg = " ".join(str(e).split())   # torch's load errors span lines
-            raise NanobertError(f"{d}: cannot resume from this checkpoint ({msg[:200]})")
+            raise NanobertError(f"{d}: cannot resume from this checkpoint "
+                                f"({_load_failure(str(e))})") from None
         _check_finite(d / "model.safetensors", self.model.state_dict())
         _check_finite(d / "optimizer.safetensors", tensors)
         opt = self.optimizer.state_dict()  # param ids 0..n-1 in group order, as saved
@@ -1185,6 +1233,10 @@ class Trainer:
         if state.get("total_steps") == self.total_steps and "warmup" in state:
             self.warmup = state["warmup"]   # (the run's own schedule: warmup_of may change)
         self._restore_position(state)
+        if self.step > self.total_steps:   # (an edit, or damage: it trained nothing, 'finished')
+            raise NanobertError(f"{self.ckpt_dir / 'state.json'}: not a valid checkpoint state "
+                                f"(step {self.step} is past the run's {self.total_steps} steps); "
+                                "start over with --overwrite")
         self._check_best_saved()
         _set_rng_state(_saved_rng(state, tensors))
         if self._pending is not None:
@@ -1215,12 +1267,23 @@ class Trainer:
                                 f"(step {self.best['step']}) was saved there before the "
                                 "checkpoint: the resumed run would end without it; put it "
                                 "back, or start again with --overwrite")
+        # ... and as it was saved: a resumed run that never does better writes it no more,
+        # and would end 'finished' with a file cut short or edited since
+        for name, digest in (self.best_files or {}).items() if self.is_main else ():
+            f = self.out_dir / name
+            if not f.is_file() or file_digest(f) != digest:
+                raise NanobertError(f"{f}: {'missing' if not f.is_file() else 'changed'} since "
+                                    f"the run saved its best model (step {self.best['step']}) "
+                                    "there (cut short, or edited?): the resumed run would end "
+                                    "with it; put the saved file back, or start again with "
+                                    "--overwrite")
 
     def _restore_position(self, state: dict):
         """Step, epoch, batch, the evaluations so far, the loss window; and a step whose
         after-step work an interrupt cut short (`pending`), to be done first."""
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.best, self.last_eval = state["best"], state["last_eval"]
+        self.best_files = state.get("best_files")
         self.evals_since_best = state.get("evals_since_best", 0)
         self.window.update(state.get("window") or {})   # (older checkpoints: a fresh window)
         patience = self.cfg.early_stopping   # (a run that stopped early stays stopped)
@@ -1229,6 +1292,7 @@ class Trainer:
         if state.get("pending"):
             self._pending = dict(state["pending"], best=self.best, last_eval=self.last_eval,
                                  evals_since_best=self.evals_since_best,
+                                 best_files=self.best_files,
                                  window={"loss": self.window["loss"], "steps": self.window["steps"]})
         self._saved_step = None if self._pending else self.step
 

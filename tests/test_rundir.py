@@ -1026,9 +1026,15 @@ def test_an_empty_checkpoint_folder_is_no_model(tmp_path, data, resume):
                             "replace them with --overwrite")
     (out / "checkpoint" / "state.json").write_text("{}")     # not empty: a checkpoint
     with pytest.raises(NanobertError, match="already holds a model" if not resume else
-                       "holds a model that no nanobert run recorded"):
+                       r"holds a checkpoint that no nanobert run recorded \(nanobert-run.json "
+                       "removed?"):
         with run(out, "finetune", fp(data), resume=resume):
             pass
+    if resume:                          # with weights beside it: a model
+        (out / "model.safetensors").write_bytes(b"x")
+        with pytest.raises(NanobertError, match="holds a model that no nanobert run recorded"):
+            with run(out, "finetune", fp(data), resume=resume):
+                pass
 
 
 def test_a_run_that_fails_early_leaves_no_folders_it_made(tmp_path, data):

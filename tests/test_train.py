@@ -764,14 +764,23 @@ def test_a_signal_right_after_the_update_is_held_to_the_end_of_the_step(
     the step is counted: it waits for the bookkeeping, so the checkpoint never holds the
     new weights under the old step (a resume then repeated the update)."""
     import signal
+    exact_run(tmp_path / "ref")
+    signalled_run(tmp_path / "cut", monkeypatch, getattr(signal, signame), nth)
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == nth
+    exact_run(tmp_path / "cut", resume=True, model_seed=123)
+    assert_same_run(tmp_path / "ref", tmp_path / "cut")
+
+
+def signalled_run(out, monkeypatch, sig, nth: int):
+    """exact_run into `out`, the signal `sig` raised right after the nth update."""
+    import signal
     import nanobert.cli as cli
     from nanobert.cli import _interrupt
-    sig = getattr(signal, signame)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
     # (as inside a command: after an earlier test's cli.main returned, _interrupt took the
     # command for finished and ignored the signal)
     monkeypatch.setattr(cli, "_RETURNED", [])
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-    exact_run(tmp_path / "ref")
     calls = {"n": 0}
 
     def signalled(optimizer, args, kwargs):  # (right after each update)
@@ -782,16 +791,38 @@ def test_a_signal_right_after_the_update_is_held_to_the_end_of_the_step(
     before = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with pytest.raises(KeyboardInterrupt):
-            exact_run(tmp_path / "cut")
+            exact_run(out)
     finally:
         hook.remove()
         signal.signal(signal.SIGTERM, before)
     monkeypatch.undo()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
-    assert state["step"] == nth
-    exact_run(tmp_path / "cut", resume=True, model_seed=123)
-    assert_same_run(tmp_path / "ref", tmp_path / "cut")
+
+
+@pytest.mark.parametrize("damage", ["cut", "edit", "step"])
+def test_a_resume_refuses_a_best_model_or_step_changed_since(tmp_path, monkeypatch, damage):
+    """The best model (step 3) saved, the run interrupted at step 5, then the model cut
+    short or edited (a partial copy, a hand edit), or the checkpoint's step set past the
+    run's end: the resumed run, never doing better, ended 'finished' with the damaged
+    file, or trained nothing and finished 'at step 100000/12'."""
+    import signal
+    from nanobert.files import NanobertError
+    signalled_run(tmp_path / "cut", monkeypatch, signal.SIGINT, 5)
+    weights, state = tmp_path / "cut" / "model.safetensors", tmp_path / "cut" / "checkpoint" / "state.json"
+    if damage == "cut":
+        weights.write_bytes(weights.read_bytes()[:5000])
+        says = r"model.safetensors: changed since the run saved its best model \(step 3\)"
+    elif damage == "edit":
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1                                   # (the size unchanged)
+        weights.write_bytes(bytes(data))
+        says = r"model.safetensors: changed since the run saved its best model \(step 3\)"
+    else:
+        s = json.loads(state.read_text())
+        state.write_text(json.dumps(dict(s, step=100000)))
+        says = r"state.json: not a valid checkpoint state \(step 100000 is past the run's 12 steps"
+    with pytest.raises(NanobertError, match=says):
+        exact_run(tmp_path / "cut", resume=True)
 
 
 @pytest.mark.parametrize("command", [
@@ -918,3 +949,15 @@ def test_a_huge_metric_is_shown_in_significant_digits():
     assert shown_number(0.123456) == "0.1235"
     assert shown_number(9.500996982714881e106) == "9.501e+106"
     assert shown_number(float("inf")) == "inf" and shown_number(float("nan")) == "nan"
+
+
+def test_a_checkpoint_of_another_size_is_named_as_such():
+    """torch's many-line load error was cut at 200 characters, mid-word, with a stray ')'."""
+    from nanobert.train import _load_failure
+    try:
+        torch.nn.Linear(64, 32).load_state_dict(torch.nn.Linear(32, 32).state_dict())
+    except RuntimeError as e:
+        said = _load_failure(str(e))
+    assert said == ("its weight is [32, 32], this run's model has [32, 64]: a checkpoint of "
+                    "another model size; start over with --overwrite")
+    assert _load_failure("a\n  b " + "x" * 400).startswith("a b xxx")
