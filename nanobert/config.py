@@ -562,17 +562,21 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def add_flags(parser: argparse.ArgumentParser, cls, skip=(), helps=None, **defaults):
+def add_flags(parser: argparse.ArgumentParser, cls, skip=(), helps=None, ranges=None,
+              **defaults):
     """One flag per field of `cls.flags()` (but those in `skip`): help, type, default,
     choices and the allowed range from the field's metadata. `defaults` replaces a
     field's default for this command (the masking ablation runs 1,000 steps), `helps`
-    its help (a default that differs: pretraining evaluates a tenth of its steps)."""
+    its help (a default that differs: pretraining evaluates a tenth of its steps),
+    `ranges` its range (the ablation needs a validation split: its --val-fraction > 0)."""
     sample = _default_instance(cls)
     for path, f, flag in cls.flags():
         if path[-1] in skip:
             continue
         default = defaults.get(path[-1], _get(sample, path))
-        kind, meta = _kind(f), f.metadata
+        kind, meta = _kind(f), dict(f.metadata)
+        if path[-1] in (ranges or {}):
+            meta["range"] = ranges[path[-1]]
         kw = dict(meta.get("argparse") or {})
         kw["help"] = (helps or {}).get(path[-1]) or meta.get("help") or None
         if meta.get("range") is not None:

@@ -764,8 +764,10 @@ def fill_mask_cmd(args):
 
 
 def ablate_masking_args(p):
-    add_flags(p, PretrainConfig, skip=("mask_split", "fsdp"), helps=PRETRAIN_HELPS,
-              max_steps=1000)   # (one process)
+    add_flags(p, PretrainConfig, skip=("mask_split", "fsdp"), max_steps=1000,   # (one process)
+              helps=dict(PRETRAIN_HELPS, val_fraction="documents held out for validation "
+                         "(the splits are compared by their validation loss)"),
+              ranges={"val_fraction": fraction(open_hi=True, open_lo=True)})
     p.add_argument("--splits", default="80/10/10,100/0/0,0/0/100,50/50/0",
                    help="comma-separated [MASK]/random/unchanged splits to compare")
     p.add_argument("--mask-split", action=_UseSplits, help=argparse.SUPPRESS,

@@ -127,6 +127,15 @@ class TrainConfig(Config):
     progress: bool = param(True, "a progress bar with loss and throughput (into a log or a "
                            "pipe: a line every 30 s)")
 
+    def __post_init__(self):
+        super().__post_init__()
+        head_lr = self.lr * self.head_lr_scale      # (the cap of --lr holds for the head's)
+        if head_lr > learning_rate().hi:
+            raise NanobertError(f"--head-lr-scale: got {self.head_lr_scale:g}, but the head "
+                                f"would learn at --lr x --head-lr-scale = {head_lr:g}, past "
+                                f"{learning_rate().hi:g} (the most --lr takes: the weights "
+                                "blow up)")
+
     def check_given(self):
         """--warmup-steps takes precedence over --warmup-ratio: given together, one would be
         dropped without a word."""

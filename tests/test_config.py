@@ -128,6 +128,12 @@ def test_task_choices_come_from_the_task_table():
     (["pretrain", "--corpus", "c", "--out", "o", "--mask-split", "-10/100/10"],
      "--mask-split: got '-10/100/10', expected three percentages"),
     (FT + ["--lr", "-1e-5x"], "--lr: got '-1e-5x', expected a finite number > 0"),
+    # the head learns at lr x scale: 1e30 saved weights of 5e25, exit 0
+    # the ablation's --help said ">= 0" (pretrain's range), then refused 0
+    (["ablate-masking", "--corpus", "c", "--out", "o", "--val-fraction", "0"],
+     "--val-fraction: got 0.0, expected a finite number > 0 and < 1"),
+    (FT + ["--head-lr-scale", "1e30"], "--head-lr-scale: got 1e+30, but the head would learn "
+                                       "at --lr x --head-lr-scale = 5e+25, past 1"),
     (FT + ["--lr", "--epochs", "2"], "--lr: expected one argument"),
     (["fill-mask", "--model", "m", "-k", "-3", "a [MASK]"],
      "--top-k: got -3, expected an integer >= 1"),
@@ -348,3 +354,14 @@ def test_a_commands_flag_before_the_command_is_named(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.startswith("nanobert: error: --threads: not a flag of "
                                               "nanobert itself; a command's flags go after")
+
+
+def test_the_ablations_val_fraction_help_says_its_own_range(capsys):
+    with pytest.raises(SystemExit):
+        main(["ablate-masking", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "compared by their validation loss) [a finite number > 0 and < 1]" in shown
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    assert "held out for validation [a finite number >= 0 and < 1]" in " ".join(
+        capsys.readouterr().out.split())
