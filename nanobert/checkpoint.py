@@ -156,8 +156,9 @@ def hub_error_kind(error: BaseException):
 
 def hub_unreachable(name, hint: str = "") -> NanobertError:
     """The error for a hub name when the hub cannot be reached and no cached copy is here."""
-    return NanobertError(f"the Hugging Face Hub cannot be reached (offline?) and {name} is not "
-                         f"in the local cache; give a local directory{hint}")
+    return NanobertError(f"{name}: no such directory, and the Hugging Face Hub cannot be "
+                         f"reached (offline?) to fetch it, nor is it in the local cache; give a "
+                         f"local directory{hint}")
 
 
 def hub_failure(name, error: BaseException, hint: str = "") -> NanobertError:

@@ -51,7 +51,8 @@ from . import data as D
 from .batching import (FeatureRows, forward_tokens, logits_only, pad_rows, size_runs, sorted_batches,
                        to_inference_device)
 from .config import Config, at_least, fraction, max_length_range, param, temperature
-from .checkpoint import OtherLabels, block_counts, init_new_weights, read_settings, resolve
+from .checkpoint import (OtherLabels, block_counts, init_new_weights, read_config, read_settings,
+                         resolve)
 from .files import (NanobertError, check_output_dir, check_outside, note,
                     progress_bar, shown_number, some_of, spooled_stdin, with_article,
                     one_line as field)
@@ -1338,7 +1339,7 @@ def finetune(config, *args, **fields) -> dict:
     _check_beir_flags(cfg)
     for teacher in cfg.teachers:    # (as --model: named before the data is read)
         try:
-            resolve(teacher)
+            read_config(resolve(teacher))
         except NanobertError as e:
             raise NanobertError(f"--teacher {e}") from None
     check_freeze_before_loading(cfg.model, cfg.freeze_layers)   # (before the data is read)

@@ -272,8 +272,8 @@ def fake_hub(monkeypatch, answer):
     return calls
 
 
-UNREACHABLE = ("the Hugging Face Hub cannot be reached (offline?) and {} is not in the local "
-               "cache; give a local directory")
+UNREACHABLE = ("{}: no such directory, and the Hugging Face Hub cannot be reached (offline?) to "
+               "fetch it, nor is it in the local cache; give a local directory")
 
 
 @pytest.mark.parametrize("command", [["info"], ["export", "--format", "onnx"],

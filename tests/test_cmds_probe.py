@@ -367,6 +367,11 @@ def test_a_teacher_that_does_not_exist_is_named_before_the_data_is_read(tmp_path
     assert capsys.readouterr().err == (f"nanobert: error: --teacher {tmp_path / 'nothere'}: no "
                                        "such model directory\n")
     assert not out.exists()
+    (tmp_path / "empty").mkdir()            # a folder, but no model's: found out then too
+    assert main(["finetune", "--task", "classify", "--model", "minilm", "--train", str(train),
+                 "--dev", str(train), "--out", str(out), "--teacher", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err == (f"nanobert: error: --teacher {tmp_path / 'empty'}/"
+                                       "config.json: missing (not a model directory)\n")
 
 
 class FakeFrame:
