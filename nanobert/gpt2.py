@@ -415,7 +415,8 @@ def markdown_table(r: dict, data="") -> str:
 
 def compare_gpt2_args(p):
     add_flags(p, CompareConfig)
-    p.add_argument("--out", default=None, help="write the table as markdown to this file")
+    p.add_argument("--out", default=None, help="write the table as markdown to this file "
+                   "(.md, .markdown or .txt)")
     p.add_argument("--json", action="store_true", help="also print the result as JSON")
 
 
@@ -423,7 +424,8 @@ def compare_gpt2_cmd(args):
     """Accuracy of a fine-tuned BERT classifier vs GPT-2 zero-shot (LM loss of verdicts)."""
     cfg = CompareConfig.from_args(args)
     if args.out:
-        check_output_file(args.out, "--out", inputs=[cfg.data])
+        # (a markdown table: any other name, a data file's .tsv, was written over)
+        check_output_file(args.out, "--out", (".md", ".markdown", ".txt"), inputs=[cfg.data])
         # (--out runs/sst2/model.safetensors wrote the table over the weights, exit 0)
         check_outside(args.out, [("--bert", cfg.bert), ("--gpt2", cfg.gpt2)], "model directory",
                       "; write the table elsewhere (its files are the model)")

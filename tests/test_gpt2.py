@@ -376,7 +376,8 @@ def test_compare_gpt2_never_writes_its_table_into_a_model_it_reads(tiny_bert, ti
     """--out runs/sst2/model.safetensors wrote the table over the weights, exit 0."""
     import hashlib
     d = {"bert": tiny_bert, "gpt2": tiny_gpt2}[inside]
-    target = d / ("model.safetensors" if (d / "model.safetensors").exists() else "config.json")
+    target = d / "README.md"          # (any other name is no markdown's: refused as such)
+    target.write_text("# the model's card\n")
     before = hashlib.sha256(target.read_bytes()).hexdigest()
     rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
                "--data", str(sentiment_tsv), "--out", str(target)])
@@ -384,3 +385,10 @@ def test_compare_gpt2_never_writes_its_table_into_a_model_it_reads(tiny_bert, ti
     assert rc == 2 and err.count("\n") == 1
     assert f"is inside the --{inside} model directory" in err
     assert hashlib.sha256(target.read_bytes()).hexdigest() == before
+    # a name that is no markdown's (a data file's .tsv was written over, exit 0)
+    other = sentiment_tsv.parent / "train.tsv"
+    rc = main(["compare-gpt2", "--bert", str(tiny_bert), "--gpt2", str(tiny_gpt2),
+               "--data", str(sentiment_tsv), "--out", str(other)])
+    assert rc == 2 and capsys.readouterr().err == (
+        f"nanobert: error: --out {other}: unsupported file type '.tsv' (choose one of .md, "
+        ".markdown, .txt)\n")
