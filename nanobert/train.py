@@ -53,6 +53,7 @@ import math
 import os
 import random
 import re
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -420,17 +421,19 @@ CHECKPOINT_DIR = "checkpoint"     # the run's checkpoint, in its output director
 
 
 def _file_states(folder: Path) -> dict:
-    """{name under `folder`: (inode, size, mtime)} of its files, the checkpoint's and
-    hidden ones left out: what a save replaces (a new inode: written by rename) shows."""
+    """{name under `folder`: (inode, size, mtime)} of its regular files and those of its
+    subfolders (a sentence-transformers layout's 1_Pooling/), the checkpoint's and hidden
+    ones left out: what a save replaces (a new inode: written by rename) shows. One level
+    down only: an --out of the user's own (`--out .`) is not walked whole at every save."""
     out = {}
     for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and
-                   not (Path(root) == Path(folder) and d == CHECKPOINT_DIR)]
+        top = Path(root) == Path(folder)
+        dirs[:] = [d for d in dirs if top and not d.startswith(".") and d != CHECKPOINT_DIR]
         for name in names:
-            if not name.startswith("."):
-                st = os.stat(os.path.join(root, name))
-                out[os.path.relpath(os.path.join(root, name), folder)] = \
-                    (st.st_ino, st.st_size, st.st_mtime_ns)
+            path = os.path.join(root, name)
+            st = os.lstat(path)       # (a dangling link of the user's: no error, not read)
+            if not name.startswith(".") and stat.S_ISREG(st.st_mode):
+                out[os.path.relpath(path, folder)] = (st.st_ino, st.st_size, st.st_mtime_ns)
     return out
 
 
@@ -444,7 +447,6 @@ def _written_since(folder: Path, before: dict) -> dict:
 def _load_failure(msg: str) -> str:
     """torch's load_state_dict error, many lines, as a short clause: a weight of another
     shape named with both shapes (it was cut at 200 characters, mid-word)."""
-    import re
     shape = re.search(r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])"
                       r"\) from checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])",
                       msg)

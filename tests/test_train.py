@@ -961,3 +961,20 @@ def test_a_checkpoint_of_another_size_is_named_as_such():
     assert said == ("its weight is [32, 32], this run's model has [32, 64]: a checkpoint of "
                     "another model size; start over with --overwrite")
     assert _load_failure("a\n  b " + "x" * 400).startswith("a b xxx")
+
+
+def test_the_best_models_files_are_found_by_what_a_save_replaced(tmp_path):
+    """The files a save wrote: new or replaced regular files, one folder level down, not
+    the checkpoint's; a dangling link of the user's in --out is no error."""
+    from nanobert.train import _file_states, _written_since
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    before = _file_states(tmp_path)
+    for name in ("model.safetensors", "1_Pooling/config.json", "checkpoint/state.json",
+                 "deep/er/x.json"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    assert sorted(_written_since(tmp_path, before)) == ["1_Pooling/config.json",
+                                                        "model.safetensors"]
