@@ -627,7 +627,10 @@ def _new_model(run: _Run, make_model=None):
             untie_decoder(model)    # a decoder matrix of its own, as the config asks
     if run.rank == 0:
         run.out.mkdir(parents=True, exist_ok=True)
-        run.tok.save(run.out, token_types=model.config.type_vocab_size > 1)  # (resume reads it)
+        # (resume reads it; written as the best model's writer writes it, whose files a
+        # resumed run checks against what it wrote)
+        run.tok.with_max_length(model.config.usable_positions).save(
+            run.out, token_types=model.config.type_vocab_size > 1)
         k = cfg.trainer.grad_accum
         from .info import saved_parameters
         n = saved_parameters(model)            # those saved, as `nanobert info` counts them
